@@ -1,0 +1,272 @@
+"""The node file: schema, defaults, validation, and the commented ``node.toml`` template.
+
+One node = one process = one config file. Every setting has a default, so an empty file (or
+no file) is the offline default node. The schema below is the single source of truth: the
+validator, ``ftis-edge init`` (the commented template) and the README's reference table are
+all generated from it.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import socket
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config problem, with the offending key in the message."""
+
+
+def _opt(default, doc, *, choices=None, lo=None, hi=None, kind=None):
+    """A setting: default value, one-line doc, and its constraints."""
+    return field(default=default, metadata={"doc": doc, "choices": choices, "lo": lo, "hi": hi,
+                                            "kind": kind})
+
+
+def _list_opt(default, doc):
+    return field(default_factory=lambda: list(default), metadata={"doc": doc, "kind": "list[str]"})
+
+
+@dataclass
+class NodeSection:
+    id: str = _opt("", "node name shown to peers (default: <hostname>-<model>)")
+    run_dir: str = _opt("runs/{id}", "where metrics, checkpoints and adapters go ({id} = node id)")
+    seed: int = _opt(0, "seed for prompts, sampling and training", lo=0)
+    rounds: int = _opt(30, "training rounds (one optimiser step each)", lo=1)
+    checkpoint_every: int = _opt(5, "write a checkpoint every N rounds (and at the end)", lo=1)
+
+
+@dataclass
+class ModelSection:
+    spec: str = _opt("smollm2-135m", "model: alias (smollm2-135m, gemma3-270m), .gguf path, HF dir or HF hub id")
+    backend: str = _opt("llamacpp", "generator engine", choices=("llamacpp", "hf"))
+    precision: str = _opt("f16", "llama.cpp weights: f16 re-export (matches the learner) or the quantized GGUF as shipped",
+                          choices=("f16", "quantized"))
+    threads: int = _opt(0, "CPU threads for generation and training (0 = all cores)", lo=0)
+    device: str = _opt("auto", "learner device: auto (CUDA if present), cpu, cuda", choices=("auto", "cpu", "cuda"))
+
+
+@dataclass
+class TrainSection:
+    trainable: str = _opt("lora", "what is trained", choices=("lora", "full"))
+    lora_r: int = _opt(8, "LoRA rank", lo=1, hi=1024)
+    lora_alpha: float = _opt(16.0, "LoRA alpha (scale = alpha / r)", lo=0.0)
+    lora_dropout: float = _opt(0.0, "LoRA dropout", lo=0.0, hi=0.9)
+    lora_targets: list = _list_opt(["q_proj", "k_proj", "v_proj", "o_proj"], "modules that get a LoRA adapter")
+    lr: float = _opt(1e-4, "Adam learning rate (LoRA ~1e-5..2e-4; full fine-tuning ~5e-6)", lo=0.0, hi=1.0)
+    grad_clip: float = _opt(1.0, "gradient-norm clip (0 = off)", lo=0.0)
+    micro_batch: int = _opt(8, "samples per forward/backward (halved automatically on out-of-memory)", lo=1)
+    method: str = _opt("f-tis", "objective", choices=("nois", "vis", "tis", "f-tis", "f-vis"))
+    C: float = _opt(2.0, "truncation cap of the importance weight", lo=1.0)
+    eps: float = _opt(0.2, "PPO clip range (vis, f-vis, tis inner clip)", lo=0.0, hi=1.0)
+    kl_threshold: float = _opt(5.0, "F- filter: drop a sample when advantage <= 0 and KL > this", lo=0.0)
+    advantage_scale: str = _opt("std", "advantage normalisation (none = Dr. GRPO)", choices=("std", "none"))
+    normalize: str = _opt("all", "divide the loss by all samples or by the kept ones (authors' code)",
+                          choices=("all", "kept"))
+
+
+@dataclass
+class TaskSection:
+    name: str = _opt("arith", "task", choices=("arith", "gsm8k", "math500"))
+    path: str = _opt("", "dataset jsonl (gsm8k/math500; default: ../shared/data beside the project)")
+    level: list = field(default_factory=list, metadata={
+        "doc": "arith difficulty levels to mix (empty = the task's default)", "kind": "list[int]"})
+    reward: str = _opt("binary", "binary (1 = correct + format) or shaped (format credit)",
+                       choices=("binary", "shaped"))
+    prompts_per_round: int = _opt(4, "prompts this node generates groups for each round", lo=1, hi=1024)
+    group_size: int = _opt(8, "completions per prompt (G)", lo=2, hi=256)
+    max_new_tokens: int = _opt(128, "completion length cap", lo=1, hi=32768)
+    temperature: float = _opt(1.0, "sampling temperature (the behaviour log-probs honour it)", lo=0.01, hi=10.0)
+    top_k: int = _opt(0, "top-k truncation (0 = off)", lo=0)
+    top_p: float = _opt(1.0, "top-p truncation (1 = off)", lo=0.01, hi=1.0)
+    reward_timeout_s: float = _opt(0.5, "time budget to grade one completion", lo=0.01, hi=60.0)
+
+
+@dataclass
+class SwarmSection:
+    collaboration: str = _opt("vertical", "vertical (whole groups), horizontal (split groups), alone",
+                              choices=("vertical", "horizontal", "alone"))
+    relay: str = _opt("", "relay address, e.g. tcp://relay.example.org:5555 (empty = alone)")
+    name: str = _opt("ftis", "swarm (topic) to join")
+    client_keys: str = _opt("", "directory with this node's CURVE certificate (from ftis-relay keygen)")
+    server_key: str = _opt("", "the relay's public certificate file (enables CURVE)")
+    max_staleness: int = _opt(2, "ignore peer rollouts more than this many rounds old", lo=0)
+    max_wait_s: float = _opt(2.0, "wait at most this long for peers each round", lo=0.0, hi=3600.0)
+    max_peer_groups: int = _opt(8, "use at most this many peer groups per round", lo=0)
+    rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
+    quarantine_after: int = _opt(5, "quarantine a peer after this many consecutive bad rollouts", lo=1)
+
+
+@dataclass
+class Config:
+    node: NodeSection = field(default_factory=NodeSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    task: TaskSection = field(default_factory=TaskSection)
+    swarm: SwarmSection = field(default_factory=SwarmSection)
+
+    # --- derived ------------------------------------------------------------------
+    @property
+    def node_id(self) -> str:
+        if self.node.id:
+            return self.node.id
+        model = Path(self.model.spec).stem if self.model.spec.endswith(".gguf") else self.model.spec
+        return f"{socket.gethostname().split('.')[0]}-{model.replace('/', '-')}"
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.node.run_dir.replace("{id}", self.node_id)).expanduser()
+
+    @property
+    def mode(self) -> str:
+        """The collaboration actually in force: alone when no relay is configured."""
+        return self.swarm.collaboration if self.swarm.relay else "alone"
+
+    def to_dict(self) -> dict:
+        return {s.name: {f.name: getattr(getattr(self, s.name), f.name) for f in fields(getattr(self, s.name))}
+                for s in fields(self)}
+
+
+SECTIONS = {f.name: f.default_factory for f in fields(Config)}
+
+
+def _check_value(key: str, value: Any, f) -> Any:
+    meta = f.metadata
+    kind = meta.get("kind")
+    if kind in ("list[str]", "list[int]"):
+        want = str if kind == "list[str]" else int
+        if not isinstance(value, list) or not all(isinstance(v, want) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{key}: expected a list of {want.__name__}, got {value!r}")
+        return list(value)
+    expected = type(f.default)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)          # TOML `lr = 1` means 1.0
+    # bool is an int subclass: `rounds = true` must not pass as 1.
+    if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+        raise ConfigError(f"{key}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(f"{key}: must be one of {', '.join(meta['choices'])}; got {value!r}")
+    if meta.get("lo") is not None and value < meta["lo"]:
+        raise ConfigError(f"{key}: must be >= {meta['lo']}, got {value!r}")
+    if meta.get("hi") is not None and value > meta["hi"]:
+        raise ConfigError(f"{key}: must be <= {meta['hi']}, got {value!r}")
+    return value
+
+
+def _unknown(key: str, known: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key.split(".")[-1], known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return ConfigError(f"{key}: unknown setting{hint}")
+
+
+def from_dict(data: dict) -> Config:
+    """Validate a nested dict (as parsed from TOML) into a Config; errors name the key."""
+    if not isinstance(data, dict):
+        raise ConfigError("config: expected a table of sections")
+    cfg = Config()
+    for section, values in data.items():
+        if section not in SECTIONS:
+            raise _unknown(section, list(SECTIONS))
+        if not isinstance(values, dict):
+            raise ConfigError(f"{section}: expected a [{section}] table, got {values!r}")
+        obj = getattr(cfg, section)
+        by_name = {f.name: f for f in fields(obj)}
+        updates = {}
+        for key, value in values.items():
+            if key not in by_name:
+                raise _unknown(f"{section}.{key}", list(by_name))
+            updates[key] = _check_value(f"{section}.{key}", value, by_name[key])
+        setattr(cfg, section, replace(obj, **updates))
+    _cross_checks(cfg)
+    return cfg
+
+
+def _cross_checks(cfg: Config) -> None:
+    if cfg.swarm.collaboration == "horizontal" and cfg.swarm.relay and cfg.task.group_size % 2:
+        raise ConfigError("task.group_size: horizontal mode splits each group across nodes; use an even size")
+    if bool(cfg.swarm.client_keys) != bool(cfg.swarm.server_key):
+        raise ConfigError("swarm.server_key: CURVE needs both swarm.client_keys and swarm.server_key")
+    for key in ("client_keys", "server_key"):
+        p = getattr(cfg.swarm, key)
+        if p and not Path(p).expanduser().exists():
+            raise ConfigError(f"swarm.{key}: {p} does not exist")
+    if cfg.task.path and not Path(cfg.task.path).expanduser().exists():
+        raise ConfigError(f"task.path: {cfg.task.path} does not exist")
+    if cfg.swarm.relay and not cfg.swarm.relay.startswith(("tcp://", "ipc://", "inproc://")):
+        raise ConfigError(f"swarm.relay: expected tcp://host:port, got {cfg.swarm.relay!r}")
+
+
+def load(path: str | os.PathLike | None, overrides: dict | None = None) -> Config:
+    """Read ``path`` (None = all defaults), apply ``overrides`` ({"swarm.relay": ...}), validate."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"{p}: no such config file (create one with `ftis-edge init {p}`)")
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: not valid TOML: {e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{p}: not a UTF-8 text file") from None
+    for dotted, value in (overrides or {}).items():
+        section, key = dotted.split(".", 1)
+        data.setdefault(section, {})[key] = value
+    return from_dict(data)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def to_toml(cfg: Config, *, comments: bool = True) -> str:
+    """The config as TOML; with comments, every setting is preceded by its doc and choices."""
+    lines = []
+    if comments:
+        lines += ["# ftis-edge node configuration — every setting shown with its default.",
+                  "# Run with: ftis-edge start node.toml        Docs: README.md#configuration", ""]
+    for s in fields(cfg):
+        section = getattr(cfg, s.name)
+        lines.append(f"[{s.name}]")
+        for f in fields(section):
+            if comments:
+                doc = f.metadata.get("doc", "")
+                if f.metadata.get("choices"):
+                    doc += f"  [{' | '.join(f.metadata['choices'])}]"
+                lines.append(f"# {doc}")
+            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def reference_table() -> str:
+    """Markdown table of every setting (for the README)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    cfg = Config()
+    for s in fields(cfg):
+        section = getattr(cfg, s.name)
+        for f in fields(section):
+            doc = f.metadata.get("doc", "")
+            if f.metadata.get("choices"):
+                sep = "` \\| `"
+                doc += " (`" + sep.join(f.metadata["choices"]) + "`)"
+            rows.append(f"| `{s.name}.{f.name}` | `{_toml_value(getattr(section, f.name))}` | {doc} |")
+    return "\n".join(rows)
+

@@ -1,0 +1,82 @@
+"""The node file: defaults, validation errors that name the key, the commented template."""
+import tomllib
+
+import pytest
+
+from ftis_edge import config as c
+
+
+def test_defaults_are_the_offline_default_node():
+    cfg = c.load(None)
+    assert cfg.model.spec == "smollm2-135m" and cfg.model.backend == "llamacpp"
+    assert cfg.train.trainable == "lora" and cfg.task.name == "arith"
+    assert cfg.train.method == "f-tis" and cfg.train.C == 2.0 and cfg.train.eps == 0.2
+    assert cfg.mode == "alone"                     # no relay -> alone, whatever collaboration says
+    assert cfg.swarm.collaboration == "vertical"
+
+
+def test_template_round_trips_and_documents_every_key():
+    text = c.to_toml(c.Config())
+    parsed = tomllib.loads(text)
+    assert c.from_dict(parsed).to_dict() == c.Config().to_dict()
+    for section, values in c.Config().to_dict().items():
+        for key in values:
+            assert f"\n{key} = " in text, key
+    # every setting is preceded by a comment line
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if " = " in line and not line.startswith("#"):
+            assert lines[i - 1].startswith("#"), line
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"task": {"group_size": 1}}, "task.group_size"),
+    ({"task": {"gruop_size": 8}}, "task.gruop_size"),
+    ({"train": {"method": "ppo"}}, "train.method"),
+    ({"node": {"rounds": True}}, "node.rounds"),
+    ({"train": {"lr": float("nan")}}, "train.lr"),
+    ({"train": {"lora_targets": "q_proj"}}, "train.lora_targets"),
+    ({"model": {"backend": "vllm"}}, "model.backend"),
+    ({"swarm": {"relay": "localhost:5555"}}, "swarm.relay"),
+    ({"swarm": {"server_key": "/nonexistent"}}, "swarm.server_key"),
+    ({"nodes": {}}, "nodes"),
+    ({"task": 3}, "task"),
+    ({"task": {"top_p": 0.0}}, "task.top_p"),
+])
+def test_bad_values_name_the_key(data, key):
+    with pytest.raises(c.ConfigError) as e:
+        c.from_dict(data)
+    assert str(e.value).startswith(key + ":"), str(e.value)
+
+
+def test_typo_gets_a_suggestion():
+    with pytest.raises(c.ConfigError, match="did you mean 'kl_threshold'"):
+        c.from_dict({"train": {"kl_treshold": 5}})
+
+
+def test_int_is_accepted_for_float_and_overrides_apply(tmp_path):
+    p = tmp_path / "node.toml"
+    p.write_text('[train]\nlr = 1\n[node]\nid = "a"\nrun_dir = "%s/{id}"\n' % tmp_path)
+    cfg = c.load(p, {"swarm.relay": "tcp://127.0.0.1:5555"})
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    assert cfg.mode == "vertical" and cfg.run_path == tmp_path / "a"
+
+
+def test_file_errors_are_one_clear_line(tmp_path):
+    with pytest.raises(c.ConfigError, match="no such config file"):
+        c.load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nlr = ")
+    with pytest.raises(c.ConfigError, match="not valid TOML"):
+        c.load(bad)
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(c.ConfigError, match="UTF-8"):
+        c.load(binary)
+
+
+def test_reference_table_lists_every_key():
+    table = c.reference_table()
+    for section, values in c.Config().to_dict().items():
+        for key in values:
+            assert f"`{section}.{key}`" in table
