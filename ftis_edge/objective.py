@@ -1,0 +1,348 @@
+"""F-TIS and friends: the GRPO objective for on- and off-policy samples.
+
+Pure functions over tensors (torch only, no I/O, no globals); CPU or CUDA; float32 or
+bfloat16 inputs, always computed in float32. The math is in docs/ftis.md and DESIGN.md §2:
+
+    L = (1/N) Σ_i (1/|a_i|) Σ_t term_{i,t}
+
+with one of five per-token terms (nois, vis, tis, f-tis, f-vis). Masked (padding) positions
+may hold garbage, NaN or -inf: they are replaced with ``torch.where`` before any arithmetic,
+so they never change the loss or its gradient.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+import torch
+
+METHODS = ("nois", "vis", "tis", "f-tis", "f-vis")
+LEVELS = ("token", "sequence")
+NORMALIZE = ("all", "kept")
+ADVANTAGE_SCALES = ("std", "none")
+
+LOGP_TOLERANCE = 1e-4      # a log-prob above this is a bug upstream, not rounding
+STD_EPS = 1e-4             # Â = (r - mean) / (std + STD_EPS), as in DESIGN §2
+VIS_LOG_RATIO_CLAMP = 20.0  # |ℓ - g| is clamped for vis's ρ (as verl does) so ρ stays finite
+K3_EXP_CLAMP = 50.0        # exp(g - ℓ) in k3 is capped at e^50: still "huge", never inf
+
+
+class ObjectiveError(ValueError):
+    """Invalid input to the objective (shapes, values or options), with a readable reason."""
+
+
+# --------------------------------------------------------------------------- advantages
+
+def group_advantages(rewards, scale: str = "std") -> torch.Tensor:
+    """Group-relative advantages of one group of rewards.
+
+    scale="std":  (r - mean) / (std + 1e-4), std = *sample* std (Bessel, torch's default,
+                  as TRL and verl compute it).
+    scale="none": r - mean (Dr. GRPO; what the authors' code effectively runs).
+
+    A group whose rewards are all equal (including a group of one) returns exact zeros: it
+    carries no signal and never produces a NaN. Returns float32 on the rewards' device.
+    """
+    if scale not in ADVANTAGE_SCALES:
+        raise ObjectiveError(f"unknown advantage scale {scale!r}; expected one of {ADVANTAGE_SCALES}")
+    try:
+        r = torch.as_tensor(rewards)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ObjectiveError(f"rewards must be a 1-D sequence of numbers: {exc}") from None
+    if r.dim() != 1 or r.numel() == 0:
+        raise ObjectiveError(f"rewards must be a non-empty 1-D tensor, got shape {tuple(r.shape)}")
+    r = r.to(torch.float64)  # float64: equal rewards give exactly equal values, mean exact
+    if not torch.isfinite(r).all():
+        raise ObjectiveError(f"rewards must be finite, got {r.tolist()}")
+    if bool((r == r[0]).all()):
+        return torch.zeros(r.shape, dtype=torch.float32, device=r.device)
+    centered = r - r.mean()
+    if scale == "std":
+        centered = centered / (r.std(unbiased=True) + STD_EPS)  # n >= 2 here: never NaN
+    return centered.to(torch.float32)
+
+
+# --------------------------------------------------------------------------- filter
+
+def filter_dropped(advantages: torch.Tensor, kl: torch.Tensor, kl_threshold: float) -> torch.Tensor:
+    """The F- rule: drop sample i iff Â_i <= 0 AND KL_i > g. Bool [B].
+
+    Positive-advantage samples are never dropped, whatever their KL.
+    """
+    return (advantages <= 0) & (kl > kl_threshold)
+
+
+def _k3(delta: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 = exp(δ) − δ − 1 with δ = g − ℓ (>= 0; the exponent is capped, see top)."""
+    return torch.exp(delta.clamp(max=K3_EXP_CLAMP)) - delta - 1.0
+
+
+# --------------------------------------------------------------------------- validation
+
+def _first_bad(bad: torch.Tensor, values: torch.Tensor) -> str:
+    """'[row r, col c] = v' for the first True of a [B,T] (or [B]) bad mask."""
+    idx = bad.nonzero()[0].tolist()
+    where = ", ".join(f"{n} {i}" for n, i in zip(("row", "col"), idx))
+    return f"[{where}] = {values[tuple(idx)].item()!r}"
+
+
+def _tensor(x, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise ObjectiveError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _check_logp(values: torch.Tensor, where: torch.Tensor, name: str, tol) -> None:
+    """Log-probs inside the mask must be finite and <= 0 (up to a tolerance)."""
+    finite = torch.isfinite(values)
+    bad = where & ~finite
+    if bool(bad.any()):
+        raise ObjectiveError(f"{name} has a non-finite value inside the mask at {_first_bad(bad, values)}")
+    # torch.where, not values * mask: masked garbage must not reach the comparison either
+    bad = where & (torch.where(finite, values.float(), 0.0) > tol)
+    if bool(bad.any()):
+        raise ObjectiveError(
+            f"{name} must be log-probabilities (<= 0) inside the mask; got {_first_bad(bad, values)}")
+
+
+def _prepare(logp, gen_logp, mask, advantages=None, level="token", gen_logp_sum=None):
+    """Validate and convert. Returns a dict of float32 tensors on logp's device, padding zeroed."""
+    logp = _tensor(logp, "logp")
+    gen_logp = _tensor(gen_logp, "gen_logp")
+    mask = _tensor(mask, "mask")
+    if logp.dim() != 2:
+        raise ObjectiveError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    B, T = logp.shape
+    if B == 0:
+        raise ObjectiveError("empty batch: logp has 0 samples")
+    for name, x in (("gen_logp", gen_logp), ("mask", mask)):
+        if tuple(x.shape) != (B, T):
+            raise ObjectiveError(f"{name} must have logp's shape {(B, T)}, got {tuple(x.shape)}")
+    if not (logp.is_floating_point() and gen_logp.is_floating_point()):
+        raise ObjectiveError(f"logp and gen_logp must be floating point, got {logp.dtype} and {gen_logp.dtype}")
+    dev = logp.device
+    gen_logp, mask = gen_logp.to(dev), mask.to(dev)
+
+    if mask.dtype != torch.bool:
+        if mask.is_floating_point() and not bool(torch.isfinite(mask).all()):
+            raise ObjectiveError("mask must hold only 0/1 (or bool), found NaN/inf")
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ObjectiveError(f"mask must hold only 0/1 (or bool), found {_first_bad((mask != 0) & (mask != 1), mask)}")
+        mask = mask != 0
+
+    # which samples are sequence-level (cross-tokenizer)
+    if isinstance(level, str):
+        if level not in LEVELS:
+            raise ObjectiveError(f"unknown level {level!r}; expected one of {LEVELS} or a bool tensor [B]")
+        seq = torch.full((B,), level == "sequence", dtype=torch.bool, device=dev)
+    elif isinstance(level, torch.Tensor):
+        if level.dtype != torch.bool or tuple(level.shape) != (B,):
+            raise ObjectiveError(f"level tensor must be bool of shape {(B,)}, got {level.dtype} {tuple(level.shape)}")
+        seq = level.to(dev)
+    else:
+        raise ObjectiveError(f"level must be 'token', 'sequence' or a bool tensor [B], got {type(level).__name__}")
+
+    n = mask.sum(-1)                                   # |a_i| (int)
+    _check_logp(logp, mask, "logp", LOGP_TOLERANCE)
+    l = torch.where(mask, logp.float(), 0.0)           # keeps the graph; padding → 0, grad 0
+
+    # per-token generator values are needed for token-level rows, and for sequence-level
+    # rows only when no gen_logp_sum is given (then gen_sum = Σ_t g)
+    if gen_logp_sum is None:
+        need_g = mask
+    else:
+        need_g = mask & ~seq[:, None]
+    _check_logp(gen_logp, need_g, "gen_logp", LOGP_TOLERANCE)
+    g = torch.where(need_g, gen_logp.detach().float(), 0.0)
+
+    if gen_logp_sum is None:
+        gsum = g.sum(-1)
+    else:
+        gen_logp_sum = _tensor(gen_logp_sum, "gen_logp_sum").to(dev)
+        if tuple(gen_logp_sum.shape) != (B,) or not gen_logp_sum.is_floating_point():
+            raise ObjectiveError(f"gen_logp_sum must be a float tensor [B] = {(B,)}, got "
+                                 f"{gen_logp_sum.dtype} {tuple(gen_logp_sum.shape)}")
+        tol = LOGP_TOLERANCE * n.clamp(min=1).to(torch.float32)  # a sum of log-probs
+        _check_logp(gen_logp_sum.detach(), seq, "gen_logp_sum", tol)
+        gsum = torch.where(seq, gen_logp_sum.detach().float(), 0.0)
+
+    out = dict(l=l, g=g, gsum=gsum, mask=mask, seq=seq, n=n, B=B)
+    if advantages is not None:
+        advantages = _tensor(advantages, "advantages").to(dev)
+        if tuple(advantages.shape) != (B,):
+            raise ObjectiveError(f"advantages must be [B] = {(B,)}, got {tuple(advantages.shape)}")
+        if not bool(torch.isfinite(advantages).all()):
+            raise ObjectiveError(f"advantages must be finite; got {_first_bad(~torch.isfinite(advantages), advantages)}")
+        out["A"] = advantages.detach().float()
+    return out
+
+
+def _check_options(method, C, eps, kl_threshold, normalize, num_samples):
+    if method not in METHODS:
+        raise ObjectiveError(f"unknown method {method!r}; expected one of {METHODS}")
+    if normalize not in NORMALIZE:
+        raise ObjectiveError(f"unknown normalize {normalize!r}; expected one of {NORMALIZE}")
+    if not isinstance(C, Real) or not math.isfinite(C) or C <= 0:
+        raise ObjectiveError(f"C (truncation) must be a finite number > 0, got {C!r}")
+    if not isinstance(eps, Real) or not 0 <= eps < 1:
+        raise ObjectiveError(f"eps (clip) must be in [0, 1), got {eps!r}")
+    if not isinstance(kl_threshold, Real) or math.isnan(kl_threshold) or kl_threshold < 0:
+        raise ObjectiveError(f"kl_threshold must be a number >= 0 (inf disables the KL rule), got {kl_threshold!r}")
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, Integral)
+                                    or num_samples < 0):
+        raise ObjectiveError(f"num_samples must be a non-negative int, got {num_samples!r}")
+
+
+# --------------------------------------------------------------------------- public API
+
+def kl_k3(logp: torch.Tensor, gen_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sample k3 score, [B] float32, no gradient.
+
+    KL_i = mean over sample i's own tokens of exp(g − ℓ) − (g − ℓ) − 1, evaluated on the
+    sampled tokens only. A sample with no tokens scores 0.
+    """
+    with torch.no_grad():
+        b = _prepare(logp, gen_logp, mask)
+        k = torch.where(b["mask"], _k3(b["g"] - b["l"]), 0.0)
+        return k.sum(-1) / b["n"].clamp(min=1)
+
+
+def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: float = 2.0,
+              eps: float = 0.2, kl_threshold: float = 5.0, level="token", normalize: str = "all",
+              num_samples: int | None = None, gen_logp_sum: torch.Tensor | None = None):
+    """The GRPO loss with off-policy correction; returns (loss, stats).
+
+    logp        [B,T] learner log-probs ℓ of the sampled tokens (with grad), float32/bf16.
+    gen_logp    [B,T] generator log-probs g of the same tokens (no grad used).
+    advantages  [B]   Â_i, computed over the whole group beforehand (group_advantages).
+    mask        [B,T] bool or 0/1; padding values are ignored whatever they hold.
+    method      nois | vis | tis | f-tis | f-vis (DESIGN §2; f- = with the KL filter).
+    C, eps      truncation of the IS weight; PPO clip range.
+    kl_threshold  g of the filter: drop iff Â_i <= 0 and KL_i > g (f- methods only).
+    level       "token", "sequence" (cross-tokenizer: one weight per sequence), or a bool
+                tensor [B] marking the sequence-level samples of a mixed batch.
+    normalize   "all": divide by N = B; "kept": by the samples the filter kept (non-empty).
+    num_samples overrides that divisor, so micro-batch losses sum to the full-batch loss
+                (pass the full batch's B, or its total kept count with normalize="kept").
+    gen_logp_sum [B] generator log-prob of each sequence-level sample's text (its own
+                tokenization); if None, Σ_t gen_logp over the mask.
+
+    A sample with no tokens contributes 0 (reported as stats["samples/empty"]).
+    stats: python floats named as in docs/ftis.md, plus stats["per_sample"] (detached [B]
+    tensors: kl, is_weight, dropped, advantage, tokens, sequence_level).
+    """
+    _check_options(method, C, eps, kl_threshold, normalize, num_samples)
+    b = _prepare(logp, gen_logp, mask, advantages, level, gen_logp_sum)
+    l, g, gsum, m, seq, n, A, B = b["l"], b["g"], b["gsum"], b["mask"], b["seq"], b["n"], b["A"], b["B"]
+    n_f = n.clamp(min=1).to(torch.float32)
+    empty = n == 0
+    seq_t = seq[:, None]
+
+    # ---- no-grad quantities: IS weight, KL score, filter decision
+    with torch.no_grad():
+        ls = l.detach()
+        lsum = ls.sum(-1)
+        # log(π_θ/π_gen): per token, or the whole sequence's for sequence-level samples
+        log_w = torch.where(seq_t, (lsum - gsum)[:, None], ls - g)
+        raw_w = torch.exp(log_w.clamp(max=math.log(C) + 1.0))  # capped just above C: no inf
+        weight = raw_w.clamp(max=C)                            # min(exp(sg(ℓ) − g), C)
+        truncated = m & (raw_w >= C)
+
+        kl_tok = torch.where(m, _k3(g - ls), 0.0).sum(-1) / n_f
+        # sequence level: k3 of the per-token mean log-ratio (the raw sum's k3 explodes with length)
+        kl_seq = _k3((gsum - lsum) / n_f)
+        kl = torch.where(empty, 0.0, torch.where(seq, kl_seq, kl_tok))
+
+        adv_le0 = A <= 0
+        kl_gt = kl > kl_threshold
+        dropped = filter_dropped(A, kl, kl_threshold) if method.startswith("f-") else torch.zeros_like(adv_le0)
+        adv = torch.where(dropped, 0.0, A)
+        kept = ~dropped & ~empty
+
+    # ---- the per-token term (with grad through ℓ only)
+    a = adv[:, None]
+    base = method.removeprefix("f-")
+    clip_active = torch.zeros_like(m)
+    if base == "nois":
+        R = torch.exp(l - l.detach())                          # decoupled ratio: value 1, grad ∇ℓ
+        term = -R * a
+    elif base == "tis":
+        R = torch.exp(l - l.detach())
+        term = -weight * torch.minimum(R * a, R.clamp(1 - eps, 1 + eps) * a)
+        clip_active = m & (((a > 0) & (R > 1 + eps)) | ((a < 0) & (R < 1 - eps)))
+    else:  # vis: ρ = exp(ℓ − sg(g)); sequence level: per-token geometric mean (GSPO-style)
+        log_rho = torch.where(seq_t, ((l.sum(-1) - gsum) / n_f)[:, None], l - g)
+        rho = torch.exp(log_rho.clamp(-VIS_LOG_RATIO_CLAMP, VIS_LOG_RATIO_CLAMP))
+        term = -torch.minimum(rho * a, rho.clamp(1 - eps, 1 + eps) * a)
+        clip_active = m & (((a > 0) & (rho > 1 + eps)) | ((a < 0) & (rho < 1 - eps)))
+    term = torch.where(m, term, 0.0)
+    per_sample = term.sum(-1) / n_f                            # (1/|a_i|) Σ_t term_{i,t}
+
+    n_kept = int(kept.sum())
+    if normalize == "all":
+        N = B if num_samples is None else num_samples
+        if N < B:
+            raise ObjectiveError(f"num_samples={N} is smaller than this call's batch ({B}); "
+                                 "pass the full batch's sample count")
+    else:
+        N = n_kept if num_samples is None else num_samples
+        if N < n_kept:
+            raise ObjectiveError(f"num_samples={N} is smaller than the {n_kept} samples kept in this call; "
+                                 "with normalize='kept' pass the total kept count of the full batch")
+    # N == 0 only when nothing is kept: every per-sample term is then 0, so the loss is 0
+    loss = per_sample.sum() / max(N, 1)
+
+    stats = _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, truncated,
+                   ls, g, clip_active)
+    return loss, stats
+
+
+def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, truncated,
+           ls, g, clip_active) -> dict:
+    """Reporting numbers (floats; NaN where there is nothing to measure, stored as null)."""
+    nan = float("nan")
+    with torch.no_grad():
+        n_f = n.clamp(min=1).to(torch.float32)
+        nonempty = ~empty
+        tokens = int(n.sum())
+        w_sample = torch.where(m, weight, 0.0).sum(-1) / n_f
+        w_ne = w_sample[nonempty].double()
+        kl_ne = kl[nonempty]
+        tok_rows = m & ~seq[:, None]
+        n_tok = int(tok_rows.sum())
+        ess = nan
+        if w_ne.numel():
+            sq = float((w_ne ** 2).sum())
+            ess = float(w_ne.sum() ** 2 / (w_ne.numel() * sq)) if sq > 0 else 0.0
+        stats = {
+            "loss": float(loss.detach()),
+            "samples": float(B),
+            "tokens": float(tokens),
+            "samples/empty": float(empty.sum()),
+            "samples/sequence_level": float(seq.sum()),
+            "filter/dropped": float(dropped.sum()),
+            "filter/dropped_frac": float(dropped.sum()) / B,
+            "filter/kept": float((~dropped & nonempty).sum()),
+            "filter/adv_le0_frac": float(adv_le0.sum()) / B,
+            "filter/kl_gt_g_frac": float(kl_gt.sum()) / B,
+            "filter/dropped_adv_rule": float(adv_le0.sum()),
+            "filter/dropped_kl_rule": float(kl_gt.sum()),
+            "is/weight_mean": float(w_ne.mean()) if w_ne.numel() else nan,
+            "is/weight_max": float(weight[m].max()) if tokens else nan,
+            "is/truncated_frac": float(truncated.sum()) / tokens if tokens else nan,
+            "is/ess": ess,
+            "kl/mean": float(kl_ne.mean()) if kl_ne.numel() else nan,
+            "kl/max": float(kl_ne.max()) if kl_ne.numel() else nan,
+            "mismatch/abs_logp_diff": float(torch.where(tok_rows, (ls - g).abs(), 0.0).sum()) / n_tok
+            if n_tok else nan,
+            "clip_frac": float(clip_active.sum()) / tokens if tokens else nan,
+        }
+        stats["per_sample"] = {
+            "kl": kl.detach().clone(),
+            "is_weight": w_sample.detach(),
+            "dropped": dropped.detach().clone(),
+            "advantage": adv.detach().clone(),
+            "tokens": n.detach().clone(),
+            "sequence_level": seq.detach().clone(),
+        }
+    return stats
