@@ -74,7 +74,8 @@ def _run_start(args) -> int:
     if args.resume:
         cmd.append("--resume")
     with open(run_dir / "node.stderr", "ab") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
     from .tui import run_dashboard
     code = run_dashboard(run_dir, node_process=proc)
     if proc.poll() is None:

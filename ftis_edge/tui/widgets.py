@@ -1,0 +1,349 @@
+"""The dashboard's building blocks; each one redraws itself from a ``RunState``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Vertical, VerticalScroll
+from textual.content import Content
+from textual.geometry import Size
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import DataTable, Static
+from textual_plotext import PlotextPlot
+
+from ftis_edge.tui import format as F
+from ftis_edge.tui.state import RunState
+
+# One colour per role, shared by a plot line and the label that names it (hex for Textual,
+# an (r, g, b) tuple for plotext).
+OWN, PEERS, ALL = "#4fc3f7", "#ffa726", "#9e9e9e"
+GREEN, RED, YELLOW, VIOLET = "#81c784", "#e57373", "#fff176", "#ba68c8"
+
+
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    h = hex_color.lstrip("#")
+    return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
+
+
+def _thin(xs: list, ys: list, most: int) -> tuple[list, list]:
+    """Every k-th point (plus the last): a plot has only so many dots across, and plotext's
+    cost grows with the points it is given."""
+    if len(xs) <= most:
+        return xs, ys
+    step = -(-len(xs) // most)
+    keep = list(range(0, len(xs), step))
+    if keep[-1] != len(xs) - 1:
+        keep.append(len(xs) - 1)
+    return [xs[i] for i in keep], [ys[i] for i in keep]
+
+
+def round_ticks(first: int, last: int, most: int = 6) -> list[int]:
+    """Whole-round x ticks, at most ``most`` of them, on a 1-2-5 grid (plotext alone would
+    label rounds 1.0, 8.2, 15.5 ...)."""
+    scale = 1
+    while True:
+        for step in (scale, 2 * scale, 5 * scale):
+            ticks = range(-(-first // step) * step, last + 1, step)
+            if len(ticks) <= most:
+                return list(ticks) or [first]
+        scale *= 10
+
+
+def line(*parts) -> Content:
+    """``Content.assemble``, with each part's leading spaces moved onto the part before.
+
+    SVG renderers such as rsvg drop the leading space of a text run and stretch the rest,
+    so screenshots would read "0.650( avg10"; a trailing space is harmless."""
+    out: list[list] = []
+    for part in parts:
+        text, style = (part, "") if isinstance(part, str) else part
+        body = text.lstrip(" ")
+        if body != text and out and not out[-1][0].endswith("\n"):
+            out[-1][0] += text[: len(text) - len(body)]
+            text = body
+        if text:
+            out.append([text, style])
+    return Content.assemble(*(tuple(p) for p in out))
+
+
+BREAK = Content("\n")     # a chunk that ends the line
+
+
+def field(label: str, value: str) -> Content:
+    """One "label value" chunk of a Packed line."""
+    return line((label + " ", "dim"), value) if label else Content(value)
+
+
+class Packed(Widget):
+    """Chunks laid out left to right that wrap only *between* chunks, so a narrow terminal
+    never splits "7.1 s" or "peers 0.840" across lines (Textual wraps at any space)."""
+
+    DEFAULT_CSS = "Packed { height: auto; }"
+    GAP = "   "
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.chunks: list[Content] = []
+
+    def show(self, chunks: list[Content]) -> None:
+        if [c.markup for c in chunks] != [c.markup for c in self.chunks]:
+            self.chunks = chunks
+            self.refresh(layout=True)
+
+    @property
+    def text(self) -> str:
+        """All chunks on one line, as plain text."""
+        return self.GAP.join(c.plain for c in self.chunks if c is not BREAK)
+
+    def pack(self, width: int) -> list[Content]:
+        lines: list[Content] = []
+        current: Content | None = None
+        for chunk in self.chunks:
+            if chunk is BREAK:
+                lines.append(current or Content(""))
+                current = None
+            elif current is None:
+                current = chunk
+            elif current.cell_length + len(self.GAP) + chunk.cell_length <= width:
+                current = current + self.GAP + chunk
+            else:
+                lines.append(current)
+                current = chunk
+        if current is not None:
+            lines.append(current)
+        return lines or [Content("")]
+
+    def render(self) -> Content:
+        return Content("\n").join(self.pack(self.content_region.width or 80))
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self.pack(width))
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric of a panel: its key in metrics.jsonl, how it is labelled and drawn."""
+    key: str
+    label: str
+    color: str
+    fmt: Callable[[object], str] = F.num
+    mean: bool = False           # also show the mean of the last 10 rounds
+    plot: bool = True            # False: a number in the stats line only
+
+
+class MetricPanel(Vertical):
+    """A bordered panel: a line of latest values (coloured like the plot lines) over a plot."""
+
+    def __init__(self, title: str, series: list[Series], *, ylim: tuple[float, float] | None = None,
+                 id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.panel_title = title
+        self.series = series
+        self.ylim = ylim
+
+    def compose(self) -> ComposeResult:
+        yield Packed(classes="stats")
+        yield PlotextPlot(classes="plot")
+
+    def on_mount(self) -> None:
+        self.border_title = self.panel_title
+        plt = self.query_one(PlotextPlot).plt
+        plt.xlabel("round")
+
+    def stats(self, state: RunState) -> list[Content]:
+        """One chunk per series: its label in the line's colour, the latest value, the mean."""
+        chunks = []
+        for s in self.series:
+            parts = [(s.label + " ", s.color), (s.fmt(state.last(s.key)), "bold")]
+            if s.mean:
+                parts += [" (", ("avg10 ", "dim"), s.fmt(state.mean_last(s.key)), ")"]
+            chunks.append(line(*parts))
+        return chunks
+
+    def update_from(self, state: RunState, *, plot: bool = True) -> None:
+        """New numbers always; a new plot only when asked (hidden panels skip the costly part)."""
+        self.query_one(".stats", Packed).show(self.stats(state))
+        if plot:
+            self._replot(state)
+
+    def _replot(self, state: RunState) -> None:
+        plot = self.query_one(PlotextPlot)
+        plt = plot.plt
+        plt.clear_data()
+        dots_across = 2 * max(self.size.width, 40)      # braille: two dots per cell
+        for s in self.series:
+            xs, ys = _thin(*state.series(s.key), most=dots_across)
+            if s.plot and ys:
+                plt.plot(xs, ys, color=_rgb(s.color), marker="braille")
+        if self.ylim:
+            plt.ylim(*self.ylim)
+        if state.rounds:
+            first, last = state.rounds[0]["round"], state.rounds[-1]["round"]
+            plt.xticks(round_ticks(first, last))
+            plt.xlim(first, max(last, first + 1))
+        plot.refresh()
+
+
+class Headline(Grid):
+    """The strip under the header: the numbers to glance at, one cell each."""
+
+    CELLS = [("round", "round"), ("reward", "reward"), ("accuracy", "accuracy"),
+             ("filtered", "filtered"), ("speed", "tok/s"), ("peers", "peers"),
+             ("relay", "relay"), ("state", "state")]
+
+    def compose(self) -> ComposeResult:
+        for key, _ in self.CELLS:
+            yield Static(id=f"hl-{key}", classes="cell")
+
+    def show(self, key: str, value: str, style: str = "") -> None:
+        label = dict(self.CELLS)[key]
+        self.query_one(f"#hl-{key}", Static).update(
+            line((label, "dim"), "\n", (value, f"bold {style}".strip())))
+
+    def update_from(self, state: RunState, status: str, status_style: str) -> None:
+        self.show("round", F.integer(state.last_round))
+        self.show("reward", f"{F.num(state.last('reward/own'), 2)}/"
+                            f"{F.num(state.mean_last('reward/own'), 2)}", OWN)
+        self.show("accuracy", F.pct(state.last("accuracy/own")))
+        self.show("filtered", F.pct(state.last("filter/dropped_frac")))
+        self.show("speed", F.integer(state.last("gen/tok_s")))
+        active, quarantined = state.peer_counts()
+        peers = (f"{active}" + (f" +{quarantined}q" if quarantined else "")) if state.rounds else F.MISSING
+        self.show("peers", peers, RED if quarantined else "")
+        self.show("relay", *relay_short(state))
+        self.show("state", status, status_style)
+
+
+def relay_short(state: RunState) -> tuple[str, str]:
+    """(text, colour) of the relay cell: "ok 38ms", "down", "off" (no relay configured), "–"."""
+    if state.start is not None and "relay" in state.start and state.start["relay"] is None:
+        return "off", ""                               # the start record says: no relay
+    connected = state.latest.get("relay/connected")
+    if connected is True:
+        ms = F.as_number(state.latest.get("relay/latency_ms"))
+        return ("ok" if ms is None else f"ok {ms:.0f}ms"), GREEN
+    if connected is False:
+        return "down", RED
+    return F.MISSING, ""
+
+
+def relay_chunks(state: RunState) -> list[Content]:
+    """The relay and this round's intake."""
+    latest = state.latest
+    if not latest:
+        return [Content.styled("relay and intake: no rounds yet", "dim")]
+    address = state.identity("relay")
+    connected = latest.get("relay/connected")
+    status = {True: ("connected", GREEN), False: ("disconnected", RED)}.get(connected, (F.MISSING, ""))
+    replayed_total = sum(F.as_number(r.get("relay/replayed")) or 0 for r in state.rounds)
+    return [
+        line(("relay ", "dim"), (F.text(address) if address else "none", "bold")),
+        line(status), field("latency", f"{F.num(latest.get('relay/latency_ms'), 1)} ms"),
+        field("replayed", f"{F.integer(latest.get('relay/replayed'))} ({int(replayed_total)} total)"),
+        BREAK,
+        field("intake this round: groups", F.integer(latest.get("peers/groups_received"))),
+        field("samples used", F.integer(latest.get("peers/samples_used"))),
+        field("rejected", F.integer(latest.get("peers/rejected"))),
+        field("stale", F.integer(latest.get("peers/stale"))),
+    ]
+
+
+class PeersTable(DataTable):
+    """One row per peer (cumulative stats from the latest round); quarantined rows in red."""
+
+    COLUMNS = [("node", "node"), ("sent", "sent"), ("accepted", "accepted"),
+               ("rejected", "rejected"), ("acceptance_rate", "acc. rate"), ("kl_mean", "KL"),
+               ("quarantined", "quarantined"), ("last_seen", "last seen"), ("model", "model"),
+               ("tokenizer", "tokenizer")]
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        for key, label in self.COLUMNS:
+            self.add_column(label, key=key)
+
+    @staticmethod
+    def cells(node: str, peer: dict, now: float | None) -> dict[str, Text]:
+        seen = F.as_number(peer.get("last_seen"))
+        values = {
+            "node": F.text(node, 24), "model": F.text(peer.get("model"), 28),
+            "tokenizer": F.text(peer.get("tokenizer"), 16),
+            "last_seen": F.age(now - seen) if now is not None and seen is not None else F.MISSING,
+            "sent": F.integer(peer.get("sent")), "accepted": F.integer(peer.get("accepted")),
+            "rejected": F.integer(peer.get("rejected")),
+            "acceptance_rate": F.pct(peer.get("acceptance_rate")),
+            "kl_mean": F.num(peer.get("kl_mean"), 4),
+            "quarantined": F.yes_no(peer.get("quarantined")),
+        }
+        quarantined = peer.get("quarantined") is True
+        right = {"sent", "accepted", "rejected", "acceptance_rate", "kl_mean", "last_seen"}
+        out = {}
+        for key, value in values.items():
+            # rich Text, not str: DataTable parses str as markup, and a peer picks its own name
+            style = RED if quarantined else ""
+            if quarantined and key in ("node", "quarantined"):
+                style = "bold " + RED
+            out[key] = Text(value, style=style, justify="right" if key in right else "left")
+        return out
+
+    def update_from(self, state: RunState) -> None:
+        now = state.now()
+        for node, peer in state.peers.items():
+            cells = self.cells(node, peer, now)
+            if node in self.rows:
+                for key, _ in self.COLUMNS:
+                    self.update_cell(node, key, cells[key])
+            else:
+                self.add_row(*(cells[key] for key, _ in self.COLUMNS), key=node)
+        for row_key in list(self.rows):
+            if row_key.value not in state.peers:
+                self.remove_row(row_key)
+
+
+def peer_detail(node: str | None, peer: dict | None) -> list[Content]:
+    """The highlighted peer's rejection reasons and F-TIS stats (not worth a column each)."""
+    if not node or not isinstance(peer, dict):
+        return [Content.styled("no peers yet", "dim")]
+    reasons = peer.get("rejected_by_reason")
+    if isinstance(reasons, dict) and reasons:
+        why = ", ".join(f"{F.text(k, 24)} {F.integer(v)}" for k, v in reasons.items())
+    else:
+        why = "none"
+    return [Content.styled(F.text(node, 24), "bold"), field("rejected:", why),
+            field("timeouts", F.integer(peer.get("grader_timeouts"))),
+            field("IS w", F.num(peer.get("is_weight_mean"))),
+            field("filtered", F.pct(peer.get("filter_rate")))]
+
+
+HELP = [
+    ("q", "stop the node after this round (q again: leave now)"),
+    ("p", "pause / resume: the node waits before its next round"),
+    ("d", "detach: leave, the node keeps running (watch only)"),
+    ("1 … 7", "overview · filter & IS · KL & loss · throughput ·"),
+    ("", "peers · config · log"),
+    ("[  ]", "previous / next tab"),
+    ("?", "this help (escape closes it)"),
+    ("ctrl+q", "leave the dashboard at once"),
+]
+
+
+class HelpScreen(ModalScreen[None]):
+    """The keys, in a box over the dashboard."""
+
+    BINDINGS = [Binding("escape", "close", "close"), Binding("question_mark", "close", "close"),
+                Binding("q", "close", "close", show=False)]
+
+    def compose(self) -> ComposeResult:
+        rows = [line((key.ljust(8), "bold"), what) for key, what in HELP]
+        with VerticalScroll(id="help-box"):
+            yield Static(Content("\n").join(rows), id="help-text")
+
+    def on_mount(self) -> None:
+        self.query_one("#help-box").border_title = "keys"
+        self.query_one("#help-box").border_subtitle = "escape to close"
+
+    def action_close(self) -> None:
+        self.dismiss(None)
