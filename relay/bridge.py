@@ -1,0 +1,61 @@
+"""Federation: a bridge joins one swarm across two relays.
+
+It is two ordinary relay clients (publish + subscribe, no decoding) that forward each
+other's deliveries with `publish_bytes(payload, origin=sender)`. Each relay must list the
+bridge's node id with `--trust-bridge`, so it keeps the original sender on forwarded
+rollouts (otherwise nodes would see the bridge as the sender and flag `sender_mismatch`).
+Loops are cut twice: a relay never sends a rollout back on the connection it came from,
+and relays and nodes drop rollout ids they have already seen. Acks, retries and relay
+restarts are handled by the clients exactly as for a node.
+
+    ftis-relay bridge --swarm S --node-id bridge-1 tcp://relay-a:5555 tcp://relay-b:5555
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from ftis_edge.swarm import ClientKeys, SwarmClient
+
+log = logging.getLogger("ftis-relay.bridge")
+
+
+class Bridge:
+    """Forward a swarm's rollouts both ways between relay A and relay B."""
+
+    def __init__(self, a: str, b: str, *, swarm: str, node_id: str,
+                 keys_a: ClientKeys | None = None, keys_b: ClientKeys | None = None):
+        self.a = SwarmClient(a, swarm=swarm, node_id=node_id, keys=keys_a, decode=False)
+        self.b = SwarmClient(b, swarm=swarm, node_id=node_id, keys=keys_b, decode=False)
+        self.forwarded = {"a_to_b": 0, "b_to_a": 0}
+        self._stop = threading.Event()
+
+    def start(self) -> "Bridge":
+        self.a.start()
+        self.b.start()
+        return self
+
+    def step(self, timeout_s: float = 0.05) -> int:
+        """Forward what arrived since the last call; returns how many rollouts moved."""
+        moved = 0
+        for src, dst, key in ((self.a, self.b, "a_to_b"), (self.b, self.a, "b_to_a")):
+            for item in src.poll(timeout_s=timeout_s if moved == 0 else 0.0):
+                if item.payload is None:
+                    continue
+                dst.publish_bytes(item.payload, origin=item.sender)
+                self.forwarded[key] += 1
+                moved += 1
+        return moved
+
+    def run(self) -> None:
+        """Forward until stop()."""
+        while not self._stop.is_set():
+            self.step()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self.stop()
+        self.a.close()
+        self.b.close()
