@@ -116,8 +116,7 @@ class Node:
             self.generator = LlamaCppGenerator.from_bundle(
                 self.bundle, precision=cfg.model.precision, n_threads=threads,
                 max_group=max(cfg.task.group_size, 1))
-        self.sync = WeightSync(self.learner, self.generator, self.run_dir / "adapter",
-                               bundle=self.bundle, precision=cfg.model.precision)
+        self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / "adapter")
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
         self.swarm = None
@@ -131,7 +130,7 @@ class Node:
             from .swarm import ClientKeys, SwarmClient
             keys = None
             if cfg.swarm.client_keys:
-                keys = ClientKeys.from_paths(cfg.swarm.client_keys, cfg.swarm.server_key)
+                keys = ClientKeys.load(cfg.swarm.client_keys, cfg.swarm.server_key)
             self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys)
             self.swarm.start()
             log.info("joined swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
@@ -402,8 +401,9 @@ class Node:
             "peers/samples_used": sum(1 for s in samples if s.source != "own"),
             "groups/skipped_equal_reward": skipped,
             "memory/oom_retries": self.oom_retries, "micro_batch": self.learner.micro_batch,
-            "lr": cfg.train.lr, "sync/bytes": sync_info.get("bytes"),
+            "lr": cfg.train.lr,
         })
+        record.update({k: v for k, v in sync_info.items() if isinstance(v, (int, float))})
         record.update({k: v for k, v in stats.items() if k != "per_sample"})
         if self.swarm is not None:
             s = self.swarm.stats()

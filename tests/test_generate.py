@@ -1,0 +1,301 @@
+"""Generators: the behaviour log-prob contract, seeding, EOS convention, engine agreement, adapters."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from ftis_edge.generate.base import SamplerSettings
+from ftis_edge.generate.sampling import (GenerationError, check_sampler, processed_logprobs,
+                                         sample_tokens)
+
+THREADS = int(os.environ.get("FTIS_TEST_THREADS", "1"))
+QUESTION = "Tom has 3 boxes with 12 pencils each. He gives away 9 pencils. How many are left?"
+
+
+# ---------------------------------------------------------------------------- fast: the sampler
+
+def _torch_reference(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Independent truncation in torch (full sort), the way HF's logits processors do it."""
+    z = torch.tensor(logits, dtype=torch.float64) / temperature
+    if top_k:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, -float("inf"))
+    if top_p < 1.0:
+        srt, idx = torch.sort(z, descending=True, dim=-1)
+        p = torch.softmax(srt, -1)
+        drop = (p.cumsum(-1) - p) >= top_p
+        drop[..., 0] = False
+        z = z.scatter(-1, idx, srt.masked_fill(drop, -float("inf")))
+    return torch.log_softmax(z, -1).numpy()
+
+
+@pytest.mark.parametrize("t,k,p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 40, 1.0), (0.7, 0, 0.9),
+                                   (1.3, 100, 0.95)])
+def test_processed_logprobs_match_reference(t, k, p):
+    logits = np.random.default_rng(1).normal(size=(3, 5000)).astype(np.float32) * 4
+    ours = processed_logprobs(logits, t, k, p)
+    ref = _torch_reference(logits, t, k, p)
+    assert np.array_equal(np.isfinite(ours), np.isfinite(ref))
+    fin = np.isfinite(ref)
+    assert np.abs(ours[fin] - ref[fin]).max() < 1e-10
+    assert np.allclose(np.exp(ours).sum(1), 1.0)
+    if k:
+        assert (np.isfinite(ours).sum(1) <= k).all()
+
+
+def test_sampled_logprob_is_that_of_the_sampled_token():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 1000)) * 3
+    for s in (SamplerSettings(), SamplerSettings(temperature=0.7, top_k=20, top_p=0.8)):
+        tok, lp = sample_tokens(logits, s, np.random.default_rng(5))
+        ref = _torch_reference(logits, s.temperature, s.top_k, s.top_p)
+        assert np.allclose(lp, ref[np.arange(4), tok], atol=1e-10)
+        assert np.isfinite(lp).all()
+
+
+def test_sampling_frequencies_follow_the_distribution():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    rng = np.random.default_rng(0)
+    counts = np.zeros(4)
+    for _ in range(4000):
+        tok, _ = sample_tokens(logits, SamplerSettings(), rng)
+        counts[tok[0]] += 1
+    assert np.abs(counts / 4000 - [0.5, 0.3, 0.15, 0.05]).max() < 0.03
+    counts[:] = 0
+    for _ in range(2000):   # top_p=0.7 keeps {0.5, 0.3} renormalised to {0.625, 0.375}
+        tok, lp = sample_tokens(logits, SamplerSettings(top_p=0.7), rng)
+        counts[tok[0]] += 1
+        assert np.isclose(np.exp(lp[0]), [0.625, 0.375][tok[0]])
+    assert counts[2:].sum() == 0 and abs(counts[0] / 2000 - 0.625) < 0.04
+
+
+def test_greedy_and_bad_settings():
+    logits = np.array([[0.1, 2.0, -1.0]])
+    tok, lp = sample_tokens(logits, SamplerSettings(temperature=0.0), np.random.default_rng(0))
+    assert tok.tolist() == [1] and lp.tolist() == [0.0]
+    for bad in (SamplerSettings(temperature=-1), SamplerSettings(top_k=-2), SamplerSettings(top_p=0.0),
+                SamplerSettings(max_new_tokens=0)):
+        with pytest.raises(GenerationError):
+            check_sampler(bad)
+
+
+# ---------------------------------------------------------------------------- real models
+
+@pytest.fixture(scope="module")
+def bundle():
+    from ftis_edge.models import resolve_model
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def prompt(bundle):
+    return bundle.encode(bundle.render_prompt([{"role": "user", "content": QUESTION}]))
+
+
+@pytest.fixture(scope="module")
+def llama_q(bundle):
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    g = LlamaCppGenerator.from_bundle(bundle, "quantized", n_ctx=512, max_group=8, n_threads=THREADS)
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def llama_f16(bundle):
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", n_ctx=512, max_group=8, n_threads=THREADS)
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def hf(bundle):
+    torch.set_num_threads(max(THREADS, 1))
+    from ftis_edge.generate.hf import HFGenerator
+    g = HFGenerator.from_bundle(bundle, device="cpu", n_ctx=512)
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def group_q(llama_q, prompt):
+    """4 completions sampled at T=1 by the quantized engine; the sequences every engine scores."""
+    return llama_q.generate(prompt, 4, SamplerSettings(temperature=1.0, max_new_tokens=48, seed=11))
+
+
+def _mean_abs(a_list, b_list):
+    return float(np.mean(np.concatenate([np.abs(np.asarray(a) - np.asarray(b)) for a, b in zip(a_list, b_list)])))
+
+
+@pytest.mark.model
+def test_group_shape_eos_convention(group_q, bundle, llama_q):
+    assert len(group_q) == 4
+    for c in group_q:
+        assert len(c.token_ids) == len(c.logprobs) >= 1
+        assert all(lp <= 0 and np.isfinite(lp) for lp in c.logprobs)
+        assert c.sampler == SamplerSettings(temperature=1.0, max_new_tokens=48, seed=11).as_dict()
+        if c.finish_reason == "stop":
+            assert c.token_ids[-1] in bundle.eos_token_ids          # the stop token is kept ...
+            assert not any(t in bundle.eos_token_ids for t in c.token_ids[:-1])
+            assert "<|im_end|>" not in c.text                        # ... but not in the text
+        else:
+            assert c.finish_reason == "length" and len(c.token_ids) == 48
+        body = [t for t in c.token_ids if t not in bundle.eos_token_ids]
+        assert c.text == llama_q.detokenize(body)
+    assert llama_q.tok_s > 0 and llama_q.stats["tokens"] == sum(len(c.token_ids) for c in group_q)
+
+
+@pytest.mark.model
+def test_quantized_vs_pytorch_and_f16_vs_pytorch(group_q, prompt, llama_q, llama_f16, hf):
+    """Same sequences scored by three engines (DESIGN §3-4): Q4_1 ~0.05 nats/token, F16 ~0.002."""
+    seqs = [c.token_ids for c in group_q]
+    ref = hf.score(prompt, seqs)
+    gen_time = [c.logprobs for c in group_q]          # T=1, no truncation: raw log-softmax
+    assert _mean_abs(gen_time, ref) < 0.1
+    assert _mean_abs(llama_q.score(prompt, seqs), ref) < 0.1
+    f16 = _mean_abs(llama_f16.score(prompt, seqs), ref)
+    assert f16 < 0.01
+    assert f16 < _mean_abs(llama_q.score(prompt, seqs), ref)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("backend", ["llama_f16", "hf"])
+def test_logprobs_are_those_of_the_processed_distribution(backend, request, prompt):
+    gen = request.getfixturevalue(backend)
+    for s in (SamplerSettings(temperature=0.7, max_new_tokens=24, seed=3),
+              SamplerSettings(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=24, seed=4)):
+        gen.record_logits = True
+        try:
+            out = gen.generate(prompt, 3, s)
+        finally:
+            gen.record_logits = False
+        for c, raw in zip(out, gen.last_logits):
+            ref = _torch_reference(raw, s.temperature, s.top_k, s.top_p)
+            expect = ref[np.arange(len(c.token_ids)), c.token_ids]
+            assert np.isfinite(expect).all()                    # never sampled a truncated token
+            assert np.abs(np.asarray(c.logprobs) - expect).max() < 1e-6
+            raw_lsm = torch.log_softmax(torch.tensor(raw, dtype=torch.float64), -1).numpy()
+            raw_lp = raw_lsm[np.arange(len(c.token_ids)), c.token_ids]
+            assert not np.allclose(raw_lp, c.logprobs, atol=1e-3)   # temperature really applied
+        if s.top_k == 0:
+            # an independent forward of the same engine agrees (F16 llama.cpp: decode vs prefill)
+            again = gen.score(prompt, [c.token_ids for c in out], temperature=0.7)
+            assert _mean_abs([c.logprobs for c in out], again) < 0.01
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("backend", ["llama_q", "hf"])
+def test_seeding(backend, request, prompt):
+    gen = request.getfixturevalue(backend)
+    s = SamplerSettings(temperature=1.0, max_new_tokens=16, seed=123)
+    a = gen.generate(prompt, 3, s)
+    b = gen.generate(prompt, 3, s)
+    c = gen.generate(prompt, 3, SamplerSettings(temperature=1.0, max_new_tokens=16, seed=124))
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    assert [x.logprobs for x in a] == [x.logprobs for x in b]
+    assert [x.token_ids for x in a] != [x.token_ids for x in c]
+    assert len({tuple(x.token_ids) for x in a}) > 1            # the group members differ
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("backend", ["llama_q", "hf"])
+def test_context_overflow_and_bad_ids(backend, request, prompt):
+    gen = request.getfixturevalue(backend)
+    with pytest.raises(GenerationError, match="exceeds the context"):
+        gen.generate(prompt * 12, 2, SamplerSettings(max_new_tokens=64))
+    with pytest.raises(GenerationError, match="outside"):
+        gen.generate([1, 2, 10**7], 2, SamplerSettings(max_new_tokens=4))
+    with pytest.raises(GenerationError, match="empty"):
+        gen.generate([], 2, SamplerSettings(max_new_tokens=4))
+
+
+@pytest.mark.model
+def test_group_larger_than_max_group_and_forced_length(llama_q, prompt):
+    out = llama_q.generate(prompt, 10, SamplerSettings(max_new_tokens=6, seed=2), ignore_eos=True)
+    assert len(out) == 10 and all(len(c.token_ids) == 6 and c.finish_reason == "length" for c in out)
+
+
+@pytest.mark.model
+def test_hf_restores_train_mode_and_records_adapter_version(hf, prompt):
+    hf.model.train()
+    hf.generate(prompt, 2, SamplerSettings(max_new_tokens=4))
+    assert hf.model.training
+    hf.model.eval()
+    hf.set_adapter("/some/adapter.gguf", 7)
+    assert hf.adapter_version == 7
+
+
+def _write_random_lora(path, bundle, rank=4, alpha=8.0, seed=0):
+    """A GGUF LoRA adapter on attn_q / attn_v with random A, B (test fixture only)."""
+    import gguf
+    rng = np.random.default_rng(seed)
+    hidden = 576
+    w = gguf.GGUFWriter(str(path), bundle.arch)
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    out_dims = {"attn_q": bundle.n_head * 64, "attn_v": bundle.n_head_kv * 64}
+    for layer in range(bundle.n_layer):
+        for name, out_dim in out_dims.items():
+            w.add_tensor(f"blk.{layer}.{name}.weight.lora_a",
+                         (rng.normal(size=(rank, hidden)) * 0.05).astype(np.float32))
+            w.add_tensor(f"blk.{layer}.{name}.weight.lora_b",
+                         (rng.normal(size=(out_dim, rank)) * 0.05).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.model
+def test_adapter_hot_swap_and_reload(llama_f16, bundle, prompt, group_q, tmp_path):
+    seqs = [c.token_ids for c in group_q[:2]]
+    base = llama_f16.score(prompt, seqs)
+    adapter = tmp_path / "lora.gguf"
+    _write_random_lora(adapter, bundle)
+    llama_f16.set_adapter(adapter, version=1)
+    assert llama_f16.adapter_version == 1
+    with_lora = llama_f16.score(prompt, seqs)
+    assert _mean_abs(base, with_lora) > 0.05                       # the adapter is active
+    out = llama_f16.generate(prompt, 2, SamplerSettings(max_new_tokens=8, seed=1))
+    assert all(len(c.token_ids) >= 1 for c in out)
+    llama_f16.set_adapter(adapter, version=2, scale=0.0)
+    assert _mean_abs(base, llama_f16.score(prompt, seqs)) < 1e-5    # scale 0 = base
+    llama_f16.set_adapter(None, version=3)
+    assert _mean_abs(base, llama_f16.score(prompt, seqs)) < 1e-5    # removed: base again
+    with pytest.raises(GenerationError, match="not found"):
+        llama_f16.set_adapter(tmp_path / "missing.gguf", version=4)
+    # reload swaps the base weights file: quantized scores differ from F16 ones, then back
+    llama_f16.reload(bundle.gguf_path, version=5)
+    assert _mean_abs(base, llama_f16.score(prompt, seqs)) > 0.01
+    llama_f16.reload(bundle.f16_gguf(), version=6)
+    assert _mean_abs(base, llama_f16.score(prompt, seqs)) < 1e-5
+
+
+@pytest.mark.model
+def test_gemma3_both_backends_agree():
+    """A second architecture and tokenizer (262k vocab, <bos>, plain prompt format, sliding window)."""
+    from ftis_edge.generate.hf import HFGenerator
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    from ftis_edge.models import resolve_model
+    gemma = resolve_model("gemma3-270m")
+    ids = gemma.encode(gemma.render_prompt([{"role": "user", "content": QUESTION}]))
+    assert ids[0] == 2
+    llama = LlamaCppGenerator.from_bundle(gemma, "f16", n_ctx=256, max_group=4, n_threads=THREADS)
+    hf = HFGenerator.from_bundle(gemma, device="cpu", n_ctx=256)
+    try:
+        s = SamplerSettings(temperature=0.8, max_new_tokens=16, seed=5)
+        out = llama.generate(ids, 2, s)
+        assert all(np.isfinite(c.logprobs).all() and c.text for c in out)
+        ref = hf.score(ids, [c.token_ids for c in out], temperature=0.8)
+        assert _mean_abs([c.logprobs for c in out], ref) < 0.01       # F16 llama.cpp == PyTorch
+        a = hf.generate(ids, 2, s)
+        assert [c.token_ids for c in a] == [c.token_ids for c in hf.generate(ids, 2, s)]
+        again = hf.score(ids, [c.token_ids for c in a], temperature=0.8)
+        assert _mean_abs([c.logprobs for c in a], again) < 1e-3
+    finally:
+        llama.close()
+        hf.close()
