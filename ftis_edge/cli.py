@@ -86,9 +86,11 @@ def _run_start(args) -> int:
 def _run_node(cfg, *, resume: bool) -> int:
     from .models import ModelError
     from .node import Node
+    from .tasks import TaskError
+    from relay.keys import KeyError_
     try:
         return Node(cfg, resume=resume).run()
-    except ModelError as e:
+    except (ModelError, TaskError, KeyError_) as e:
         return _die(str(e))
     except KeyboardInterrupt:
         print("ftis-edge: aborted", file=sys.stderr)

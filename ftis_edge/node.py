@@ -296,6 +296,7 @@ class Node:
         cfg = self.cfg
         scale = cfg.train.advantage_scale
         samples, skipped = [], 0
+        self._with_peer_parts = 0
         if cfg.mode == "horizontal":
             # The advantage is over the union of all parts of a group (own + peers').
             by_group: dict[str, list[PeerGroup]] = {}
@@ -303,6 +304,7 @@ class Node:
                 by_group.setdefault(p.rollout.group_id, []).append(p)
             for g in own:
                 parts = by_group.get(g.group_id, [])
+                self._with_peer_parts += bool(parts)
                 rewards = g.rewards + [r for p in parts for r in p.rewards]
                 adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), scale=scale).tolist()
                 if max(rewards) == min(rewards):
@@ -400,6 +402,7 @@ class Node:
             "samples/peers": sum(1 for s in samples if s.source != "own"),
             "peers/samples_used": sum(1 for s in samples if s.source != "own"),
             "groups/skipped_equal_reward": skipped,
+            "groups/with_peer_parts": self._with_peer_parts if cfg.mode == "horizontal" else None,
             "memory/oom_retries": self.oom_retries, "micro_batch": self.learner.micro_batch,
             "lr": cfg.train.lr,
         })

@@ -1,0 +1,313 @@
+"""The PyTorch learner on the real SmolLM2-135M: log-probs, F-TIS steps, micro-batching, checkpoints."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ftis_edge.learner import Learner, LearnerError, LearnerOOM, TrainSample, aggregate_stats
+from ftis_edge.objective import ftis_loss
+
+torch.set_num_threads(2)
+
+PROMPTS = [
+    ("Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:",
+     " He has 3 + 5 = 8 apples. The answer is 8."),
+    ("Question: What is 12 times 3?\nAnswer:", " 12 times 3 is 36."),
+    ("The capital of France is", " Paris, which is also its largest city."),
+    ("Write one word:", " Hello"),
+    ("Question: A train travels 60 km in one hour. How far does it go in 3 hours?\nAnswer:",
+     " It goes 60 * 3 = 180 km, so the answer is 180."),
+]
+
+
+# ------------------------------------------------------------------ fast tests (no model)
+
+def test_aggregate_stats_sums_counts_maxes_extrema_and_weights_means():
+    parts = [(3, {"loss": 0.25, "samples": 3.0, "tokens": 30.0, "filter/dropped": 1.0, "is/weight_max": 1.5,
+                  "clip_frac": 0.1, "kl/mean": 1.0, "is/weight_mean": 2.0}),
+             (1, {"loss": -0.5, "samples": 1.0, "tokens": 10.0, "filter/dropped": 0.0, "is/weight_max": 1.9,
+                  "clip_frac": float("nan"), "kl/mean": 3.0, "is/weight_mean": float("nan")})]
+    out = aggregate_stats(parts, {})
+    assert out["loss"] == pytest.approx(-0.25) and out["samples"] == 4 and out["tokens"] == 40
+    assert out["filter/dropped"] == 1 and out["is/weight_max"] == 1.9
+    assert out["clip_frac"] == pytest.approx(0.1)          # NaN part has nothing to measure
+    assert out["kl/mean"] == pytest.approx((3 * 1.0 + 1 * 3.0) / 4)
+    assert out["is/weight_mean"] == pytest.approx(2.0)
+
+
+def test_learner_rejects_a_directory_without_a_model(tmp_path):
+    with pytest.raises(LearnerError, match="config.json"):
+        Learner(tmp_path)
+
+
+# ------------------------------------------------------------------ model fixtures
+
+@pytest.fixture(scope="module")
+def bundle():
+    from ftis_edge.models import resolve_model
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def hf_dir(bundle):
+    return bundle.hf_dir()
+
+
+@pytest.fixture(scope="module")
+def encoded(bundle):
+    tok = bundle.tokenizer()
+    return [(tok(p, add_special_tokens=False).input_ids, tok(c, add_special_tokens=False).input_ids)
+            for p, c in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def lora(hf_dir):
+    return Learner(hf_dir, trainable="lora", lr=1e-3, seed=0)
+
+
+def _on_policy(learner, encoded, advantages, idx=None):
+    """Samples whose behaviour log-probs are the learner's own current ones (a node's own, exact)."""
+    idx = range(len(advantages)) if idx is None else idx
+    base = [TrainSample(encoded[i][0], encoded[i][1], None, 0.0, 0.0, sequence_level=True) for i in idx]
+    with torch.no_grad():
+        logp, mask = learner.logprobs(base)
+    return [TrainSample(s.prompt_ids, s.completion_ids, logp[b][mask[b]].tolist(), None, float(a))
+            for b, (s, a) in enumerate(zip(base, advantages))]
+
+
+def _seq_logp(learner, samples):
+    with torch.no_grad():
+        logp, mask = learner.logprobs(samples)
+    return (logp * mask).sum(-1)
+
+
+def _trainable(learner):
+    return {n: p.detach().clone() for n, p in learner.trainable_state().items()}
+
+
+def _perturb_lora(learner, seed=1, std=0.02):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in learner.trainable_state().items():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+# ------------------------------------------------------------------ model tests
+
+@pytest.mark.model
+def test_logprobs_match_a_plain_full_vocab_forward(lora, encoded):
+    snapshot = lora.state_dict()
+    _perturb_lora(lora)                      # LoRA B starts at zero: make the adapter count
+    try:
+        samples = [TrainSample(p, c, None, 0.0, 0.0, sequence_level=True) for p, c in encoded]
+        with torch.no_grad():
+            logp, mask = lora.logprobs(samples)          # padded, chunked, completion rows only
+            assert mask.sum(-1).tolist() == [len(c) for _, c in encoded]
+            for b, (p, c) in enumerate(encoded):
+                ids = torch.tensor([p + c])
+                full = F.log_softmax(lora.model(input_ids=ids).logits[0].float(), dim=-1)
+                ref = full[len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(c)[:, None])[:, 0]
+                torch.testing.assert_close(logp[b, :len(c)], ref, atol=2e-4, rtol=0)
+                assert torch.all(logp[b, len(c):] == 0) and not mask[b, len(c):].any()
+    finally:
+        lora.load_state_dict(snapshot)
+
+
+@pytest.mark.model
+def test_step_moves_lora_weights_toward_the_positive_sample(lora, encoded):
+    snapshot = lora.state_dict()
+    try:
+        batch = _on_policy(lora, encoded, [1.0, -1.0], idx=[0, 2])
+        before_w = _trainable(lora)
+        before_lp = _seq_logp(lora, batch)
+        gen = [torch.tensor(s.gen_logprobs) for s in batch]
+        stats = lora.step(batch)
+        after_lp = _seq_logp(lora, batch)
+        assert stats["skipped"] == 0 and lora.version == snapshot["version"] + 1
+        assert stats["samples"] == 2 and stats["filter/dropped"] == 0
+        assert stats["is/weight_mean"] == pytest.approx(1.0, abs=1e-3)   # on-policy
+        assert math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
+        changed = [n for n, w in _trainable(lora).items() if not torch.equal(w, before_w[n])]
+        assert changed and all("lora_" in n for n in changed)
+        assert any("lora_B" in n for n in changed)       # (A gets no gradient while B is still zero)
+        assert after_lp[0] > before_lp[0] + 0.1, (before_lp, after_lp)   # positive advantage: more likely
+        assert after_lp[1] < before_lp[1] - 0.1, (before_lp, after_lp)   # negative: less likely
+        # the objective on the same batch went down
+        with torch.no_grad():
+            logp, mask = lora.logprobs(batch)
+            gen_t = torch.zeros_like(logp)
+            for b, g in enumerate(gen):
+                gen_t[b, :len(g)] = g
+            loss_after, _ = ftis_loss(logp, gen_t, torch.tensor([1.0, -1.0]), mask)
+        assert float(loss_after) < stats["loss"] - 0.01
+    finally:
+        lora.load_state_dict(snapshot)
+
+
+@pytest.mark.model
+def test_micro_batch_1_and_4_give_the_same_gradient(lora, encoded):
+    batch = _on_policy(lora, encoded, [1.0, -0.5, 0.7, -1.2, 0.0])
+    grads = {}
+    for mb in (1, 4):
+        lora.micro_batch = mb
+        stats = lora.compute_gradients(batch)
+        grads[mb] = torch.cat([p.grad.flatten() for p in lora.trainable_state().values()])
+        assert stats["micro_batches"] == math.ceil(5 / mb) and stats["samples"] == 5
+        assert stats["per_sample"]["advantage"].tolist() == pytest.approx([1.0, -0.5, 0.7, -1.2, 0.0])
+        grads[f"loss{mb}"] = stats["loss"]
+    lora.optimizer.zero_grad(set_to_none=True)
+    lora.micro_batch = 4
+    rel = float((grads[1] - grads[4]).norm() / grads[4].norm())
+    assert grads[4].norm() > 0 and rel < 1e-4, rel
+    assert grads["loss1"] == pytest.approx(grads["loss4"], abs=1e-5)
+
+
+@pytest.mark.model
+def test_normalize_kept_with_micro_batches_equals_the_full_batch_loss(lora, encoded):
+    batch = _on_policy(lora, encoded, [1.0, -0.5, 0.7, -1.2])
+    # make sample 1 far off-policy: negative advantage + huge KL -> the filter drops it
+    batch[1].gen_logprobs = [min(0.0, g + 8.0) if i % 2 else g - 8.0 for i, g in enumerate(batch[1].gen_logprobs)]
+    kw = dict(method="f-tis", kl_threshold=1.0, normalize="kept")
+    lora.micro_batch = 2
+    stats = lora.compute_gradients(batch, **kw)
+    ours = torch.cat([p.grad.flatten() for p in lora.trainable_state().values()])
+    assert stats["filter/dropped"] == 1 and bool(stats["per_sample"]["dropped"][1])
+    lora.optimizer.zero_grad(set_to_none=True)
+    logp, mask = lora.logprobs(batch)
+    gen = torch.zeros_like(logp)
+    for b, s in enumerate(batch):
+        gen[b, :len(s.gen_logprobs)] = torch.tensor(s.gen_logprobs)
+    loss, _ = ftis_loss(logp, gen, torch.tensor([s.advantage for s in batch]), mask, **kw)
+    loss.backward()
+    ref = torch.cat([p.grad.flatten() for p in lora.trainable_state().values()])
+    lora.optimizer.zero_grad(set_to_none=True)
+    lora.micro_batch = 4
+    assert stats["loss"] == pytest.approx(float(loss), abs=1e-6)
+    assert float((ours - ref).norm() / ref.norm()) < 1e-4
+
+
+@pytest.mark.model
+def test_same_seed_same_batch_gives_identical_weights(hf_dir, encoded, lora):
+    batch = _on_policy(lora, encoded, [1.0, -1.0, 0.5])
+    results = []
+    for _ in range(2):
+        learner = Learner(hf_dir, trainable="lora", lr=1e-3, seed=123)
+        learner.step(batch)
+        results.append(_trainable(learner))
+        del learner
+    assert results[0].keys() == results[1].keys()
+    assert all(torch.equal(results[0][n], results[1][n]) for n in results[0])
+    other = Learner(hf_dir, trainable="lora", lr=1e-3, seed=124)       # a different seed differs
+    assert not all(torch.equal(results[0][n], w) for n, w in _trainable(other).items() if "lora_A" in n)
+
+
+@pytest.mark.model
+def test_zero_advantage_batch_skips_the_step_but_reports_stats(lora, encoded):
+    batch = _on_policy(lora, encoded, [0.0, 0.0, 0.0])
+    before, version = _trainable(lora), lora.version
+    stats = lora.step(batch)
+    assert stats["skipped"] == 1 and lora.version == version
+    assert all(torch.equal(w, before[n]) for n, w in _trainable(lora).items())
+    assert stats["samples"] == 3 and stats["kl/mean"] == pytest.approx(0.0, abs=1e-4)
+    assert stats["per_sample"]["kl"].shape == (3,)
+    assert all(p.grad is None for p in lora.trainable_state().values())
+
+
+@pytest.mark.model
+def test_state_dict_round_trip_restores_weights_and_optimiser(lora, encoded):
+    snapshot = lora.state_dict()
+    try:
+        batch = _on_policy(lora, encoded, [1.0, -1.0, 0.5])
+        lora.step(batch)
+        saved = copy.deepcopy(lora.state_dict())
+        after_one = _trainable(lora)
+        lora.step(batch)
+        after_two = _trainable(lora)
+        assert not all(torch.equal(after_one[n], after_two[n]) for n in after_one)
+        lora.load_state_dict(saved)
+        assert lora.version == saved["version"]
+        assert all(torch.equal(w, after_one[n]) for n, w in _trainable(lora).items())
+        restored = lora.optimizer.state_dict()["state"]
+        for k, st in saved["optimizer"]["state"].items():
+            assert torch.equal(restored[k]["exp_avg"], st["exp_avg"])
+            assert torch.equal(restored[k]["exp_avg_sq"], st["exp_avg_sq"])
+        lora.step(batch)                       # the same second step again: same Adam moments, same result
+        assert all(torch.equal(w, after_two[n]) for n, w in _trainable(lora).items())
+    finally:
+        lora.load_state_dict(snapshot)
+
+
+@pytest.mark.model
+def test_oom_raises_typed_error_with_grads_cleared_then_retry_works(lora, encoded, monkeypatch):
+    batch = _on_policy(lora, encoded, [1.0, -1.0, 0.5, -0.5])
+    real = lora.logprobs
+    calls = []
+
+    def second_call_oom(samples):            # the allocator failing on the 2nd micro-batch, after a backward
+        calls.append(len(samples))
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(samples)
+
+    monkeypatch.setattr(lora, "logprobs", second_call_oom)
+    lora.micro_batch = 2
+    with pytest.raises(LearnerOOM, match="micro_batch=2"):
+        lora.compute_gradients(batch)
+    assert all(p.grad is None for p in lora.trainable_state().values())
+    monkeypatch.setattr(lora, "logprobs", real)
+    lora.micro_batch = 1
+    stats = lora.compute_gradients(batch)
+    assert stats["micro_batches"] == 4
+    lora.optimizer.zero_grad(set_to_none=True)
+    lora.micro_batch = 4
+
+
+@pytest.mark.model
+def test_bad_samples_get_a_readable_error(lora, encoded):
+    p, c = encoded[0]
+    with pytest.raises(LearnerError, match="gen_logprobs"):
+        lora.logprobs([TrainSample(p, c, [-1.0] * (len(c) - 1), None, 1.0)])
+    with pytest.raises(LearnerError, match="out of range"):
+        lora.logprobs([TrainSample(p, c + [10 ** 7], None, -3.0, 1.0, sequence_level=True)])
+    with pytest.raises(LearnerError, match="sequence_level"):
+        lora.logprobs([TrainSample(p, c, None, -3.0, 1.0)])
+    with pytest.raises(LearnerError, match="empty completion"):
+        lora.logprobs([TrainSample(p, [], [], None, 1.0)])
+    with pytest.raises(LearnerError, match="set by the learner"):
+        lora.step([TrainSample(p, c, None, -3.0, 1.0, sequence_level=True)], num_samples=3)
+
+
+@pytest.mark.model
+def test_mixed_token_and_sequence_level_batch_steps(lora, encoded):
+    snapshot = lora.state_dict()
+    try:
+        batch = _on_policy(lora, encoded, [1.0, -1.0, 0.5])
+        batch[2] = TrainSample(batch[2].prompt_ids, batch[2].completion_ids, None,
+                               float(sum(batch[2].gen_logprobs)) - 0.3, 0.5, sequence_level=True, source="peer")
+        stats = lora.step(batch)
+        assert stats["skipped"] == 0 and stats["samples/sequence_level"] == 1
+        assert stats["per_sample"]["sequence_level"].tolist() == [False, False, True]
+    finally:
+        lora.load_state_dict(snapshot)
+
+
+@pytest.mark.model
+def test_save_adapter_writes_peft_files(lora, tmp_path):
+    out = lora.save_adapter(tmp_path / "adapter")
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.model
+def test_full_fine_tuning_step(hf_dir, encoded):
+    learner = Learner(hf_dir, trainable="full", lr=2e-5, seed=0)
+    assert sum(p.numel() for p in learner.trainable_state().values()) > 100_000_000
+    batch = _on_policy(learner, encoded, [1.0, -1.0], idx=[0, 2])
+    before = _seq_logp(learner, batch)
+    embed = learner.model.get_input_embeddings().weight.detach().clone()
+    stats = learner.step(batch)
+    after = _seq_logp(learner, batch)
+    assert stats["skipped"] == 0 and learner.version == 1
+    assert after[0] > before[0] + 0.1 and after[1] < before[1] - 0.1, (before, after)
+    assert not torch.equal(embed, learner.model.get_input_embeddings().weight)

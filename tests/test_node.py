@@ -1,0 +1,213 @@
+"""The node end to end: real processes, a real relay on loopback, the real models, tiny settings."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftis_edge.metrics import read_metrics
+from procs import ROOT, RelayProc
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
+
+# Small enough for 2 CPU cores, large enough that groups have mixed rewards (shaped reward).
+TINY = {
+    "task": {"prompts_per_round": 2, "group_size": 4, "max_new_tokens": 40, "reward": "shaped"},
+    "model": {"threads": 1},
+    "train": {"micro_batch": 8},
+}
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def write_config(tmp_path: Path, node_id: str, **sections) -> Path:
+    merged: dict = {s: dict(v) for s, v in TINY.items()}
+    for s, v in sections.items():
+        merged.setdefault(s, {}).update(v)
+    merged.setdefault("node", {}).update({"id": node_id, "run_dir": str(tmp_path / "{id}")})
+    lines = []
+    for section, values in merged.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
+    path = tmp_path / f"{node_id}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_node(cfg: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def rounds_of(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if r.get("type") == "round"]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(what)
+
+
+def test_default_node_alone_writes_metrics_checkpoints_and_adapter(tmp_path):
+    cfg = write_config(tmp_path, "solo", node={"rounds": 2, "checkpoint_every": 1})
+    finish(start_node(cfg))
+    run = tmp_path / "solo"
+    records = read_metrics(run)
+    assert [r["type"] for r in records] == ["start", "round", "round", "stop"]
+    start, r1, r2, stop = records
+    assert start["collaboration"] == "alone" and start["relay"] is None
+    assert stop["reason"] == "steps" and stop["round"] == 2
+    for r in (r1, r2):
+        for key in ("reward/own", "accuracy/own", "format/own", "time/gen_s", "time/train_s", "gen/tok_s",
+                    "samples/own", "filter/dropped", "micro_batch", "memory/oom_retries"):
+            assert key in r, key
+        assert r["samples/peers"] == 0 and r["reward/peers"] is None
+        assert 0.0 <= r["reward/own"] <= 1.0 and r["gen/tokens"] > 0
+    assert (run / "config.toml").exists() and (run / "node.log").stat().st_size > 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round-000001", "round-000002"]
+    assert list((run / "adapter").glob("*.gguf")), "the GGUF LoRA the generator uses"
+
+
+def _final_weights(run: Path) -> dict:
+    state = torch.load(run / "checkpoints" / "round-000003" / "state.pt", weights_only=False)
+    return state["learner"]
+
+
+def test_sigkill_then_resume_replays_the_next_round_bit_for_bit(tmp_path):
+    settings = dict(node={"rounds": 3, "checkpoint_every": 1, "seed": 7})
+    ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
+    ref_dir.mkdir(), cut_dir.mkdir()
+    ref = start_node(write_config(ref_dir, "n", **settings))
+    cut = start_node(write_config(cut_dir, "n", **settings))
+    cut_run = cut_dir / "n"
+    wait_for(lambda: (cut_run / "checkpoints" / "round-000002" / "state.pt").exists(), 600, "checkpoint 2")
+    cut.send_signal(signal.SIGKILL)
+    cut.wait(10)
+    resumed = start_node(cut_dir / "n.toml", "--resume")
+    finish(ref)
+    finish(resumed)
+    a = {r["round"]: r for r in rounds_of(ref_dir / "n")}
+    b = {r["round"]: r for r in rounds_of(cut_run)}      # a re-run round 3 overrides a torn one
+    assert read_metrics(cut_run)[-1]["type"] == "stop"
+    assert any(r.get("type") == "start" and r.get("resumed_from") == 2 for r in read_metrics(cut_run))
+    skip = ("time", "time/", "gen/tok_s", "peers", "paused")
+    for key, value in a[3].items():
+        if key.startswith(skip) or key == "time":
+            continue
+        assert b[3][key] == value, f"round 3 {key}: {b[3][key]} != {value}"
+    wa, wb = _final_weights(ref_dir / "n"), _final_weights(cut_run)
+    flat_a = {k: v for k, v in _flatten(wa)}
+    flat_b = {k: v for k, v in _flatten(wb)}
+    assert flat_a.keys() == flat_b.keys()
+    for k in flat_a:
+        assert torch.equal(flat_a[k], flat_b[k]), k
+
+
+def _flatten(obj, prefix=""):
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _flatten(v, f"{prefix}.{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _flatten(v, f"{prefix}[{i}]")
+
+
+def test_two_heterogeneous_nodes_share_groups_and_survive_a_relay_restart(tmp_path):
+    """SmolLM2 LoRA on llama.cpp + SmolLM2 full fine-tuning on HF, through a real relay that is
+    SIGKILLed and restarted on the same port mid-run."""
+    relay = RelayProc()
+    relay.wait_ready()
+    common = {"swarm": {"relay": relay.address, "max_wait_s": 60.0, "max_peer_groups": 2},
+              "node": {"rounds": 4}}
+    a = start_node(write_config(tmp_path, "lora-llama", **common))
+    b = start_node(write_config(tmp_path, "full-hf", model={"backend": "hf", "threads": 1},
+                                train={"trainable": "full", "lr": 5e-6}, **common))
+    try:
+        wait_for(lambda: len(rounds_of(tmp_path / "lora-llama")) >= 1, 600, "first round of node a")
+        relay.kill()
+        relay.start()
+        relay.wait_ready()
+        finish(a)
+        finish(b)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+        relay.stop()
+    for me, peer in (("lora-llama", "full-hf"), ("full-hf", "lora-llama")):
+        rounds = rounds_of(tmp_path / me)
+        assert len(rounds) == 4
+        last = rounds[-1]
+        assert last["peers"][peer]["accepted"] >= 4, last["peers"]          # groups kept flowing after the restart
+        assert sum(r["peers/groups_received"] for r in rounds[2:]) >= 1
+        used = sum(r["samples/peers"] for r in rounds)
+        assert used > 0, f"{me} never trained on {peer}'s groups"
+        trained = [r for r in rounds if r["samples/peers"]]
+        assert all(r["is/weight_mean"] is not None and r["filter/dropped"] is not None for r in trained)
+        assert last["peers"][peer]["samples_used"] == used
+        assert any(r["wire/bytes_per_token_in"] for r in rounds)
+
+
+def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
+    relay = RelayProc()
+    relay.wait_ready()
+    common = {"swarm": {"relay": relay.address, "max_wait_s": 300.0, "max_peer_groups": 2},
+              "node": {"rounds": 1}, "task": {"prompts_per_round": 2, "group_size": 4, "max_new_tokens": 24,
+                                              "reward": "shaped"}}
+    a = start_node(write_config(tmp_path, "smol", **common))
+    b = start_node(write_config(tmp_path, "gemma", model={"spec": "gemma3-270m", "threads": 1}, **common))
+    try:
+        finish(a, timeout=800)
+        finish(b, timeout=800)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+        relay.stop()
+    smol, gemma = rounds_of(tmp_path / "smol")[0], rounds_of(tmp_path / "gemma")[0]
+    assert smol["peers"]["gemma"]["accepted"] == 2 and gemma["peers"]["smol"]["accepted"] == 2
+    assert smol["peers"]["gemma"]["tokenizer"] != gemma["peers"]["smol"]["tokenizer"]
+    # Peer samples from the other tokenizer are trained at sequence level (when a group had signal).
+    for rec in (smol, gemma):
+        assert rec.get("samples/sequence_level", 0) == rec["samples/peers"]
+
+
+def test_horizontal_mode_merges_parts_of_the_same_groups(tmp_path):
+    relay = RelayProc()
+    relay.wait_ready()
+    common = {"swarm": {"relay": relay.address, "collaboration": "horizontal", "max_wait_s": 120.0,
+                        "max_peer_groups": 2}, "node": {"rounds": 1}}
+    a = start_node(write_config(tmp_path, "h1", **common))
+    b = start_node(write_config(tmp_path, "h2", **common))
+    try:
+        finish(a)
+        finish(b)
+    finally:
+        relay.stop()
+    r1, r2 = rounds_of(tmp_path / "h1")[0], rounds_of(tmp_path / "h2")[0]
+    assert r1["groups/with_peer_parts"] == 2 and r2["groups/with_peer_parts"] == 2
+    assert r1["gen/tokens"] > 0 and read_metrics(tmp_path / "h1")[0]["collaboration"] == "horizontal"
