@@ -1,0 +1,398 @@
+"""The PyTorch policy that learns: LoRA (peft) or full fine-tuning, per-token log-probs, one F-TIS step.
+
+``Learner.step(samples)`` runs one optimiser step over a whole batch of ``TrainSample``s. The batch is
+split into length-sorted micro-batches; each one calls ``objective.ftis_loss`` with ``num_samples`` = the
+whole batch size, so the accumulated gradient equals the full-batch gradient. Log-probs are computed
+only at completion positions, a chunk of rows at a time under activation checkpointing, so the
+[tokens, vocab] logits (49k / 262k columns) never all live in memory at once.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+class LearnerError(ValueError):
+    """Bad input to the learner (a malformed sample, an unknown setting)."""
+
+
+class LearnerOOM(RuntimeError):
+    """The step ran out of memory. Gradients were cleared: lower ``learner.micro_batch`` and retry."""
+
+    def __init__(self, micro_batch: int, cause: BaseException):
+        super().__init__(f"out of memory at micro_batch={micro_batch}; halve learner.micro_batch and "
+                         f"retry ({type(cause).__name__}: {str(cause).splitlines()[0][:200]})")
+        self.micro_batch = micro_batch
+
+
+@dataclass
+class TrainSample:
+    prompt_ids: list[int]
+    completion_ids: list[int]          # the learner's own token ids of the completion
+    gen_logprobs: list[float] | None   # behaviour log-prob per completion token; None for cross-tokenizer
+    gen_logprob_sum: float | None      # generator's summed log-prob (sequence-level / cross-tokenizer)
+    advantage: float
+    sequence_level: bool = False
+    source: str = "own"                # node id of the generator ("own" for ours)
+
+
+# Rows of [tokens, vocab] logits materialised at once when computing log-probs.
+LOGIT_CHUNK_ROWS = 1024
+
+
+def _is_oom(err: BaseException) -> bool:
+    oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(err, oom_type):
+        return True
+    text = str(err).lower()
+    # CUDA says "out of memory"; the CPU allocator says "can't allocate memory".
+    return isinstance(err, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def _resolve_hf_dir(bundle_or_hf_dir) -> Path:
+    if hasattr(bundle_or_hf_dir, "hf_dir"):
+        return Path(bundle_or_hf_dir.hf_dir())
+    path = Path(bundle_or_hf_dir)
+    if not (path / "config.json").is_file():
+        raise LearnerError(f"{path} is not a Hugging Face model directory (no config.json)")
+    return path
+
+
+class Learner:
+    """A trainable policy: the HF model (optionally peft-wrapped), its optimiser and a version counter."""
+
+    def __init__(self, bundle_or_hf_dir, *, trainable: str = "lora", lora_r: int = 8, lora_alpha: float = 16,
+                 lora_dropout: float = 0.0,
+                 lora_targets: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+                 lr: float | None = None, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
+                 micro_batch: int = 4, device: str | torch.device | None = None, seed: int = 0,
+                 gradient_checkpointing: bool = False, dtype: torch.dtype | None = None):
+        from transformers import AutoModelForCausalLM
+
+        if trainable not in ("lora", "full"):
+            raise LearnerError(f"trainable must be 'lora' or 'full', got {trainable!r}")
+        if micro_batch < 1:
+            raise LearnerError(f"micro_batch must be >= 1, got {micro_batch}")
+        self.trainable = trainable
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.micro_batch = micro_batch
+        self.grad_clip = grad_clip
+        self.seed = seed
+        self.version = 0
+        self.hf_dir = _resolve_hf_dir(bundle_or_hf_dir)
+        # bf16 autocast on CUDA only; CPU stays fp32 (bf16 matmuls are slow and noisy there).
+        self.autocast_dtype = torch.bfloat16 if self.device.type == "cuda" else None
+
+        torch.manual_seed(seed)  # LoRA A init is random: same seed -> same adapter
+        model = AutoModelForCausalLM.from_pretrained(self.hf_dir, dtype=dtype or torch.float32)
+        model.to(self.device)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        if trainable == "lora":
+            from peft import LoraConfig, get_peft_model
+            if gradient_checkpointing:
+                model.enable_input_require_grads()
+            config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                                target_modules=list(lora_targets), bias="none", task_type="CAUSAL_LM")
+            model = get_peft_model(model, config)
+        self.model = model
+        self.model.train()  # dropout (LoRA dropout) only; HF LMs here have no other train-mode behaviour
+        self.lora_config = dict(r=lora_r, alpha=lora_alpha, dropout=lora_dropout, targets=list(lora_targets)) \
+            if trainable == "lora" else None
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        if lr is None:
+            lr = 1e-4 if trainable == "lora" else 5e-6
+        self.lr = lr
+        self.optimizer = torch.optim.Adam(self._params, lr=lr, weight_decay=weight_decay)
+        self.vocab_size = self._hf_model.config.vocab_size
+        self.softcap = getattr(self._hf_model.config, "final_logit_softcapping", None)
+
+    # ----------------------------------------------------------------- model parts
+    @property
+    def _hf_model(self):
+        """The underlying transformers model (LoRA layers injected in place when peft-wrapped)."""
+        return self.model.get_base_model() if self.trainable == "lora" else self.model
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Name -> tensor of every trainable parameter (the LoRA matrices, or all weights)."""
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    # ----------------------------------------------------------------- log-probs
+    def _check(self, samples: Sequence[TrainSample]) -> None:
+        if not samples:
+            raise LearnerError("empty batch")
+        for i, s in enumerate(samples):
+            if not s.completion_ids:
+                raise LearnerError(f"sample {i}: empty completion")
+            if not s.prompt_ids:
+                raise LearnerError(f"sample {i}: empty prompt (the first completion token needs a context)")
+            ids = list(s.prompt_ids) + list(s.completion_ids)
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise LearnerError(f"sample {i}: token id out of range [0, {self.vocab_size})")
+            if not math.isfinite(s.advantage):
+                raise LearnerError(f"sample {i}: advantage is not finite ({s.advantage})")
+            if s.gen_logprobs is None:
+                if s.gen_logprob_sum is None:
+                    raise LearnerError(f"sample {i}: needs gen_logprobs or gen_logprob_sum")
+                if not s.sequence_level:
+                    raise LearnerError(f"sample {i}: token-level sample without per-token gen_logprobs "
+                                       "(cross-tokenizer samples must set sequence_level=True)")
+            else:
+                if len(s.gen_logprobs) != len(s.completion_ids):
+                    raise LearnerError(f"sample {i}: {len(s.gen_logprobs)} gen_logprobs for "
+                                       f"{len(s.completion_ids)} completion tokens")
+                if not all(math.isfinite(x) and x <= 1e-4 for x in s.gen_logprobs):
+                    raise LearnerError(f"sample {i}: gen_logprobs must be finite log-probabilities (<= 0)")
+            if s.gen_logprob_sum is not None and not math.isfinite(s.gen_logprob_sum):
+                raise LearnerError(f"sample {i}: gen_logprob_sum is not finite")
+
+    def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log p(target | hidden) per row, computed LOGIT_CHUNK_ROWS rows at a time.
+
+        Each chunk runs under activation checkpointing, so only one chunk's [rows, vocab] logits exist
+        at a time, in the forward and in the backward pass. Computed in fp32 even under autocast.
+        """
+        weight = self._hf_model.get_output_embeddings().weight
+        bias = getattr(self._hf_model.get_output_embeddings(), "bias", None)
+        softcap = self.softcap
+
+        def chunk_logp(h, w, t):
+            with torch.autocast(self.device.type, enabled=False):
+                logits = F.linear(h.float(), w.float(), None if bias is None else bias.float())
+                if softcap:
+                    logits = torch.tanh(logits / softcap) * softcap
+                picked = logits.gather(1, t[:, None]).squeeze(1)
+                return picked - torch.logsumexp(logits, dim=-1)
+
+        out = []
+        for start in range(0, hidden.shape[0], LOGIT_CHUNK_ROWS):
+            h, t = hidden[start:start + LOGIT_CHUNK_ROWS], targets[start:start + LOGIT_CHUNK_ROWS]
+            if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+                out.append(checkpoint(chunk_logp, h, weight, t, use_reentrant=False))
+            else:
+                out.append(chunk_logp(h, weight, t))
+        return torch.cat(out)
+
+    def logprobs(self, samples: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-completion-token log-probs under the current weights, with grad: ([B, T], mask [B, T]).
+
+        Row b holds sample b's completion tokens left-aligned; T is the longest completion.
+        """
+        self._check(samples)
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+        B, L = len(samples), max(lengths)
+        input_ids = torch.zeros(B, L, dtype=torch.long)
+        attention = torch.zeros(B, L, dtype=torch.long)
+        rows, cols, targets = [], [], []
+        for b, s in enumerate(samples):
+            seq = list(s.prompt_ids) + list(s.completion_ids)
+            input_ids[b, :len(seq)] = torch.tensor(seq)
+            attention[b, :len(seq)] = 1
+            P, C = len(s.prompt_ids), len(s.completion_ids)
+            rows += [b] * C
+            cols += range(P - 1, P + C - 1)  # the hidden state before each completion token predicts it
+            targets += s.completion_ids
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None):
+            # The decoder alone: the LM head is applied below only at completion positions.
+            hidden = self._hf_model.get_decoder()(input_ids=input_ids, attention_mask=attention,
+                                                  use_cache=False).last_hidden_state
+        rows_t = torch.tensor(rows, device=self.device)
+        cols_t = torch.tensor(cols, device=self.device)
+        flat = self._token_logprobs(hidden[rows_t, cols_t], torch.tensor(targets, device=self.device))
+        T = max(len(s.completion_ids) for s in samples)
+        pos = torch.tensor([j for s in samples for j in range(len(s.completion_ids))], device=self.device)
+        logp = torch.zeros(B, T, device=self.device, dtype=flat.dtype).index_put((rows_t, pos), flat)
+        mask = torch.zeros(B, T, device=self.device, dtype=torch.bool)
+        mask[rows_t, pos] = True
+        return logp, mask
+
+    # ----------------------------------------------------------------- the step
+    def _objective_inputs(self, samples: Sequence[TrainSample], T: int):
+        gen = torch.zeros(len(samples), T)
+        for b, s in enumerate(samples):
+            if s.gen_logprobs is not None:
+                gen[b, :len(s.gen_logprobs)] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
+        gen_sum = torch.tensor([s.gen_logprob_sum if s.gen_logprob_sum is not None else float(sum(s.gen_logprobs))
+                                for s in samples], dtype=torch.float32)
+        adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+        seq_level = torch.tensor([s.sequence_level for s in samples], dtype=torch.bool)
+        dev = self.device
+        return gen.to(dev), gen_sum.to(dev), adv.to(dev), seq_level.to(dev)
+
+    def compute_gradients(self, samples: Sequence[TrainSample], **objective_kwargs) -> dict:
+        """Forward + backward over the whole batch, micro-batch by micro-batch; leaves the full-batch
+        gradient in ``p.grad`` (no optimiser step) and returns the aggregated stats.
+
+        ``objective_kwargs`` go to ``ftis_loss`` (method, C, eps, kl_threshold, normalize, ...); ``level``
+        defaults to each sample's own ``sequence_level`` flag. With normalize="kept" the micro-batch losses
+        are computed over all N and the gradient is rescaled by N / kept once the kept count is known.
+        When every advantage is zero nothing is back-propagated (stats["no_signal"] = 1).
+        Raises LearnerOOM (gradients cleared) when memory runs out.
+        """
+        from ftis_edge.objective import ftis_loss
+
+        self._check(samples)
+        for key in ("num_samples", "gen_logp_sum"):
+            if key in objective_kwargs:
+                raise LearnerError(f"{key} is set by the learner, not by the caller")
+        normalize = objective_kwargs.pop("normalize", "all")
+        if normalize not in ("all", "kept"):
+            raise LearnerError(f"normalize must be 'all' or 'kept', got {normalize!r}")
+        level_override = objective_kwargs.pop("level", None)
+        N = len(samples)
+        no_signal = all(s.advantage == 0 for s in samples)
+        # Sorting by length keeps similar lengths together: less padding per micro-batch.
+        order = sorted(range(N), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
+        chunks = [order[i:i + self.micro_batch] for i in range(0, N, self.micro_batch)]
+
+        self.optimizer.zero_grad(set_to_none=True)
+        parts: list[tuple[int, dict]] = []
+        per_sample: dict[str, torch.Tensor] = {}
+        try:
+            with torch.set_grad_enabled(not no_signal):
+                for idx in chunks:
+                    batch = [samples[i] for i in idx]
+                    logp, mask = self.logprobs(batch)
+                    gen, gen_sum, adv, seq_level = self._objective_inputs(batch, logp.shape[1])
+                    level = level_override if level_override is not None else (
+                        "sequence" if bool(seq_level.all()) else "token" if not bool(seq_level.any()) else seq_level)
+                    loss, st = ftis_loss(logp, gen, adv, mask, level=level, normalize="all", num_samples=N,
+                                         gen_logp_sum=gen_sum, **objective_kwargs)
+                    if not no_signal:
+                        loss.backward()
+                    for k, v in st.pop("per_sample").items():   # back to the caller's sample order
+                        if k not in per_sample:
+                            per_sample[k] = torch.zeros(N, dtype=v.dtype)
+                        per_sample[k][torch.tensor(idx)] = v.detach().cpu()
+                    parts.append((len(idx), st))
+                    del logp, mask, loss
+        except Exception as err:  # noqa: BLE001 - re-raised typed when it is an OOM
+            self.optimizer.zero_grad(set_to_none=True)
+            if _is_oom(err):
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                raise LearnerOOM(self.micro_batch, err) from err
+            raise
+
+        stats = aggregate_stats(parts, per_sample)
+        if normalize == "kept":
+            scale = N / max(int(stats.get("filter/kept", N)), 1)
+            stats["loss"] = stats.get("loss", 0.0) * scale
+            for p in self._params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        stats["micro_batches"] = float(len(chunks))
+        stats["no_signal"] = 1.0 if no_signal else 0.0
+        stats["per_sample"] = per_sample
+        return stats
+
+    def step(self, samples: Sequence[TrainSample], **objective_kwargs) -> dict:
+        """One optimiser step on the whole batch (``compute_gradients`` + clip + Adam); returns its stats.
+
+        The step is skipped (stats["skipped"] = 1, weights and version unchanged) when the batch has no
+        signal: every advantage is zero, or the filter dropped every sample.
+        """
+        stats = self.compute_gradients(samples, **objective_kwargs)
+        skip = stats["no_signal"] or stats.get("filter/kept", 1.0) == 0
+        stats["skipped"] = 1.0 if skip else 0.0
+        if skip:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            grads = [p for p in self._params if p.grad is not None]
+            if self.grad_clip:
+                norm = torch.nn.utils.clip_grad_norm_(grads, self.grad_clip)
+            else:
+                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads]))
+            stats["grad_norm"] = float(norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+        stats["version"] = float(self.version)
+        return stats
+
+    # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        """Trainable weights, optimiser state and the version counter (what a checkpoint needs)."""
+        return {"trainable": {n: p.detach().cpu().clone() for n, p in self.trainable_state().items()},
+                "optimizer": self.optimizer.state_dict(), "version": self.version,
+                "mode": self.trainable, "lora": self.lora_config}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned (same model, same trainable mode)."""
+        if state.get("mode") != self.trainable:
+            raise LearnerError(f"checkpoint is for trainable={state.get('mode')!r}, learner is {self.trainable!r}")
+        own = self.trainable_state()
+        missing = set(own) - set(state["trainable"])
+        extra = set(state["trainable"]) - set(own)
+        if missing or extra:
+            raise LearnerError(f"checkpoint does not match the model: missing {sorted(missing)[:3]}, "
+                               f"unexpected {sorted(extra)[:3]}")
+        with torch.no_grad():
+            for n, p in own.items():
+                p.copy_(state["trainable"][n].to(p.device, p.dtype))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+    def save_adapter(self, directory) -> Path:
+        """Write the policy to ``directory``: peft adapter files (LoRA) or a safetensors HF model (full)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        return directory
+
+
+# How each objective stat combines across micro-batches (names from objective._stats).
+_SUMMED = {"loss", "samples", "tokens", "samples/empty", "samples/sequence_level", "filter/dropped",
+           "filter/kept", "filter/dropped_adv_rule", "filter/dropped_kl_rule"}   # counts; loss parts are /N
+_PER_TOKEN = {"is/truncated_frac", "mismatch/abs_logp_diff", "clip_frac"}
+
+
+def _weighted_mean(pairs: list[tuple[float, float]]) -> float:
+    """Mean of values weighted by counts, ignoring NaN values (a part with nothing to measure)."""
+    pairs = [(w, v) for w, v in pairs if w > 0 and not math.isnan(v)]
+    total = sum(w for w, _ in pairs)
+    return sum(w * v for w, v in pairs) / total if total else float("nan")
+
+
+def aggregate_stats(parts: list[tuple[int, dict]], per_sample: dict[str, torch.Tensor]) -> dict:
+    """Combine per-micro-batch stats into the full batch's: sums for counts and the loss, max/min for
+    extrema, token- or sample-weighted means for the rest; sample-level summaries (weight mean, ESS,
+    KL mean, fractions) are recomputed exactly from the per-sample tensors."""
+    out: dict[str, float] = {}
+    for k in dict.fromkeys(k for _, st in parts for k in st):
+        vals = [(n, st.get("tokens", 0.0), float(st[k])) for n, st in parts if k in st]
+        if k in _SUMMED:
+            out[k] = sum(v for _, _, v in vals)
+        elif k.endswith(("_max", "/max")):
+            out[k] = max((v for _, _, v in vals if not math.isnan(v)), default=float("nan"))
+        elif k.endswith(("_min", "/min")):
+            out[k] = min((v for _, _, v in vals if not math.isnan(v)), default=float("nan"))
+        elif k in _PER_TOKEN:
+            out[k] = _weighted_mean([(t, v) for _, t, v in vals])
+        else:
+            out[k] = _weighted_mean([(n, v) for n, _, v in vals])
+    N = out.get("samples") or 0.0
+    if N:
+        for frac, count in (("filter/dropped_frac", "filter/dropped"), ("filter/adv_le0_frac", "filter/dropped_adv_rule"),
+                            ("filter/kl_gt_g_frac", "filter/dropped_kl_rule")):
+            if frac in out and count in out:
+                out[frac] = out[count] / N
+    if "is_weight" in per_sample and "tokens" in per_sample:
+        nonempty = per_sample["tokens"] > 0
+        w = per_sample["is_weight"][nonempty].double()
+        if w.numel():
+            out["is/weight_mean"] = float(w.mean())
+            sq = float((w ** 2).sum())
+            out["is/ess"] = float(w.sum() ** 2 / (w.numel() * sq)) if sq > 0 else 0.0
+        if "kl" in per_sample and w.numel():
+            out["kl/mean"] = float(per_sample["kl"][nonempty].double().mean())
+    return out
