@@ -1,0 +1,333 @@
+"""`ftis-edge eval`: accuracy of a model (+ adapter) on a task, greedy by default.
+
+    ftis-edge eval --task gsm8k --limit 100
+    python -m ftis_edge.evaluate --task arith --level 2 --temperature 1 --samples 8 --json out.json
+
+Shows a progress bar (items, tok/s, running accuracy), then a table: accuracy with a 95% Wilson
+interval, format rate, mean completion length, tok/s. With ``--samples G`` it also reports the
+share of prompts whose G rewards are mixed, i.e. the GRPO groups that carry a learning signal.
+Heavy imports (llama.cpp, torch) happen inside ``run`` so ``--help`` stays instant.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from .tasks import TASK_NAMES
+
+BACKENDS = ("llamacpp", "hf")
+PRECISIONS = ("f16", "quantized")
+
+
+class EvalError(Exception):
+    """A user-caused problem: printed as one line, exit code 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The eval command's options (shared by `ftis-edge eval` and `python -m ftis_edge.evaluate`)."""
+    parser.add_argument("--model", default=None,
+                        help="model spec: alias (smollm2-135m, gemma3-270m), .gguf file, HF dir or hub id "
+                             "(default smollm2-135m)")
+    parser.add_argument("--adapter", default=None,
+                        help="LoRA adapter: a GGUF LoRA file (llamacpp) or a peft directory (hf)")
+    parser.add_argument("--task", default="gsm8k", help=f"one of {', '.join(TASK_NAMES)} (default gsm8k)")
+    parser.add_argument("--level", default=None, help="arith only: a level or a list, e.g. 2 or 1,2,3")
+    parser.add_argument("--path", default=None, help="dataset JSONL file instead of the shared data")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="first N prompts of the eval set (default: all; arith: 50 per level)")
+    parser.add_argument("--backend", default="llamacpp", help="llamacpp (default) or hf")
+    parser.add_argument("--precision", default="f16", help="llamacpp weights: f16 (default) or quantized")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--samples", type=int, default=1,
+                        help="completions per prompt (needs --temperature > 0 when > 1)")
+    parser.add_argument("--require-think", action="store_true",
+                        help="also demand <think>…</think> before <answer> (the paper's rule)")
+    parser.add_argument("--system-prompt", default=None, help="replace the task's system prompt")
+    parser.add_argument("--few-shot", type=int, default=None,
+                        help="worked examples shown before the question (0-2; default: the task's, 2)")
+    parser.add_argument("--grade-timeout", type=float, default=5.0,
+                        help="seconds to grade one completion (own outputs: generous; default 5)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for generation")
+    parser.add_argument("--json", dest="json_out", default=None, help="write the results to this JSON file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for k successes in n trials ((0, 1) when n = 0)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def summarize(items: list[dict], seconds: float) -> dict:
+    """Accuracy (with CI), format rate, lengths, speed, and per-group signal from scored items."""
+    n = len(items)
+    k = sum(1 for it in items if it["reward"] >= 1.0)
+    tokens = sum(it["tokens"] for it in items)
+    lo, hi = wilson_interval(k, n)
+    groups: dict[str, list[float]] = {}
+    for it in items:
+        groups.setdefault(it["id"], []).append(it["reward"])
+    multi = [g for g in groups.values() if len(g) > 1]
+    out = {
+        "n": n,
+        "n_prompts": len(groups),
+        "accuracy": k / n if n else 0.0,
+        "accuracy_ci95": [lo, hi],
+        "format_rate": sum(it["format_ok"] for it in items) / n if n else 0.0,
+        "answer_correct_rate": sum(it["correct"] for it in items) / n if n else 0.0,
+        "timed_out": sum(it["timed_out"] for it in items),
+        "mean_completion_tokens": tokens / n if n else 0.0,
+        "truncated_rate": sum(it["finish_reason"] == "length" for it in items) / n if n else 0.0,
+        "tok_s": tokens / seconds if seconds > 0 else 0.0,
+        "seconds": seconds,
+    }
+    if multi:
+        out["mixed_group_rate"] = sum(1 for g in multi if min(g) != max(g)) / len(multi)
+        out["pass_at_k"] = sum(1 for g in multi if max(g) >= 1.0) / len(multi)
+    levels = sorted({it["level"] for it in items if it.get("level") is not None})
+    if levels:
+        out["by_level"] = {}
+        for lv in levels:
+            sub = [it for it in items if it.get("level") == lv]
+            out["by_level"][str(lv)] = {k2: v for k2, v in summarize(
+                [dict(it, level=None) for it in sub], seconds).items()
+                if k2 in ("n", "accuracy", "accuracy_ci95", "format_rate", "answer_correct_rate",
+                          "mixed_group_rate", "pass_at_k", "mean_completion_tokens")}
+    return out
+
+
+# --- set-up --------------------------------------------------------------------------------
+
+def _check_args(args) -> None:
+    if args.task not in TASK_NAMES:
+        raise EvalError(f"unknown task {args.task!r}; choose one of {', '.join(TASK_NAMES)}")
+    if args.level is not None and args.task != "arith":
+        raise EvalError("--level only applies to --task arith")
+    if args.backend not in BACKENDS:
+        raise EvalError(f"unknown backend {args.backend!r}; choose one of {', '.join(BACKENDS)}")
+    if args.precision not in PRECISIONS:
+        raise EvalError(f"unknown precision {args.precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if args.limit is not None and args.limit < 1:
+        raise EvalError(f"--limit must be >= 1, got {args.limit}")
+    if args.samples < 1:
+        raise EvalError(f"--samples must be >= 1, got {args.samples}")
+    if args.samples > 1 and args.temperature == 0:
+        raise EvalError("--samples > 1 needs --temperature > 0 (greedy gives the same answer every time)")
+    if args.max_new_tokens < 1:
+        raise EvalError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not args.temperature >= 0 or not math.isfinite(args.temperature):
+        raise EvalError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_k < 0 or not 0 < args.top_p <= 1:
+        raise EvalError("--top-k must be >= 0 and --top-p in (0, 1]")
+    if args.adapter is not None:
+        adapter = Path(args.adapter).expanduser()
+        if args.backend == "llamacpp" and not adapter.is_file():
+            raise EvalError(f"--adapter {args.adapter}: no such file (llamacpp wants a GGUF LoRA file)")
+        if args.backend == "hf" and not (adapter / "adapter_config.json").is_file():
+            raise EvalError(f"--adapter {args.adapter}: not a peft adapter directory (no adapter_config.json)")
+    if args.json_out is not None:
+        parent = Path(args.json_out).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise EvalError(f"--json {args.json_out}: folder {parent} does not exist")
+
+
+def _build_task(args):
+    from .tasks import TaskError, get_task
+
+    options = {"timeout_s": args.grade_timeout, "require_think": args.require_think}
+    if args.system_prompt is not None:
+        options["system_prompt"] = args.system_prompt
+    if args.few_shot is not None:
+        options["few_shot"] = args.few_shot
+    if args.task == "arith" and args.level is not None:
+        options["level"] = args.level
+    if args.path is not None:
+        if args.task == "arith":
+            raise EvalError("--path does not apply to --task arith (it is generated)")
+        options["path"] = args.path
+        if args.task == "gsm8k":
+            options["split"] = "test" if Path(args.path).name.startswith("test") else "train"
+    try:
+        return get_task(args.task, **options)
+    except TaskError as e:
+        raise EvalError(str(e)) from None
+
+
+def _build_generator(args, bundle):
+    from .generate.sampling import GenerationError
+
+    threads = args.threads or min(os.cpu_count() or 1, 8)
+    try:
+        if args.backend == "llamacpp":
+            from .generate.llamacpp import LlamaCppGenerator
+            gen = LlamaCppGenerator.from_bundle(bundle, precision=args.precision, n_threads=threads,
+                                                n_ctx=2048 + args.max_new_tokens, max_group=args.samples)
+            if args.adapter:
+                gen.set_adapter(str(Path(args.adapter).expanduser()), version=1)
+            return gen
+        import torch
+        torch.set_num_threads(threads)
+        from .generate.hf import HFGenerator
+        if not args.adapter:
+            return HFGenerator.from_bundle(bundle)
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+        base = AutoModelForCausalLM.from_pretrained(bundle.hf_dir(), dtype=torch.float32)
+        model = PeftModel.from_pretrained(base, str(Path(args.adapter).expanduser()))
+        gen = HFGenerator(model, bundle.tokenizer(), eos_token_ids=bundle.eos_token_ids)
+        gen.set_adapter(args.adapter, 1)
+        return gen
+    except GenerationError as e:
+        raise EvalError(str(e)) from None
+
+
+# --- the run --------------------------------------------------------------------------------
+
+def evaluate(args, console=None) -> dict:
+    """Generate and score; returns the result dict that ``--json`` writes."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .generate.base import SamplerSettings
+    from .generate.sampling import GenerationError
+    from .models import ModelError, resolve_model
+    from .tasks import warm_up
+
+    _check_args(args)
+    task = _build_task(args)
+    prompts = task.eval_prompts(args.limit)
+    if not prompts:
+        raise EvalError(f"task {args.task} has no eval prompts")
+    try:
+        bundle = resolve_model(args.model)
+        gen = _build_generator(args, bundle)
+    except ModelError as e:
+        raise EvalError(str(e)) from None
+    warm_up()
+
+    console = console or Console(stderr=True)
+    items: list[dict] = []
+    gen_tokens, gen_seconds = 0, 0.0
+    t0 = time.perf_counter()
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[tok_s]:.0f} tok/s"), TextColumn("acc {task.fields[acc]:.1%}"),
+               TimeElapsedColumn()]
+    with Progress(*columns, console=console, disable=args.quiet, transient=False) as bar:
+        job = bar.add_task(f"{args.task}", total=len(prompts), tok_s=0.0, acc=0.0)
+        for i, p in enumerate(prompts):
+            ids = bundle.encode(bundle.render_prompt(task.messages(p.question)))
+            sampler = SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                      max_new_tokens=args.max_new_tokens, seed=args.seed + i)
+            g0 = time.perf_counter()
+            try:
+                completions = gen.generate(ids, args.samples, sampler)
+            except GenerationError as e:
+                raise EvalError(f"{p.id}: {e}") from None
+            gen_seconds += time.perf_counter() - g0
+            for c in completions:
+                value, b = task.reward(c.text, p.reference)
+                gen_tokens += len(c.token_ids)
+                items.append({"id": p.id, "level": p.meta.get("level") if args.task == "arith" else None,
+                              "reference": p.reference, "answer": b["answer"], "reward": value,
+                              "format_ok": b["format_ok"], "correct": b["correct"],
+                              "timed_out": b["timed_out"], "reason": b["reason"],
+                              "tokens": len(c.token_ids), "finish_reason": c.finish_reason,
+                              "text": c.text})
+            acc = sum(it["reward"] >= 1.0 for it in items) / len(items)
+            bar.update(job, advance=1, tok_s=gen_tokens / max(gen_seconds, 1e-9), acc=acc)
+    gen.close()
+    summary = summarize(items, gen_seconds)
+    summary["tok_s"] = gen_tokens / max(gen_seconds, 1e-9)
+    summary["wall_seconds"] = time.perf_counter() - t0
+    return {
+        "task": args.task,
+        "level": list(getattr(task, "levels", [])) or None,
+        "model": bundle.spec,
+        "model_fingerprint": bundle.fingerprint,
+        "adapter": args.adapter,
+        "backend": args.backend,
+        "precision": args.precision if args.backend == "llamacpp" else "f32",
+        "sampler": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                    "max_new_tokens": args.max_new_tokens, "seed": args.seed},
+        "samples_per_prompt": args.samples,
+        "few_shot": task.few_shot,
+        "reward": {"mode": task.reward_settings.mode, "require_think": task.reward_settings.require_think},
+        **summary,
+        "items": items,
+    }
+
+
+def print_table(result: dict, console=None) -> None:
+    """The summary table (and one row per arith level)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    title = (f"{result['task']} · {result['model']}" + (f" + {result['adapter']}" if result["adapter"] else "")
+             + f" · {result['backend']}/{result['precision']} · T={result['sampler']['temperature']}"
+             + (f" · G={result['samples_per_prompt']}" if result["samples_per_prompt"] > 1 else ""))
+    table = Table(title=title)
+    grouped = result["samples_per_prompt"] > 1
+    for col in ["set", "n", "accuracy", "95% CI", "format ok", "answer ok", "mean tokens"] + \
+               (["mixed groups", "pass@G"] if grouped else []):
+        table.add_column(col, justify="right" if col != "set" else "left")
+
+    def row(name, r):
+        lo, hi = r["accuracy_ci95"]
+        cells = [name, str(r["n"]), f"{r['accuracy']:.1%}", f"{lo:.1%} – {hi:.1%}",
+                 f"{r['format_rate']:.1%}", f"{r['answer_correct_rate']:.1%}",
+                 f"{r['mean_completion_tokens']:.0f}"]
+        if grouped:
+            cells += [f"{r.get('mixed_group_rate', 0):.1%}", f"{r.get('pass_at_k', 0):.1%}"]
+        table.add_row(*cells)
+
+    for lv, r in (result.get("by_level") or {}).items():
+        row(f"level {lv}", r)
+    row("all", result)
+    console.print(table)
+    console.print(f"{result['tok_s']:.1f} tok/s · {result['seconds']:.0f} s generating · "
+                  f"{result['timed_out']} grading time-outs · truncated {result['truncated_rate']:.0%}")
+
+
+def run(args) -> int:
+    """Entry point of `ftis-edge eval`: 0 on success, 2 (one line on stderr) for bad input."""
+    import orjson
+
+    try:
+        result = evaluate(args)
+    except EvalError as e:
+        print(f"ftis-edge eval: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ftis-edge eval: interrupted", file=sys.stderr)
+        return 130
+    print_table(result)
+    if args.json_out:
+        Path(args.json_out).expanduser().write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ftis_edge.evaluate",
+                                     description="Accuracy of a model (+ adapter) on a task.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
