@@ -89,6 +89,8 @@ class TaskSection:
     top_k: int = _opt(0, "top-k truncation (0 = off)", lo=0)
     top_p: float = _opt(1.0, "top-p truncation (1 = off)", lo=0.01, hi=1.0)
     reward_timeout_s: float = _opt(0.5, "time budget to grade one completion", lo=0.01, hi=60.0)
+    few_shot: int = _opt(2, "worked examples in the prompt (small models need them to use the tags)", lo=0, hi=2)
+    require_think: bool = _opt(False, "reward only completions that also reason inside <think>...</think>")
 
 
 @dataclass

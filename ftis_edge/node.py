@@ -86,19 +86,21 @@ class Node:
         from .learner import Learner
         from .models import resolve_model
         from .sync import WeightSync
-        from .tasks import get_task
+        from .tasks import get_task, warm_up
 
         cfg = self.cfg
         threads = cfg.model.threads or os.cpu_count() or 2
         torch.set_num_threads(threads)
         t0 = time.time()
         self.bundle = resolve_model(cfg.model.spec)
-        task_opts = {"reward": cfg.task.reward, "timeout_s": cfg.task.reward_timeout_s}
+        task_opts = {"reward": cfg.task.reward, "timeout_s": cfg.task.reward_timeout_s,
+                     "few_shot": cfg.task.few_shot, "require_think": cfg.task.require_think}
         if cfg.task.path:
             task_opts["path"] = cfg.task.path
         if cfg.task.level:
             task_opts["level"] = list(cfg.task.level)
         self.task = get_task(cfg.task.name, **task_opts)
+        warm_up()          # the grader worker starts while the model loads
         log.info("model %s (%s, fp %s); task %s", self.bundle.name, self.bundle.arch,
                  self.bundle.fingerprint, cfg.task.name)
         device = None if cfg.model.device == "auto" else cfg.model.device
