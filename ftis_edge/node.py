@@ -100,7 +100,7 @@ class Node:
         if cfg.task.level:
             task_opts["level"] = list(cfg.task.level)
         self.task = get_task(cfg.task.name, **task_opts)
-        warm_up()          # the grader worker starts while the model loads
+        warm_up()          # start the grader worker now, not inside the first round
         log.info("model %s (%s, fp %s); task %s", self.bundle.name, self.bundle.arch,
                  self.bundle.fingerprint, cfg.task.name)
         device = None if cfg.model.device == "auto" else cfg.model.device
