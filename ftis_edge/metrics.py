@@ -69,32 +69,51 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     return out
 
 
-class MetricsFollower:
-    """Incremental reader: ``poll()`` returns the records appended since the last call."""
+class LineTail:
+    """Follows a growing file: ``poll()`` returns the complete lines appended since last time.
 
-    def __init__(self, run_dir: str | os.PathLike):
-        self.path = Path(run_dir) / METRICS_FILE
-        self._offset = 0
+    A line is held back until its newline arrives (a writer may be mid-write). With
+    ``initial_bytes`` the first poll starts that far from the end (a long log), dropping the
+    partial line it lands in. A file that shrinks was replaced: reading starts over.
+    """
+
+    def __init__(self, path: str | os.PathLike, initial_bytes: int | None = None):
+        self.path = Path(path)
+        self.initial_bytes = initial_bytes
+        self._offset: int | None = None if initial_bytes is not None else 0
         self._partial = b""
 
-    def poll(self) -> list[dict]:
+    def poll(self) -> list[bytes]:
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
             return []
-        if size < self._offset:          # file replaced (new run in the same dir)
+        skip_first = False
+        if self._offset is None:
+            self._offset = max(0, size - self.initial_bytes)
+            skip_first = self._offset > 0          # we landed mid-line
+        if size < self._offset:                    # truncated or replaced: start over
             self._offset, self._partial = 0, b""
         if size == self._offset:
             return []
         with open(self.path, "rb") as fh:
             fh.seek(self._offset)
             chunk = fh.read(size - self._offset)
-        self._offset = size
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()      # incomplete until its newline arrives
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()                # incomplete until its newline arrives
+        return lines[1:] if skip_first else lines
+
+
+class MetricsFollower:
+    """Incremental reader: ``poll()`` returns the records appended since the last call."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self._tail = LineTail(Path(run_dir) / METRICS_FILE)
+
+    def poll(self) -> list[dict]:
         records = []
-        for line in lines:
+        for line in self._tail.poll():
             if line.strip():
                 try:
                     records.append(orjson.loads(line))

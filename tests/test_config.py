@@ -1,5 +1,5 @@
 """The node file: defaults, validation errors that name the key, the commented template."""
-import tomllib
+from ftis_edge.config import tomllib
 
 import pytest
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
-from ftis_edge.metrics import LOG_FILE, METRICS_FILE
+from ftis_edge.metrics import LOG_FILE, METRICS_FILE, LineTail
 from ftis_edge.tui.format import as_number
 
 CONFIG_FILE = "config.toml"
@@ -121,33 +124,10 @@ class LogTail:
     """Follows a text file: ``poll()`` returns the complete lines appended since last time."""
 
     def __init__(self, path: str | os.PathLike, initial_bytes: int = 64 * 1024):
-        self.path = Path(path)
-        self.initial_bytes = initial_bytes   # on attach, show only the tail of a long log
-        self._offset: int | None = None
-        self._partial = b""
+        self._tail = LineTail(path, initial_bytes)   # on attach, show only the tail of a long log
 
     def poll(self) -> list[str]:
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return []
-        skip_first = False
-        if self._offset is None:
-            self._offset = max(0, size - self.initial_bytes)
-            skip_first = self._offset > 0     # we landed mid-line
-        if size < self._offset:               # truncated or replaced: start over
-            self._offset, self._partial = 0, b""
-        if size == self._offset:
-            return []
-        with open(self.path, "rb") as fh:
-            fh.seek(self._offset)
-            chunk = fh.read(size - self._offset)
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        if skip_first and lines:
-            lines = lines[1:]
-        return [ln.decode("utf-8", errors="replace").rstrip("\r") for ln in lines]
+        return [ln.decode("utf-8", errors="replace").rstrip("\r") for ln in self._tail.poll()]
 
 
 def load_config(run_dir: str | os.PathLike, start: dict | None) -> tuple[dict, str]:

@@ -1,0 +1,58 @@
+"""Summarise a run directory: reward per round and early-vs-late means with standard errors.
+
+    python experiments/summarize_run.py RUN_DIR [RUN_DIR ...] [--window 10]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from ftis_edge.metrics import read_metrics  # noqa: E402
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    return statistics.fmean(values), se
+
+
+def summarize(run_dir: Path, window: int) -> None:
+    rounds = [r for r in read_metrics(run_dir) if r.get("type") == "round"]
+    start = next((r for r in read_metrics(run_dir) if r.get("type") == "start"), {})
+    print(f"## {run_dir}  (node {start.get('node_id')}, {start.get('collaboration')}, "
+          f"lr {start.get('config', {}).get('train', {}).get('lr')})")
+    print("| round | reward/own | reward/peers | accuracy/own | format/own | samples own+peers | dropped | IS w mean | KL mean | round s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def f(v, p=3):
+        return "–" if v is None else f"{v:.{p}f}"
+    for r in rounds:
+        print(f"| {r['round']} | {f(r.get('reward/own'))} | {f(r.get('reward/peers'))} | "
+              f"{f(r.get('accuracy/own'))} | {f(r.get('format/own'))} | "
+              f"{r.get('samples/own', 0)}+{r.get('samples/peers', 0)} | {f(r.get('filter/dropped'), 0)} | "
+              f"{f(r.get('is/weight_mean'))} | {f(r.get('kl/mean'), 4)} | {f(r.get('time/round_s'), 0)} |")
+    own = [r["reward/own"] for r in rounds if r.get("reward/own") is not None]
+    if len(own) >= 2 * window:
+        (m1, s1), (m2, s2) = mean_se(own[:window]), mean_se(own[-window:])
+        print(f"\nreward/own rounds 1-{window}: {m1:.3f} ± {s1:.3f} (SE);  "
+              f"rounds {len(own) - window + 1}-{len(own)}: {m2:.3f} ± {s2:.3f} (SE);  "
+              f"difference {m2 - m1:+.3f} ({(m2 - m1) / math.hypot(s1, s2):.1f} SE)")
+    print()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dirs", nargs="+", type=Path)
+    ap.add_argument("--window", type=int, default=10)
+    args = ap.parse_args()
+    for d in args.run_dirs:
+        summarize(d, args.window)
+
+
+if __name__ == "__main__":
+    main()
