@@ -134,9 +134,9 @@ class Intake:
             peer.sent += 1
             peer.last_seen = time.time()
             self.round_counts["received"] += 1
-            if peer.quarantined:
-                self.book.get(sender).rejected_by_reason["quarantined"] += 1
+            if peer.quarantined:         # counted, but not towards quarantine again
                 peer.rejected += 1
+                peer.rejected_by_reason["quarantined"] += 1
                 self.round_counts["rejected"] += 1
                 continue
             if item.error is not None or item.rollout is None:

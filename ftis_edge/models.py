@@ -529,6 +529,17 @@ def _publish_dir(tmp: Path, target: Path) -> None:
             os.rename(tmp, target)
 
 
+def copy_gguf_metadata(reader, writer) -> None:
+    """Copy a GGUF's key/values to a writer, except those the writer sets itself (architecture,
+    file type) and the quantization version, which no longer holds for re-exported tensors."""
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type",
+                                                "general.quantization_version"):
+            continue
+        writer.add_key_value(name, field.contents(), field.types[0],
+                             sub_type=field.types[-1] if len(field.types) > 1 else None)
+
+
 def export_f16_gguf(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Write an F16 GGUF of the dequantized tensors of ``src`` with all of its metadata."""
     import gguf
@@ -537,12 +548,7 @@ def export_f16_gguf(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(str(dst), arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type",
-                                                "general.quantization_version"):
-            continue
-        writer.add_key_value(name, field.contents(), field.types[0],
-                             sub_type=field.types[-1] if len(field.types) > 1 else None)
+    copy_gguf_metadata(reader, writer)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     for t in reader.tensors:
         data = gguf.dequantize(t.data, t.tensor_type)

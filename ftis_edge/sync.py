@@ -163,6 +163,8 @@ def export_merged_gguf(model, base_gguf, path, *, dtype: str = "f16") -> Path:
     """
     import gguf
 
+    from .models import copy_gguf_metadata
+
     if dtype not in ("f16", "f32"):
         raise SyncError(f"dtype must be 'f16' or 'f32', got {dtype!r}")
     reader = gguf.GGUFReader(str(base_gguf))
@@ -201,12 +203,7 @@ def export_merged_gguf(model, base_gguf, path, *, dtype: str = "f16") -> Path:
 
     def write(tmp: Path) -> None:
         w = gguf.GGUFWriter(str(tmp), arch)
-        for name, field in reader.fields.items():
-            if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type",
-                                                    "general.quantization_version"):
-                continue
-            w.add_key_value(name, field.contents(), field.types[0],
-                            sub_type=field.types[-1] if len(field.types) > 1 else None)
+        copy_gguf_metadata(reader, w)
         w.add_file_type(file_type)
         for name, arr in tensors:
             w.add_tensor(name, arr)
