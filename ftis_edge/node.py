@@ -378,7 +378,8 @@ class Node:
         own, gen_stats = self._generate(prompts)
         record: dict = {"round": self.round, **gen_stats}
         if self.swarm is not None:
-            record.update(self._publish(own))
+            if cfg.swarm.share:
+                record.update(self._publish(own))
             ids = {g.group_id for g in own} if cfg.mode == "horizontal" else None
             peers, peer_stats = self._collect_peers(ids)
             record.update(peer_stats)

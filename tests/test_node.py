@@ -210,3 +210,28 @@ def test_horizontal_mode_merges_parts_of_the_same_groups(tmp_path):
     r1, r2 = rounds_of(tmp_path / "h1")[0], rounds_of(tmp_path / "h2")[0]
     assert r1["groups/with_peer_parts"] == 2 and r2["groups/with_peer_parts"] == 2
     assert r1["gen/tokens"] > 0 and read_metrics(tmp_path / "h1")[0]["collaboration"] == "horizontal"
+
+
+def test_a_node_that_does_not_share_learns_from_peers_and_publishes_nothing(tmp_path):
+    """swarm.share = false: the listener trains on the sharer's groups; the sharer, waiting for
+    peers, never hears of the listener."""
+    relay = RelayProc()
+    relay.wait_ready()
+    common = {"node": {"rounds": 1}}
+    sharer = start_node(write_config(tmp_path, "sharer", swarm={"relay": relay.address, "max_wait_s": 20.0,
+                                                                "max_peer_groups": 2}, **common))
+    listener = start_node(write_config(tmp_path, "listener", swarm={"relay": relay.address, "share": False,
+                                                                    "max_wait_s": 300.0, "max_peer_groups": 2},
+                                       **common))
+    try:
+        finish(listener)
+        finish(sharer)
+    finally:
+        for p in (sharer, listener):
+            if p.poll() is None:
+                p.kill()
+        relay.stop()
+    heard, said = rounds_of(tmp_path / "listener")[0], rounds_of(tmp_path / "sharer")[0]
+    assert heard["peers"]["sharer"]["accepted"] == 2
+    assert heard.get("wire/bytes_per_token_out") is None
+    assert "listener" not in said["peers"] and said["peers/groups_received"] == 0

@@ -1,0 +1,341 @@
+"""Tables and plots from the reproduction's runs (experiments/repro/run.py).
+
+    .venv/bin/python experiments/repro/analyze.py [--runs runs/repro] [--plots docs/img] > tables.md
+
+Prints markdown tables (mean ± standard error over seeds) and writes PNG plots. Every number is
+read from the runs' metrics.jsonl and eval-*.json files; nothing is typed in by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from batches import BATCHES  # noqa: E402
+from ftis_edge.metrics import read_metrics  # noqa: E402
+
+LAST = 3          # "final reward" = mean reward/own over the last LAST rounds
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+def load_run(run_dir: Path) -> dict | None:
+    """One receiver's rounds and evals, or None when it did not finish."""
+    if not (run_dir / "metrics.jsonl").exists():
+        return None
+    recs = read_metrics(run_dir)
+    rounds = [r for r in recs if r.get("type") == "round"]
+    stop = [r for r in recs if r.get("type") == "stop"]
+    if not rounds or not stop or stop[-1].get("reason") != "steps":
+        return None
+    evals = {}
+    for which in ("id", "ood"):
+        f = run_dir / f"eval-{which}.json"
+        if f.exists():
+            evals[which] = json.loads(f.read_text())
+    return {"rounds": rounds, "evals": evals}
+
+
+def load_all(runs: Path) -> dict:
+    """{batch: {receiver: {seed: run}}}"""
+    out: dict = {}
+    for batch in BATCHES:
+        for seed_dir in sorted((runs / batch).glob("s*")):
+            seed = int(seed_dir.name[1:])
+            for rd in sorted(p for p in seed_dir.iterdir() if p.is_dir() and p.name != "peer"):
+                run = load_run(rd)
+                if run is not None:
+                    out.setdefault(batch, {}).setdefault(rd.name, {})[seed] = run
+    return out
+
+
+def base_accuracy(runs: Path, data: dict) -> dict:
+    """The untrained model's eval accuracy on the same prompts the receivers were scored on
+    (the first n of the deterministic eval list, n taken from the receivers' evals)."""
+    n_of = {w: {r["evals"][w]["n"] for recv in data.values() for seeds in recv.values()
+                for r in seeds.values() if w in r["evals"]} for w in ("id", "ood")}
+    base = {}
+    for which in ("id", "ood"):
+        f = runs / "base" / f"eval-{which}.json"
+        if not f.exists():
+            continue
+        items = json.loads(f.read_text())["items"]
+        n = min(n_of[which]) if n_of[which] else len(items)
+        acc = statistics.fmean(it["reward"] >= 1.0 for it in items[:n])
+        base[which], base[f"{which}_value"] = f"{acc:.3f} (n = {n})", acc
+    return base
+
+
+# --- statistics ----------------------------------------------------------------------------------
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
+    return statistics.fmean(xs), se
+
+
+def fmt(m: float, se: float, p: int = 3) -> str:
+    if math.isnan(m):
+        return "–"
+    return f"{m:.{p}f}" if math.isnan(se) else f"{m:.{p}f} ± {se:.{p}f}"
+
+
+def series(run: dict, key: str) -> list[float | None]:
+    return [r.get(key) for r in run["rounds"]]
+
+
+def final_reward(run: dict) -> float:
+    vals = [v for v in series(run, "reward/own")[-LAST:] if v is not None]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+def peer_mean(run: dict, key: str) -> float | None:
+    """Mean over rounds of a round metric, counting only rounds that trained on peer samples."""
+    vals = [r.get(key) for r in run["rounds"] if (r.get("samples/peers") or 0) > 0 and r.get(key) is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def peer_stats(run: dict) -> dict:
+    """Cumulative per-peer stats from the last round (filter rate over peer samples only)."""
+    peers = run["rounds"][-1].get("peers") or {}
+    return peers.get("peer") or {}
+
+
+def tokens_to_reach(run: dict, target: float) -> tuple[int | None, int]:
+    """Own generated tokens until the trailing-LAST mean of reward/own first reaches ``target``."""
+    rewards = [v if v is not None else 0.0 for v in series(run, "reward/own")]
+    tokens = [t or 0 for t in series(run, "gen/tokens")]
+    total = 0
+    for i, t in enumerate(tokens):
+        total += t
+        window = rewards[max(0, i - LAST + 1): i + 1]
+        if i + 1 >= LAST and statistics.fmean(window) >= target:
+            return total, sum(tokens)
+    return None, sum(tokens)
+
+
+# --- tables ----------------------------------------------------------------------------------------
+
+def table_outcomes(data: dict, base: dict) -> list[str]:
+    lines = ["| batch | receiver | seeds | reward/own rounds 1–3 | reward/own last 3 | eval ID (L1–2) | eval OOD (L3) "
+             "| peer samples / round | peer filter rate | peer IS w | peer KL |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    if base:
+        lines.append(f"| – | base model (untrained) | – | – | – | {base.get('id', '–')} | {base.get('ood', '–')} "
+                     "| – | – | – | – |")
+    for batch, recv in data.items():
+        for name, seeds in recv.items():
+            runs = list(seeds.values())
+            first = mean_se([statistics.fmean([v or 0.0 for v in series(r, "reward/own")[:LAST]]) for r in runs])
+            last = mean_se([final_reward(r) for r in runs])
+            ev = {w: mean_se([r["evals"][w]["accuracy"] for r in runs if w in r["evals"]]) for w in ("id", "ood")}
+            used = mean_se([statistics.fmean([r2.get("samples/peers") or 0 for r2 in r["rounds"]]) for r in runs])
+            ps = [peer_stats(r) for r in runs]
+            filt = mean_se([p.get("filter_rate") for p in ps if p.get("filter_rate") is not None])
+            isw = mean_se([p.get("is_weight_mean") for p in ps if p.get("is_weight_mean") is not None])
+            kl = mean_se([p.get("kl_mean") for p in ps if p.get("kl_mean") is not None])
+            lines.append(f"| {batch} | {name} | {len(runs)} | {fmt(*first)} | {fmt(*last)} | {fmt(*ev['id'])} | "
+                         f"{fmt(*ev['ood'])} | {fmt(*used, 1)} | {fmt(*filt)} | {fmt(*isw)} | {fmt(*kl, 4)} |")
+    return lines
+
+
+def table_paired(data: dict) -> list[str]:
+    """Each collaborative receiver minus the same batch's reference on the same seed (paired)."""
+    lines = ["| batch | receiver − reference | seeds | Δ reward/own last 3 | Δ eval ID | Δ eval OOD |",
+             "|---|---|---|---|---|---|"]
+    for batch, recv in data.items():
+        ref = "alone" if "alone" in recv else "nois"
+        for name, seeds in recv.items():
+            if name == ref:
+                continue
+            common = sorted(set(seeds) & set(recv[ref]))
+            if not common:
+                continue
+            d_r = mean_se([final_reward(seeds[s]) - final_reward(recv[ref][s]) for s in common])
+            d_e = {w: mean_se([seeds[s]["evals"][w]["accuracy"] - recv[ref][s]["evals"][w]["accuracy"]
+                               for s in common if w in seeds[s]["evals"] and w in recv[ref][s]["evals"]])
+                   for w in ("id", "ood")}
+            lines.append(f"| {batch} | {name} − {ref} | {len(common)} | {fmt(*d_r)} | {fmt(*d_e['id'])} | "
+                         f"{fmt(*d_e['ood'])} |")
+    return lines
+
+
+def table_efficiency(data: dict) -> list[str]:
+    recv = data.get("methods", {})
+    if "alone" not in recv:
+        return ["(no isolated runs yet)"]
+    lines = ["| receiver | seeds | reached the isolated final reward | own tokens to reach it | "
+             "isolated run's own tokens (all rounds) | ratio |", "|---|---|---|---|---|---|"]
+    for name, seeds in recv.items():
+        reached, ratios, toks, alone_toks = 0, [], [], []
+        for s, run in seeds.items():
+            if s not in recv["alone"]:
+                continue
+            target = final_reward(recv["alone"][s])
+            t, _ = tokens_to_reach(run, target)
+            alone_total = sum(x or 0 for x in series(recv["alone"][s], "gen/tokens"))
+            alone_toks.append(alone_total)
+            if t is not None:
+                reached += 1
+                toks.append(t)
+                ratios.append(t / alone_total)
+        n = sum(1 for s in seeds if s in recv["alone"])
+        lines.append(f"| {name} | {n} | {reached}/{n} | {fmt(*mean_se(toks), 0)} | {fmt(*mean_se(alone_toks), 0)} | "
+                     f"{fmt(*mean_se(ratios), 2)} |")
+    return lines
+
+
+def table_sweep(data: dict) -> list[str]:
+    names = [("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g50", 50), ("f-tis-g200", 200)]
+    recv = {**data.get("sweep", {}), "f-tis": data.get("methods", {}).get("f-tis", {})}
+    lines = ["| g | seed | peer samples dropped | Â ≤ 0 (all samples) | KL > g (all samples) | "
+             "dropped (all samples) | peer KL mean | reward/own last 3 | eval ID | eval OOD |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, g in names:
+        run = recv.get(name, {}).get(0)
+        if run is None:
+            continue
+        p = peer_stats(run)
+        lines.append(
+            f"| {g} | 0 | {fmt(p.get('filter_rate') or 0.0, float('nan'))} | "
+            f"{fmt(peer_mean(run, 'filter/adv_le0_frac') or 0.0, float('nan'))} | "
+            f"{fmt(peer_mean(run, 'filter/kl_gt_g_frac') or 0.0, float('nan'))} | "
+            f"{fmt(peer_mean(run, 'filter/dropped_frac') or 0.0, float('nan'))} | "
+            f"{fmt(p.get('kl_mean') or 0.0, float('nan'), 4)} | {fmt(final_reward(run), float('nan'))} | "
+            f"{fmt(run['evals'].get('id', {}).get('accuracy', float('nan')), float('nan'))} | "
+            f"{fmt(run['evals'].get('ood', {}).get('accuracy', float('nan')), float('nan'))} |")
+    return lines
+
+
+# --- plots ----------------------------------------------------------------------------------------
+
+def plot_rewards(data: dict, out: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for batch, recv in data.items():
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        for name, seeds in recv.items():
+            runs = list(seeds.values())
+            n = min(len(r["rounds"]) for r in runs)
+            xs = list(range(1, n + 1))
+            ms = [mean_se([series(r, "reward/own")[i] or 0.0 for r in runs]) for i in range(n)]
+            m = [a for a, _ in ms]
+            se = [0.0 if math.isnan(b) else b for _, b in ms]
+            ax.plot(xs, m, marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
+            ax.fill_between(xs, [a - b for a, b in zip(m, se)], [a + b for a, b in zip(m, se)], alpha=0.15)
+        ax.set_xlabel("round")
+        ax.set_ylabel("reward/own (mean ± SE over seeds)")
+        ax.set_title(f"{batch}: {BATCHES[batch].about[:70]}…", fontsize=8)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out / f"repro-{batch}-reward.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_evals(data: dict, base: dict, out: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, ids, oods, id_se, ood_se = [], [], [], [], []
+    for batch, recv in data.items():
+        if batch == "sweep":
+            continue
+        for name, seeds in recv.items():
+            runs = list(seeds.values())
+            a, b = mean_se([r["evals"]["id"]["accuracy"] for r in runs if "id" in r["evals"]])
+            c, d = mean_se([r["evals"]["ood"]["accuracy"] for r in runs if "ood" in r["evals"]])
+            labels.append(f"{batch}\n{name}")
+            ids.append(a)
+            oods.append(c)
+            id_se.append(0 if math.isnan(b) else b)
+            ood_se.append(0 if math.isnan(d) else d)
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.7 * len(labels)), 3.8))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], ids, 0.4, yerr=id_se, label="in-distribution (arith L1–2)", capsize=2)
+    ax.bar([x + 0.2 for x in xs], oods, 0.4, yerr=ood_se, label="held-out harder (arith L3)", capsize=2)
+    if base:
+        ax.axhline(base.get("id_value", 0), color="C0", ls="--", lw=1, label="base model, ID")
+        ax.axhline(base.get("ood_value", 0), color="C1", ls="--", lw=1, label="base model, OOD")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=6)
+    ax.set_ylabel("greedy accuracy (mean ± SE over seeds)")
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = out / "repro-eval.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(data: dict, out: Path) -> Path | None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recv = {**data.get("sweep", {}), "f-tis": data.get("methods", {}).get("f-tis", {})}
+    pts = [(g, recv[n][0]) for n, g in [("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g50", 50), ("f-tis-g200", 200)]
+           if 0 in recv.get(n, {})]
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    gs = [g for g, _ in pts]
+    ax.plot(gs, [peer_stats(r).get("filter_rate") or 0.0 for _, r in pts], marker="o", label="peer samples dropped")
+    ax.plot(gs, [peer_mean(r, "filter/kl_gt_g_frac") or 0.0 for _, r in pts], marker="s",
+            label="samples with KL > g (all)")
+    ax.set_xscale("log")
+    ax.set_xlabel("KL threshold g")
+    ax.set_ylabel("fraction")
+    ax.set_title("F-TIS filter rate vs threshold (methods batch, seed 0)", fontsize=8)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "repro-kl-sweep.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "repro")
+    ap.add_argument("--plots", type=Path, default=ROOT / "docs" / "img")
+    args = ap.parse_args()
+    data = load_all(args.runs)
+    base = base_accuracy(args.runs, data)
+    print("### Outcomes (mean ± SE over seeds)\n")
+    print("\n".join(table_outcomes(data, base)))
+    print("\n### Paired differences (same seed: same prompts, sampling seeds and LoRA init)\n")
+    print("\n".join(table_paired(data)))
+    print("\n### Sample efficiency (methods batch)\n")
+    print("\n".join(table_efficiency(data)))
+    print("\n### KL-threshold sweep (methods batch, seed 0)\n")
+    print("\n".join(table_sweep(data)))
+    args.plots.mkdir(parents=True, exist_ok=True)
+    written = plot_rewards(data, args.plots) + [plot_evals(data, base, args.plots)]
+    sweep = plot_sweep(data, args.plots)
+    if sweep:
+        written.append(sweep)
+    print("\nplots: " + ", ".join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

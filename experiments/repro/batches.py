@@ -1,0 +1,114 @@
+"""The reproduction's experiments, as data: one *batch* = one heterogeneous peer + the nodes that learn from it.
+
+Every batch runs one peer that shares its rollouts and several *receivers* that learn from
+them (`swarm.share = false`, so receivers never see each other). All receivers of a batch
+therefore get the same peer stream in the same rounds, and differ only in what the batch
+compares (method, KL threshold, collaboration mode). Receivers are SmolLM2-135M with LoRA,
+generating with llama.cpp, like the default node; the peer is the heterogeneous part.
+
+The one-way flow is a simplification of the paper's all-to-all exchange (2 nodes that both
+train on each other's groups); it keeps the peer's data identical across the compared
+methods, which is what makes a 3-seed comparison on a 2-core CPU meaningful at all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Shared by every node: the smallest setting in which the default node still learns in ~10 rounds.
+COMMON = {
+    "node": {"checkpoint_every": 100},
+    "train": {"micro_batch": 2},      # exact micro-batching; keeps each process near 1.5 GB
+    "model": {"threads": 1},
+    "task": {"name": "arith", "prompts_per_round": 2, "group_size": 8, "max_new_tokens": 64},
+}
+RECEIVER = {
+    "model": {"spec": "smollm2-135m", "backend": "llamacpp", "precision": "f16"},
+    "train": {"trainable": "lora", "lr": 2e-4},
+    # Wait for the peer (it sets the pace), take both of its groups, tolerate it being ahead.
+    "swarm": {"share": False, "max_wait_s": 600.0, "max_peer_groups": 2, "max_staleness": 4},
+}
+PEER = {"swarm": {"share": True, "max_peer_groups": 0, "max_wait_s": 0.0}}
+
+# The heterogeneous peers. The main one differs from the receivers in what is trained (all
+# weights), the engine (HF transformers from live weights) and the sampling temperature (0.7):
+# its samples are genuinely off-policy for a T = 1 LoRA learner, at the token level.
+SMOL_FULL_HF_T07 = {"model": {"spec": "smollm2-135m", "backend": "hf"},
+                    "train": {"trainable": "full", "lr": 1e-5}, "task": {"temperature": 0.7}}
+SMOL_FULL = {"model": {"spec": "smollm2-135m", "backend": "llamacpp", "precision": "f16"},
+             "train": {"trainable": "full", "lr": 1e-5}}
+SMOL_LORA_HF = {"model": {"spec": "smollm2-135m", "backend": "hf"},
+                "train": {"trainable": "lora", "lr": 2e-4}}
+GEMMA_LORA = {"model": {"spec": "gemma3-270m", "backend": "llamacpp", "precision": "f16"},
+              "train": {"trainable": "lora", "lr": 2e-4}}
+
+
+@dataclass
+class Batch:
+    name: str
+    about: str
+    peer: dict
+    receivers: dict[str, dict]          # receiver name -> overrides of RECEIVER
+    collaboration: str = "vertical"
+
+
+def _method(m: str, **over) -> dict:
+    train = {k: v for k, v in over.items() if k != "model"}
+    return {"train": {"method": m, **train}, **({"model": over["model"]} if "model" in over else {})}
+
+
+BATCHES = {
+    "methods": Batch(
+        "methods",
+        "isolated vs learning from a SmolLM2 peer that fully fine-tunes, generates with HF at T = 0.7, "
+        "under each objective",
+        peer=SMOL_FULL_HF_T07,
+        receivers={"alone": {"swarm": {"collaboration": "alone"}},
+                   "nois": _method("nois"), "tis": _method("tis"),
+                   "f-tis": _method("f-tis", kl_threshold=5.0), "f-vis": _method("f-vis", kl_threshold=5.0)},
+    ),
+    # The same peer again (it learns from nobody and is seeded, so its stream repeats; one thread
+    # each makes the CPU arithmetic repeat too); g = 5 is the `methods` batch's f-tis.
+    "sweep": Batch(
+        "sweep",
+        "the `methods` peer; f-tis with the KL threshold g = 1, 50, 200 (g = 5 is in `methods`)",
+        peer=SMOL_FULL_HF_T07,
+        receivers={f"f-tis-g{g}": _method("f-tis", kl_threshold=float(g)) for g in (1, 50, 200)},
+    ),
+    "horizontal": Batch(
+        "horizontal",
+        "the `methods` peer, but each node samples half of every group and the advantage is over the union",
+        peer=SMOL_FULL_HF_T07, collaboration="horizontal",
+        receivers={"nois": _method("nois"), "f-tis": _method("f-tis", kl_threshold=5.0)},
+    ),
+    "full-peer": Batch(
+        "full-peer",
+        "LoRA vs full fine-tuning, nothing else different: the peer fully fine-tunes SmolLM2 and generates "
+        "with llama.cpp (merged F32 export every round), T = 1",
+        peer=SMOL_FULL,
+        receivers={"nois": _method("nois"), "f-tis": _method("f-tis", kl_threshold=5.0)},
+    ),
+    "quant-vs-hf": Batch(
+        "quant-vs-hf",
+        "llama.cpp-quantised vs HF generator: receivers sample from the shipped Q4_1 GGUF (+ adapter), "
+        "the peer (LoRA) samples with HF transformers from its live weights, T = 1",
+        peer=SMOL_LORA_HF,
+        receivers={"nois": _method("nois", model={"precision": "quantized"}),
+                   "f-tis": _method("f-tis", kl_threshold=5.0, model={"precision": "quantized"})},
+    ),
+    "gemma-peer": Batch(
+        "gemma-peer",
+        "SmolLM2 vs Gemma 3 270M (other tokenizer: peer text re-tokenized, sequence-level weights), "
+        "the peer LoRA on llama.cpp, T = 1",
+        peer=GEMMA_LORA,
+        receivers={"nois": _method("nois"), "f-tis": _method("f-tis", kl_threshold=5.0)},
+    ),
+}
+
+
+def merge(*parts: dict) -> dict:
+    """Deep-merge config dicts (later wins)."""
+    out: dict = {}
+    for p in parts:
+        for k, v in p.items():
+            out[k] = merge(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
