@@ -243,6 +243,7 @@ class WeightSync:
         self.arch, self.n_head, self.n_head_kv = arch, n_head, n_head_kv
         self.base_gguf, self.dtype, self.keep = base_gguf, dtype, max(1, keep)
         self._written: list[Path] = []
+        self._synced_version: int | None = None
 
     @classmethod
     def from_bundle(cls, learner, generator, bundle, out_dir, **kwargs) -> "WeightSync":
@@ -257,6 +258,12 @@ class WeightSync:
             self.generator.set_adapter(None, version)     # records the version; weights are already live
             return {"sync/mode": "none", "sync/version": version, "sync/write_s": 0.0, "sync/apply_s": 0.0,
                     "sync/bytes": 0}
+        if self._written and self._synced_version == version and self._written[-1].exists():
+            # No optimiser step since the last sync (a round whose groups had no signal):
+            # the generator already has these weights, and rewriting the same file name
+            # would let the clean-up below delete the file in use.
+            return {"sync/mode": self.mode, "sync/version": version, "sync/write_s": 0.0, "sync/apply_s": 0.0,
+                    "sync/bytes": 0, "sync/path": str(self._written[-1])}
         t0 = time.perf_counter()
         if self.mode == "lora-adapter":
             path = write_gguf_lora(self.learner.model, self.out_dir / f"adapter-v{version:06d}.gguf",
@@ -270,7 +277,9 @@ class WeightSync:
         else:
             self.generator.reload(str(path), version)
         t2 = time.perf_counter()
-        self._written.append(path)
+        self._synced_version = version
+        if path not in self._written:
+            self._written.append(path)
         while len(self._written) > self.keep:   # older artefacts are no longer loaded anywhere
             self._written.pop(0).unlink(missing_ok=True)
         return {"sync/mode": self.mode, "sync/version": version, "sync/write_s": t1 - t0,

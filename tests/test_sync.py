@@ -220,6 +220,12 @@ def test_weight_sync_hot_swaps_fast_and_removal_restores_the_base_exactly(smol, 
         assert info["sync/write_s"] < 1.0 and info["sync/bytes"] > 100_000
     assert gen.adapter_version == 3 and gen.adapter_path == infos[-1]["sync/path"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-v000002.gguf", "adapter-v000003.gguf"]
+    # Rounds without an optimiser step sync the same version: nothing is written or deleted
+    # (two in a row used to delete the adapter in use).
+    for _ in range(3):
+        again = sync.sync(version=3)
+        assert again["sync/bytes"] == 0 and again["sync/path"] == infos[-1]["sync/path"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-v000002.gguf", "adapter-v000003.gguf"]
     synced = _cpp_scores(gen, smol.samples)        # same weights as the v1 adapter file: same numbers
     assert all(np.array_equal(a, b) for a, b in zip(synced, smol.cpp["f16", "lora"]))
     t0 = time.perf_counter()

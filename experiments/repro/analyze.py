@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batches import BATCHES  # noqa: E402
 from ftis_edge.metrics import read_metrics  # noqa: E402
 
+SWEEP = [("f-tis-g0.05", 0.05), ("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g50", 50), ("f-tis-g200", 200)]
 LAST = 3          # "final reward" = mean reward/own over the last LAST rounds
 
 
@@ -195,7 +196,7 @@ def table_efficiency(data: dict) -> list[str]:
 
 
 def table_sweep(data: dict) -> list[str]:
-    names = [("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g50", 50), ("f-tis-g200", 200)]
+    names = SWEEP
     recv = {**data.get("sweep", {}), "f-tis": data.get("methods", {}).get("f-tis", {})}
     lines = ["| g | seed | peer samples dropped | Â ≤ 0 (all samples) | KL > g (all samples) | "
              "dropped (all samples) | peer KL mean | reward/own last 3 | eval ID | eval OOD |",
@@ -218,28 +219,43 @@ def table_sweep(data: dict) -> list[str]:
 
 # --- plots ----------------------------------------------------------------------------------------
 
+def _cummean(xs: list[float]) -> list[float]:
+    out, total = [], 0.0
+    for i, x in enumerate(xs):
+        total += x
+        out.append(total / (i + 1))
+    return out
+
+
 def plot_rewards(data: dict, out: Path) -> list[Path]:
+    """Per batch: reward/own per round (left) and its running mean (right), mean ± SE over seeds.
+    Receivers of one seed see the same prompts each round, so the swings on the left are
+    mostly prompt difficulty shared by all curves; the running mean shows the trend."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
     for batch, recv in data.items():
-        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
         for name, seeds in recv.items():
             runs = list(seeds.values())
             n = min(len(r["rounds"]) for r in runs)
             xs = list(range(1, n + 1))
-            ms = [mean_se([series(r, "reward/own")[i] or 0.0 for r in runs]) for i in range(n)]
-            m = [a for a, _ in ms]
-            se = [0.0 if math.isnan(b) else b for _, b in ms]
-            ax.plot(xs, m, marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
-            ax.fill_between(xs, [a - b for a, b in zip(m, se)], [a + b for a, b in zip(m, se)], alpha=0.15)
-        ax.set_xlabel("round")
-        ax.set_ylabel("reward/own (mean ± SE over seeds)")
-        ax.set_title(f"{batch}: {BATCHES[batch].about[:70]}…", fontsize=8)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
+            per_run = [[v or 0.0 for v in series(r, "reward/own")[:n]] for r in runs]
+            for ax, curves in ((axes[0], per_run), (axes[1], [_cummean(c) for c in per_run])):
+                ms = [mean_se([c[i] for c in curves]) for i in range(n)]
+                m = [a for a, _ in ms]
+                se = [0.0 if math.isnan(b) else b for _, b in ms]
+                ax.plot(xs, m, marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
+                ax.fill_between(xs, [a - b for a, b in zip(m, se)], [a + b for a, b in zip(m, se)], alpha=0.12)
+        axes[0].set_ylabel("reward/own (mean ± SE over seeds)")
+        axes[1].set_ylabel("running mean of reward/own")
+        for ax in axes:
+            ax.set_xlabel("round")
+            ax.grid(alpha=0.3)
+        axes[1].legend(fontsize=7)
+        fig.suptitle(f"{batch}: {BATCHES[batch].about}", fontsize=7, wrap=True)
         fig.tight_layout()
         path = out / f"repro-{batch}-reward.png"
         fig.savefig(path, dpi=110)
@@ -291,8 +307,7 @@ def plot_sweep(data: dict, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     recv = {**data.get("sweep", {}), "f-tis": data.get("methods", {}).get("f-tis", {})}
-    pts = [(g, recv[n][0]) for n, g in [("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g50", 50), ("f-tis-g200", 200)]
-           if 0 in recv.get(n, {})]
+    pts = [(g, recv[n][0]) for n, g in SWEEP if 0 in recv.get(n, {})]
     if not pts:
         return None
     fig, ax = plt.subplots(figsize=(5.2, 3.4))
@@ -326,7 +341,7 @@ def main() -> int:
     print("\n".join(table_paired(data)))
     print("\n### Sample efficiency (methods batch)\n")
     print("\n".join(table_efficiency(data)))
-    print("\n### KL-threshold sweep (methods batch, seed 0)\n")
+    print("\n### KL-threshold sweep (f-tis, the methods peer, seed 0)\n")
     print("\n".join(table_sweep(data)))
     args.plots.mkdir(parents=True, exist_ok=True)
     written = plot_rewards(data, args.plots) + [plot_evals(data, base, args.plots)]

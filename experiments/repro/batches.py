@@ -70,9 +70,10 @@ BATCHES = {
     # each makes the CPU arithmetic repeat too); g = 5 is the `methods` batch's f-tis.
     "sweep": Batch(
         "sweep",
-        "the `methods` peer; f-tis with the KL threshold g = 1, 50, 200 (g = 5 is in `methods`)",
+        "the `methods` peer; f-tis with the KL threshold g = 1, 50, 200 (g = 5 is in `methods`), and "
+        "g = 0.05, below the paper's range, where this peer's samples start to be dropped",
         peer=SMOL_FULL_HF_T07,
-        receivers={f"f-tis-g{g}": _method("f-tis", kl_threshold=float(g)) for g in (1, 50, 200)},
+        receivers={f"f-tis-g{g}": _method("f-tis", kl_threshold=float(g)) for g in (0.05, 1, 50, 200)},
     ),
     "horizontal": Batch(
         "horizontal",

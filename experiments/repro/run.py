@@ -102,11 +102,12 @@ def train(batch, seed: int, rounds: int, out: Path, timeout_s: float) -> None:
     procs = {}
     try:
         time.sleep(1.0)
-        peer_cfg = merge(COMMON, batch.peer, PEER, {
-            # The peer outlasts the receivers (it is stopped when they are done).
-            "node": {"id": "peer", "seed": 1000 + seed, "rounds": rounds + 5, "run_dir": str(out / "peer")},
-            "swarm": {"relay": addr, "name": swarm, "collaboration": batch.collaboration}})
-        procs["peer"] = start_node(write_config(peer_cfg, out / "peer.toml"), out / "peer.out")
+        if any(c["swarm"]["relay"] for c in todo.values()):     # only isolated receivers left: no peer
+            peer_cfg = merge(COMMON, batch.peer, PEER, {
+                # The peer outlasts the receivers (it is stopped when they are done).
+                "node": {"id": "peer", "seed": 1000 + seed, "rounds": rounds + 5, "run_dir": str(out / "peer")},
+                "swarm": {"relay": addr, "name": swarm, "collaboration": batch.collaboration}})
+            procs["peer"] = start_node(write_config(peer_cfg, out / "peer.toml"), out / "peer.out")
         for name, c in todo.items():
             procs[name] = start_node(write_config(c, out / f"{name}.toml"), out / f"{name}.out")
         deadline = time.time() + timeout_s
