@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batches import BATCHES  # noqa: E402
 from ftis_edge.metrics import read_metrics  # noqa: E402
 
-SWEEP = [("f-tis-g0.05", 0.05), ("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g50", 50), ("f-tis-g200", 200)]
+SWEEP = [("f-tis-g0.05", 0.05), ("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g200", 200)]
 LAST = 3          # "final reward" = mean reward/own over the last LAST rounds
 
 
@@ -150,22 +150,24 @@ def table_outcomes(data: dict, base: dict) -> list[str]:
 
 
 def table_paired(data: dict) -> list[str]:
-    """Each collaborative receiver minus the same batch's reference on the same seed (paired)."""
+    """Each collaborative receiver minus the isolated receiver of the same seed (paired)."""
     lines = ["| batch | receiver − reference | seeds | Δ reward/own last 3 | Δ eval ID | Δ eval OOD |",
              "|---|---|---|---|---|---|"]
+    isolated = data.get("methods", {}).get("alone", {})
     for batch, recv in data.items():
-        ref = "alone" if "alone" in recv else "nois"
+        # Every receiver of seed s shares prompts, sampling seeds and LoRA init with the isolated
+        # receiver of seed s (methods batch), so that is the reference everywhere.
         for name, seeds in recv.items():
-            if name == ref:
+            if batch == "methods" and name == "alone":
                 continue
-            common = sorted(set(seeds) & set(recv[ref]))
+            common = sorted(set(seeds) & set(isolated))
             if not common:
                 continue
-            d_r = mean_se([final_reward(seeds[s]) - final_reward(recv[ref][s]) for s in common])
-            d_e = {w: mean_se([seeds[s]["evals"][w]["accuracy"] - recv[ref][s]["evals"][w]["accuracy"]
-                               for s in common if w in seeds[s]["evals"] and w in recv[ref][s]["evals"]])
+            d_r = mean_se([final_reward(seeds[s]) - final_reward(isolated[s]) for s in common])
+            d_e = {w: mean_se([seeds[s]["evals"][w]["accuracy"] - isolated[s]["evals"][w]["accuracy"]
+                               for s in common if w in seeds[s]["evals"] and w in isolated[s]["evals"]])
                    for w in ("id", "ood")}
-            lines.append(f"| {batch} | {name} − {ref} | {len(common)} | {fmt(*d_r)} | {fmt(*d_e['id'])} | "
+            lines.append(f"| {batch} | {name} − alone | {len(common)} | {fmt(*d_r)} | {fmt(*d_e['id'])} | "
                          f"{fmt(*d_e['ood'])} |")
     return lines
 
@@ -337,7 +339,7 @@ def main() -> int:
     base = base_accuracy(args.runs, data)
     print("### Outcomes (mean ± SE over seeds)\n")
     print("\n".join(table_outcomes(data, base)))
-    print("\n### Paired differences (same seed: same prompts, sampling seeds and LoRA init)\n")
+    print("\n### Paired differences to the isolated node (same seed: same prompts, sampling seeds, LoRA init)\n")
     print("\n".join(table_paired(data)))
     print("\n### Sample efficiency (methods batch)\n")
     print("\n".join(table_efficiency(data)))

@@ -174,6 +174,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "repro")
     ap.add_argument("--timeout-min", type=float, default=60.0, help="per batch and seed")
     ap.add_argument("--sweep-seeds", type=int, nargs="*", default=[0], help="seeds the `sweep` batch runs")
+    ap.add_argument("--no-eval", action="store_true", help="train only (evaluate later by re-running)")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
     if args.list or not args.batches:
@@ -195,7 +196,8 @@ def main() -> int:
             out.mkdir(parents=True, exist_ok=True)
             t0 = time.time()
             train(batch, seed, args.rounds, out, args.timeout_min * 60)
-            run_evals(eval_jobs(batch, seed, out, args.eval_limit))
+            if not args.no_eval:
+                run_evals(eval_jobs(batch, seed, out, args.eval_limit))
             print(f"[{name} s{seed}] done in {time.time() - t0:.0f} s", flush=True)
     return 0
 
