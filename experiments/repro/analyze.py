@@ -111,15 +111,20 @@ def peer_stats(run: dict) -> dict:
     return peers.get("peer") or {}
 
 
+def running_mean_final(run: dict) -> float:
+    vals = [v or 0.0 for v in series(run, "reward/own")]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
 def tokens_to_reach(run: dict, target: float) -> tuple[int | None, int]:
-    """Own generated tokens until the trailing-LAST mean of reward/own first reaches ``target``."""
+    """Own generated tokens until the running mean of reward/own first reaches ``target``
+    (from round LAST on: round 1 is the same for every receiver of a seed)."""
     rewards = [v if v is not None else 0.0 for v in series(run, "reward/own")]
     tokens = [t or 0 for t in series(run, "gen/tokens")]
     total = 0
     for i, t in enumerate(tokens):
         total += t
-        window = rewards[max(0, i - LAST + 1): i + 1]
-        if i + 1 >= LAST and statistics.fmean(window) >= target:
+        if i + 1 >= LAST and statistics.fmean(rewards[: i + 1]) >= target - 1e-12:
             return total, sum(tokens)
     return None, sum(tokens)
 
@@ -176,14 +181,14 @@ def table_efficiency(data: dict) -> list[str]:
     recv = data.get("methods", {})
     if "alone" not in recv:
         return ["(no isolated runs yet)"]
-    lines = ["| receiver | seeds | reached the isolated final reward | own tokens to reach it | "
+    lines = ["| receiver | seeds | reached the isolated run's final running-mean reward | own tokens to reach it | "
              "isolated run's own tokens (all rounds) | ratio |", "|---|---|---|---|---|---|"]
     for name, seeds in recv.items():
         reached, ratios, toks, alone_toks = 0, [], [], []
         for s, run in seeds.items():
             if s not in recv["alone"]:
                 continue
-            target = final_reward(recv["alone"][s])
+            target = running_mean_final(recv["alone"][s])
             t, _ = tokens_to_reach(run, target)
             alone_total = sum(x or 0 for x in series(recv["alone"][s], "gen/tokens"))
             alone_toks.append(alone_total)
