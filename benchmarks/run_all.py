@@ -6,8 +6,8 @@ Benchmarks run one after another (never two at once: they measure the same CPU).
 section with its command, wall time and exit status, then its output (markdown tables as they
 are; fixed-width text inside a code block). A failing benchmark is reported in its section and
 the others still run; the exit status is then 1 and the failed names are listed on stderr.
-Estimated: full settings ~15-20 min on 2 idle cores, --quick a smoke pass of a few minutes
-(not yet timed end to end on an idle machine; bench_grpo_round dominates: TRL's rounds).
+Measured on 2 idle cores: the four benchmarks other than bench_grpo_round took 397 s at full
+settings; bench_grpo_round adds about 3 minutes (one interleaved pair at 64 tokens).
 ``calibrate_arith.py`` and ``make_rollout_fixture.py`` are tools, not benchmarks: not run here.
 """
 from __future__ import annotations
