@@ -19,7 +19,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batches import BATCHES  # noqa: E402
+from experiments.summarize_run import mean_se as _mean_se  # noqa: E402
 from ftis_edge.metrics import read_metrics  # noqa: E402
+from run import EVAL_SETS, completed  # noqa: E402
 
 SWEEP = [("f-tis-g0.05", 0.05), ("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g200", 200)]
 LAST = 3          # "final reward" = mean reward/own over the last LAST rounds
@@ -33,11 +35,10 @@ def load_run(run_dir: Path) -> dict | None:
         return None
     recs = read_metrics(run_dir)
     rounds = [r for r in recs if r.get("type") == "round"]
-    stop = [r for r in recs if r.get("type") == "stop"]
-    if not rounds or not stop or stop[-1].get("reason") != "steps":
+    if not rounds or not completed(recs):
         return None
     evals = {}
-    for which in ("id", "ood"):
+    for which in EVAL_SETS:
         f = run_dir / f"eval-{which}.json"
         if f.exists():
             evals[which] = json.loads(f.read_text())
@@ -61,9 +62,9 @@ def base_accuracy(runs: Path, data: dict) -> dict:
     """The untrained model's eval accuracy on the same prompts the receivers were scored on
     (the first n of the deterministic eval list, n taken from the receivers' evals)."""
     n_of = {w: {r["evals"][w]["n"] for recv in data.values() for seeds in recv.values()
-                for r in seeds.values() if w in r["evals"]} for w in ("id", "ood")}
+                for r in seeds.values() if w in r["evals"]} for w in EVAL_SETS}
     base = {}
-    for which in ("id", "ood"):
+    for which in EVAL_SETS:
         f = runs / "base" / f"eval-{which}.json"
         if not f.exists():
             continue
@@ -77,11 +78,8 @@ def base_accuracy(runs: Path, data: dict) -> dict:
 # --- statistics ----------------------------------------------------------------------------------
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan")
-    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
-    return statistics.fmean(xs), se
+    """Mean and standard error of the values that exist (None and NaN are left out)."""
+    return _mean_se([x for x in xs if x is not None and not math.isnan(x)])
 
 
 def fmt(m: float, se: float, p: int = 3) -> str:
@@ -116,17 +114,17 @@ def running_mean_final(run: dict) -> float:
     return statistics.fmean(vals) if vals else float("nan")
 
 
-def tokens_to_reach(run: dict, target: float) -> tuple[int | None, int]:
+def tokens_to_reach(run: dict, target: float) -> int | None:
     """Own generated tokens until the running mean of reward/own first reaches ``target``
-    (from round LAST on: round 1 is the same for every receiver of a seed)."""
+    (from round LAST on: round 1 is the same for every receiver of a seed); None if never."""
     rewards = [v if v is not None else 0.0 for v in series(run, "reward/own")]
     tokens = [t or 0 for t in series(run, "gen/tokens")]
     total = 0
     for i, t in enumerate(tokens):
         total += t
         if i + 1 >= LAST and statistics.fmean(rewards[: i + 1]) >= target - 1e-12:
-            return total, sum(tokens)
-    return None, sum(tokens)
+            return total
+    return None
 
 
 # --- tables ----------------------------------------------------------------------------------------
@@ -189,7 +187,7 @@ def table_efficiency(data: dict) -> list[str]:
             if s not in recv["alone"]:
                 continue
             target = running_mean_final(recv["alone"][s])
-            t, _ = tokens_to_reach(run, target)
+            t = tokens_to_reach(run, target)
             alone_total = sum(x or 0 for x in series(recv["alone"][s], "gen/tokens"))
             alone_toks.append(alone_total)
             if t is not None:

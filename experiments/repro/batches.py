@@ -42,6 +42,15 @@ GEMMA_LORA = {"model": {"spec": "gemma3-270m", "backend": "llamacpp", "precision
               "train": {"trainable": "lora", "lr": 2e-4}}
 
 
+def merge(*parts: dict) -> dict:
+    """Deep-merge config dicts (later wins)."""
+    out: dict = {}
+    for p in parts:
+        for k, v in p.items():
+            out[k] = merge(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
 @dataclass
 class Batch:
     name: str
@@ -51,9 +60,8 @@ class Batch:
     collaboration: str = "vertical"
 
 
-def _method(m: str, **over) -> dict:
-    train = {k: v for k, v in over.items() if k != "model"}
-    return {"train": {"method": m, **train}, **({"model": over["model"]} if "model" in over else {})}
+def _method(m: str, **train) -> dict:
+    return {"train": {"method": m, **train}}
 
 
 BATCHES = {
@@ -93,7 +101,7 @@ BATCHES = {
         "llama.cpp-quantised vs HF generator: receivers sample from the shipped Q4_1 GGUF (+ adapter), "
         "the peer (LoRA) samples with HF transformers from its live weights, T = 1",
         peer=SMOL_LORA_HF,
-        receivers={"f-tis": _method("f-tis", kl_threshold=5.0, model={"precision": "quantized"})},
+        receivers={"f-tis": merge(_method("f-tis", kl_threshold=5.0), {"model": {"precision": "quantized"}})},
     ),
     "gemma-peer": Batch(
         "gemma-peer",
@@ -103,12 +111,3 @@ BATCHES = {
         receivers={"f-tis": _method("f-tis", kl_threshold=5.0)},
     ),
 }
-
-
-def merge(*parts: dict) -> dict:
-    """Deep-merge config dicts (later wins)."""
-    out: dict = {}
-    for p in parts:
-        for k, v in p.items():
-            out[k] = merge(out.get(k, {}), v) if isinstance(v, dict) else v
-    return out

@@ -11,7 +11,6 @@ thread: a batch is 3–9 processes sharing the CPU, and the peer sets the pace.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batches import BATCHES, COMMON, PEER, RECEIVER, merge  # noqa: E402
 from ftis_edge import config as cfgmod  # noqa: E402
+from ftis_edge.metrics import read_metrics  # noqa: E402
 
 BIN = ROOT / ".venv" / "bin"
 EVAL_SETS = {"id": "1,2", "ood": "3"}    # arith levels: the training mix, and a harder held-out level
@@ -44,19 +44,14 @@ def write_config(data: dict, path: Path) -> Path:
     return path
 
 
+def completed(records: list[dict]) -> bool:
+    """A run that stopped because it did all its rounds (not a crash, signal or user stop)."""
+    stops = [r for r in records if r.get("type") == "stop"]
+    return bool(stops) and stops[-1].get("reason") == "steps"
+
+
 def finished(run_dir: Path) -> bool:
-    m = run_dir / "metrics.jsonl"
-    if not m.exists():
-        return False
-    for line in m.read_text().splitlines()[::-1]:
-        rec = json.loads(line)
-        if rec.get("type") == "stop":
-            return rec.get("reason") == "steps"
-    return False
-
-
-def evals_done(run_dir: Path) -> bool:
-    return all((run_dir / f"eval-{k}.json").exists() for k in EVAL_SETS)
+    return (run_dir / "metrics.jsonl").exists() and completed(read_metrics(run_dir))
 
 
 def receiver_configs(batch, seed: int, rounds: int, out: Path, addr: str, swarm: str) -> dict[str, dict]:
@@ -157,7 +152,7 @@ def eval_jobs(batch, seed: int, out: Path, limit: int) -> list:
         rd = out / name
         if not finished(rd) or last_adapter(rd) is None:
             continue
-        precision = (batch.receivers.get(name) or {}).get("model", {}).get("precision", "f16")
+        precision = merge(RECEIVER, batch.receivers[name])["model"]["precision"]   # evaluate as it generated
         for which in EVAL_SETS:
             target = rd / f"eval-{which}.json"
             if not target.exists():
