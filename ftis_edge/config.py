@@ -72,6 +72,8 @@ class TrainSection:
     advantage_scale: str = _opt("std", "advantage normalisation (none = Dr. GRPO)", choices=("std", "none"))
     normalize: str = _opt("all", "divide the loss by all samples or by the kept ones (authors' code)",
                           choices=("all", "kept"))
+    cross_tokenizer_level: str = _opt("span", "IS weights for peers with another tokenizer: per span between "
+                                      "shared byte boundaries, or one per sequence", choices=("span", "sequence"))
 
 
 @dataclass
