@@ -137,3 +137,21 @@ class TokenBytes:
             if not any(int(t) in self.special for t in token_ids):
                 break
         return None
+
+
+# --------------------------------------------------------------------------- a peer sample
+
+def span_alignment(learner_ids: Sequence[int], learner_bytes: TokenBytes, text: str,
+                   peer_token_bytes, peer_logprobs: Sequence[float]) -> tuple[list[int], list[float]] | None:
+    """What a span-level TrainSample needs: (span index of each learner token, the peer's
+    summed log-prob of each span); None when either side cannot be placed on `text` (the
+    peer sent no token byte lengths, or the learner's tokens do not spell the text, e.g. a
+    re-tokenization cut short): the caller falls back to the sequence level."""
+    if peer_token_bytes is None:
+        return None
+    own = learner_bytes.lengths(learner_ids, text)
+    peer = [int(n) for n in peer_token_bytes]
+    if own is None or len(peer) != len(peer_logprobs) or sum(peer) != len(text.encode("utf-8")):
+        return None
+    own_span, peer_span, n = shared_spans(own, peer)
+    return own_span, span_sums(peer_span, peer_logprobs, n)

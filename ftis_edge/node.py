@@ -222,10 +222,12 @@ class Node:
         cfg, b = self.cfg, self.bundle
         horizontal = cfg.mode == "horizontal"
         nbytes = ntok = 0
+        tb = self._token_bytes()
         for g in groups:
             comps = [WireCompletion(token_ids=np.asarray(c.token_ids, dtype=np.int64),
                                     logprobs=np.asarray(c.logprobs, dtype=np.float32),
-                                    text=c.text, reward=r, finish_reason=c.finish_reason)
+                                    text=c.text, reward=r, finish_reason=c.finish_reason,
+                                    token_bytes=None if tb is None else tb.lengths(c.token_ids, c.text))
                      for c, r in zip(g.completions, g.rewards)]
             rollout = Rollout(
                 rollout_id=uuid.uuid4().hex, node_id=self.node_id, swarm=cfg.swarm.name,
@@ -240,6 +242,19 @@ class Node:
             ntok += sum(len(c.token_ids) for c in comps)
             self.swarm.publish(rollout)
         return {"wire/bytes_per_token_out": nbytes / ntok if ntok else None}
+
+    def _token_bytes(self):
+        """Our tokenizer's per-token bytes (align.TokenBytes), built once; None if unsupported:
+        our rollouts then carry no byte lengths and other tokenizers weight them per sequence."""
+        if not hasattr(self, "_tb"):
+            from .align import AlignError, TokenBytes
+            try:
+                self._tb = TokenBytes(self.bundle.tokenizer())
+            except AlignError as err:
+                log.warning("no token byte lengths on the wire (%s): peers with another tokenizer "
+                            "will weight our samples per sequence", err)
+                self._tb = None
+        return self._tb
 
     def _collect_peers(self, own_group_ids: set[str] | None) -> tuple[list[PeerGroup], dict]:
         """Wait (bounded) for peer groups; a slow or absent peer never stalls the node."""

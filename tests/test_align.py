@@ -1,7 +1,7 @@
 """align.py: shared byte boundaries of two tokenizations (hand cases) and real tokenizers' bytes."""
 import pytest
 
-from ftis_edge.align import AlignError, TokenBytes, shared_spans, span_sums
+from ftis_edge.align import AlignError, TokenBytes, shared_spans, span_alignment, span_sums
 
 
 def test_hand_example_word_and_digit_boundaries():
@@ -103,3 +103,21 @@ def test_smollm2_and_gemma_share_word_boundaries():
     ls, ps, n = shared_spans(*lens)
     # many short spans, not one: the spans are (nearly) words and digits
     assert n > len(text.split()) and n >= 0.6 * min(len(lens[0]), len(lens[1]))
+
+
+class _Bytes(TokenBytes):
+    """A TokenBytes over a hand-made table (no tokenizer): id -> bytes."""
+
+    def __init__(self, table):
+        self.table, self.special = [t.encode() for t in table], frozenset({0})
+
+
+def test_span_alignment_gives_span_ids_and_peer_span_sums():
+    learner = _Bytes(["<eos>", "ab", " cd", "1", "2"])            # id 0 is special: spells nothing
+    ids = [1, 2, 3, 4, 0]                                         # "ab" " cd" "1" "2" EOS
+    out = span_alignment(ids, learner, "ab cd12", [1, 2, 2, 2, 0], [-1.0, -0.5, -0.25, -2.0, -0.1])
+    # shared boundaries {5, 7}: learner spans [0, 0, 1, 1, 1]; peer span sums -1.75 and -2.1
+    assert out[0] == [0, 0, 1, 1, 1] and out[1] == pytest.approx([-1.75, -2.1])
+    assert span_alignment(ids, learner, "ab cd12", None, [-1.0] * 5) is None        # no byte lengths
+    assert span_alignment(ids[:2], learner, "ab cd12", [1, 2, 2, 2, 0], [-1.0] * 5) is None  # cut short
+    assert span_alignment(ids, learner, "ab cd12", [1, 2, 2, 2], [-1.0] * 5) is None       # lengths != tokens
