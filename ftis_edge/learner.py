@@ -370,6 +370,8 @@ class Learner:
             for n, p in own.items():
                 p.copy_(state["trainable"][n].to(p.device, p.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:   # the configured lr wins (a resumed run may change it)
+            group["lr"] = self.lr
         self.version = int(state["version"])
 
     def save_adapter(self, directory) -> Path:

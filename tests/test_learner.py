@@ -243,7 +243,12 @@ def test_state_dict_round_trip_restores_weights_and_optimiser(lora, encoded):
             assert torch.equal(restored[k]["exp_avg_sq"], st["exp_avg_sq"])
         lora.step(batch)                       # the same second step again: same Adam moments, same result
         assert all(torch.equal(w, after_two[n]) for n, w in _trainable(lora).items())
+        lora.lr = 0.0                          # resumed with lr 0 (a frozen expert): the config's lr wins
+        lora.load_state_dict(saved)
+        lora.step(batch)
+        assert all(torch.equal(w, after_one[n]) for n, w in _trainable(lora).items())
     finally:
+        lora.lr = 1e-3
         lora.load_state_dict(snapshot)
 
 
