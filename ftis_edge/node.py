@@ -284,7 +284,10 @@ class Node:
 
     def _peer_samples(self, g: PeerGroup, advantages: list[float]):
         """TrainSamples for a peer group: token level when the tokenizer matches, else the
-        completion text is re-tokenized locally and weighted at sequence level."""
+        completion text is re-tokenized locally and weighted per span between the byte
+        boundaries both tokenizations share (train.cross_tokenizer_level = "span", align.py),
+        or per sequence (the option, and the fallback when the tokens cannot be placed)."""
+        from .align import span_alignment
         from .learner import TrainSample
         text = self.bundle.render_prompt(self.task.messages(g.prompt.question))
         prompt_ids = self.bundle.encode(text)
@@ -296,9 +299,14 @@ class Node:
                                        advantage=adv, source=g.rollout.node_id))
             else:
                 ids = self._retokenize(c.text, finished=c.finish_reason == "stop")
+                spans = None
+                if self.cfg.train.cross_tokenizer_level == "span" and self._token_bytes() is not None:
+                    spans = span_alignment(ids, self._token_bytes(), c.text, c.token_bytes, c.logprobs)
                 out.append(TrainSample(prompt_ids=prompt_ids, completion_ids=ids, gen_logprobs=None,
                                        gen_logprob_sum=float(np.sum(c.logprobs)), advantage=adv,
-                                       sequence_level=True, source=g.rollout.node_id))
+                                       sequence_level=spans is None, source=g.rollout.node_id,
+                                       span_ids=None if spans is None else spans[0],
+                                       gen_span_logprobs=None if spans is None else spans[1]))
         return out
 
     def _retokenize(self, text: str, *, finished: bool) -> list[int]:
