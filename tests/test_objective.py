@@ -644,3 +644,28 @@ def test_properties(batch, method, normalize, kl_threshold, pad):
                                       torch.cat([mask, zeros], 1), **kw)
     torch.testing.assert_close(loss_p, loss, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad_p[:, :T], grad, rtol=1e-6, atol=1e-7)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=batches(), method=st.sampled_from(METHODS), kl_threshold=st.sampled_from([0.0, 0.5, INF]),
+       cuts=st.lists(st.booleans(), min_size=6, max_size=6), gen_shift=st.floats(-3.0, 0.0))
+def test_span_level_properties(batch, method, kl_threshold, cuts, gen_shift):
+    logp, gen_logp, adv, mask, _ = batch
+    B, T = logp.shape
+    # monotone span ids: a new span starts wherever cuts[t] is True (spans of 1..T tokens)
+    starts = torch.tensor([False] + cuts[1:T])
+    span_ids = torch.cumsum(starts.long(), 0).repeat(B, 1)
+    S = int(span_ids.max()) + 1
+    gen_span = torch.zeros(B, S).scatter_add(1, span_ids, torch.where(mask, gen_logp, 0.0)) + gen_shift
+    kw = dict(method=method, kl_threshold=kl_threshold, level="span", span_ids=span_ids, gen_span_logp=gen_span)
+    loss, grad, s = loss_and_grad(logp, gen_logp, adv, mask, **kw)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert not s["per_sample"]["dropped"][adv > 0].any()
+    assert (s["per_sample"]["is_weight"] <= 2.0 + 1e-6).all() and (s["per_sample"]["kl"] >= 0).all()
+    # garbage on padding (log-probs, span ids, unused span slots) changes nothing
+    junk_ids = torch.where(mask, span_ids, 10 ** 6)
+    loss_p, grad_p, _ = loss_and_grad(torch.where(mask, logp, NAN), torch.full((B, T), NAN), adv, mask,
+                                      **{**kw, "span_ids": junk_ids,
+                                         "gen_span_logp": torch.cat([gen_span, torch.full((B, 2), NAN)], 1)})
+    torch.testing.assert_close(loss_p, loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad_p, grad, rtol=1e-6, atol=1e-7)
