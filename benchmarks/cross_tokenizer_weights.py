@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -134,6 +135,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)     # rows appear as they are measured
     torch.set_num_threads(2)
     t0 = time.time()
     task = get_task("arith")
@@ -150,7 +152,7 @@ def main() -> None:
     print(f"# C = {C}, kl_threshold g = {KL_G}; {args.prompts} arith prompts x {args.group}, "
           f"<= {args.max_new_tokens} new tokens, T = 1; {time.time() - t0:.0f} s so far")
     print()
-    head = (f"{'generator -> learner':<28}{'level':<10}{'n':>4}{'w p10':>8}{'w p50':>8}{'w p90':>8}"
+    head = (f"{'generator -> learner':<30}{'level':<10}{'n':>4}{'w p10':>8}{'w p50':>8}{'w p90':>8}"
             f"{'w=0':>6}{'trunc':>7}{'ESS':>7}{'KL>g':>7}{'drop':>7}{'|lr|/unit':>11}{'units':>7}")
     print(head)
     pairs = [("gemma3-270m", "smollm2-135m"), ("smollm2-135m", "gemma3-270m"), ("smollm2-135m", "smollm2-135m")]
@@ -165,11 +167,11 @@ def main() -> None:
             if not levels[level]:
                 continue
             s = level_stats(learners[learn_name], levels[level], level)
-            print(f"{gen_name + ' -> ' + learn_name:<28}{level:<10}{s['n']:>4}{s['w_p10']:>8.3f}{s['w_p50']:>8.3f}"
+            print(f"{gen_name + ' -> ' + learn_name:<30}{level:<10}{s['n']:>4}{s['w_p10']:>8.3f}{s['w_p50']:>8.3f}"
                   f"{s['w_p90']:>8.3f}{s['w_zero']:>6.2f}{s['trunc']:>7.3f}{s['ess']:>7.3f}{s['kl_gt_g']:>7.2f}"
                   f"{s['dropped']:>7.2f}{s['abs_lr']:>11.3f}{s['units']:>7}")
         if tps:
-            print(f"{'':<28}(span level: {statistics.fmean(tps):.2f} learner tokens per span; "
+            print(f"{'':<30}(span level: {statistics.fmean(tps):.2f} learner tokens per span; "
                   f"{unaligned} completions not aligned -> sequence level)")
     print()
     print("w = per-sample mean truncated weight (as the loss uses it); w=0: share of samples with w < 1e-3;")
