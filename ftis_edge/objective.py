@@ -325,17 +325,17 @@ def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, 
             "filter/kept": float((~dropped & nonempty).sum()),
             "filter/adv_le0_frac": float(adv_le0.sum()) / B,
             "filter/kl_gt_g_frac": float(kl_gt.sum()) / B,
-            "filter/dropped_adv_rule": float(adv_le0.sum()),
-            "filter/dropped_kl_rule": float(kl_gt.sum()),
-            "is/weight_mean": float(w_ne.mean()) if w_ne.numel() else nan,
-            "is/weight_max": float(weight[m].max()) if tokens else nan,
+            "filter/adv_le0": float(adv_le0.sum()),
+            "filter/kl_gt_g": float(kl_gt.sum()),
+            "sampling/importance_sampling_ratio/mean": float(w_ne.mean()) if w_ne.numel() else nan,
+            "sampling/importance_sampling_ratio/max": float(weight[m].max()) if tokens else nan,
             "is/truncated_frac": float(truncated.sum()) / tokens if tokens else nan,
             "is/ess": ess,
             "kl/mean": float(kl_ne.mean()) if kl_ne.numel() else nan,
             "kl/max": float(kl_ne.max()) if kl_ne.numel() else nan,
-            "mismatch/abs_logp_diff": float(torch.where(tok_rows, (ls - g).abs(), 0.0).sum()) / n_tok
+            "sampling/sampling_logp_difference/mean": float(torch.where(tok_rows, (ls - g).abs(), 0.0).sum()) / n_tok
             if n_tok else nan,
-            "clip_frac": float(clip_active.sum()) / tokens if tokens else nan,
+            "clip_ratio/region_mean": float(clip_active.sum()) / tokens if tokens else nan,
         }
         stats["per_sample"] = {
             "kl": kl.detach().clone(),
