@@ -172,7 +172,7 @@ def _check_value(key: str, value: Any, f) -> Any:
     return value
 
 
-# Keys renamed to TRL GRPOConfig's names (version 0.2): an old key gets a did-you-mean, not a silent miss.
+# Keys renamed to TRL GRPOConfig's names after 0.1.0: an old key gets a did-you-mean, not a silent miss.
 RENAMED = {
     "task.group_size": "task.num_generations",
     "task.max_new_tokens": "task.max_completion_length",

@@ -17,9 +17,10 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Iterator
 
 import orjson
+
+from . import atomic
 
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "node.log"
@@ -121,11 +122,6 @@ class MetricsFollower:
                     continue
         return records
 
-    def follow(self, interval: float = 0.5) -> Iterator[dict]:
-        while True:
-            yield from self.poll()
-            time.sleep(interval)
-
 
 def write_control(run_dir: str | os.PathLike, *, pause: bool | None = None,
                   stop: bool | None = None) -> dict:
@@ -135,10 +131,7 @@ def write_control(run_dir: str | os.PathLike, *, pause: bool | None = None,
         state["pause"] = pause
     if stop is not None:
         state["stop"] = stop
-    path = Path(run_dir) / CONTROL_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(state))
-    os.replace(tmp, path)
+    atomic.write_bytes(Path(run_dir) / CONTROL_FILE, orjson.dumps(state))
     return state
 
 
