@@ -1,9 +1,9 @@
 """The per-round record: one JSON line per round in ``RUN_DIR/metrics.jsonl``.
 
 Writers append whole lines (one ``write`` + flush), so a reader following the file never
-sees half a record except at the very end, which ``follow`` holds back until its newline
-arrives. Names follow TRL/verl conventions where one exists (``reward/own``, ``loss``,
-``filter/dropped_frac``, ``is/weight_mean`` ...); the full list is in docs/metrics.md.
+sees half a record except at the very end, which ``LineTail`` holds back until its newline
+arrives. Every key is registered in ``metric_keys`` (TRL's names where TRL has the quantity);
+the full list is docs/metrics.md, generated from it.
 
 Files of a run directory:
   config.toml      the node's resolved config

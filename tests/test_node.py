@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ftis_edge.metric_keys import unregistered
 from ftis_edge.metrics import read_metrics
 from procs import ROOT, RelayProc
 
@@ -84,6 +85,7 @@ def test_default_node_alone_writes_metrics_checkpoints_and_adapter(tmp_path):
                     "samples/own", "filter/dropped", "micro_batch", "memory/oom_retries"):
             assert key in r, key
         assert r["peers/samples_used"] == 0 and r["reward/peers"] is None
+        assert unregistered(r) == []          # every key a real round writes is in the metric registry
         assert 0.0 <= r["reward/own"] <= 1.0 and r["gen/tokens"] > 0
     assert (run / "config.toml").exists() and (run / "node.log").stat().st_size > 0
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round-000001", "round-000002"]
@@ -166,7 +168,9 @@ def test_two_heterogeneous_nodes_share_groups_and_survive_a_relay_restart(tmp_pa
         used = sum(r["peers/samples_used"] for r in rounds)
         assert used > 0, f"{me} never trained on {peer}'s groups"
         trained = [r for r in rounds if r["peers/samples_used"]]
-        assert all(r["sampling/importance_sampling_ratio/mean"] is not None and r["filter/dropped"] is not None for r in trained)
+        assert all(r["sampling/importance_sampling_ratio/mean"] is not None and r["filter/dropped"] is not None
+                   for r in trained)
+        assert all(unregistered(r) == [] for r in rounds)    # swarm rounds too
         assert last["peers"][peer]["samples_used"] == used
         assert any(r["wire/bytes_per_token_in"] for r in rounds)
 
@@ -175,8 +179,8 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     relay = RelayProc()
     relay.wait_ready()
     common = {"swarm": {"relay": relay.address, "max_wait_s": 300.0, "max_peer_groups": 2},
-              "node": {"rounds": 1}, "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 24,
-                                              "reward": "shaped"}}
+              "node": {"rounds": 1}, "task": {"prompts_per_round": 2, "num_generations": 4,
+                                              "max_completion_length": 24, "reward": "shaped"}}
     a = start_node(write_config(tmp_path, "smol", **common))
     b = start_node(write_config(tmp_path, "gemma", model={"spec": "gemma3-270m", "threads": 1}, **common))
     try:

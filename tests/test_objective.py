@@ -1,6 +1,6 @@
 """F-TIS objective: hand-computed values, analytic gradients, invariants, bad input, properties.
 
-Hand values are written as arithmetic (math.exp ...) from DESIGN §2, never copied outputs.
+Hand values are written as arithmetic (math.exp ...) from docs/ftis.md, never copied outputs.
 """
 import math
 

@@ -228,14 +228,13 @@ class DashboardApp(App[int]):
 
     def _wire_chunks(self) -> list[Content]:
         latest = self.state.latest
-        oom_total = sum(fmt.as_number(r.get("memory/oom_retries")) or 0 for r in self.state.rounds)
         return [field("wire out", f"{fmt.num(latest.get('wire/bytes_per_token_out'), 2)} B/tok"),
                 field("in", f"{fmt.num(latest.get('wire/bytes_per_token_in'), 2)} B/tok"),
                 field("tokens", fmt.integer(latest.get("gen/tokens"))),
                 field("sync", fmt.seconds(latest.get("time/sync_s"))),
                 field("peer wait", fmt.seconds(latest.get("time/peer_wait_s"))),
                 field("micro-batch", fmt.integer(latest.get("micro_batch"))),
-                field("OOM retries", f"{int(oom_total)} total")]
+                field("OOM retries", f"{fmt.integer(latest.get('memory/oom_retries'))} total")]  # cumulative
 
     def _refresh_config(self) -> None:
         config, source = load_config(self.run_dir, self.state.start)

@@ -239,11 +239,10 @@ def relay_chunks(state: RunState) -> list[Content]:
     address = state.identity("relay")
     connected = latest.get("relay/connected")
     status = {True: ("connected", GREEN), False: ("disconnected", RED)}.get(connected, (fmt.MISSING, ""))
-    replayed_total = sum(fmt.as_number(r.get("relay/replayed")) or 0 for r in state.rounds)
     return [
         line(("relay ", "dim"), (fmt.text(address) if address else "none", "bold")),
         line(status), field("latency", f"{fmt.num(latest.get('relay/latency_ms'), 1)} ms"),
-        field("replayed", f"{fmt.integer(latest.get('relay/replayed'))} ({int(replayed_total)} total)"),
+        field("replayed", f"{fmt.integer(latest.get('relay/replayed'))} since the node started"),  # cumulative
         BREAK,
         field("intake this round: groups", fmt.integer(latest.get("peers/groups_received"))),
         field("samples used", fmt.integer(latest.get("peers/samples_used"))),
