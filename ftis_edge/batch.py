@@ -111,6 +111,8 @@ def build_batch(own: Sequence[OwnGroup], peers: Sequence, *, mode: str, scale: s
     """The round's samples: own groups first (in order), each followed in horizontal mode by
     its peers' parts; in the other modes the peer groups (``intake.PeerGroup``) follow."""
     batch = Batch()
+    # (rewards of one advantage group, how its samples are made from the advantages)
+    groups: list[tuple[list[float], Callable[[list[float]], list[TrainSample]]]] = []
     if mode == "horizontal":
         parts_of: dict[str, list] = {}
         for p in peers:
@@ -118,33 +120,30 @@ def build_batch(own: Sequence[OwnGroup], peers: Sequence, *, mode: str, scale: s
         batch.groups_with_peer_parts = 0
         for g in own:
             parts = parts_of.get(g.group_id, [])
-            batch.groups += 1
             batch.groups_with_peer_parts += bool(parts)
-            adv = advantages(g.rewards + [r for p in parts for r in p.rewards], scale)
-            if adv is None:
-                batch.groups_zero_std += 1
-                continue
-            batch.samples += own_samples(g, adv)
-            k = len(g.completions)
-            for p in parts:
-                batch.samples += peer_samples(p, adv[k:k + len(p.rewards)], local)
-                k += len(p.rewards)
-        return batch
-    for g in own:
+            groups.append((g.rewards + [r for p in parts for r in p.rewards], _merged_maker(g, parts, local)))
+    else:
+        groups += [(g.rewards, lambda adv, g=g: own_samples(g, adv)) for g in own]
+        groups += [(p.rewards, lambda adv, p=p: peer_samples(p, adv, local)) for p in peers]
+    for rewards, make in groups:
         batch.groups += 1
-        adv = advantages(g.rewards, scale)
+        adv = advantages(rewards, scale)
         if adv is None:
             batch.groups_zero_std += 1
-            continue
-        batch.samples += own_samples(g, adv)
-    for p in peers:
-        batch.groups += 1
-        adv = advantages(p.rewards, scale)
-        if adv is None:
-            batch.groups_zero_std += 1
-            continue
-        batch.samples += peer_samples(p, adv, local)
+        else:
+            batch.samples += make(adv)
     return batch
+
+
+def _merged_maker(g: OwnGroup, parts: list, local: LocalTokenizer):
+    """Samples of a horizontal group: the own part, then each peer part, advantages in that order."""
+    def make(adv: list[float]) -> list[TrainSample]:
+        out, k = own_samples(g, adv), len(g.completions)
+        for p in parts:
+            out += peer_samples(p, adv[k:k + len(p.rewards)], local)
+            k += len(p.rewards)
+        return out
+    return make
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,13 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
+    return _records(path.read_bytes().split(b"\n"))
+
+
+def _records(lines: list[bytes]) -> list[dict]:
+    """The parsed lines; blank and unparsable ones (a torn last line) are skipped."""
     out = []
-    for line in path.read_bytes().split(b"\n"):
+    for line in lines:
         if line.strip():
             try:
                 out.append(orjson.loads(line))
@@ -113,14 +118,7 @@ class MetricsFollower:
         self._tail = LineTail(Path(run_dir) / METRICS_FILE)
 
     def poll(self) -> list[dict]:
-        records = []
-        for line in self._tail.poll():
-            if line.strip():
-                try:
-                    records.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    continue
-        return records
+        return _records(self._tail.poll())
 
 
 def write_control(run_dir: str | os.PathLike, *, pause: bool | None = None,
