@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from . import checkpoint
-from .config import Config, to_toml
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
+from .config import Config, to_toml
 from .generate.base import SamplerSettings
 from .intake import Intake, PeerBook, PeerGroup
 from .metrics import LOG_FILE, MetricsWriter, read_control
@@ -105,6 +105,7 @@ class Node:
             self.generator = LlamaCppGenerator.from_bundle(
                 self.bundle, precision=cfg.model.precision, n_threads=threads,
                 max_group=max(cfg.task.num_generations, 1))
+        self.local_tokenizer = self._local_tokenizer()
         self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / "adapter")
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
@@ -295,7 +296,7 @@ class Node:
         else:
             peers = []
         batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
-                            local=self._local_tokenizer())
+                            local=self.local_tokenizer)
         samples = batch.samples
         t0 = time.time()
         stats = self._train(samples) if samples else {"skipped": 1, "samples": 0}
