@@ -94,8 +94,8 @@ class Node:
         self.learner = Learner(
             self.bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
-            lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.learning_rate, grad_clip=cfg.train.max_grad_norm,
-            micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
+            lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.learning_rate,
+            grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
         if cfg.model.backend == "hf":
             from .generate.hf import HFGenerator
             self.generator = HFGenerator(self.learner.model, self.bundle.tokenizer(),
