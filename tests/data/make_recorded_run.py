@@ -7,8 +7,9 @@ the real metric keys):
 * ``gemma-node``: Gemma 3 270M, another tokenizer (its samples are re-tokenized);
 * ``full-hf``: SmolLM2-135M, full fine-tuning, HF generator.
 
-The user pauses ``smol-node`` from the dashboard's control file after its round 3, and
-resumes it. Takes minutes on 2 CPU cores; the models must be installed (install.sh).
+Through the dashboard's control file the user pauses ``smol-node`` after its round 4, resumes
+it, and stops it (as ``q`` does) during round 5; then the peers are stopped the same way.
+Takes a good half hour on 2 busy CPU cores; the models must be installed (install.sh).
 
     python tests/data/make_recorded_run.py
 """
@@ -32,7 +33,7 @@ from procs import RelayProc  # noqa: E402
 OUT_DIR = HERE / "recorded_run"
 RECORDED = "smol-node"
 ROUNDS = 6
-PAUSE_AFTER = 3
+PAUSE_AFTER = 4
 COMMON = {
     "node": {"rounds": ROUNDS, "checkpoint_every": ROUNDS},
     "model": {"threads": 1},
@@ -93,6 +94,11 @@ def record(out_dir: Path = OUT_DIR) -> Path:
             time.sleep(0.5)
         time.sleep(3)
         write_control(run, pause=False)
+        time.sleep(3)                       # round 5 has started: it is the last one
+        write_control(run, stop=True)
+        procs[RECORDED].wait(timeout=3600)
+        for node_id in NODES:               # peers stop after their current round
+            write_control(work / "runs" / node_id, stop=True)
         for node_id, p in procs.items():
             if p.wait(timeout=3600) != 0:
                 raise SystemExit(f"{node_id} failed (exit {p.returncode}); see {work / 'runs' / node_id}")
