@@ -7,9 +7,10 @@ the real metric keys):
 * ``gemma-node``: Gemma 3 270M, another tokenizer (its samples are re-tokenized);
 * ``full-hf``: SmolLM2-135M, full fine-tuning, HF generator.
 
-Through the dashboard's control file the user pauses ``smol-node`` after its round 4, resumes
-it, and stops it (as ``q`` does) during round 5; then the peers are stopped the same way.
-Takes a good half hour on 2 busy CPU cores; the models must be installed (install.sh).
+Through the dashboard's control file the user stops ``smol-node`` (as ``q`` does) during its
+round 4, so the record ends after round 4 with reason "user"; then the peers are stopped the
+same way. Takes 15 minutes on 2 idle CPU cores, over an hour on busy ones; the models must be
+installed (install.sh).
 
     python tests/data/make_recorded_run.py
 """
@@ -33,7 +34,7 @@ from procs import RelayProc  # noqa: E402
 OUT_DIR = HERE / "recorded_run"
 RECORDED = "smol-node"
 ROUNDS = 6
-PAUSE_AFTER = 4
+STOP_DURING = 4                # the last round
 COMMON = {
     "node": {"rounds": ROUNDS, "checkpoint_every": ROUNDS},
     "model": {"threads": 1},
@@ -87,15 +88,9 @@ def record(out_dir: Path = OUT_DIR) -> Path:
                 cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)},
                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         run = work / "runs" / RECORDED
-        while rounds_done(run) < PAUSE_AFTER:
+        while rounds_done(run) < STOP_DURING - 1:
             time.sleep(1)
-        write_control(run, pause=True)
-        while "paused" not in (run / LOG_FILE).read_text():
-            time.sleep(0.5)
-        time.sleep(3)
-        write_control(run, pause=False)
-        time.sleep(3)                       # round 5 has started: it is the last one
-        write_control(run, stop=True)
+        write_control(run, stop=True)       # read before the next round: this one is the last
         procs[RECORDED].wait(timeout=3600)
         for node_id in NODES:               # peers stop after their current round
             write_control(work / "runs" / node_id, stop=True)
