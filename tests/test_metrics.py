@@ -89,3 +89,5 @@ def test_the_recorded_fixture_uses_only_registered_keys():
         assert mk.unregistered(r) == [], r["round"]
         for peer in r["peers"].values():
             assert set(peer) == set(mk.PEER_FIELDS)
+    # and the real swarm run wrote every registered key at least once: none is dead
+    assert set(mk.METRICS) - {k for r in rounds for k in r} == set()

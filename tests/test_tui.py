@@ -22,6 +22,7 @@ from textual.widgets import DataTable, Log, Static, TabbedContent
 from ftis_edge import config, metric_keys
 from ftis_edge.metrics import read_control, read_metrics
 from ftis_edge.tui import DashboardApp, watch
+from ftis_edge.tui.format import age, text
 from ftis_edge.tui.state import LogTail, RunState
 from ftis_edge.tui.widgets import BREAK, HelpScreen, Packed, PeersTable, field, relay_short, round_ticks
 
@@ -168,14 +169,14 @@ async def test_peers_table_matches_the_last_round():
         for node, peer in LAST["peers"].items():
             row = {key: table.get_cell(node, key).plain for key, _ in PeersTable.COLUMNS}
             assert row["node"] == node
-            assert row["model"] == peer["model"] and row["tokenizer"] == peer["tokenizer"]
+            assert row["model"] == text(peer["model"], 28) and row["tokenizer"] == peer["tokenizer"]
             assert row["sent"] == str(peer["sent"])
             assert row["accepted"] == str(peer["accepted"])
             assert row["rejected"] == str(peer["rejected"])
             assert row["acceptance_rate"] == f"{100 * peer['acceptance_rate']:.1f}%"
             assert row["kl_mean"] == ("–" if peer["kl_mean"] is None else f"{peer['kl_mean']:.4f}")
             assert row["quarantined"] == ("yes" if peer["quarantined"] else "no")
-            assert row["last_seen"] == f"{round(now - peer['last_seen'])}s"
+            assert row["last_seen"] == age(now - peer["last_seen"])
         # the highlighted peer's rejection reasons
         detail = plain(app.query_one("#peer-detail", Packed))
         first = next(iter(LAST["peers"]))
