@@ -181,11 +181,12 @@ def render_metrics_doc() -> str:
            "logged metrics) where TRL has the same quantity — see [trl.md](trl.md).", "",
            "## `{\"type\": \"start\"}` — once when a node starts (or resumes)", _START_FIELDS, "",
            "## `{\"type\": \"round\"}` — one per round", "",
-           "*Over micro-batches* says how the learner combines a stat of one step's micro-batches; "
-           "\"once per round\" keys are written by the node. A stat the objective emits must be registered "
-           "in `ftis_edge/metric_keys.py` with its rule, or the step fails.", ""]
+           "*Aggregation* says how the learner combines a stat over one step's micro-batches; "
+           "\"once per step\" keys are set by the learner after the step, \"once per round\" keys by the node. "
+           "A stat the objective emits must be registered in `ftis_edge/metric_keys.py` with its rule, "
+           "or the step fails.", ""]
     for section, metrics in SECTIONS.items():
-        out += [f"### {section}", "", "| key | meaning | over micro-batches |", "|---|---|---|"]
+        out += [f"### {section}", "", "| key | meaning | aggregation |", "|---|---|---|"]
         out += [f"| `{m.name}` | {m.meaning} | {RULE_TEXT[m.rule]} |" for m in metrics]
         out.append("")
     out += ["### `peers`: one entry per peer node, cumulative since the node started", "",
