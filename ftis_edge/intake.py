@@ -33,6 +33,16 @@ class PeerStats:
     consecutive_bad: int = 0
     quarantined: bool = False
 
+    def record_use(self, use) -> None:
+        """Add one of this peer's samples that a step trained on (``batch.PeerSampleUse``)."""
+        self.samples_used += 1
+        if use.kl is not None:
+            self.kl_sum += use.kl
+        if use.is_weight is not None:
+            self.is_weight_sum += use.is_weight
+        if use.dropped:
+            self.filtered += 1
+
     def as_dict(self) -> dict:
         n = max(self.samples_used, 1)
         return {

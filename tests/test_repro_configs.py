@@ -63,7 +63,7 @@ def test_expert_batches_train_the_expert_first_then_share_it(name, tmp_path):
     # the peer continues the expert's run: same model and trainable mode, rounds counted on from it
     assert (peer.model.spec, peer.train.trainable) == (exp.model.spec, exp.train.trainable)
     assert peer.node.rounds == ex.rounds + batch.rounds + 5 and peer.swarm.share
-    assert peer.train.lr == (0.0 if ex.frozen else exp.train.lr)
+    assert peer.train.learning_rate == (0.0 if ex.frozen else exp.train.learning_rate)
     assert peer.task == exp.task                        # it shares groups of the receivers' size
     # a pilot shortens both phases from the command line
     short = run.peer_config(batch, 1, 3, tmp_path, ADDR, "s", expert_rounds=4)

@@ -108,7 +108,7 @@ def peer_config(batch, seed: int, rounds: int | None, out: Path, addr: str, swar
     if expert is not None:
         cfg["node"]["rounds"] = (expert_rounds or expert.rounds) + extra_rounds
         if expert.frozen:
-            cfg["train"]["lr"] = 0.0       # the config's lr wins over the checkpoint's on resume
+            cfg["train"]["learning_rate"] = 0.0   # the config's lr wins over the checkpoint's on resume
     return cfg
 
 
