@@ -312,10 +312,17 @@ def peer_detail(node: str | None, peer: dict | None) -> list[Content]:
         why = ", ".join(f"{F.text(k, 24)} {F.integer(v)}" for k, v in reasons.items())
     else:
         why = "none"
-    return [Content.styled(F.text(node, 24), "bold"), field("rejected:", why),
-            field("timeouts", F.integer(peer.get("grader_timeouts"))),
-            field("IS w", F.num(peer.get("is_weight_mean"))),
-            field("filtered", F.pct(peer.get("filter_rate")))]
+    chunks = [Content.styled(F.text(node, 24), "bold"), field("rejected:", why),
+              field("timeouts", F.integer(peer.get("grader_timeouts"))),
+              field("IS w", F.num(peer.get("is_weight_mean"))),
+              field("filtered", F.pct(peer.get("filter_rate")))]
+    # why intake stopped trusting it (intake.PeerBook), and a model / tokenizer swap mid-run
+    if peer.get("quarantined") is True:
+        chunks.append(line(("quarantined: ", "bold " + RED), F.text(peer.get("quarantine_reason") or "yes", 80)))
+    if F.as_number(peer.get("fingerprint_changes")):
+        chunks.append(field(f"fingerprint changed {F.integer(peer.get('fingerprint_changes'))}x:",
+                            F.text(peer.get("fingerprint_change"), 80)))
+    return chunks
 
 
 HELP = [
