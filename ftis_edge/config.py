@@ -111,7 +111,10 @@ class SwarmSection:
     max_peer_groups: int = _opt(8, "use at most this many peer groups per round (0 = learn from none)", lo=0)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
     rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
-    quarantine_after: int = _opt(5, "quarantine a peer after this many consecutive bad rollouts", lo=1)
+    quarantine_after: int = _opt(5, "quarantine a peer once this many of its last quarantine_window rollouts were refused", lo=1)
+    quarantine_window: int = _opt(20, "how many of a peer's latest rollouts the quarantine rule looks at", lo=1)
+    quarantine_rate: float = _opt(0.5, "quarantine only when the refused ones are also at least this fraction of that window",
+                                  lo=0.01, hi=1.0)
 
 
 @dataclass
