@@ -89,7 +89,7 @@ class TaskSection:
     num_generations: int = _opt(8, "completions per prompt (G)", lo=2, hi=256, trl="num_generations")
     max_completion_length: int = _opt(128, "completion length cap (tokens)", lo=1, hi=32768,
                                       trl="max_completion_length")
-    temperature: float = _opt(1.0, "sampling temperature (the behaviour log-probs honour it)", lo=0.01, hi=10.0,
+    temperature: float = _opt(1.0, "sampling temperature (the behaviour log-probs honour it)", lo=0.01, hi=2.0,
                               trl="temperature")
     top_k: int = _opt(0, "top-k truncation (0 = off)", lo=0, trl="top_k")
     top_p: float = _opt(1.0, "top-p truncation (1 = off)", lo=0.01, hi=1.0, trl="top_p")

@@ -264,7 +264,7 @@ class Node:
         b = self.bundle
         return LocalTokenizer(
             prompt_ids=lambda prompt: b.encode(b.render_prompt(self.task.messages(prompt.question))),
-            text_ids=lambda text: b.tokenizer()(text, add_special_tokens=False)["input_ids"],
+            text_ids=lambda text: b.tokenizer()(text, add_special_tokens=False, split_special_tokens=True)["input_ids"],
             eos_token_id=b.eos_token_ids[0] if b.eos_token_ids else None,
             max_completion_length=self.cfg.task.max_completion_length)
 
