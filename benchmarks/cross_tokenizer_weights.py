@@ -61,7 +61,7 @@ def samples_for(learner_bundle, task, groups, peer_bytes: TokenBytes, same_token
         prompt_ids = learner_bundle.encode(learner_bundle.render_prompt(task.messages(p.question)))
         adv = group_advantages(torch.tensor(rewards)).tolist()
         for c, a in zip(comps, adv):
-            ids = tok(c.text, add_special_tokens=False)["input_ids"]
+            ids = tok(c.text, add_special_tokens=False, split_special_tokens=True)["input_ids"]   # as a node does
             if c.finish_reason == "stop":
                 ids = ids + [eos]
             if not ids:

@@ -91,7 +91,7 @@ class TaskSection:
     num_generations: int = _opt(8, "completions per prompt (G)", lo=2, hi=256, trl="num_generations")
     max_completion_length: int = _opt(128, "completion length cap (tokens)", lo=1, hi=32768,
                                       trl="max_completion_length")
-    temperature: float = _opt(1.0, "sampling temperature (the behaviour log-probs honour it)", lo=0.01, hi=10.0,
+    temperature: float = _opt(1.0, "sampling temperature (the behaviour log-probs honour it)", lo=0.01, hi=2.0,
                               trl="temperature")
     top_k: int = _opt(0, "top-k truncation (0 = off)", lo=0, trl="top_k")
     top_p: float = _opt(1.0, "top-p truncation (1 = off)", lo=0.01, hi=1.0, trl="top_p")
@@ -113,7 +113,10 @@ class SwarmSection:
     max_peer_groups: int = _opt(8, "use at most this many peer groups per round (0 = learn from none)", lo=0)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
     rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
-    quarantine_after: int = _opt(5, "quarantine a peer after this many consecutive bad rollouts", lo=1)
+    quarantine_after: int = _opt(5, "quarantine a peer once this many of its last quarantine_window rollouts were refused", lo=1)
+    quarantine_window: int = _opt(20, "how many of a peer's latest rollouts the quarantine rule looks at", lo=1)
+    quarantine_rate: float = _opt(0.5, "quarantine only when the refused ones are also at least this fraction of that window",
+                                  lo=0.01, hi=1.0)
 
 
 @dataclass

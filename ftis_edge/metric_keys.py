@@ -150,7 +150,11 @@ PEER_FIELDS = {
     "samples_used": "its samples we trained on", "kl_mean": "mean k3 KL of those samples",
     "is_weight_mean": "mean IS weight of those samples", "filter_rate": "fraction of them the filter dropped",
     "grader_timeouts": "completions our grader timed out on", "reward_mismatches": "claimed reward ≠ our grade",
+    "recent_reject_rate": "refused fraction of its last `swarm.quarantine_window` rollouts",
+    "model_fp": "its model fingerprint", "fingerprint_changes": "times its model / tokenizer fingerprint changed",
+    "fingerprint_change": "the latest change (\"tokenizer a -> b\")",
     "quarantined": "true once ignored for repeated bad rollouts",
+    "quarantine_reason": "why it was quarantined (\"16 of its last 20 rollouts refused (bad_logprob 16)\")",
 }
 
 

@@ -28,7 +28,7 @@ from . import checkpoint
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
 from .config import Config, to_toml
 from .generate.base import SamplerSettings
-from .intake import Intake, PeerBook, PeerGroup
+from .intake import Intake, PeerBook, PeerGroup, ids_decoder
 from .metrics import LOG_FILE, MetricsWriter, read_control
 
 log = logging.getLogger("ftis_edge.node")
@@ -110,10 +110,12 @@ class Node:
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
         self.swarm = None
-        self.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after)
+        self.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after,
+                             window=cfg.swarm.quarantine_window, max_reject_rate=cfg.swarm.quarantine_rate)
         self.intake = Intake(task=self.task, swarm=cfg.swarm.name, my_node_id=self.node_id,
                              my_tokenizer_fp=self.bundle.tokenizer_fingerprint,
                              vocab_size=self.bundle.vocab_size, book=self.book,
+                             decode=ids_decoder(self.bundle.tokenizer()), stop_ids=self.bundle.eos_token_ids,
                              rescore_budget_s=cfg.swarm.rescore_budget_s,
                              max_staleness=cfg.swarm.max_staleness)
         if cfg.mode != "alone":
@@ -141,7 +143,8 @@ class Node:
         if state.get("peers"):
             for nid, d in state["peers"].items():
                 p = self.book.get(nid)
-                for k in ("sent", "accepted", "rejected", "grader_timeouts", "quarantined"):
+                for k in ("sent", "accepted", "rejected", "grader_timeouts", "quarantined",
+                          "quarantine_reason"):
                     if k in d:
                         setattr(p, k, d[k])
         log.info("resumed from round %d", self.round)
@@ -276,7 +279,7 @@ class Node:
         b = self.bundle
         return LocalTokenizer(
             prompt_ids=lambda prompt: b.encode(b.render_prompt(self.task.messages(prompt.question))),
-            text_ids=lambda text: b.tokenizer()(text, add_special_tokens=False)["input_ids"],
+            text_ids=lambda text: b.tokenizer()(text, add_special_tokens=False, split_special_tokens=True)["input_ids"],
             eos_token_id=b.eos_token_ids[0] if b.eos_token_ids else None,
             max_completion_length=self.cfg.task.max_completion_length,
             token_bytes=self._token_bytes(), cross_tokenizer_level=self.cfg.train.cross_tokenizer_level)

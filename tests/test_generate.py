@@ -144,7 +144,7 @@ def test_group_shape_eos_convention(group_q, bundle, llama_q):
         else:
             assert c.finish_reason == "length" and len(c.token_ids) == 48
         body = [t for t in c.token_ids if t not in bundle.eos_token_ids]
-        assert c.text == llama_q.detokenize(body)
+        assert c.text == llama_q.detokenize(body, special=True)
     assert llama_q.tok_s > 0 and llama_q.stats["tokens"] == sum(len(c.token_ids) for c in group_q)
 
 

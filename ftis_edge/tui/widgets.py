@@ -311,10 +311,17 @@ def peer_detail(node: str | None, peer: dict | None) -> list[Content]:
         why = ", ".join(f"{fmt.text(k, 24)} {fmt.integer(v)}" for k, v in reasons.items())
     else:
         why = "none"
-    return [Content.styled(fmt.text(node, 24), "bold"), field("rejected:", why),
-            field("timeouts", fmt.integer(peer.get("grader_timeouts"))),
-            field("IS w", fmt.num(peer.get("is_weight_mean"))),
-            field("filtered", fmt.pct(peer.get("filter_rate")))]
+    chunks = [Content.styled(fmt.text(node, 24), "bold"), field("rejected:", why),
+              field("timeouts", fmt.integer(peer.get("grader_timeouts"))),
+              field("IS w", fmt.num(peer.get("is_weight_mean"))),
+              field("filtered", fmt.pct(peer.get("filter_rate")))]
+    # why intake stopped trusting it (intake.PeerBook), and a model / tokenizer swap mid-run
+    if peer.get("quarantined") is True:
+        chunks.append(line(("quarantined: ", "bold " + RED), fmt.text(peer.get("quarantine_reason") or "yes", 80)))
+    if fmt.as_number(peer.get("fingerprint_changes")):
+        chunks.append(field(f"fingerprint changed {fmt.integer(peer.get('fingerprint_changes'))}x:",
+                            fmt.text(peer.get("fingerprint_change"), 80)))
+    return chunks
 
 
 HELP = [
