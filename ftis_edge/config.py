@@ -16,13 +16,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .errors import FtisError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(FtisError, ValueError):
     """A config problem, with the offending key in the message."""
 
 
@@ -124,6 +126,17 @@ class Config:
             return self.node.id
         model = Path(self.model.spec).stem if self.model.spec.endswith(".gguf") else self.model.spec
         return f"{socket.gethostname().split('.')[0]}-{model.replace('/', '-')}"
+
+    @property
+    def model_label(self) -> str:
+        """The model as the user named it (alias or hub id; a file or directory by its name),
+        shown instead of the GGUF's internal name ("Smollm2 135M 8k Lc100K Mix1 Ep2")."""
+        spec = self.model.spec
+        if spec.endswith(".gguf"):
+            return Path(spec).stem
+        if spec.startswith(("/", ".", "~")) or Path(spec).expanduser().is_dir():
+            return Path(spec).expanduser().name
+        return spec
 
     @property
     def run_path(self) -> Path:

@@ -17,13 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from .errors import FtisError
 from .tasks import TASK_NAMES
 
 BACKENDS = ("llamacpp", "hf")
 PRECISIONS = ("f16", "quantized")
 
 
-class EvalError(Exception):
+class EvalError(FtisError):
     """A user-caused problem: printed as one line, exit code 2."""
 
 

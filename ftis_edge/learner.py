@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .errors import FtisError
 
-class LearnerError(ValueError):
+
+class LearnerError(FtisError, ValueError):
     """Bad input to the learner (a malformed sample, an unknown setting)."""
 
 

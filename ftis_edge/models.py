@@ -33,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+from .errors import FtisError
 from .paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -47,7 +48,7 @@ _END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|
 PLAIN_ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
-class ModelError(Exception):
+class ModelError(FtisError):
     """A model spec could not be resolved or used; the message is one readable line."""
 
 

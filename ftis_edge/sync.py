@@ -21,8 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .errors import FtisError
 
-class SyncError(ValueError):
+
+class SyncError(FtisError, ValueError):
     """The model cannot be written in the requested form (unsupported module, shape mismatch, ...)."""
 
 
