@@ -443,6 +443,17 @@ class Node:
             self._record_failure(exc)
             raise
 
+    @staticmethod
+    def _resolve_engines(cfg: Config) -> Config:
+        """model.device / model.backend "auto" → what this machine has (said in one line when
+        auto picks the HF engine)."""
+        from .devices import pick_backend, pick_device
+        device = pick_device(cfg.model.device)
+        backend, why = pick_backend(cfg.model.backend, device)
+        if why:
+            log.info("%s", why)
+        return replace(cfg, model=replace(cfg.model, device=device, backend=backend))
+
     def _record_failure(self, exc: BaseException) -> None:
         if isinstance(exc, KeyboardInterrupt):
             reason, message = "aborted", "aborted (second Ctrl-C); the round in progress is lost"
@@ -459,7 +470,7 @@ class Node:
                 pass
 
     def _run(self) -> int:
-        cfg = self.cfg
+        cfg = self.cfg = self._resolve_engines(self.cfg)
         if self.resume and not rundir.check_resumable(self.run_dir, fresh_if_missing=self.fresh_if_missing):
             log.warning("--resume-or-fresh: no checkpoint in %s, starting fresh", self.run_dir)
             self.resume = False

@@ -1,7 +1,8 @@
 """Start-up cross-checks between the config and the resolved model: fail in one line before
 minutes of loading, not in round 1 (or in the GGUF writer after the first optimiser step).
 
-Each check raises ``ConfigError`` naming the key to change. They need only the model's
+Each check raises ``ConfigError`` naming the key to change. ``model.backend`` is resolved
+before these run; an unresolved "auto" is treated as llama.cpp. They need only the model's
 metadata and its tokenizer (cached after the first load), never its weights.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ def llamacpp_context() -> int:
 
 
 def check_backend(cfg: Config, bundle) -> None:
-    if cfg.model.backend == "llamacpp" and bundle.gguf_path is None:
+    if cfg.model.backend != "hf" and bundle.gguf_path is None:
         raise ConfigError(f"model.backend: {cfg.model.spec!r} is an HF model without a GGUF file, which the "
                           f"llama.cpp backend needs; set model.backend = \"hf\" (or convert it with llama.cpp's "
                           f"convert_hf_to_gguf.py and point model.spec at the .gguf)")
@@ -38,7 +39,7 @@ def check_lora_targets(cfg: Config, bundle) -> None:
     unknown = [t for t in targets if t not in DECODER_LINEARS]
     if not unknown:
         return
-    if cfg.model.backend == "llamacpp":
+    if cfg.model.backend != "hf":
         raise ConfigError(f"train.lora_targets: {', '.join(map(repr, unknown))} cannot be written as a llama.cpp "
                           f"LoRA adapter; use {', '.join(DECODER_LINEARS)}")
     if bundle.arch in KNOWN_ARCHS:
@@ -49,7 +50,7 @@ def check_lora_targets(cfg: Config, bundle) -> None:
 def check_lengths(cfg: Config, bundle, task) -> None:
     """The longest prompt of the first round + max_new_tokens must fit the generator's context."""
     limits = []
-    if cfg.model.backend == "llamacpp":
+    if cfg.model.backend != "hf":
         limits.append((llamacpp_context(), "the llama.cpp context"))
     if bundle.n_ctx_train:
         limits.append((int(bundle.n_ctx_train), "the model's trained context"))

@@ -73,3 +73,19 @@ def test_a_bad_hub_id_and_a_bad_setting_fail_the_cli_in_one_line(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("ftis-edge: error: task.max_new_tokens: 30000 new tokens")
+
+
+def test_auto_engines_on_this_machine():
+    from ftis_edge import devices
+    import torch
+    device = devices.pick_device("auto")
+    assert device == ("cuda" if torch.cuda.is_available() else "cpu") or device == "mps"
+    # a GPU learner with a CPU-only llama.cpp generates with HF, and says why in one line
+    if not devices.llamacpp_has_gpu():
+        backend, why = devices.pick_backend("auto", "cuda")
+        assert backend == "hf" and "CPU-only" in why and "\n" not in why
+    assert devices.pick_backend("auto", "cpu") == ("llamacpp", None)
+    assert devices.pick_backend("hf", "cpu") == ("hf", None)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="^model.device: cuda, but torch sees no CUDA GPU"):
+            devices.pick_device("cuda")

@@ -1,8 +1,8 @@
 """GSM8K (training) and MATH-500 (out-of-distribution eval) from JSON Lines or the HF hub.
 
-Where the data comes from, in order: the ``path`` option; ``<shared>/gsm8k/<split>.jsonl`` or
-``<shared>/math500/test.jsonl`` (``ftis_edge.paths.shared_data_dir()``, ``$FTIS_SHARED``
-overrides); the HF dataset (``openai/gsm8k``, ``HuggingFaceH4/MATH-500``) when the
+Where the data comes from, in order: the ``path`` option; ``<data>/gsm8k/<split>.jsonl`` or
+``<data>/math500/test.jsonl`` (``ftis_edge.paths.shared_data_dir()``: ``$FTIS_SHARED/data``,
+else the folder ``./install.sh --data`` fills); the HF dataset (``openai/gsm8k``, ``HuggingFaceH4/MATH-500``) when the
 ``datasets`` package is installed and the hub is reachable. Prompt ids are
 ``<task>/<split>/<line index>``, so a peer rebuilds a prompt from its own copy.
 """
@@ -61,8 +61,8 @@ def load_hf(dataset: str, config: str | None, split: str, task: str) -> list[dic
     try:
         import datasets  # noqa: F401 - optional dependency
     except ImportError:
-        raise TaskError(f"{task}: no local data found; pass path=FILE.jsonl (or set FTIS_SHARED), "
-                        f"or install the 'datasets' package to download {dataset}") from None
+        raise TaskError(f"{task}: no local data; run ./install.sh --data once (downloads GSM8K and MATH-500), "
+                        f"or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED") from None
     try:
         ds = datasets.load_dataset(dataset, config, split=split) if config else \
             datasets.load_dataset(dataset, split=split)

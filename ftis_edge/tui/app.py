@@ -91,6 +91,7 @@ class DashboardApp(App[int]):
         self.node_process = node_process
         self.node_stderr = node_stderr         # (file, offset) where the node's one-line error lands
         self.failure: str | None = None        # that line, once the node has failed
+        self._relay_problem: str | None = None
         self.poll_interval = poll_interval
         self.state = RunState()
         self.follower = MetricsFollower(self.run_dir)
@@ -187,6 +188,12 @@ class DashboardApp(App[int]):
             return
         if self.failure is None and (self.state.stop or {}).get("reason") == "error":
             self._show_failure(None)           # watching a node that failed
+        # HOOK (relay health, wired by the lead): a relay that turns unreachable is said once in the Log tab
+        problem = relay_unreachable(self.state.latest)
+        if problem != self._relay_problem:
+            self._relay_problem = problem
+            if problem:
+                self.query_one("#log", Log).write_line(f"relay {problem}")
         if changed:
             self.refresh_all()
         self._refresh_config()
