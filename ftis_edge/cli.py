@@ -164,6 +164,16 @@ def _add_watch(sub) -> None:
     p.set_defaults(func=watch.run)
 
 
+def _add_demo(sub) -> None:
+    from . import demo
+    p = sub.add_parser("demo", help="a local swarm: a relay and three different nodes, the dashboard on one",
+                       description="A relay on loopback and three small, different nodes (LoRA on llama.cpp, "
+                                   "full fine-tuning on HF, Gemma 3 with another tokenizer), the dashboard "
+                                   "on the first; q stops them all, each with a checkpoint.")
+    demo.add_arguments(p)
+    p.set_defaults(func=demo.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ftis-edge", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ftis-edge {__version__}")
@@ -172,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_init(sub)
     _add_eval(sub)
     _add_watch(sub)
+    _add_demo(sub)
     return parser
 
 

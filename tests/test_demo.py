@@ -1,0 +1,53 @@
+"""`ftis-edge demo --headless`: a relay and heterogeneous nodes on loopback, end to end (real
+processes, the real models); the node choice and configs without running anything."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ftis_edge import checkpoint, config, demo
+from ftis_edge.metrics import read_metrics
+from procs import ROOT
+
+
+def test_demo_nodes_are_valid_heterogeneous_configs(tmp_path):
+    paths = [demo.node_config(n, tmp_path, "tcp://127.0.0.1:5555", rounds=3, threads=1, max_wait_s=5.0)
+             for n in demo.nodes()]
+    cfgs = [config.load(p) for p in paths]
+    assert [c.node_id for c in cfgs] == ["lora-llama", "full-hf", "gemma"]
+    assert {(c.model.spec, c.model.backend, c.train.trainable) for c in cfgs} == {
+        ("smollm2-135m", "auto", "lora"), ("smollm2-135m", "hf", "full"), ("gemma3-270m", "auto", "lora")}
+    assert all(c.mode == "vertical" and c.node.rounds == 3 and c.run_path == tmp_path / c.node_id for c in cfgs)
+
+
+def test_demo_leaves_out_what_the_machine_cannot_run_and_says_why(monkeypatch):
+    monkeypatch.setattr(demo, "available_memory", lambda: 9 * demo.GB)
+    chosen, notes = demo.choose(demo.nodes(), 3)
+    assert [n.name for n in chosen] == ["lora-llama", "full-hf"]
+    assert len(notes) == 1 and "gemma left out" in notes[0] and "9.0 GB of memory free" in notes[0]
+    monkeypatch.setattr(demo, "available_memory", lambda: None)      # unknown: trust the user
+    assert len(demo.choose(demo.nodes(), 3)[0]) == 3
+    assert [n.name for n in demo.choose(demo.nodes(), 2)[0]] == ["lora-llama", "full-hf"]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(2400)
+def test_demo_headless_runs_a_swarm_end_to_end(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "demo", "--headless", "--rounds", "1",
+                        "--dir", str(tmp_path / "demo")], cwd=ROOT, capture_output=True, text=True, timeout=2300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    names = [line.split(":")[0] for line in r.stdout.splitlines() if " rounds (" in line]
+    assert len(names) >= 2 and names[:2] == ["lora-llama", "full-hf"], r.stdout
+    for name in names:
+        run = tmp_path / "demo" / name
+        records = read_metrics(run)
+        rounds = [x for x in records if x.get("type") == "round"]
+        assert len(rounds) == 1 and records[-1]["type"] == "stop" and records[-1]["reason"] == "steps"
+        assert checkpoint.complete(run) == [1]
+        others = set(names) - {name}
+        # every other node's groups reached this one and were accepted (peers/ in the record)
+        assert others <= set(rounds[0]["peers"]), (name, rounds[0]["peers"])
+        assert all(rounds[0]["peers"][o]["accepted"] >= 1 for o in others)
+    assert "watch any of them again with: ftis-edge watch" in r.stdout
