@@ -176,8 +176,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads per node (default: cores / nodes)")
 
 
+class Swarm:
+    """The demo's processes: a relay and the chosen nodes, each a real ``ftis-edge start``."""
+
+    def __init__(self, root: Path, chosen: list[DemoNode], *, rounds: int, threads: int, max_wait_s: float):
+        from .cli import spawn_node
+        self.root, self.nodes = root, chosen
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        self.relay = Relay(root)
+        try:
+            self.relay.wait_ready()
+            for n in chosen:
+                cfg = node_config(n, root, self.relay.address, rounds=rounds, threads=threads,
+                                  peers=len(chosen) - 1, max_wait_s=max_wait_s)
+                n.proc, n.stderr = spawn_node(
+                    [sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless"], root / n.name)
+        except BaseException:
+            self.close()
+            raise
+
+    def wait(self) -> None:
+        for n in self.nodes:
+            n.proc.wait()
+
+    def stop(self) -> None:
+        stop_all(self.nodes, self.root)
+
+    def close(self) -> None:
+        """Kill what is still running (after stop(), nothing is) and stop the relay."""
+        for n in self.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                n.proc.kill()
+                n.proc.wait()
+        self.relay.stop()
+
+    def failed(self) -> list[str]:
+        return [n.name for n in self.nodes if n.proc is not None and n.proc.returncode != 0]
+
+
 def run(args: argparse.Namespace) -> int:
-    from .cli import spawn_node
     rounds = args.rounds if args.rounds is not None else (2 if args.headless else 100)
     if rounds < 1:
         print("ftis-edge demo: error: --rounds must be >= 1", file=sys.stderr)
@@ -187,43 +226,29 @@ def run(args: argparse.Namespace) -> int:
     for line in notes:
         print(f"ftis-edge demo: {line}")
     root = Path(args.dir).expanduser().resolve()
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
     threads = args.threads or max(1, (os.cpu_count() or 2) // len(chosen))
-    relay = Relay(root)
+    swarm = Swarm(root, chosen, rounds=rounds, threads=threads, max_wait_s=300.0 if headless else 20.0)
     try:
-        relay.wait_ready()
-        print(f"ftis-edge demo: relay {relay.address}; {len(chosen)} nodes in {root}: "
+        print(f"ftis-edge demo: relay {swarm.relay.address}; {len(chosen)} nodes in {root}: "
               + "; ".join(f"{n.name} ({n.what})" for n in chosen))
-        for n in chosen:
-            cfg = node_config(n, root, relay.address, rounds=rounds, threads=threads, peers=len(chosen) - 1,
-                              max_wait_s=300.0 if headless else 20.0)
-            n.proc, n.stderr = spawn_node([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless"],
-                                          root / n.name)
         if headless:
             try:
-                for n in chosen:
-                    n.proc.wait()
+                swarm.wait()
             except KeyboardInterrupt:
                 print("ftis-edge demo: stopping every node after its round…")
-                stop_all(chosen, root)
+                swarm.stop()
         else:
             from .tui import run_dashboard
             first = chosen[0]
             run_dashboard(root / first.name, node_process=first.proc, node_stderr=first.stderr)
             print("ftis-edge demo: stopping every node after its round (each writes a checkpoint)…")
-            stop_all(chosen, root)
+            swarm.stop()
     finally:
-        for n in chosen:
-            if n.proc is not None and n.proc.poll() is None:
-                n.proc.kill()
-        relay.stop()
+        swarm.close()
     for n in chosen:
         print(summary(n, root))
     print(f"watch any of them again with: ftis-edge watch {root / chosen[0].name}")
-    failed = [n.name for n in chosen if n.proc is not None and n.proc.returncode != 0]
-    if failed:
-        print(f"ftis-edge demo: error: {', '.join(failed)} failed (see their node.log)", file=sys.stderr)
+    if swarm.failed():
+        print(f"ftis-edge demo: error: {', '.join(swarm.failed())} failed (see their node.log)", file=sys.stderr)
         return 1
     return 0

@@ -78,7 +78,7 @@ class Node:
         from .sync import WeightSync
         from .tasks import get_task, warm_up
 
-        cfg = self.cfg
+        cfg = self.cfg = self._resolve_engines(self.cfg)     # idempotent; run() did it already
         quiet_third_party()
         threads = cfg.model.threads or os.cpu_count() or 2
         torch.set_num_threads(threads)

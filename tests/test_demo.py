@@ -51,3 +51,43 @@ def test_demo_headless_runs_a_swarm_end_to_end(tmp_path):
         assert others <= set(rounds[0]["peers"]), (name, rounds[0]["peers"])
         assert all(rounds[0]["peers"][o]["accepted"] >= 1 for o in others)
     assert "watch any of them again with: ftis-edge watch" in r.stdout
+
+
+@pytest.mark.model
+@pytest.mark.timeout(3000)
+async def test_demo_dashboard_shows_the_other_node_and_q_stops_them_all(tmp_path):
+    """The demo's dashboard mode under Textual's pilot: the first node's dashboard lists the
+    other node in its Peers tab; q stops every node after its round, each with a checkpoint."""
+    import time
+
+    from ftis_edge.tui import DashboardApp
+    from ftis_edge.tui.widgets import PeersTable
+
+    chosen, _ = demo.choose(demo.nodes(), 2)
+    swarm = demo.Swarm(tmp_path / "demo", chosen, rounds=100, threads=1, max_wait_s=20.0)
+    first = chosen[0]
+    try:
+        app = DashboardApp(tmp_path / "demo" / first.name, node_process=first.proc, node_stderr=first.stderr,
+                           poll_interval=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            deadline = time.monotonic() + 2400
+            while "full-hf" not in app.state.peers:
+                assert app.failure is None, app.failure
+                assert time.monotonic() < deadline, "the other node never showed up"
+                await pilot.pause(1.0)
+            await pilot.press("5")                     # the Peers tab
+            await pilot.pause(0.5)
+            assert "full-hf" in [k.value for k in app.query_one(PeersTable).rows]
+            await pilot.press("q")
+            while app.return_code is None:
+                assert time.monotonic() < deadline + 600, "the node did not stop after q"
+                await pilot.pause(1.0)
+        assert app.return_code == 0
+        swarm.stop()                                   # what `ftis-edge demo` does after the dashboard
+    finally:
+        swarm.close()
+    assert not swarm.failed()
+    for n in chosen:
+        stop = read_metrics(tmp_path / "demo" / n.name)[-1]
+        assert stop["type"] == "stop" and stop["reason"] == "user", (n.name, stop)
+        assert checkpoint.complete(tmp_path / "demo" / n.name)[-1] == stop["round"] >= 1
