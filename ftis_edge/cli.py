@@ -36,6 +36,8 @@ def _add_start(sub) -> None:
     p.add_argument("--rounds", type=int, help="override node.rounds")
     p.add_argument("--run-dir", help="override node.run_dir")
     p.add_argument("--node-id", help="override node.id")
+    # a dashboard's node: its log lines go to node.log only (stderr keeps the one-line failure)
+    p.add_argument("--log-file-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=_run_start)
 
 
@@ -75,7 +77,8 @@ def _run_start(args) -> int:
     if args.headless or not sys.stdout.isatty():
         from .logs import quiet_third_party
         quiet_third_party()        # before torch is imported: it imports tqdm
-        return _run_node(cfg, resume=resume, fresh_if_missing=args.resume_or_fresh)
+        return _run_node(cfg, resume=resume, fresh_if_missing=args.resume_or_fresh,
+                         console_log=not args.log_file_only)
 
     # Dashboard: the node runs as a child process writing the run directory; the UI only reads
     # it, so drawing never slows training.
@@ -100,24 +103,25 @@ def _run_start(args) -> int:
 
 
 def spawn_node(cmd: list[str], run_dir: Path):
-    """Start a headless node for a dashboard: its stderr goes to RUN_DIR/node.stderr (appended),
+    """Start ``ftis-edge start … --headless`` for a dashboard: log lines to node.log only, its
+    stderr (where a failure is one line) to RUN_DIR/node.stderr (appended),
     returned with the offset this run's part starts at, where its one-line failure will be."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / rundir.NODE_STDERR
     with open(path, "ab") as err:
         offset = err.tell()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+        proc = subprocess.Popen([*cmd, "--log-file-only"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)
     return proc, (path, offset)
 
 
-def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False) -> int:
+def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log: bool = True) -> int:
     from .errors import FtisError, one_line
     from .metrics import LOG_FILE
     from .node import Node
     from relay.keys import KeyError_
     try:
-        return Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing).run()
+        return Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing, console_log=console_log).run()
     except (FtisError, KeyError_) as e:
         return _die(one_line(e))
     except KeyboardInterrupt:
