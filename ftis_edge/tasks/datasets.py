@@ -63,12 +63,16 @@ def load_hf(dataset: str, config: str | None, split: str, task: str) -> list[dic
     except ImportError:
         raise TaskError(f"{task}: no local data; run ./install.sh --data once (downloads GSM8K and MATH-500), "
                         f"or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED") from None
+    from ..models import _hub_reachable, _offline_env
+    if _offline_env() or not _hub_reachable():  # not five noisy retries before the same answer
+        raise TaskError(f"{task}: no local data and the HF hub is unreachable; run ./install.sh --data once "
+                        f"while online, or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED")
     try:
         ds = datasets.load_dataset(dataset, config, split=split) if config else \
             datasets.load_dataset(dataset, split=split)
-    except Exception as e:                      # noqa: BLE001 - offline, unknown split, ...
+    except Exception as e:                      # noqa: BLE001 - unknown split, hub errors, ...
         raise TaskError(f"{task}: could not load {dataset} split {split!r} from the hub "
-                        f"({type(e).__name__}: {str(e)[:200]}); pass path=FILE.jsonl") from None
+                        f"({type(e).__name__}: {str(e)[:200]}); pass a JSON Lines file (task.path / --path)") from None
     return [dict(row) for row in ds]
 
 
