@@ -17,13 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from .errors import FtisError
 from .tasks import TASK_NAMES
 
 BACKENDS = ("llamacpp", "hf")
 PRECISIONS = ("f16", "quantized")
 
 
-class EvalError(Exception):
+class EvalError(FtisError):
     """A user-caused problem: printed as one line, exit code 2."""
 
 
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LoRA adapter: a GGUF LoRA file (llamacpp) or a peft directory (hf)")
     parser.add_argument("--task", default="gsm8k", help=f"one of {', '.join(TASK_NAMES)} (default gsm8k)")
     parser.add_argument("--level", default=None, help="arith only: a level or a list, e.g. 2 or 1,2,3")
-    parser.add_argument("--path", default=None, help="dataset JSONL file instead of the shared data")
+    parser.add_argument("--path", default=None, help="dataset JSONL file instead of the data folder (./install.sh --data)")
     parser.add_argument("--limit", type=int, default=None,
                         help="first N prompts of the eval set (default: all; arith: 50 per level)")
     parser.add_argument("--backend", default="llamacpp", help="llamacpp (default) or hf")

@@ -24,13 +24,14 @@ import orjson
 import zmq
 
 from ftis_edge import wire
+from ftis_edge.waker import Waker
 from ftis_edge.wire import Rollout, WireError
 from relay import protocol as P
 from relay.keys import ClientKeys
 
 __all__ = ["SwarmClient", "Received", "ClientKeys"]
 
-log = logging.getLogger("ftis.swarm")
+log = logging.getLogger(__name__)      # ftis_edge.swarm: lands in node.log with the rest
 
 
 @dataclass
@@ -97,10 +98,8 @@ class SwarmClient:
         self._last_heard = 0.0
         self._stop = threading.Event()
         # publish() writes a byte here so the I/O thread wakes at once instead of finishing
-        # its poll timeout (a pipe: os.write is safe from any thread, zmq sockets are not).
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        # its poll timeout (a pipe or socket pair: safe from any thread, zmq sockets are not).
+        self._waker = Waker()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context | None = None
         self._n_pending = 0
@@ -123,12 +122,7 @@ class SwarmClient:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._wake_r = self._wake_w = -1
+        self._waker.close()
 
     def __enter__(self):
         return self.start()
@@ -147,17 +141,14 @@ class SwarmClient:
 
         `origin` (federation bridges only) names the node that sent it first; the relay
         accepts it only from node ids it runs with --trust-bridge."""
-        if self._wake_w < 0:
+        if self._waker.closed:
             raise RuntimeError("SwarmClient is closed")
         rollout_id = wire.peek(payload, self.limits).rollout_id
         with self._lock:
             self._n_pending += 1
             self._stats["published"] += 1
         self._outbox.put(_Outgoing(rollout_id.encode(), payload, origin=(origin or "").encode()))
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:      # the pipe is full: the I/O thread is awake anyway
-            pass
+        self._waker.wake()
 
     def poll(self, max_items: int | None = None, timeout_s: float = 0.0) -> list[Received]:
         """Rollouts received since the last call (waits up to timeout_s for the first one)."""
@@ -211,7 +202,7 @@ class SwarmClient:
         sock = self._socket()
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._waker.fileno(), zmq.POLLIN)
         try:
             self._hello(sock)
             next_ping = 0.0
@@ -228,11 +219,8 @@ class SwarmClient:
                 self._drain_outbox(sock, now)
                 self._retry(sock, now)
                 events = dict(poller.poll(50))
-                if self._wake_r in events:
-                    try:
-                        os.read(self._wake_r, 65536)
-                    except BlockingIOError:
-                        pass
+                if self._waker.fileno() in events:
+                    self._waker.drain()
                 if sock in events:
                     for _ in range(1000):
                         try:

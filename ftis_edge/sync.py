@@ -12,7 +12,6 @@ Two artefacts, both written with llama.cpp's own ``gguf`` package:
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -22,8 +21,10 @@ import torch
 
 from . import atomic
 
+from .errors import FtisError
 
-class SyncError(ValueError):
+
+class SyncError(FtisError, ValueError):
     """The model cannot be written in the requested form (unsupported module, shape mismatch, ...)."""
 
 

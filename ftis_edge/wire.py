@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import FtisError
+
 PROTOCOL_VERSION = 1
 MAGIC = b"FTR"
 LOGPROB_SCALE = 1024          # fixed-point step 1/1024 nat -> max error 0.5/1024 = 4.9e-4
@@ -65,7 +67,7 @@ REASONS = ("bad_version", "truncated", "too_large", "bad_logprob", "id_out_of_ra
            "length_mismatch", "bad_header", "decompress", "bad_text", "bad_value")
 
 
-class WireError(ValueError):
+class WireError(FtisError, ValueError):
     """A rollout message that cannot be encoded or accepted; `.reason` is a short code."""
 
     def __init__(self, reason: str, message: str):

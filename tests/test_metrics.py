@@ -82,6 +82,10 @@ def test_every_objective_stat_has_a_micro_batch_rule():
         mk.rule("reward/mean")
 
 
+# keys registered after tests/data/recorded_run was recorded (re-record it to empty this set)
+ADDED_SINCE_THE_RECORDING = {"peers/groups_used"}
+
+
 def test_the_recorded_fixture_uses_only_registered_keys():
     rounds = [r for r in m.read_metrics(FIXTURE) if r.get("type") == "round"]
     assert rounds
@@ -90,7 +94,7 @@ def test_the_recorded_fixture_uses_only_registered_keys():
         for peer in r["peers"].values():
             assert set(peer) <= set(mk.PEER_FIELDS)   # recorded before later peer-book fields
     # and the real swarm run wrote every registered key at least once: none is dead
-    assert set(mk.METRICS) - {k for r in rounds for k in r} == set()
+    assert set(mk.METRICS) - {k for r in rounds for k in r} <= ADDED_SINCE_THE_RECORDING
 
 
 def test_every_peer_book_field_is_documented():

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import FtisError
 from .base import SamplerSettings
 
 
-class GenerationError(ValueError):
+class GenerationError(FtisError, ValueError):
     """Bad generation request (context overflow, bad token ids, bad sampler settings)."""
 
 

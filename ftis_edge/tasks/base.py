@@ -9,6 +9,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+from ..errors import FtisError
 from .rewards import RewardSettings, score, score_many
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -28,7 +29,7 @@ FEW_SHOT = (
 DEFAULT_FEW_SHOT = 2
 
 
-class TaskError(ValueError):
+class TaskError(FtisError, ValueError):
     """A task could not be built or asked: a bad option, a missing file, an unknown prompt id."""
 
 
