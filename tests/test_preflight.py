@@ -68,7 +68,7 @@ def test_a_bad_hub_id_and_a_bad_setting_fail_the_cli_in_one_line(tmp_path):
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("ftis-edge: error: model 'nobody-xyz/no-such-model': not in the local HF cache")
-    path.write_text(f'[node]\nrun_dir = "{tmp_path}/run2"\n[task]\nmax_new_tokens = 30000\n')
+    path.write_text(f'[node]\nrun_dir = "{tmp_path}/run2"\n[task]\nmax_completion_length = 30000\n')
     r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(path), "--headless"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
