@@ -9,7 +9,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from .rewards import RewardSettings, score, score_many
+from .grader import score, score_many
+from .rewards import RewardSettings
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant that solves math problems. "
