@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .generate.registry import BACKENDS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -48,7 +50,7 @@ class NodeSection:
 @dataclass
 class ModelSection:
     spec: str = _opt("smollm2-135m", "model: alias (smollm2-135m, gemma3-270m), .gguf path, HF dir or HF hub id")
-    backend: str = _opt("llamacpp", "generator engine", choices=("llamacpp", "hf"))
+    backend: str = _opt("llamacpp", "generator engine", choices=tuple(BACKENDS))
     precision: str = _opt("f16", "llama.cpp weights: f16 re-export (matches the learner) or the quantized GGUF as shipped",
                           choices=("f16", "quantized"))
     threads: int = _opt(0, "CPU threads for generation and training (0 = all cores)", lo=0)
