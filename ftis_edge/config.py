@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import FtisError
+from .generate.registry import BACKENDS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,7 +53,7 @@ class NodeSection:
 class ModelSection:
     spec: str = _opt("smollm2-135m", "model: alias (smollm2-135m, gemma3-270m), .gguf path, HF dir or HF hub id")
     backend: str = _opt("auto", "generator engine (auto = llamacpp, or hf when the learner has a GPU that "
-                        "this llama.cpp build cannot use)", choices=("auto", "llamacpp", "hf"))
+                        "this llama.cpp build cannot use)", choices=("auto", *BACKENDS))
     precision: str = _opt("f16", "llama.cpp weights: f16 re-export (matches the learner) or the quantized GGUF as shipped",
                           choices=("f16", "quantized"))
     threads: int = _opt(0, "CPU threads for generation and training (0 = all cores)", lo=0)

@@ -62,6 +62,8 @@ class Node:
     # --- assembly ---------------------------------------------------------------------
     def build(self) -> None:
         """Load everything (model, task, learner, generator, swarm). Slow parts log timings."""
+        from .generate.base import GeneratorOptions
+        from .generate.registry import create_generator
         from .learner import Learner
         from .models import resolve_model
         from .sync import WeightSync
@@ -90,15 +92,9 @@ class Node:
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
             lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.learning_rate,
             grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
-        if cfg.model.backend == "hf":
-            from .generate.hf import HFGenerator
-            self.generator = HFGenerator(self.learner.model, self.bundle.tokenizer(),
-                                         eos_token_ids=self.bundle.eos_token_ids)
-        else:
-            from .generate.llamacpp import LlamaCppGenerator
-            self.generator = LlamaCppGenerator.from_bundle(
-                self.bundle, precision=cfg.model.precision, n_threads=threads,
-                max_group=max(cfg.task.num_generations, 1))
+        self.generator = create_generator(cfg.model.backend, self.bundle, GeneratorOptions(
+            precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),
+            policy=self.learner.model))
         self.local_tokenizer = self._local_tokenizer()
         self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / "adapter")
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,

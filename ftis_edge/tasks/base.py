@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 from ..errors import FtisError
-from .rewards import RewardSettings, score, score_many
+from .grader import score, score_many
+from .rewards import RewardSettings
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant that solves math problems. "

@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from ..paths import shared_data_dir
 from .base import Prompt, Task, TaskError, shuffled_stream
@@ -213,5 +213,3 @@ class Math500Task(DatasetTask):
     def _hub_rows(self, split: str) -> list[dict]:
         return load_hf("HuggingFaceH4/MATH-500", None, split, self.name)
 
-
-LOADERS: dict[str, Callable[..., DatasetTask]] = {"gsm8k": GSM8KTask, "math500": Math500Task}
