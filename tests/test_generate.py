@@ -143,7 +143,7 @@ def test_registry_names_every_backend_and_refuses_unknown_ones(tmp_path):
     assert adapter_problem("hf", tmp_path) is None
     import dataclasses
     choices = next(f for f in dataclasses.fields(ModelSection) if f.name == "backend").metadata["choices"]
-    assert tuple(choices) == tuple(BACKENDS)                  # the node file accepts exactly these
+    assert tuple(choices) == ("auto", *BACKENDS)              # the node file accepts exactly these (+ auto)
 
 
 # ---------------------------------------------------------------------------- real models

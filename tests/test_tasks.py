@@ -23,14 +23,14 @@ needs_shared_data = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def gsm8k():
     if SHARED is None:
-        pytest.skip("no shared data folder (set $FTIS_SHARED as CI does, or run ./install.sh --data)")
+        pytest.skip("no data folder (set $FTIS_SHARED as CI does, or run ./install.sh --data)")
     return get_task("gsm8k")
 
 
 @pytest.fixture(scope="module")
 def math500():
     if SHARED is None:
-        pytest.skip("no shared data folder (../shared/data beside the project, or $FTIS_SHARED/data)")
+        pytest.skip("no data folder (set $FTIS_SHARED as CI does, or run ./install.sh --data)")
     return get_task("math500")
 
 
