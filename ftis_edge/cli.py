@@ -87,10 +87,10 @@ def _run_node(cfg, *, resume: bool) -> int:
     from .models import ModelError
     from .node import Node
     from .tasks import TaskError
-    from relay.keys import KeyError_
+    from relay.keys import KeyFileError
     try:
         return Node(cfg, resume=resume).run()
-    except (ModelError, TaskError, KeyError_) as e:
+    except (ModelError, TaskError, KeyFileError) as e:
         return _die(str(e))
     except KeyboardInterrupt:
         print("ftis-edge: aborted", file=sys.stderr)

@@ -176,7 +176,7 @@ def test_hostile_input_keeps_the_relay_up_and_is_counted(relay):
             [os.urandom(50)],                                   # unknown type
             [P.PUB],                                            # wrong frame count
             [P.PUB, b"s"],
-            [P.PUB, b"s", b"x", b"y"],                          # 'origin' from a non-bridge
+            [P.PUB, b"s", b"x", b'{"origin": "y"}'],            # 'origin' from a non-bridge
             [P.PUB, b"s", b"x", b"y", b"z"],
             [P.HELLO, b"{not json"],
             [P.SUB, b"s"],
