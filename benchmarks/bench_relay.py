@@ -150,7 +150,7 @@ def _raw_relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
                 except zmq.Again:
                     break
                 if f[0] == P.DELIVER:
-                    _, _, _, _, rid, payload = P.unpack_deliver(f[1])
+                    _, _, _, _, rid, _, payload = P.unpack_deliver(f[1])
                     got.append((rid.decode(), time.time()))
                     nbytes += len(payload)
     d.close(0)

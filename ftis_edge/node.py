@@ -133,7 +133,10 @@ class Node:
             keys = None
             if cfg.swarm.client_keys:
                 keys = ClientKeys.load(cfg.swarm.client_keys, cfg.swarm.server_key)
-            self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys)
+            k = cfg.swarm.delivery_budget or max(1, cfg.swarm.max_peer_groups)   # horizontal needs every part
+            self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys,
+                                     budget_k=0 if k < 0 or cfg.mode == "horizontal" else k,
+                                     filters={"task": [self.task.name]})
             self.swarm.start()
             log.info("joined swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)

@@ -105,6 +105,7 @@ class RelayClient:
         self._pending: dict[bytes, _Outgoing] = {}     # I/O thread only
         self._next_retry = 0.0                         # earliest time a pending rollout is due
         self._busy_until = 0.0                         # the relay said `busy`: send nothing before
+        self._resubscribe = False                      # set_budget() asked for a new SUB
         self._acked: collections.OrderedDict[bytes, tuple[float, bytes, bytes]] = collections.OrderedDict()
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._dedup_max = dedup_max
@@ -190,6 +191,21 @@ class RelayClient:
             while self._inbox and (max_items is None or len(out) < max_items):
                 out.append(self._inbox.popleft())
             return out
+
+    def set_budget(self, budget_k: int, budget_window_s: float | None = None) -> None:
+        """Change the delivery budget (0 = everything), e.g. to the measured round time; the
+        I/O thread sends the relay a new SUB."""
+        if budget_k < 0 or (budget_window_s is not None and budget_window_s <= 0):
+            raise ValueError("budget_k must be >= 0 and budget_window_s > 0")
+        self.budget_k = budget_k
+        if budget_window_s is not None:
+            self.budget_window_s = budget_window_s
+        self._resubscribe = True
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:
+                pass
 
     def pending(self) -> int:
         """Published and not yet acknowledged (nor refused for good)."""
@@ -309,6 +325,9 @@ class RelayClient:
                     if not self._connected:
                         self._hello(sock)      # harmless if it is merely slow
                     self._warn_while_down(now)
+                if self._resubscribe and self._connected:
+                    self._resubscribe = False
+                    self._subscribe(sock)
                 self._drain_outbox(sock, now)
                 if now >= self._next_retry:
                     self._retry(sock, now)
@@ -370,6 +389,7 @@ class RelayClient:
         self._send(sock, [P.SUB, self._topic, orjson.dumps(req)])
 
     def _drain_outbox(self, sock: zmq.Socket, now: float) -> None:
+        send_now = self._connected and now >= self._busy_until
         while True:
             try:
                 out = self._outbox.get_nowait()
@@ -380,9 +400,9 @@ class RelayClient:
                     self._n_pending -= 1
                 continue
             self._pending[out.rollout_id] = out
-            if self._connected and now >= self._busy_until:
-                self._transmit(sock, out, now)
-            else:
+            # Once one cannot go out, the rest wait for _retry too, which sends in publish order.
+            send_now = send_now and self._transmit(sock, out, now)
+            if not send_now:
                 self._next_retry = min(self._next_retry, max(now, self._busy_until))
 
     def _transmit(self, sock: zmq.Socket, out: _Outgoing, now: float) -> bool:

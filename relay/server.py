@@ -58,6 +58,7 @@ class RelayConfig:
     max_topics_per_peer: int = 4           # topics one connection may publish or subscribe to
     slow_after_s: float = 2.0              # a subscriber whose pipe stays full this long stops holding the buffer
     busy_retry_s: float = 0.25             # retry-after sent with NACK busy
+    gather_s: float = 0.2                  # budgets: collect candidates this long before a fair pick
     trusted_bridges: frozenset = frozenset()   # node ids (key names on CURVE) allowed to forward others' rollouts
 
 
@@ -154,9 +155,10 @@ class Budget:
     k: int
     window_s: float
     window_start: float = 0.0
+    pick_at: float = 0.0      # candidates gather until then, so a pick sees every publisher
     sent: int = 0
     served: collections.Counter = field(default_factory=collections.Counter)   # sender -> this window
-    candidates: dict = field(default_factory=dict)      # sender -> deque of seqs (newest k)
+    candidates: dict = field(default_factory=dict)      # sender -> its <= 2 newest unsent seqs
 
 
 @dataclass
@@ -247,6 +249,7 @@ class Relay:
         self.rejected: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
         self.running = False
+        self._budget_waiting = False      # a budgeted subscriber gathers candidates: poll sooner
 
     # -------------------------------------------------------------- setup
     def _setup_curve(self) -> None:
@@ -279,7 +282,7 @@ class Relay:
         log.info("relay epoch %s listening on %s (curve=%s)", self.epoch.decode(), self.cfg.bind, self.curve)
         while self.running:
             try:
-                events = dict(poller.poll(5 if self._backlog() else 200))
+                events = dict(poller.poll(5 if self._backlog() else 50 if self._budget_waiting else 200))
             except zmq.ZMQError as e:
                 if e.errno == zmq.EINTR:
                     continue
@@ -632,6 +635,7 @@ class Relay:
 
     def _pump_all(self) -> None:
         now = time.monotonic()
+        self._budget_waiting = False
         for topic in self.topics.values():
             for rid in list(topic.subscribers):
                 peer = self.peers.get(rid)
@@ -681,53 +685,54 @@ class Relay:
         peer.cursors[topic.name] = cur
 
     def _pump_budget(self, peer: Peer, topic: Topic, b: Budget, now: float) -> None:
-        """Collect fresh candidates (newest k per sender), then send while the window has
-        budget, least-served sender first, at most a fair share per sender per window."""
+        """Offer at most k rollouts per window: each publisher's two newest not-yet-sent
+        rollouts are candidates while younger than one window (the learner takes the newest
+        <= 2 per peer); picks go to the most recently
+        active publisher that is below its fair share (k / active publishers) this window."""
         if now - b.window_start >= b.window_s:
-            b.window_start, b.sent = now, 0
+            b.window_start, b.sent, b.pick_at = now, 0, 0.0
             b.served.clear()
         cur = max(peer.cursors.get(topic.name, topic.next_seq), topic.first_seq)
-        entries = topic.entries
-        if b.sent >= b.k:                    # spent for this window: what arrives meanwhile is not offered
-            b.candidates.clear()
-            peer.cursors[topic.name] = topic.next_seq
-            return
+        entries, cands = topic.entries, b.candidates
         while cur < topic.next_seq:
             e = entries[cur]
             if self._wants(peer, topic, e):
-                q = b.candidates.get(e.sender)
-                if q is None:
-                    q = b.candidates[e.sender] = collections.deque(maxlen=b.k)
-                q.append(cur)
+                newest = cands.pop(e.sender, None) or []   # re-insert: dict order = latest activity
+                newest.append(cur)
+                cands[e.sender] = newest[-2:]
             cur += 1
         peer.cursors[topic.name] = cur
-        if not b.candidates:
+        if b.sent >= b.k or not cands:
+            return
+        if b.pick_at == 0.0:
+            b.pick_at = now + self.cfg.gather_s      # first candidates of this window: gather
+        if now < b.pick_at:
+            self._budget_waiting = True
             return
         share = max(1, -(-b.k // max(1, topic.active_senders(now, b.window_s))))
         stale = now - b.window_s
         while b.sent < b.k:
-            # Senders in the order their candidates arrived; the first one below its share
-            # and least served wins (usually the first looked at: served counts are mostly 0).
-            best, best_n = None, share
-            for sender, q in list(b.candidates.items()):
-                while q and (q[-1] not in entries or entries[q[-1]].t < stale):
-                    q.clear()                        # the newest is gone or stale: so are the older
-                if not q:
-                    del b.candidates[sender]
+            best, best_n, gone = None, share, []
+            for sender in reversed(cands):          # newest activity first: low latency
+                e = entries.get(cands[sender][-1])
+                if e is None or e.t < stale:        # the newest is gone or stale: so is the older
+                    gone.append(sender)
                     continue
                 n = b.served[sender]
                 if n < best_n:
                     best, best_n = sender, n
                     if n == 0:
                         break
+            for sender in gone:
+                del cands[sender]
             if best is None:
                 return
-            q = b.candidates[best]
-            if not self._deliver(peer, entries[q[-1]], now):
+            newest = cands[best]
+            if not self._deliver(peer, entries[newest[-1]], now):
                 return
-            q.pop()
-            if not q:
-                del b.candidates[best]
+            newest.pop()
+            if not newest:
+                del cands[best]
             b.served[best] += 1
             b.sent += 1
             self.counts["budget_sent"] += 1
