@@ -285,7 +285,8 @@ class RelayClient:
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self._set_health(REFUSED, f"the relay refused this node's key (ZAP status {ev['value']}); "
                                           "ask the operator to add its NAME.key to the relay's --allow dir")
-            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL or (
+                    kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self._health["state"] != CONNECTED):
                 self._set_health(REFUSED, "handshake failed: the relay needs CURVE keys (swarm.client_keys, "
                                           "swarm.server_key)" if self.keys is None else
                                  "CURVE handshake failed: wrong swarm.server_key, or the relay runs without CURVE")
@@ -315,15 +316,16 @@ class RelayClient:
         poller.register(self._wake_r, zmq.POLLIN)
         try:
             self._hello(sock)
-            next_ping = 0.0
+            next_ping = next_hello = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_ping:
                     next_ping = now + self.heartbeat_s
                     self._send(sock, [P.PING, orjson.dumps({"t": time.time()})])
                     self._check_silence(now)
-                    if not self._connected:
+                    if not self._connected and (self._health["state"] != REFUSED or now >= next_hello):
                         self._hello(sock)      # harmless if it is merely slow
+                        next_hello = now + 10.0   # a refused node asks again every 10 s only
                     self._warn_while_down(now)
                 if self._resubscribe and self._connected:
                     self._resubscribe = False

@@ -326,10 +326,15 @@ class Relay:
                 ev = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self.refused_handshakes["aborted"] += 1      # the client hung up mid-handshake
+                log.debug("handshake aborted on %s (%s)", ev["endpoint"].decode(errors="replace"), ev["value"])
+                continue
             reason = ("no_curve" if ev["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
                       else "bad_handshake")
             self.refused_handshakes[reason] += 1
-            log.info("refused handshake on %s: %s (%s)", ev["endpoint"].decode(errors="replace"),
+            # libzmq's monitor names our endpoint, not the client's; ZAP (unknown keys) has both
+            log.info("refused handshake on %s: %s (protocol error %#x)", ev["endpoint"].decode(errors="replace"),
                      "the client has no CURVE keys" if reason == "no_curve"
                      else "CURVE failed (wrong server key?)", ev["value"])
 
