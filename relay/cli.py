@@ -200,7 +200,7 @@ def _bridge(args) -> int:
         bridge.run()
     finally:
         bridge.close()
-        logging.getLogger("ftis-relay.bridge").info("bridge stopped: %s", bridge.forwarded)
+        logging.getLogger("ftis-relay.bridge").info("bridge stopped: %s", orjson.dumps(bridge.forwarded).decode())
     return 0
 
 

@@ -327,8 +327,10 @@ class Relay:
             except zmq.Again:
                 return
             if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                self.refused_handshakes["aborted"] += 1      # the client hung up mid-handshake
-                log.debug("handshake aborted on %s (%s)", ev["endpoint"].decode(errors="replace"), ev["value"])
+                self.refused_handshakes["aborted"] += 1      # the client hung up mid-handshake (which side
+                # notices a mechanism mismatch first is a race: a client without keys shows as either)
+                log.info("handshake aborted by a client on %s: a client without CURVE keys, or with a "
+                         "wrong server key? (errno %s)", ev["endpoint"].decode(errors="replace"), ev["value"])
                 continue
             reason = ("no_curve" if ev["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
                       else "bad_handshake")

@@ -139,11 +139,11 @@ def test_refused_handshakes_are_counted_logged_and_explained(relay, curve):
     r = relay("--keys", str(server), "--allow", str(allow), keys=keys["alice"], log_level="INFO")
     plain = _dealer(r.address)                     # no CURVE at all
     stranger = _dealer(r.address, keys["stranger"])  # a key the relay does not know
-    time.sleep(1.0)
+    no_keys = lambda f: f.get("no_curve", 0) + f.get("aborted", 0)   # which side sees it first is a race
+    assert _wait(lambda: (f := r.stats(keys["alice"])["refused_handshakes"]).get("unknown_key", 0) >= 1
+                 and no_keys(f) >= 1, 10), r.stats(keys["alice"])["refused_handshakes"]
     plain.close(0)
     stranger.close(0)
-    refused = r.stats(keys["alice"])["refused_handshakes"]
-    assert refused.get("unknown_key", 0) >= 1 and refused.get("no_curve", 0) >= 1, refused
     out = _cli("status", "--connect", r.address, "--timeout", "1")
     assert out.returncode == 1 and "may need keys" in out.stderr, out.stderr
     out = _cli("status", "--connect", r.address, "--timeout", "1", "--keys", str(server.parent / "stranger"),
@@ -152,7 +152,7 @@ def test_refused_handshakes_are_counted_logged_and_explained(relay, curve):
     r.proc.terminate()
     log = r.proc.communicate(timeout=10)[0]
     assert "INFO refused CURVE handshake from 127.0.0.1" in log, log
-    assert "INFO refused handshake" in log and "no CURVE keys" in log, log
+    assert "INFO refused handshake" in log and "no CURVE keys" in log or "INFO handshake aborted" in log, log
 
 
 def _wait(cond, timeout_s: float) -> bool:
