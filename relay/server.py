@@ -250,6 +250,7 @@ class Relay:
         self.counts: collections.Counter[str] = collections.Counter()
         self.running = False
         self._budget_waiting = False      # a budgeted subscriber gathers candidates: poll sooner
+        self.delivered = self.delivered_bytes = 0     # all deliveries (plain ints: on the hot path)
 
     # -------------------------------------------------------------- setup
     def _setup_curve(self) -> None:
@@ -672,6 +673,8 @@ class Relay:
         peer.blocked_since = None
         peer.out_msgs += 1
         peer.out_bytes += e.size
+        self.delivered += 1
+        self.delivered_bytes += e.size
         return True
 
     def _pump(self, peer: Peer, topic: Topic, now: float) -> None:
@@ -790,7 +793,7 @@ class Relay:
                 "subscribers": len(t.subscribers)} for t in self.topics.values()},
             "rejected": dict(self.rejected),
             "refused_handshakes": dict(self.refused_handshakes),
-            "counts": dict(self.counts),
+            "counts": {**self.counts, "delivered": self.delivered, "delivered_bytes": self.delivered_bytes},
         }
 
 
