@@ -50,11 +50,20 @@ class Delivery:
     seq: int = 0
     topic: str = ""
     received_at: float = field(default_factory=time.time)
-    attrs: dict = field(default_factory=dict)   # {task, tok, via: [relay epochs it crossed]}
+    attrs_json: bytes = b""
 
     @property
     def nbytes(self) -> int:
         return len(self.payload)
+
+    @property
+    def attrs(self) -> dict:
+        """{task, tok, via: [relay epochs it crossed]} as the publisher and relays tagged it."""
+        try:
+            a = orjson.loads(self.attrs_json) if self.attrs_json else {}
+        except orjson.JSONDecodeError:
+            a = {}
+        return a if isinstance(a, dict) else {}
 
 
 @dataclass
@@ -106,6 +115,12 @@ class RelayClient:
         self._next_retry = 0.0                         # earliest time a pending rollout is due
         self._busy_until = 0.0                         # the relay said `busy`: send nothing before
         self._resubscribe = False                      # set_budget() asked for a new SUB
+        self._node_b = node_id.encode()
+        self._epoch_b = b""                            # the relay's epoch as bytes (DELIVER carries it)
+        self._burst = collections.Counter()            # I/O thread: one recv burst's counters ...
+        self._burst_senders = collections.Counter()
+        self._burst_items: list = []                   # ... and items, published by _flush()
+        self._burst_t = 0.0
         self._acked: collections.OrderedDict[bytes, tuple[float, bytes, bytes]] = collections.OrderedDict()
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._dedup_max = dedup_max
@@ -243,12 +258,8 @@ class RelayClient:
                    attrs: bytes):
         """Turn an accepted delivery into an inbox item; subclasses decode here (I/O thread).
         Returns (item, error_or_None)."""
-        try:
-            a = orjson.loads(attrs) if attrs else {}
-        except orjson.JSONDecodeError:
-            a = {}
         return Delivery(sender, rid.decode(errors="replace"), payload, seq,
-                        topic.decode(errors="replace"), now, a if isinstance(a, dict) else {}), None
+                        topic.decode(errors="replace"), now, attrs), None
 
     @property
     def relay_epoch(self) -> str | None:
@@ -342,6 +353,7 @@ class RelayClient:
                 if mon in events:
                     self._on_monitor(mon)
                 if sock in events:
+                    self._burst_t = time.time()
                     for _ in range(1000):
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -351,6 +363,7 @@ class RelayClient:
                             self._on_message(sock, frames)
                         except Exception:       # a bad frame must not kill the client
                             log.exception("bad message from relay")
+                self._flush()
         finally:
             try:
                 self._send(sock, [P.BYE])
@@ -413,9 +426,8 @@ class RelayClient:
             return False
         out.attempts += 1
         out.last_sent = now
-        with self._lock:
-            self._stats["sent" if out.attempts == 1 else "resent"] += 1
-            self._stats["bytes_out"] += len(out.payload)
+        self._burst["sent" if out.attempts == 1 else "resent"] += 1
+        self._burst["bytes_out"] += len(out.payload)
         return True
 
     def _retry(self, sock: zmq.Socket, now: float) -> None:
@@ -449,9 +461,7 @@ class RelayClient:
             if out is not None:
                 self._acked[frames[1]] = (now, out.payload, out.attrs)
                 self._trim_acked(now)
-                with self._lock:
-                    self._stats["acked"] += 1
-                    self._n_pending -= 1
+                self._burst["acked"] += 1             # _flush also lowers the pending count
         elif kind == P.NACK and len(frames) in (3, 4):
             detail = {}
             if len(frames) == 4:
@@ -489,6 +499,7 @@ class RelayClient:
             return False
         restarted = self._epoch is not None
         self._epoch = epoch
+        self._epoch_b = epoch.encode()
         self._last_seq = 0
         if restarted:
             # A new relay instance: it knows nothing of us. Register again and re-publish
@@ -548,47 +559,59 @@ class RelayClient:
             self._n_pending -= 1
 
     def _on_deliver(self, frames: list[bytes]) -> None:
+        """Dedup and convert one delivery; counters and the inbox are updated once per burst
+        of messages (_flush): per-delivery locking and wake-ups dominated the client's cost."""
         try:
             seq, topic, epoch, sender_b, rid, attrs, payload = P.unpack_deliver(frames[1])
         except ValueError:
             return
-        gap = 0
-        if epoch.decode(errors="replace") == self._epoch and not self.budget_k:
-            if self._last_seq and seq > self._last_seq + 1:
-                gap = seq - self._last_seq - 1
-        if epoch.decode(errors="replace") == self._epoch:
-            self._last_seq = max(self._last_seq, seq)
-        sender = sender_b.decode(errors="replace")
-        duplicate = rid in self._seen
-        if sender == self.node_id or duplicate:
-            with self._lock:
-                self._stats["bytes_in"] += len(payload)
-                self._stats["gaps"] += gap
-                self._stats["duplicates"] += duplicate
+        b = self._burst
+        b["bytes_in"] += len(payload)
+        if epoch == self._epoch_b:
+            if self._last_seq and seq > self._last_seq + 1 and not self.budget_k:
+                b["gaps"] += seq - self._last_seq - 1
+            if seq > self._last_seq:
+                self._last_seq = seq
+        if rid in self._seen or sender_b == self._node_b:
+            b["duplicates"] += sender_b != self._node_b
             return
         self._seen[rid] = None
         if len(self._seen) > self._dedup_max:
             self._seen.popitem(last=False)
-        now = time.time()
-        item, error = self._make_item(sender, rid, payload, seq, topic, now, attrs)
-        with self._lock:                      # one critical section per delivery
-            st = self._stats
-            st["bytes_in"] += len(payload)
-            st["gaps"] += gap
-            st["received"] += 1
-            st["decode_errors"] += error is not None
-            st["replayed"] += seq <= self._replay_until
-            p = self._peers.get(sender)
-            if p is None:
-                p = self._peers[sender] = {"last_seen": now, "rollouts": 0}
-            p["last_seen"] = now
-            p["rollouts"] += 1
-        with self._inbox_cv:
-            if len(self._inbox) == self._inbox.maxlen:    # the node is not polling: oldest goes
+        sender = sender_b.decode(errors="replace")
+        item, error = self._make_item(sender, rid, payload, seq, topic, self._burst_t, attrs)
+        b["received"] += 1
+        b["decode_errors"] += error is not None
+        b["replayed"] += seq <= self._replay_until
+        self._burst_senders[sender] += 1
+        self._burst_items.append(item)
+
+    def _flush(self) -> None:
+        """Publish what a burst of messages produced: counters, peers, inbox (one lock each)."""
+        if not (self._burst or self._burst_items):
+            return
+        now = self._burst_t
+        with self._lock:
+            self._n_pending -= self._burst["acked"]
+            self._stats.update(self._burst)
+            for sender, n in self._burst_senders.items():
+                p = self._peers.get(sender)
+                if p is None:
+                    p = self._peers[sender] = {"last_seen": now, "rollouts": 0}
+                p["last_seen"] = now
+                p["rollouts"] += n
+        self._burst.clear()
+        self._burst_senders.clear()
+        if self._burst_items:
+            with self._inbox_cv:
+                room = self._inbox.maxlen - len(self._inbox)
+                dropped = max(0, len(self._burst_items) - room)   # the node is not polling: oldest go
+                self._inbox.extend(self._burst_items)
+                self._inbox_cv.notify_all()
+            if dropped:
                 with self._lock:
-                    self._stats["inbox_dropped"] += 1
-            self._inbox.append(item)
-            self._inbox_cv.notify_all()
+                    self._stats["inbox_dropped"] += dropped
+            self._burst_items = []
 
     def _touch_peer(self, node: str) -> None:
         with self._lock:
