@@ -188,3 +188,50 @@ def test_sigterm_stops_a_curve_relay_and_one_whose_log_pipe_is_full(tmp_path):
         if proc.poll() is None:
             proc.kill()
         ctx.term()
+
+
+def _doc_block(marker: str) -> str:
+    text = open(os.path.join(ROOT, "docs", "relay.md"), encoding="utf-8").read()
+    after = text.split(f"<!-- test: {marker} -->", 1)[1]
+    return after.split("```", 2)[1].split("\n", 1)[1]
+
+
+def test_the_curve_recipe_in_docs_works_as_written(tmp_path, monkeypatch):
+    """docs/relay.md's CURVE recipe, run line by line (`ftis-relay` -> `python -m relay`, the
+    bind address -> a free loopback port), then the node side from its TOML: the node loads the
+    keys exactly as node.py does and connects as the id its certificate names."""
+    port = free_port()
+    relay_proc = None
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for line in _doc_block("curve-relay").splitlines():
+        cmd = line.split("#", 1)[0].strip()
+        if not cmd:
+            continue
+        cmd = cmd.replace("ftis-relay", f"{sys.executable} -m relay").replace(
+            "tcp://0.0.0.0:5555", f"tcp://127.0.0.1:{port}")
+        if " --bind " in cmd:
+            relay_proc = subprocess.Popen(cmd, shell=True, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        else:
+            out = subprocess.run(cmd, shell=True, env=env, capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, (cmd, out.stderr)
+    assert relay_proc is not None
+    try:
+        from ftis_edge import config
+        from ftis_edge.swarm import ClientKeys, SwarmClient
+        (tmp_path / "alice.toml").write_text(_doc_block("curve-node").replace(
+            "tcp://relay.example:5555", f"tcp://127.0.0.1:{port}"))
+        cfg = config.load(tmp_path / "alice.toml")
+        keys = ClientKeys.load(cfg.swarm.client_keys, cfg.swarm.server_key)
+        c = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=cfg.node_id, keys=keys).start()
+        try:
+            deadline = time.time() + 15
+            while c.health()["state"] != "connected" and time.time() < deadline:
+                time.sleep(0.05)
+            assert c.health()["state"] == "connected", (c.health(), relay_proc.poll())
+        finally:
+            c.close()
+    finally:
+        os.killpg(relay_proc.pid, signal.SIGTERM)
+        relay_proc.wait(10)
