@@ -56,7 +56,8 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
                    help="topics one connection may publish or subscribe to")
     p.add_argument("--max-peers", type=int, default=d.max_peers, help="connections that said HELLO")
     p.add_argument("--slow-after", type=float, default=d.slow_after_s,
-                   help="s a subscriber's pipe may stay full before it stops holding the buffer (then it skips)")
+                   help="s a subscriber's pipe may stay full (while another's is not) before it stops "
+                        "holding the buffer (then it skips)")
     p.add_argument("--busy-retry", type=float, default=d.busy_retry_s, help="retry-after sent with NACK busy, s")
     p.add_argument("--peer-timeout", type=float, default=d.peer_timeout_s, help="forget silent clients after s")
     p.add_argument("--sndhwm", type=int, default=d.sndhwm, help="messages queued per client before it counts as blocked")

@@ -12,8 +12,9 @@ An ACK is a promise (docs/relay.md, "Delivery guarantees"): the rollout will be 
 every live subscriber whose budget and filters want it. So the relay never evicts from a
 topic's buffer an entry that an everything-subscriber which keeps up has not been sent yet;
 when the buffer is full of such entries it answers `NACK busy` with a retry-after instead of
-ACKing what it would skip. A subscriber whose pipe stays full for `slow_after_s` no longer
-holds the buffer: it skips ahead when it falls behind, and the skips are counted.
+ACKing what it would skip. A subscriber whose pipe stays full for `slow_after_s` while another
+subscriber's is not no longer holds the buffer: it skips ahead when it falls behind, and the
+skips are counted.
 """
 from __future__ import annotations
 
@@ -234,7 +235,8 @@ class Relay:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.SNDHWM, cfg.sndhwm)
-        self.sock.setsockopt(zmq.RCVHWM, 10_000)
+        # per connection: a flood of many connections must not queue GBs inside the relay
+        self.sock.setsockopt(zmq.RCVHWM, 256)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes + P.FRAME_SLACK)
         self.monitor = None
@@ -627,18 +629,25 @@ class Relay:
                     return True
         return False
 
-    def _holds(self, peer: Peer, topic: Topic, now: float) -> bool:
-        """Does this subscriber hold the topic's buffer (an everything-subscriber keeping up)?"""
-        return topic.name not in peer.budgets and (
-            peer.blocked_since is None or now - peer.blocked_since < self.cfg.slow_after_s)
-
     def _update_hold(self, topic: Topic, now: float) -> None:
+        """The lowest cursor among everything-subscribers that keep up: the buffer may not
+        evict from there on (so ACKs stay honest; see the module docstring).
+
+        A subscriber stops holding when its pipe has been full for slow_after_s while another
+        subscriber's is not: then it is the one that is slow, not the relay (under a flood the
+        relay's own I/O can stall every pipe at once, and that must not count). A frozen lone
+        subscriber stops pinging and is dropped after peer_timeout_s."""
+        subs = [p for rid in topic.subscribers if (p := self.peers.get(rid)) is not None]
+        flowing = any(p.blocked_since is None for p in subs)
         hold = None
-        for rid in topic.subscribers:
-            peer = self.peers.get(rid)
-            if peer is not None and self._holds(peer, topic, now):
-                c = peer.cursors.get(topic.name, topic.next_seq)
-                hold = c if hold is None else min(hold, c)
+        for p in subs:
+            if topic.name in p.budgets:
+                continue
+            b = p.blocked_since
+            if b is not None and now - b >= self.cfg.slow_after_s and flowing:
+                continue
+            c = p.cursors.get(topic.name, topic.next_seq)
+            hold = c if hold is None else min(hold, c)
         topic.hold_seq = hold
 
     def _pump_all(self) -> None:

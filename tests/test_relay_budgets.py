@@ -91,7 +91,8 @@ def test_overload_turns_into_busy_not_skips(relay):
     that never reads. Old relay: ACK everything, evict, the reading subscriber skips. Now: every
     ACKed rollout reaches the reading subscriber; the overload shows as NACK busy, which the
     clients back off from, and the stuck subscriber stops holding the buffer after --slow-after."""
-    r = relay("--rate", "0", "--rate-mb", "0", "--replay", "50", "--slow-after", "1", "--sndhwm", "100")
+    r = relay("--rate", "0", "--rate-mb", "0", "--replay", "50", "--slow-after", "1", "--sndhwm", "100",
+              "--peer-timeout", "300")       # the stuck one never pings: keep it
     pubs = [RelayClient(r.address, swarm="s", node_id=f"p{i}", subscribe=False).start() for i in range(2)]
     sub = RelayClient(r.address, swarm="s", node_id="reader").start()
     stuck = zmq.Context.instance().socket(zmq.DEALER)
