@@ -129,26 +129,23 @@ def pack_deliver(seq: int, topic: bytes, epoch: bytes, sender: bytes, rollout_id
 
 
 def unpack_deliver(body: bytes) -> tuple[int, bytes, bytes, bytes, bytes, bytes, bytes]:
-    """(seq, topic, epoch, sender, rollout_id, attrs, payload); ValueError when malformed."""
-    if len(body) < SEQ.size:
-        raise ValueError("DELIVER meta too short")
-    seq = SEQ.unpack_from(body)[0]
-    off, out = SEQ.size, []
-    for _ in range(4):
-        if off >= len(body):
-            raise ValueError("DELIVER meta truncated")
-        n = body[off]
-        if off + 1 + n > len(body):
-            raise ValueError("DELIVER meta truncated")
-        out.append(body[off + 1:off + 1 + n])
-        off += 1 + n
-    if off + 2 > len(body):
-        raise ValueError("DELIVER meta truncated")
-    n = int.from_bytes(body[off:off + 2], "little")
-    if off + 2 + n > len(body):
-        raise ValueError("DELIVER attrs truncated")
-    attrs = body[off + 2:off + 2 + n]
-    return (seq, *out, attrs, body[off + 2 + n:])
+    """(seq, topic, epoch, sender, rollout_id, attrs, payload); ValueError when malformed.
+    Unrolled: it runs once per delivery in every client (a third of the client's cost)."""
+    try:
+        seq = SEQ.unpack_from(body)[0]
+        o = 8
+        n = body[o]; topic = body[o + 1:o + 1 + n]; o += 1 + n
+        n = body[o]; epoch = body[o + 1:o + 1 + n]; o += 1 + n
+        n = body[o]; sender = body[o + 1:o + 1 + n]; o += 1 + n
+        n = body[o]; rid = body[o + 1:o + 1 + n]; o += 1 + n
+        n = body[o] | body[o + 1] << 8
+        attrs = body[o + 2:o + 2 + n]
+        o += 2 + n
+    except (IndexError, struct.error):
+        raise ValueError("DELIVER meta truncated") from None
+    if o > len(body):           # a short field shows here, or as an IndexError above
+        raise ValueError("DELIVER truncated")
+    return seq, topic, epoch, sender, rid, attrs, body[o:]
 
 
 def pack_seq(seq: int) -> bytes:

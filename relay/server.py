@@ -670,7 +670,10 @@ class Relay:
         if e.sender == peer.node_id or e.sender_rid == peer.rid:   # never echo back
             return False
         f = peer.filters.get(topic.name)
-        if f is not None and (("task" in f and e.task not in f["task"]) or ("tok" in f and e.tok not in f["tok"])):
+        # An untagged rollout passes (a publisher that does not tag is not filtered out; the
+        # receiver validates every field anyway); a tagged one must match.
+        if f is not None and ((e.task is not None and "task" in f and e.task not in f["task"])
+                              or (e.tok is not None and "tok" in f and e.tok not in f["tok"])):
             return False
         return True
 
