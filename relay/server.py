@@ -716,12 +716,15 @@ class Relay:
             b.served.clear()
         cur = max(peer.cursors.get(topic.name, topic.next_seq), topic.first_seq)
         entries, cands = topic.entries, b.candidates
+        cap = max(8 * b.k, 32)      # picks take the most recently active first: older ones can go
         while cur < topic.next_seq:
             e = entries[cur]
             if self._wants(peer, topic, e):
                 newest = cands.pop(e.sender, None) or []   # re-insert: dict order = latest activity
                 newest.append(cur)
                 cands[e.sender] = newest[-2:]
+                if len(cands) > cap:                   # memory O(subscribers x cap), not O(N^2)
+                    del cands[next(iter(cands))]
             cur += 1
         peer.cursors[topic.name] = cur
         if b.sent >= b.k or not cands:
