@@ -1,4 +1,4 @@
-"""Atomic checkpoints: write into a temporary directory, fsync, then rename.
+"""Atomic checkpoints: write into a temporary directory, fsync, then rename (``atomic.write_dir``).
 
 A SIGKILL at any moment leaves either the previous checkpoint or the new one, never half of
 one. ``RUN_DIR/checkpoints/round-NNNNNN/state.pt`` holds learner weights + optimiser, the
@@ -6,12 +6,13 @@ round number and every RNG state; the newest complete one is the one with the hi
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
 
 import torch
+
+from . import atomic
 
 KEEP = 2
 _NAME = re.compile(r"^round-(\d{6})$")
@@ -23,24 +24,8 @@ def _dir(run_dir: Path) -> Path:
 
 def save(run_dir: Path, round_: int, state: dict) -> Path:
     root = _dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"round-{round_:06d}"
-    tmp = root / f".tmp-round-{round_:06d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    with open(tmp / "state.pt", "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    dfd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    final = atomic.write_dir(root / f"round-{round_:06d}", lambda tmp: torch.save(state, tmp / "state.pt"),
+                             durable=True)
     for old in sorted(complete(run_dir))[:-KEEP]:
         shutil.rmtree(root / f"round-{old:06d}", ignore_errors=True)
     return final

@@ -19,18 +19,17 @@ import signal
 import statistics
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from . import checkpoint
+from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
 from .config import Config, to_toml
 from .generate.base import SamplerSettings
-from .intake import Intake, PeerBook, PeerGroup
+from .intake import Intake, PeerBook, PeerGroup, ids_decoder
 from .metrics import LOG_FILE, MetricsWriter, read_control
-from .objective import group_advantages
 
 log = logging.getLogger("ftis_edge.node")
 
@@ -39,18 +38,6 @@ def derive_seed(*parts) -> int:
     """A stable 31-bit seed from any parts (Python's hash() is salted per process)."""
     digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-@dataclass
-class OwnGroup:
-    prompt: object
-    prompt_ids: list[int]
-    completions: list            # generate.Completion
-    rewards: list[float]
-    breakdowns: list[dict]
-    group_id: str
-    group_index: int = 0
-    group_size: int = 0
 
 
 def setup_logging(run_dir: Path, *, console: bool) -> None:
@@ -107,8 +94,8 @@ class Node:
         self.learner = Learner(
             self.bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
-            lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.lr, grad_clip=cfg.train.grad_clip,
-            micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
+            lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.learning_rate,
+            grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
         if cfg.model.backend == "hf":
             from .generate.hf import HFGenerator
             self.generator = HFGenerator(self.learner.model, self.bundle.tokenizer(),
@@ -117,15 +104,18 @@ class Node:
             from .generate.llamacpp import LlamaCppGenerator
             self.generator = LlamaCppGenerator.from_bundle(
                 self.bundle, precision=cfg.model.precision, n_threads=threads,
-                max_group=max(cfg.task.group_size, 1))
+                max_group=max(cfg.task.num_generations, 1))
+        self.local_tokenizer = self._local_tokenizer()
         self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / "adapter")
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
         self.swarm = None
-        self.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after)
+        self.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after,
+                             window=cfg.swarm.quarantine_window, max_reject_rate=cfg.swarm.quarantine_rate)
         self.intake = Intake(task=self.task, swarm=cfg.swarm.name, my_node_id=self.node_id,
                              my_tokenizer_fp=self.bundle.tokenizer_fingerprint,
                              vocab_size=self.bundle.vocab_size, book=self.book,
+                             decode=ids_decoder(self.bundle.tokenizer()), stop_ids=self.bundle.eos_token_ids,
                              rescore_budget_s=cfg.swarm.rescore_budget_s,
                              max_staleness=cfg.swarm.max_staleness)
         if cfg.mode != "alone":
@@ -156,7 +146,8 @@ class Node:
         if state.get("peers"):
             for nid, d in state["peers"].items():
                 p = self.book.get(nid)
-                for k in ("sent", "accepted", "rejected", "grader_timeouts", "quarantined"):
+                for k in ("sent", "accepted", "rejected", "grader_timeouts", "quarantined",
+                          "quarantine_reason"):
                     if k in d:
                         setattr(p, k, d[k])
         log.info("resumed from round %d", self.round)
@@ -187,13 +178,13 @@ class Node:
     def _generate(self, prompts) -> tuple[list[OwnGroup], dict]:
         cfg = self.cfg
         horizontal = cfg.mode == "horizontal"
-        n = cfg.task.group_size // 2 if horizontal else cfg.task.group_size
+        n = cfg.task.num_generations // 2 if horizontal else cfg.task.num_generations
         groups, tokens, t0 = [], 0, time.time()
         for i, prompt in enumerate(prompts):
             text = self.bundle.render_prompt(self.task.messages(prompt.question))
             prompt_ids = self.bundle.encode(text)
             sampler = SamplerSettings(temperature=cfg.task.temperature, top_k=cfg.task.top_k,
-                                      top_p=cfg.task.top_p, max_new_tokens=cfg.task.max_new_tokens,
+                                      top_p=cfg.task.top_p, max_new_tokens=cfg.task.max_completion_length,
                                       seed=derive_seed(cfg.node.seed, self.node_id, self.round, i))
             comps = self.generator.generate(prompt_ids, n, sampler)
             tokens += sum(len(c.token_ids) for c in comps)
@@ -202,7 +193,7 @@ class Node:
             else:
                 group_id = f"{self.node_id}:{self.round}:{i}"
             groups.append(OwnGroup(prompt=prompt, prompt_ids=list(prompt_ids), completions=comps,
-                                   rewards=[], breakdowns=[], group_id=group_id, group_size=n))
+                                   rewards=[], breakdowns=[], group_id=group_id))
         gen_s = time.time() - t0
         # Grade all own completions in one call.
         texts = [c.text for g in groups for c in g.completions]
@@ -218,7 +209,7 @@ class Node:
         lens = [len(c.token_ids) for g in groups for c in g.completions]
         return groups, {"time/gen_s": gen_s, "gen/tokens": tokens,
                         "gen/tok_s": tokens / gen_s if gen_s > 0 else None,
-                        "gen/mean_len": statistics.fmean(lens) if lens else None}
+                        "completions/mean_length": statistics.fmean(lens) if lens else None}
 
     def _publish(self, groups: list[OwnGroup]) -> dict:
         from .wire import Rollout, WireCompletion, encode
@@ -233,15 +224,16 @@ class Node:
             rollout = Rollout(
                 rollout_id=uuid.uuid4().hex, node_id=self.node_id, swarm=cfg.swarm.name,
                 task=self.task.name, prompt_id=g.prompt.id, prompt_ids=None, group_id=g.group_id,
-                group_index=0, group_size=cfg.task.group_size if horizontal else len(comps),
+                group_index=0, group_size=cfg.task.num_generations if horizontal else len(comps),
                 round=self.round, completions=comps, model_fp=b.fingerprint,
                 tokenizer_fp=b.tokenizer_fingerprint, model_name=b.name, vocab_size=b.vocab_size,
                 temperature=cfg.task.temperature, top_k=cfg.task.top_k, top_p=cfg.task.top_p,
                 adapter_version=self.learner.version, sent_at=time.time())
-            data = encode(rollout)
+            # encoded once, here: the bytes counted are the bytes sent
+            data = encode(rollout, codec=self.swarm.codec, limits=self.swarm.limits)
             nbytes += len(data)
             ntok += sum(len(c.token_ids) for c in comps)
-            self.swarm.publish(rollout)
+            self.swarm.publish_bytes(data, task=rollout.task, tok=rollout.tokenizer_fp)   # tags: filters
         return {"wire/bytes_per_token_out": nbytes / ntok if ntok else None}
 
     def _collect_peers(self, own_group_ids: set[str] | None) -> tuple[list[PeerGroup], dict]:
@@ -270,81 +262,19 @@ class Node:
                        "peers/rejected": counts.get("rejected", 0),
                        "peers/stale": counts.get("stale", 0)}
 
-    def _peer_samples(self, g: PeerGroup, advantages: list[float]):
-        """TrainSamples for a peer group: token level when the tokenizer matches, else the
-        completion text is re-tokenized locally and weighted at sequence level."""
-        from .learner import TrainSample
-        text = self.bundle.render_prompt(self.task.messages(g.prompt.question))
-        prompt_ids = self.bundle.encode(text)
-        out = []
-        for c, adv in zip(g.rollout.completions, advantages):
-            if g.same_tokenizer:
-                out.append(TrainSample(prompt_ids=prompt_ids, completion_ids=[int(t) for t in c.token_ids],
-                                       gen_logprobs=[float(x) for x in c.logprobs], gen_logprob_sum=None,
-                                       advantage=adv, source=g.rollout.node_id))
-            else:
-                ids = self._retokenize(c.text, finished=c.finish_reason == "stop")
-                out.append(TrainSample(prompt_ids=prompt_ids, completion_ids=ids, gen_logprobs=None,
-                                       gen_logprob_sum=float(np.sum(c.logprobs)), advantage=adv,
-                                       sequence_level=True, source=g.rollout.node_id))
-        return out
-
-    def _retokenize(self, text: str, *, finished: bool) -> list[int]:
-        """A peer's completion text in our tokenizer (no BOS; our EOS when the peer stopped)."""
-        ids = self.bundle.tokenizer()(text, add_special_tokens=False)["input_ids"]
-        if finished and self.bundle.eos_token_ids:
-            ids = ids + [self.bundle.eos_token_ids[0]]
-        return ids[: self.cfg.task.max_new_tokens * 4]
-
-    def _build_batch(self, own: list[OwnGroup], peers: list[PeerGroup]):
-        from .learner import TrainSample
-        cfg = self.cfg
-        scale = cfg.train.advantage_scale
-        samples, skipped = [], 0
-        self._with_peer_parts = 0
-        if cfg.mode == "horizontal":
-            # The advantage is over the union of all parts of a group (own + peers').
-            by_group: dict[str, list[PeerGroup]] = {}
-            for p in peers:
-                by_group.setdefault(p.rollout.group_id, []).append(p)
-            for g in own:
-                parts = by_group.get(g.group_id, [])
-                self._with_peer_parts += bool(parts)
-                rewards = g.rewards + [r for p in parts for r in p.rewards]
-                adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), scale=scale).tolist()
-                if max(rewards) == min(rewards):
-                    skipped += 1
-                    continue
-                for c, a in zip(g.completions, adv):
-                    samples.append(TrainSample(prompt_ids=g.prompt_ids, completion_ids=list(c.token_ids),
-                                               gen_logprobs=list(c.logprobs), gen_logprob_sum=None,
-                                               advantage=a, source="own"))
-                k = len(g.completions)
-                for p in parts:
-                    samples += self._peer_samples(p, adv[k:k + len(p.rewards)])
-                    k += len(p.rewards)
-            return samples, skipped
-        for g in own:
-            if max(g.rewards) == min(g.rewards):
-                skipped += 1
-                continue
-            adv = group_advantages(torch.tensor(g.rewards, dtype=torch.float32), scale=scale).tolist()
-            for c, a in zip(g.completions, adv):
-                samples.append(TrainSample(prompt_ids=g.prompt_ids, completion_ids=list(c.token_ids),
-                                           gen_logprobs=list(c.logprobs), gen_logprob_sum=None,
-                                           advantage=a, source="own"))
-        for p in peers:      # vertical: each peer group is normalised within itself
-            if max(p.rewards) == min(p.rewards):
-                skipped += 1
-                continue
-            adv = group_advantages(torch.tensor(p.rewards, dtype=torch.float32), scale=scale).tolist()
-            samples += self._peer_samples(p, adv)
-        return samples, skipped
+    def _local_tokenizer(self) -> LocalTokenizer:
+        """How peers' prompts and completion texts become our token ids (for build_batch)."""
+        b = self.bundle
+        return LocalTokenizer(
+            prompt_ids=lambda prompt: b.encode(b.render_prompt(self.task.messages(prompt.question))),
+            text_ids=lambda text: b.tokenizer()(text, add_special_tokens=False, split_special_tokens=True)["input_ids"],
+            eos_token_id=b.eos_token_ids[0] if b.eos_token_ids else None,
+            max_completion_length=self.cfg.task.max_completion_length)
 
     def _train(self, samples) -> dict:
         from .learner import LearnerOOM
         cfg = self.cfg
-        kw = dict(method=cfg.train.method, C=cfg.train.C, eps=cfg.train.eps,
+        kw = dict(method=cfg.train.method, C=cfg.train.C, eps=cfg.train.epsilon,
                   kl_threshold=cfg.train.kl_threshold, normalize=cfg.train.normalize)
         while True:
             try:
@@ -356,23 +286,6 @@ class Node:
                 self.oom_retries += 1
                 log.warning("out of memory: micro-batch halved to %d, retrying the step",
                             self.learner.micro_batch)
-
-    def _peer_accounting(self, samples, stats) -> None:
-        per = stats.get("per_sample") or {}
-        if not per:
-            return
-        kl, w, dropped = per.get("kl"), per.get("is_weight"), per.get("dropped")
-        for i, s in enumerate(samples):
-            if s.source == "own":
-                continue
-            p = self.book.get(s.source)
-            p.samples_used += 1
-            if kl is not None:
-                p.kl_sum += float(kl[i])
-            if w is not None:
-                p.is_weight_sum += float(w[i])
-            if dropped is not None and bool(dropped[i]):
-                p.filtered += 1
 
     def run_round(self) -> dict:
         cfg = self.cfg
@@ -388,11 +301,14 @@ class Node:
             record.update(peer_stats)
         else:
             peers = []
-        samples, skipped = self._build_batch(own, peers)
+        batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
+                            local=self.local_tokenizer)
+        samples = batch.samples
         t0 = time.time()
         stats = self._train(samples) if samples else {"skipped": 1, "samples": 0}
         record["time/train_s"] = time.time() - t0
-        self._peer_accounting(samples, stats)
+        for use in peer_usage(samples, stats.get("per_sample")):
+            self.book.get(use.node_id).record_use(use)
         t0 = time.time()
         sync_info = self.sync.sync(self.learner.version) or {}
         record["time/sync_s"] = time.time() - t0
@@ -401,16 +317,15 @@ class Node:
         record.update({
             "reward/own": statistics.fmean(own_rewards) if own_rewards else None,
             "reward/peers": statistics.fmean(peer_rewards) if peer_rewards else None,
-            "reward/mean": statistics.fmean(own_rewards + peer_rewards) if own_rewards else None,
+            "reward": statistics.fmean(own_rewards + peer_rewards) if own_rewards else None,
             "accuracy/own": statistics.fmean([float(b.get("correct", False)) for g in own for b in g.breakdowns]),
             "format/own": statistics.fmean([float(b.get("format_ok", False)) for g in own for b in g.breakdowns]),
-            "samples/own": sum(1 for s in samples if s.source == "own"),
-            "samples/peers": sum(1 for s in samples if s.source != "own"),
-            "peers/samples_used": sum(1 for s in samples if s.source != "own"),
-            "groups/skipped_equal_reward": skipped,
-            "groups/with_peer_parts": self._with_peer_parts if cfg.mode == "horizontal" else None,
+            "samples/own": batch.own_samples,
+            "peers/samples_used": batch.peer_samples,
+            "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,
+            "groups/with_peer_parts": batch.groups_with_peer_parts,
             "memory/oom_retries": self.oom_retries, "micro_batch": self.learner.micro_batch,
-            "lr": cfg.train.lr,
+            "learning_rate": cfg.train.learning_rate,
         })
         record.update({k: v for k, v in sync_info.items() if isinstance(v, (int, float))})
         record.update({k: v for k, v in stats.items() if k != "per_sample"})

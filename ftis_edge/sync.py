@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from . import atomic
 
 
 class SyncError(ValueError):
@@ -42,26 +43,6 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     if out % (2 * n_head):
         raise SyncError(f"cannot permute {out} rows into {n_head} heads")
     return w.reshape(n_head, 2, out // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _atomic_target(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    return Path(tmp)
-
-
-def _write_atomically(writer_fn, path: Path) -> Path:
-    """Run ``writer_fn(tmp_path)`` then rename onto ``path``: readers never see a half-written file."""
-    path = Path(path)
-    tmp = _atomic_target(path)
-    try:
-        writer_fn(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _lora_layers(peft_model):
@@ -121,7 +102,7 @@ def write_gguf_lora(peft_model, path, *, arch: str, n_head: int, n_head_kv: int,
         w.write_tensors_to_file()
         w.close()
 
-    return _write_atomically(write, Path(path))
+    return atomic.write_file(path, write)
 
 
 def merged_state_dict(model) -> dict[str, torch.Tensor]:
@@ -212,7 +193,7 @@ def export_merged_gguf(model, base_gguf, path, *, dtype: str = "f16") -> Path:
         w.write_tensors_to_file()
         w.close()
 
-    return _write_atomically(write, Path(path))
+    return atomic.write_file(path, write)
 
 
 class WeightSync:

@@ -1,4 +1,4 @@
-"""The rollout wire format: what travels between nodes (DESIGN §6).
+"""The rollout wire format: what travels between nodes (docs/relay.md, "Wire format").
 
 One message = ONE node's completions for ONE prompt (a whole GRPO group in vertical mode,
 or this node's part of a shared group in horizontal mode), so the header cost is shared by

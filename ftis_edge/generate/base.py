@@ -1,6 +1,6 @@
 """The one interface every generation backend implements.
 
-The log-prob contract (docs/DESIGN §3): ``Completion.logprobs[t]`` is the log-probability of
+The log-prob contract (docs/bridge.md): ``Completion.logprobs[t]`` is the log-probability of
 ``token_ids[t]`` under the distribution it was actually sampled from (temperature applied,
 top-k / top-p renormalised), so it can serve as the behaviour log-prob ``g`` in F-TIS.
 """

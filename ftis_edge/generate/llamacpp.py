@@ -9,7 +9,8 @@ is exactly that of the sampled token. A finished sequence (end-of-generation tok
 
 EOS convention: the end-of-generation token that stopped a sequence IS included in
 ``token_ids`` and ``logprobs`` (it was sampled, and it is what teaches the policy to stop);
-``text`` excludes it.
+``text`` excludes it. Other control tokens sampled mid-completion are rendered in ``text`` (as
+the HF backend does), so a receiver can check that the ids decode to the text it grades.
 """
 from __future__ import annotations
 
@@ -256,7 +257,7 @@ class LlamaCppGenerator:
             self.last_logits += [np.stack(r) for r in raw]
         settings = sampler.as_dict()
         return [Completion(token_ids=tokens[s], logprobs=logps[s],
-                           text=self.detokenize([t for t in tokens[s] if t not in self._eos]),
+                           text=self.detokenize([t for t in tokens[s] if t not in self._eos], special=True),
                            finish_reason=finish[s], sampler=dict(settings)) for s in range(k)]
 
     # ------------------------------------------------------------------ scoring / text

@@ -3,7 +3,7 @@
 The distribution sampled from is built in this order (the same as HF's logits processors):
 temperature, then top-k, then top-p, then renormalisation over the kept tokens. The log-prob
 returned for a sampled token is ``log`` of its probability in *that* distribution, so it is the
-behaviour log-prob ``g`` of F-TIS (docs/DESIGN.md §3). Temperature 0 means greedy decoding: a
+behaviour log-prob ``g`` of F-TIS (docs/bridge.md, the log-prob contract). Temperature 0 means greedy decoding: a
 point mass on the arg-max, log-prob 0.
 
 Sampling is inverse-CDF (cumsum + one uniform per row), about 4x cheaper than ``rng.choice``.

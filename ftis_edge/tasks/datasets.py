@@ -139,9 +139,20 @@ class DatasetTask(Task):
         self._cache[split] = prompts
         return prompts
 
-    def get(self, prompt_id: str) -> Prompt:
-        m = re.fullmatch(rf"{self.name}/([a-z]+)/(\d{{1,9}})", prompt_id) \
+    def _parse_id(self, prompt_id) -> re.Match | None:
+        return re.fullmatch(rf"{self.name}/([a-z]+)/(\d{{1,9}})", prompt_id) \
             if isinstance(prompt_id, str) else None
+
+    def is_trainable(self, prompt_id: str) -> bool:
+        """Every split but the held-out eval split. A node that trains on the eval split itself
+        (math500, or gsm8k with split="test") holds nothing out, so its own split stays trainable."""
+        m = self._parse_id(prompt_id)
+        if not m or m.group(1) not in self.splits:
+            return False
+        return m.group(1) == self.split or m.group(1) != self.eval_split
+
+    def get(self, prompt_id: str) -> Prompt:
+        m = self._parse_id(prompt_id)
         if not m or m.group(1) not in self.splits:
             raise TaskError(f"{self.name}: bad prompt id {prompt_id!r} "
                             f"(expected {self.name}/<{'|'.join(self.splits)}>/<index>)")

@@ -19,7 +19,7 @@ from textual.geometry import Size
 from textual.widgets import DataTable, Footer, Header, Log, Static, TabbedContent, TabPane
 
 from ftis_edge.metrics import LOG_FILE, MetricsFollower, read_control, write_control
-from ftis_edge.tui import format as F
+from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import LogTail, RunState, flatten, load_config
 from ftis_edge.tui.widgets import (
     ALL,
@@ -48,23 +48,24 @@ FINISHED = "#90caf9"
 
 # Panel contents, shared by a panel's own tab and its copy on a large overview.
 REWARD = [Series("reward/own", "own", OWN, mean=True), Series("reward/peers", "peers", PEERS),
-          Series("reward/mean", "all", ALL)]
-ACCURACY = [Series("accuracy/own", "accuracy", OWN, F.pct, mean=True),
-            Series("format/own", "format", VIOLET, F.pct)]
-FILTER = [Series("filter/adv_le0_frac", "Â≤0", YELLOW, F.pct),
-          Series("filter/kl_gt_g_frac", "KL>g", VIOLET, F.pct),
-          Series("filter/dropped_frac", "dropped", RED, F.pct)]
-IS = [Series("is/weight_mean", "w mean", OWN), Series("is/truncated_frac", "truncated", RED, F.pct),
-      Series("is/ess", "ESS", GREEN, F.pct)]
-KL = [Series("kl/mean", "KL", OWN, lambda v: F.num(v, 4)),
-      Series("mismatch/abs_logp_diff", "|ℓ−g|", VIOLET, lambda v: F.num(v, 4))]
-LOSS = [Series("loss", "loss", OWN, lambda v: F.num(v, 4)),
+          Series("reward", "all", ALL)]
+ACCURACY = [Series("accuracy/own", "accuracy", OWN, fmt.pct, mean=True),
+            Series("format/own", "format", VIOLET, fmt.pct)]
+FILTER = [Series("filter/adv_le0_frac", "Â≤0", YELLOW, fmt.pct),
+          Series("filter/kl_gt_g_frac", "KL>g", VIOLET, fmt.pct),
+          Series("filter/dropped_frac", "dropped", RED, fmt.pct)]
+IS = [Series("sampling/importance_sampling_ratio/mean", "w mean", OWN),
+      Series("is/truncated_frac", "truncated", RED, fmt.pct),
+      Series("is/ess", "ESS", GREEN, fmt.pct)]
+KL = [Series("kl/mean", "KL", OWN, lambda v: fmt.num(v, 4)),
+      Series("sampling/sampling_logp_difference/mean", "|ℓ−g|", VIOLET, lambda v: fmt.num(v, 4))]
+LOSS = [Series("loss", "loss", OWN, lambda v: fmt.num(v, 4)),
         Series("grad_norm", "grad", YELLOW, plot=False),
-        Series("clip_frac", "clip", ALL, F.pct, plot=False)]
-TOKS = [Series("gen/tok_s", "tok/s", OWN, F.integer, mean=True),
-        Series("gen/mean_len", "len", ALL, lambda v: F.num(v, 1), plot=False)]
-TIMES = [Series("time/train_s", "train", PEERS, F.seconds, mean=True),
-         Series("time/gen_s", "gen", OWN, F.seconds), Series("time/round_s", "round", ALL, F.seconds)]
+        Series("clip_ratio/region_mean", "clip", ALL, fmt.pct, plot=False)]
+TOKS = [Series("gen/tok_s", "tok/s", OWN, fmt.integer, mean=True),
+        Series("completions/mean_length", "len", ALL, lambda v: fmt.num(v, 1), plot=False)]
+TIMES = [Series("time/train_s", "train", PEERS, fmt.seconds, mean=True),
+         Series("time/gen_s", "gen", OWN, fmt.seconds), Series("time/round_s", "round", ALL, fmt.seconds)]
 
 
 class DashboardApp(App[int]):
@@ -191,7 +192,7 @@ class DashboardApp(App[int]):
         """(short word, colour, sentence) for the headline and the header."""
         st = self.state
         if st.finished:
-            reason, last = F.text(st.stop.get("reason")), F.integer(st.stop.get("round"))
+            reason, last = fmt.text(st.stop.get("reason")), fmt.integer(st.stop.get("round"))
             return "finished", FINISHED, f"finished ({reason}) after round {last}"
         if self.node_exit is not None:
             colour = RED if self.node_exit else ""
@@ -211,9 +212,9 @@ class DashboardApp(App[int]):
         st = self.state
         word, colour, sentence = self.status()
         node, model = st.identity("node_id"), st.identity("model")
-        self.title = "ftis-edge" + (f" · {F.text(node, 32)}" if node else "")
+        self.title = "ftis-edge" + (f" · {fmt.text(node, 32)}" if node else "")
         # the state first: a narrow header cuts the end of the line
-        self.sub_title = sentence + (f" · {F.text(model, 40)} {F.text(st.identity('trainable'))}"
+        self.sub_title = sentence + (f" · {fmt.text(model, 40)} {fmt.text(st.identity('trainable'))}"
                                      if model else "")
         self.query_one(Headline).update_from(st, word, colour)
         for panel in self.query(MetricPanel):
@@ -227,14 +228,13 @@ class DashboardApp(App[int]):
 
     def _wire_chunks(self) -> list[Content]:
         latest = self.state.latest
-        oom_total = sum(F.as_number(r.get("memory/oom_retries")) or 0 for r in self.state.rounds)
-        return [field("wire out", f"{F.num(latest.get('wire/bytes_per_token_out'), 2)} B/tok"),
-                field("in", f"{F.num(latest.get('wire/bytes_per_token_in'), 2)} B/tok"),
-                field("tokens", F.integer(latest.get("gen/tokens"))),
-                field("sync", F.seconds(latest.get("time/sync_s"))),
-                field("peer wait", F.seconds(latest.get("time/peer_wait_s"))),
-                field("micro-batch", F.integer(latest.get("micro_batch"))),
-                field("OOM retries", f"{int(oom_total)} total")]
+        return [field("wire out", f"{fmt.num(latest.get('wire/bytes_per_token_out'), 2)} B/tok"),
+                field("in", f"{fmt.num(latest.get('wire/bytes_per_token_in'), 2)} B/tok"),
+                field("tokens", fmt.integer(latest.get("gen/tokens"))),
+                field("sync", fmt.seconds(latest.get("time/sync_s"))),
+                field("peer wait", fmt.seconds(latest.get("time/peer_wait_s"))),
+                field("micro-batch", fmt.integer(latest.get("micro_batch"))),
+                field("OOM retries", f"{fmt.integer(latest.get('memory/oom_retries'))} total")]  # cumulative
 
     def _refresh_config(self) -> None:
         config, source = load_config(self.run_dir, self.state.start)
@@ -249,10 +249,10 @@ class DashboardApp(App[int]):
         for name in ("node_id", "model", "backend", "trainable", "method", "collaboration",
                      "relay", "resumed_from", "tokenizer_fp", "model_fp"):
             if name in start:
-                table.add_row(Text(name, style="bold"), Text(F.text(start[name], 80)), key=name)
+                table.add_row(Text(name, style="bold"), Text(fmt.text(start[name], 80)), key=name)
         for name, value in flatten(config):
             if name not in table.rows:
-                table.add_row(Text(name), Text(F.text(value, 80)), key=name)
+                table.add_row(Text(name), Text(fmt.text(value, 80)), key=name)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         # arrows and page keys should scroll the table / log of a tab as soon as it shows
