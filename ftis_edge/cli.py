@@ -119,10 +119,10 @@ def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log:
     from .errors import FtisError, one_line
     from .metrics import LOG_FILE
     from .node import Node
-    from relay.keys import KeyError_
+    from relay.keys import KeyFileError
     try:
         return Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing, console_log=console_log).run()
-    except (FtisError, KeyError_) as e:
+    except (FtisError, KeyFileError) as e:
         return _die(one_line(e))
     except KeyboardInterrupt:
         print("ftis-edge: aborted", file=sys.stderr)

@@ -114,6 +114,7 @@ class SwarmSection:
     max_staleness: int = _opt(2, "ignore peer rollouts more than this many rounds old", lo=0)
     max_wait_s: float = _opt(2.0, "wait at most this long for peers each round", lo=0.0, hi=3600.0)
     max_peer_groups: int = _opt(8, "use at most this many peer groups per round (0 = learn from none)", lo=0)
+    delivery_budget: int = _opt(0, "peer groups the relay sends this node per 10 s (0 = max_peer_groups, -1 = all)", lo=-1)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
     rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
     quarantine_after: int = _opt(5, "quarantine a peer once this many of its last quarantine_window rollouts were refused", lo=1)

@@ -32,19 +32,24 @@ def _console_wanted(record: logging.LogRecord) -> bool:
 
 
 def setup_logging(run_dir: Path, *, console: bool) -> None:
-    root = logging.getLogger(ROOT)
-    root.setLevel(logging.INFO)
-    for h in list(root.handlers):
-        root.removeHandler(h)
-        h.close()
+    """node.log (and the console) for every ``ftis_edge.*`` logger and for the relay client
+    under ``ftis_edge.swarm`` (``relay.*``: it lives beside the package, not in it)."""
     fh = logging.FileHandler(Path(run_dir) / LOG_FILE, encoding="utf-8")
     fh.setFormatter(logging.Formatter(FORMAT, "%H:%M:%S"))
-    root.addHandler(fh)
+    handlers: list[logging.Handler] = [fh]
     if console:
         sh = logging.StreamHandler()
         sh.setFormatter(_ConsoleFormatter(FORMAT, "%H:%M:%S"))
         sh.addFilter(_console_wanted)
-        root.addHandler(sh)
+        handlers.append(sh)
+    for name in (ROOT, "relay"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+            h.close()
+        for h in handlers:
+            logger.addHandler(h)
 
 
 def quiet_third_party() -> None:

@@ -118,6 +118,8 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("peers/rejected", "peer groups rejected by intake this round", ROUND),
         _m("peers/stale", "peer groups too old to use this round", ROUND),
         _m("relay/connected", "relay client connected", ROUND),
+        _m("relay/state", "relay client health: connecting, connected, unreachable or refused", ROUND),
+        _m("relay/reason", "why the relay is not connected (one line; null when connected)", ROUND),
         _m("relay/latency_ms", "heartbeat round trip to the relay", ROUND),
         _m("relay/replayed", "rollouts the relay replayed to us (cumulative)", ROUND),
     ],

@@ -113,9 +113,13 @@ class Node:
             keys = None
             if cfg.swarm.client_keys:
                 keys = ClientKeys.load(cfg.swarm.client_keys, cfg.swarm.server_key)
-            self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys)
+            k = cfg.swarm.delivery_budget or max(1, cfg.swarm.max_peer_groups)   # horizontal needs every part
+            self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys,
+                                     budget_k=0 if k < 0 or cfg.mode == "horizontal" else k,
+                                     filters={"task": [self.task.name]})
             self.swarm.start()
-            log.info("joined swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
+            # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
+            log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)
 
     # --- state ------------------------------------------------------------------------
@@ -220,7 +224,7 @@ class Node:
             data = encode(rollout, codec=self.swarm.codec, limits=self.swarm.limits)
             nbytes += len(data)
             ntok += sum(len(c.token_ids) for c in comps)
-            self.swarm.publish_bytes(data)
+            self.swarm.publish_bytes(data, task=rollout.task, tok=rollout.tokenizer_fp)   # tags: filters
         return {"wire/bytes_per_token_out": nbytes / ntok if ntok else None}
 
     def _collect_peers(self, own_group_ids: set[str] | None) -> tuple[list[PeerGroup], dict]:
@@ -319,8 +323,10 @@ class Node:
         record.update({k: v for k, v in stats.items() if k != "per_sample"})
         if self.swarm is not None:
             s = self.swarm.stats()
+            health = self.swarm.health()
             record.update({"relay/connected": s.get("connected"), "relay/latency_ms": s.get("latency_ms"),
-                           "relay/replayed": s.get("replayed")})
+                           "relay/replayed": s.get("replayed"), "relay/state": health["state"],
+                           "relay/reason": health.get("reason") or None})
         record["peers"] = self.book.snapshot()
         record["time/round_s"] = time.time() - t_round
         return record

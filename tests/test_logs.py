@@ -9,7 +9,7 @@ import zmq
 
 from ftis_edge import swarm
 from ftis_edge.logs import round_line, setup_logging
-from ftis_edge.waker import Waker
+from relay.waker import Waker
 
 
 def _flush():

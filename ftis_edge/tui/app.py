@@ -189,7 +189,7 @@ class DashboardApp(App[int]):
             return
         if self.failure is None and (self.state.stop or {}).get("reason") == "error":
             self._show_failure(None)           # watching a node that failed
-        # HOOK (relay health, wired by the lead): a relay that turns unreachable is said once in the Log tab
+        # relay health (SwarmClient.health() in each round record): a relay that turns unreachable is said once in the Log tab
         problem = relay_unreachable(self.state.latest)
         if problem != self._relay_problem:
             self._relay_problem = problem
@@ -358,13 +358,13 @@ class DashboardApp(App[int]):
 
 
 def relay_unreachable(record: dict) -> str | None:
-    """HOOK for the swarm client's health API (the lead wires the node side): a round record's
-    ``swarm/relay_state`` ("connected" | "unreachable" | "refused") and ``swarm/relay_reason``.
+    """The relay client's health as the node records it each round: ``relay/state``
+    ("connected" | "unreachable" | "refused") and ``relay/reason``.
     Returns e.g. "unreachable (connection refused)" when the relay is not connected, else None."""
-    state = record.get("swarm/relay_state")
+    state = record.get("relay/state")
     if not isinstance(state, str) or state == "connected":
         return None
-    reason = record.get("swarm/relay_reason")
+    reason = record.get("relay/reason")
     return f"{state} ({reason})" if isinstance(reason, str) and reason else state
 
 
