@@ -763,7 +763,7 @@ class Relay:
             self.counts["budget_sent"] += 1
 
     def _drop_peer(self, rid: bytes) -> None:
-        p = self.peers.pop(rid, None)
+        self.peers.pop(rid, None)
         self.buckets.pop(b"c" + rid, None)
         for t in self.topics.values():
             if rid in t.subscribers:
