@@ -14,6 +14,8 @@ from typing import Callable
 
 
 def _fsync(path: Path) -> None:
+    if os.name == "nt" and path.is_dir():
+        return            # Windows cannot open a directory to fsync it (nor needs to)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .errors import FtisError
+from .generate.registry import BACKENDS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(FtisError, ValueError):
     """A config problem, with the offending key in the message."""
 
 
@@ -49,11 +52,13 @@ class NodeSection:
 @dataclass
 class ModelSection:
     spec: str = _opt("smollm2-135m", "model: alias (smollm2-135m, gemma3-270m), .gguf path, HF dir or HF hub id")
-    backend: str = _opt("llamacpp", "generator engine", choices=("llamacpp", "hf"))
+    backend: str = _opt("auto", "generator engine (auto = llamacpp, or hf when the learner has a GPU that "
+                        "this llama.cpp build cannot use)", choices=("auto", *BACKENDS))
     precision: str = _opt("f16", "llama.cpp weights: f16 re-export (matches the learner) or the quantized GGUF as shipped",
                           choices=("f16", "quantized"))
     threads: int = _opt(0, "CPU threads for generation and training (0 = all cores)", lo=0)
-    device: str = _opt("auto", "learner device: auto (CUDA if present), cpu, cuda", choices=("auto", "cpu", "cuda"))
+    device: str = _opt("auto", "learner device: auto (CUDA, else Apple MPS, else CPU), cpu, cuda, mps",
+                       choices=("auto", "cpu", "cuda", "mps"))
 
 
 @dataclass
@@ -82,7 +87,7 @@ class TrainSection:
 @dataclass
 class TaskSection:
     name: str = _opt("arith", "task", choices=("arith", "gsm8k", "math500"))
-    path: str = _opt("", "dataset jsonl (gsm8k/math500; default: ../shared/data beside the project)")
+    path: str = _opt("", "dataset jsonl (gsm8k/math500; default: the data folder of ./install.sh --data)")
     level: list = field(default_factory=list, metadata={
         "doc": "arith difficulty levels to mix (empty = the task's default)", "kind": "list[int]"})
     reward: str = _opt("binary", "binary (1 = correct + format) or shaped (format credit)",
@@ -111,6 +116,7 @@ class SwarmSection:
     max_staleness: int = _opt(2, "ignore peer rollouts more than this many rounds old", lo=0)
     max_wait_s: float = _opt(2.0, "wait at most this long for peers each round", lo=0.0, hi=3600.0)
     max_peer_groups: int = _opt(8, "use at most this many peer groups per round (0 = learn from none)", lo=0)
+    delivery_budget: int = _opt(0, "peer groups the relay sends this node per 10 s (0 = max_peer_groups, -1 = all)", lo=-1)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
     rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
     quarantine_after: int = _opt(5, "quarantine a peer once this many of its last quarantine_window rollouts were refused", lo=1)
@@ -134,6 +140,17 @@ class Config:
             return self.node.id
         model = Path(self.model.spec).stem if self.model.spec.endswith(".gguf") else self.model.spec
         return f"{socket.gethostname().split('.')[0]}-{model.replace('/', '-')}"
+
+    @property
+    def model_label(self) -> str:
+        """The model as the user named it (alias or hub id; a file or directory by its name),
+        shown instead of the GGUF's internal name ("Smollm2 135M 8k Lc100K Mix1 Ep2")."""
+        spec = self.model.spec
+        if spec.endswith(".gguf"):
+            return Path(spec).stem
+        if spec.startswith(("/", ".", "~")) or Path(spec).expanduser().is_dir():
+            return Path(spec).expanduser().name
+        return spec
 
     @property
     def run_path(self) -> Path:

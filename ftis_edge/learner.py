@@ -19,8 +19,10 @@ from torch.utils.checkpoint import checkpoint
 
 from . import metric_keys
 
+from .errors import FtisError
 
-class LearnerError(ValueError):
+
+class LearnerError(FtisError, ValueError):
     """Bad input to the learner (a malformed sample, an unknown setting)."""
 
 

@@ -121,9 +121,12 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("wire/bytes_per_token_out", "bytes published per own completion token", ROUND),
         _m("wire/bytes_per_token_in", "bytes received per peer completion token", ROUND),
         _m("peers/groups_received", "peer groups that arrived this round", ROUND),
+        _m("peers/groups_used", "peer groups taken into this round's batch (before the equal-reward skip)", ROUND),
         _m("peers/rejected", "peer groups rejected by intake this round", ROUND),
         _m("peers/stale", "peer groups too old to use this round", ROUND),
         _m("relay/connected", "relay client connected", ROUND),
+        _m("relay/state", "relay client health: connecting, connected, unreachable or refused", ROUND),
+        _m("relay/reason", "why the relay is not connected (one line; null when connected)", ROUND),
         _m("relay/latency_ms", "heartbeat round trip to the relay", ROUND),
         _m("relay/replayed", "rollouts the relay replayed to us (cumulative)", ROUND),
     ],
@@ -178,9 +181,12 @@ def unregistered(record: dict) -> list[str]:
 
 # ---------------------------------------------------------------------------- generated docs
 
-_START_FIELDS = ("`node_id`, `model`, `tokenizer_fp`, `model_fp`, `backend`, `trainable` (`\"lora\"`/`\"full\"`), "
-                 "`method`, `collaboration`, `relay` (address or null), `resumed_from` (round or null), "
-                 "`config` (the full resolved config as a dict).")
+_START_FIELDS = ("`node_id`, `model` (as the user named it: alias, hub id, file or directory name), "
+                 "`model_name` (the name inside the GGUF / HF config), `tokenizer_fp`, `model_fp`, "
+                 "`backend` (resolved: `llamacpp` or `hf`), `trainable` (`\"lora\"`/`\"full\"`), `method`, "
+                 "`collaboration`, `relay` (address or null), `resumed_from` (round or null), `config` (the full "
+                 "resolved config as a dict: `node.id` is the effective id, `model.device` / `model.backend` "
+                 "what \"auto\" chose).")
 
 
 def render_metrics_doc() -> str:

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from . import atomic
+from .errors import FtisError
 from .paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -46,7 +47,7 @@ _END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|
 PLAIN_ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
-class ModelError(Exception):
+class ModelError(FtisError):
     """A model spec could not be resolved or used; the message is one readable line."""
 
 
@@ -453,7 +454,6 @@ class ModelBundle:
             (tmp / "ftis_source.json").write_text(json.dumps(
                 {"gguf": str(self.gguf_path), "sha256": self.record["sha256"], "seconds": round(time.time() - t0, 1)}))
         atomic.write_dir(target, fill, keep_existing=True)
-        del model
         return target
 
     def f16_gguf(self) -> Path:

@@ -14,22 +14,23 @@ import hashlib
 import logging
 import os
 import random
-import shutil
 import signal
 import statistics
 import time
 import uuid
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from . import checkpoint
+from . import checkpoint, preflight, rundir
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
 from .config import Config, to_toml
+from .errors import FtisError, one_line
 from .generate.base import SamplerSettings
 from .intake import Intake, PeerBook, PeerGroup, ids_decoder
-from .metrics import LOG_FILE, MetricsWriter, read_control
+from .logs import quiet_third_party, round_line, setup_logging
+from .metrics import MetricsWriter, read_control
 
 log = logging.getLogger("ftis_edge.node")
 
@@ -40,42 +41,36 @@ def derive_seed(*parts) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def setup_logging(run_dir: Path, *, console: bool) -> None:
-    root = logging.getLogger("ftis_edge")
-    root.setLevel(logging.INFO)
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
-    fh = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
-    fh.setFormatter(fmt)
-    root.addHandler(fh)
-    if console:
-        sh = logging.StreamHandler()
-        sh.setFormatter(fmt)
-        root.addHandler(sh)
 
 
 class Node:
-    def __init__(self, cfg: Config, *, resume: bool = False, console_log: bool = True):
+    def __init__(self, cfg: Config, *, resume: bool = False, fresh_if_missing: bool = False,
+                 console_log: bool = True):
         self.cfg = cfg
         self.node_id = cfg.node_id
         self.run_dir = cfg.run_path
         self.resume = resume
+        self.fresh_if_missing = fresh_if_missing     # --resume-or-fresh
         self.run_dir.mkdir(parents=True, exist_ok=True)
         setup_logging(self.run_dir, console=console_log)
         self.stop_reason: str | None = None
         self.round = 0
         self.oom_retries = 0
+        self.saved_round = 0          # the round of the newest checkpoint (this run's or restored)
+        self.metrics = None
 
     # --- assembly ---------------------------------------------------------------------
     def build(self) -> None:
         """Load everything (model, task, learner, generator, swarm). Slow parts log timings."""
+        from .generate.base import GeneratorOptions
+        from .generate.registry import create_generator
         from .learner import Learner
         from .models import resolve_model
         from .sync import WeightSync
         from .tasks import get_task, warm_up
 
-        cfg = self.cfg
+        cfg = self.cfg = self._resolve_engines(self.cfg)     # idempotent; run() did it already
+        quiet_third_party()
         threads = cfg.model.threads or os.cpu_count() or 2
         torch.set_num_threads(threads)
         t0 = time.time()
@@ -87,8 +82,9 @@ class Node:
         if cfg.task.level:
             task_opts["level"] = list(cfg.task.level)
         self.task = get_task(cfg.task.name, **task_opts)
+        preflight.check(cfg, self.bundle, self.task)   # config vs model, in one line, before loading
         warm_up()          # start the grader worker now, not inside the first round
-        log.info("model %s (%s, fp %s); task %s", self.bundle.name, self.bundle.arch,
+        log.info("model %s (%s %s, fp %s); task %s", cfg.model.spec, self.bundle.name, self.bundle.arch,
                  self.bundle.fingerprint, cfg.task.name)
         device = None if cfg.model.device == "auto" else cfg.model.device
         self.learner = Learner(
@@ -96,15 +92,9 @@ class Node:
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
             lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.learning_rate,
             grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
-        if cfg.model.backend == "hf":
-            from .generate.hf import HFGenerator
-            self.generator = HFGenerator(self.learner.model, self.bundle.tokenizer(),
-                                         eos_token_ids=self.bundle.eos_token_ids)
-        else:
-            from .generate.llamacpp import LlamaCppGenerator
-            self.generator = LlamaCppGenerator.from_bundle(
-                self.bundle, precision=cfg.model.precision, n_threads=threads,
-                max_group=max(cfg.task.num_generations, 1))
+        self.generator = create_generator(cfg.model.backend, self.bundle, GeneratorOptions(
+            precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),
+            policy=self.learner.model))
         self.local_tokenizer = self._local_tokenizer()
         self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / "adapter")
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
@@ -123,19 +113,22 @@ class Node:
             keys = None
             if cfg.swarm.client_keys:
                 keys = ClientKeys.load(cfg.swarm.client_keys, cfg.swarm.server_key)
-            self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys)
+            k = cfg.swarm.delivery_budget or max(1, cfg.swarm.max_peer_groups)   # horizontal needs every part
+            self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys,
+                                     budget_k=0 if k < 0 or cfg.mode == "horizontal" else k,
+                                     filters={"task": [self.task.name]})
             self.swarm.start()
-            log.info("joined swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
+            # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
+            log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)
 
     # --- state ------------------------------------------------------------------------
     def _restore(self) -> int | None:
-        state = checkpoint.load_latest(self.run_dir)
+        state = checkpoint.load_latest(self.run_dir)     # verified; falls back to an older one
         if state is None:
-            log.warning("--resume: no checkpoint in %s, starting fresh", self.run_dir)
-            return None
+            raise checkpoint.CheckpointError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
         self.learner.load_state_dict(state["learner"])
-        self.round = state["round"]
+        self.round = self.saved_round = state["round"]
         self.oom_retries = state.get("oom_retries", 0)
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
@@ -160,6 +153,7 @@ class Node:
                     "torch": torch.get_rng_state()},
             "peers": self.book.snapshot(),
         })
+        self.saved_round = self.round
         log.info("checkpoint round %d (%.2f s)", self.round, time.time() - t0)
 
     # --- one round --------------------------------------------------------------------
@@ -225,14 +219,14 @@ class Node:
                 task=self.task.name, prompt_id=g.prompt.id, prompt_ids=None, group_id=g.group_id,
                 group_index=0, group_size=cfg.task.num_generations if horizontal else len(comps),
                 round=self.round, completions=comps, model_fp=b.fingerprint,
-                tokenizer_fp=b.tokenizer_fingerprint, model_name=b.name, vocab_size=b.vocab_size,
+                tokenizer_fp=b.tokenizer_fingerprint, model_name=cfg.model_label, vocab_size=b.vocab_size,
                 temperature=cfg.task.temperature, top_k=cfg.task.top_k, top_p=cfg.task.top_p,
                 adapter_version=self.learner.version, sent_at=time.time())
             # encoded once, here: the bytes counted are the bytes sent
             data = encode(rollout, codec=self.swarm.codec, limits=self.swarm.limits)
             nbytes += len(data)
             ntok += sum(len(c.token_ids) for c in comps)
-            self.swarm.publish_bytes(data)
+            self.swarm.publish_bytes(data, task=rollout.task, tok=rollout.tokenizer_fp)   # tags: filters
         return {"wire/bytes_per_token_out": nbytes / ntok if ntok else None}
 
     def _token_bytes(self):
@@ -337,6 +331,7 @@ class Node:
             "peers/samples_used": batch.peer_samples,
             "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,
             "groups/with_peer_parts": batch.groups_with_peer_parts,
+            "peers/groups_used": len(peers),
             "memory/oom_retries": self.oom_retries, "micro_batch": self.learner.micro_batch,
             "learning_rate": cfg.train.learning_rate,
         })
@@ -344,8 +339,10 @@ class Node:
         record.update({k: v for k, v in stats.items() if k != "per_sample"})
         if self.swarm is not None:
             s = self.swarm.stats()
+            health = self.swarm.health()
             record.update({"relay/connected": s.get("connected"), "relay/latency_ms": s.get("latency_ms"),
-                           "relay/replayed": s.get("replayed")})
+                           "relay/replayed": s.get("replayed"), "relay/state": health["state"],
+                           "relay/reason": health.get("reason") or None})
         record["peers"] = self.book.snapshot()
         record["time/round_s"] = time.time() - t_round
         return record
@@ -372,19 +369,64 @@ class Node:
         log.info("stopping after this round (signal %d); press Ctrl-C again to abort", signum)
 
     def run(self) -> int:
-        cfg = self.cfg
-        (self.run_dir / "config.toml").write_text(to_toml(cfg))
+        """Run to the end or a stop request; every stop that completed a round leaves a
+        checkpoint of it. A failure is logged (traceback in node.log only), recorded as the
+        stop record's reason "error", and re-raised for the CLI to print in one line."""
+        try:
+            return self._run()
+        except BaseException as exc:
+            self._record_failure(exc)
+            raise
+
+    @staticmethod
+    def _resolve_engines(cfg: Config) -> Config:
+        """model.device / model.backend "auto" → what this machine has (said in one line when
+        auto picks the HF engine)."""
+        from .devices import pick_backend, pick_device
+        device = pick_device(cfg.model.device)
+        backend, why = pick_backend(cfg.model.backend, device)
+        if why:
+            log.info("%s", why)
+        return replace(cfg, model=replace(cfg.model, device=device, backend=backend))
+
+    def _record_failure(self, exc: BaseException) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            reason, message = "aborted", "aborted (second Ctrl-C); the round in progress is lost"
+            log.warning("%s", message, extra={"console": False})
+        else:
+            reason, message = "error", one_line(exc)
+            log.error("failed: %s", message, exc_info=not isinstance(exc, FtisError),
+                      extra={"console": False})
+        if self.metrics is not None:
+            try:
+                self.metrics.write({"type": "stop", "round": self.round, "reason": reason, "error": message})
+                self.metrics.close()
+            except (OSError, ValueError):
+                pass
+
+    def _run(self) -> int:
+        cfg = self.cfg = self._resolve_engines(self.cfg)
+        if self.resume and not rundir.check_resumable(self.run_dir, fresh_if_missing=self.fresh_if_missing):
+            log.warning("--resume-or-fresh: no checkpoint in %s, starting fresh", self.run_dir)
+            self.resume = False
+        if self.resume:
+            rundir.prepare_resume(self.run_dir)
+        else:
+            rundir.prepare_fresh(self.run_dir)
+        # the resolved config: node.id is the effective id (hostname-model when left empty)
+        resolved = replace(cfg, node=replace(cfg.node, id=self.node_id))
+        (self.run_dir / "config.toml").write_text(to_toml(resolved))
         from .metrics import write_control
         write_control(self.run_dir, pause=False, stop=False)
         self.build()
         resumed = self._restore() if self.resume else None
         self.sync.sync(self.learner.version)          # generator starts from the learner's weights
         self.metrics.write({
-            "type": "start", "node_id": self.node_id, "model": self.bundle.name,
+            "type": "start", "node_id": self.node_id, "model": cfg.model_label, "model_name": self.bundle.name,
             "model_fp": self.bundle.fingerprint, "tokenizer_fp": self.bundle.tokenizer_fingerprint,
             "backend": cfg.model.backend, "trainable": cfg.train.trainable, "method": cfg.train.method,
             "collaboration": cfg.mode, "relay": cfg.swarm.relay or None, "resumed_from": resumed,
-            "config": cfg.to_dict()})
+            "config": resolved.to_dict()})
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             while self.round < cfg.node.rounds and not self.stop_reason:
@@ -395,13 +437,12 @@ class Node:
                 record = self.run_round()
                 record["paused"] = paused
                 self.metrics.write(record)
-                log.info("round %d: reward own %.3f%s, loss %s, dropped %s, %.1f s",
-                         self.round, record["reward/own"] or 0.0,
-                         f" peers {record['reward/peers']:.3f}" if record.get("reward/peers") is not None else "",
-                         _fmt(record.get("loss")), record.get("filter/dropped", 0), record["time/round_s"])
+                log.info("%s", round_line(record, swarm=self.swarm is not None))
                 if self.round % cfg.node.checkpoint_every == 0 or self.round == cfg.node.rounds \
-                        or self.stop_reason:
+                        or self.stop_reason or read_control(self.run_dir)["stop"]:
                     self._checkpoint()
+            if self.round > self.saved_round:      # a stop read between rounds (q while paused)
+                self._checkpoint()
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
@@ -414,12 +455,3 @@ class Node:
         log.info("stopped after round %d (%s); run dir %s", self.round, reason, self.run_dir)
         return 0
 
-
-def _fmt(v) -> str:
-    return "–" if v is None else f"{v:.4f}"
-
-
-def reset_run_dir(run_dir: Path) -> None:
-    """Start a fresh run in ``run_dir`` (keeps nothing of a previous run)."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)

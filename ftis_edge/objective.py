@@ -17,6 +17,8 @@ from numbers import Integral, Real
 
 import torch
 
+from .errors import FtisError
+
 METHODS = ("nois", "vis", "tis", "f-tis", "f-vis")
 LEVELS = ("token", "sequence", "span")   # an int level tensor holds indices into this
 NORMALIZE = ("all", "kept")
@@ -28,7 +30,7 @@ VIS_LOG_RATIO_CLAMP = 20.0  # |ℓ - g| is clamped for vis's ρ (as verl does) s
 K3_EXP_CLAMP = 50.0        # exp(g - ℓ) in k3 is capped at e^50: still "huge", never inf
 
 
-class ObjectiveError(ValueError):
+class ObjectiveError(FtisError, ValueError):
     """Invalid input to the objective (shapes, values or options), with a readable reason."""
 
 

@@ -8,7 +8,8 @@ from ftis_edge import config as c
 
 def test_defaults_are_the_offline_default_node():
     cfg = c.load(None)
-    assert cfg.model.spec == "smollm2-135m" and cfg.model.backend == "llamacpp"
+    assert cfg.model.spec == "smollm2-135m" and cfg.model.backend == "auto"   # llamacpp on a CPU
+    assert cfg.model.device == "auto"
     assert cfg.train.trainable == "lora" and cfg.task.name == "arith"
     assert cfg.train.method == "f-tis" and cfg.train.C == 2.0 and cfg.train.epsilon == 0.2
     assert cfg.mode == "alone"                     # no relay -> alone, whatever collaboration says

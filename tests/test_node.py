@@ -1,7 +1,6 @@
 """The node end to end: real processes, a real relay on loopback, the real models, tiny settings."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -244,3 +243,16 @@ def test_a_node_that_does_not_share_learns_from_peers_and_publishes_nothing(tmp_
     assert heard["peers"]["sharer"]["accepted"] == 2
     assert heard.get("wire/bytes_per_token_out") is None
     assert "listener" not in said["peers"] and said["peers/groups_received"] == 0
+
+
+def test_a_node_whose_relay_is_not_there_says_so_in_its_log_and_records(tmp_path):
+    from procs import free_port
+    cfg = write_config(tmp_path, "lonely", node={"rounds": 1},
+                       swarm={"relay": f"tcp://127.0.0.1:{free_port()}", "max_wait_s": 6.0})
+    out = finish(start_node(cfg))
+    log = (tmp_path / "lonely" / "node.log").read_text()
+    assert "unreachable" in log and "joined swarm" not in log, log[-2000:]
+    assert "unreachable" in out                       # the headless terminal shows it too
+    (last,) = rounds_of(tmp_path / "lonely")
+    assert last["relay/state"] == "unreachable" and last["relay/reason"], last
+    assert last["relay/connected"] is False

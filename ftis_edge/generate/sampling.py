@@ -1,4 +1,4 @@
-"""Sampling in numpy with exact behaviour log-probs (shared by the llama.cpp and HF backends).
+"""Sampling in numpy with exact behaviour log-probs (used by the sampling loop every backend shares).
 
 The distribution sampled from is built in this order (the same as HF's logits processors):
 temperature, then top-k, then top-p, then renormalisation over the kept tokens. The log-prob
@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import SamplerSettings
-
-
-class GenerationError(ValueError):
-    """Bad generation request (context overflow, bad token ids, bad sampler settings)."""
+from .base import GenerationError, SamplerSettings
 
 
 def check_sampler(s: SamplerSettings) -> None:

@@ -9,7 +9,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from .rewards import RewardSettings, score, score_many
+from ..errors import FtisError
+from .grader import score, score_many
+from .rewards import RewardSettings
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant that solves math problems. "
@@ -28,7 +30,7 @@ FEW_SHOT = (
 DEFAULT_FEW_SHOT = 2
 
 
-class TaskError(ValueError):
+class TaskError(FtisError, ValueError):
     """A task could not be built or asked: a bad option, a missing file, an unknown prompt id."""
 
 

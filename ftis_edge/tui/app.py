@@ -19,6 +19,7 @@ from textual.geometry import Size
 from textual.widgets import DataTable, Footer, Header, Log, Static, TabbedContent, TabPane
 
 from ftis_edge.metrics import LOG_FILE, MetricsFollower, read_control, write_control
+from ftis_edge.rundir import last_error_line
 from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import LogTail, RunState, flatten, load_config
 from ftis_edge.tui.widgets import (
@@ -85,10 +86,13 @@ class DashboardApp(App[int]):
     ]
 
     def __init__(self, run_dir: str | os.PathLike, node_process: subprocess.Popen | None = None,
-                 *, poll_interval: float = 0.5) -> None:
+                 *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None) -> None:
         super().__init__()
         self.run_dir = Path(run_dir)
         self.node_process = node_process
+        self.node_stderr = node_stderr         # (file, offset) where the node's one-line error lands
+        self.failure: str | None = None        # that line, once the node has failed
+        self._relay_problem: str | None = None
         self.poll_interval = poll_interval
         self.state = RunState()
         self.follower = MetricsFollower(self.run_dir)
@@ -179,18 +183,40 @@ class DashboardApp(App[int]):
                     self.exit(code, return_code=code)
                     return
                 if code != 0:
-                    self.notify(f"the node exited with code {code}; see the Log tab",
-                                severity="error", timeout=10)
+                    self._show_failure(code)
         if self.stop_pressed and self.node_process is None and self.state.finished:
             self.exit(0)                       # watching: the node stopped as asked
             return
+        if self.failure is None and (self.state.stop or {}).get("reason") == "error":
+            self._show_failure(None)           # watching a node that failed
+        # relay health (SwarmClient.health() in each round record): a relay that turns unreachable is said once in the Log tab
+        problem = relay_unreachable(self.state.latest)
+        if problem != self._relay_problem:
+            self._relay_problem = problem
+            if problem:
+                self.query_one("#log", Log).write_line(f"relay {problem}")
         if changed:
             self.refresh_all()
         self._refresh_config()
 
+    def _show_failure(self, code: int | None) -> None:
+        """The node failed: its one-line reason on screen (toast, header, Log tab); the
+        traceback is in node.log, which the Log tab follows."""
+        line = (self.state.stop or {}).get("error")
+        if not line and self.node_stderr is not None:
+            line = last_error_line(*self.node_stderr)
+        self.failure = line or f"the node exited with code {code}"
+        self.notify(f"{self.failure} (traceback: Log tab / node.log)", title="node failed",
+                    severity="error", timeout=30)
+        self.query_one("#log", Log).write_line(f"node failed: {self.failure}")
+        self.refresh_all()
+
     def status(self) -> tuple[str, str, str]:
         """(short word, colour, sentence) for the headline and the header."""
         st = self.state
+        if self.failure is not None:
+            word = "failed" if self.node_exit is None else f"exited {self.node_exit}"
+            return word, RED, f"failed: {self.failure}"
         if st.finished:
             reason, last = fmt.text(st.stop.get("reason")), fmt.integer(st.stop.get("round"))
             return "finished", FINISHED, f"finished ({reason}) after round {last}"
@@ -203,6 +229,9 @@ class DashboardApp(App[int]):
             return "paused", YELLOW, "paused: p to resume"
         if st.start is None and not st.rounds:
             return "waiting…", "", "waiting for metrics…"
+        relay_problem = relay_unreachable(st.latest)
+        if relay_problem:
+            return "running", YELLOW, f"running · relay {relay_problem}"
         return "running", GREEN, "running"
 
     def refresh_all(self) -> None:
@@ -328,12 +357,24 @@ class DashboardApp(App[int]):
         tabs.active = ids[(ids.index(tabs.active) + step) % len(ids)]
 
 
+def relay_unreachable(record: dict) -> str | None:
+    """The relay client's health as the node records it each round: ``relay/state``
+    ("connected" | "unreachable" | "refused") and ``relay/reason``.
+    Returns e.g. "unreachable (connection refused)" when the relay is not connected, else None."""
+    state = record.get("relay/state")
+    if not isinstance(state, str) or state == "connected":
+        return None
+    reason = record.get("relay/reason")
+    return f"{state} ({reason})" if isinstance(reason, str) and reason else state
+
+
 def run_dashboard(run_dir: str | os.PathLike, node_process: subprocess.Popen | None = None,
-                  *, poll_interval: float = 0.5) -> int:
+                  *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None) -> int:
     """Show the dashboard until the user leaves; returns the node's exit code when it ended,
     else 0. A node process still running on return (the user pressed q twice) is the
     caller's: it has been asked to stop after its round."""
-    app = DashboardApp(run_dir, node_process=node_process, poll_interval=poll_interval)
+    app = DashboardApp(run_dir, node_process=node_process, poll_interval=poll_interval,
+                       node_stderr=node_stderr)
     app.run()
     if node_process is not None and node_process.poll() is not None:
         return node_process.returncode
