@@ -19,7 +19,7 @@ from relay.keys import ClientKeys
 __all__ = ["SwarmClient", "Received", "ClientKeys", "CONNECTED", "CONNECTING", "UNREACHABLE", "REFUSED"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Received:
     """One rollout that arrived from a peer (or failed to decode: `error` says why)."""
 
@@ -62,9 +62,10 @@ class SwarmClient(RelayClient):
         except P.PrefixError as e:
             raise WireError(e.reason, e.message) from None
 
-    def _make_item(self, sender: str, rid: bytes, payload: bytes, seq: int, topic: bytes, now: float,
+    def _make_item(self, sender: str, rid: bytes, payload: bytes, seq: int, topic: str, now: float,
                    attrs: bytes):
-        error, rollout = None, None
+        """Decode (and check against what the relay attested) on the polling thread."""
+        error = rollout = None
         if self.decode:
             try:
                 rollout = wire.decode(payload, self.limits)
@@ -75,7 +76,5 @@ class SwarmClient(RelayClient):
                     raise WireError("bad_header", "rollout id differs from the relay's")
             except WireError as e:
                 error, rollout = e, None
-        item = Received(rollout, sender, len(payload), error, seq, topic.decode(errors="replace"),
-                        received_at=now, rollout_id=rid.decode(errors="replace"),
-                        payload=None if self.decode else payload)
-        return item, error
+        return Received(rollout, sender, len(payload), error, seq, topic, now, rid.decode(errors="replace"),
+                        None if self.decode else payload), error
