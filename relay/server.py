@@ -19,6 +19,8 @@ skips are counted.
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import logging
 import os
 import signal
@@ -109,6 +111,8 @@ class Topic:
         self.nbytes = 0
         self.max_count, self.max_bytes = max_count, max_bytes
         self.subscribers: set[bytes] = set()
+        self.full_subs: set[bytes] = set()        # ... of which subscribe to everything (cursor pumps)
+        self.indexes: dict[tuple, Index] = {}     # budgeted subscribers' candidates, one per filter set
         self.hold_seq: int | None = None          # lowest cursor of subscribers that hold the buffer
         self.senders: dict[bytes, float] = {}     # sender -> last accepted (monotonic), for budgets
         self._active = (0.0, 0.0, 0)              # (computed at, window, count) cache
@@ -139,6 +143,19 @@ class Topic:
             self.first_seq += 1
         return seq
 
+    def index_for(self, filters: dict | None) -> "Index":
+        """The candidate index shared by every budgeted subscriber with these filters (built
+        from the replay buffer when the first one subscribes)."""
+        key = Index.key(filters)
+        idx = self.indexes.get(key)
+        if idx is None:
+            idx = self.indexes[key] = Index(filters)
+            for seq in range(self.first_seq, self.next_seq):
+                e = self.entries[seq]
+                if idx.matches(e):
+                    idx.add(e, self.first_seq)
+        return idx
+
     def active_senders(self, now: float, window_s: float) -> int:
         """Publishers heard from within window_s (cached for 0.5 s: asked once per pump)."""
         at, w, n = self._active
@@ -148,6 +165,47 @@ class Topic:
         return n
 
 
+SENDER_HISTORY = 64           # seqs an index keeps per publisher (newest unsent is picked among them)
+
+
+class Index:
+    """Per topic and filter set: every publisher's newest rollouts (that pass the filters), in
+    order of its latest activity. Budgeted subscribers with the same filters share one, so a
+    new rollout costs O(indexes + hungry subscribers), not O(all subscribers)."""
+
+    __slots__ = ("filters", "newest", "subs", "hungry")
+
+    def __init__(self, filters: dict | None):
+        self.filters = filters
+        self.newest: collections.OrderedDict[bytes, collections.deque] = collections.OrderedDict()
+        self.subs: set[bytes] = set()         # budgeted subscribers using it
+        self.hungry: set[bytes] = set()       # ... of which have budget left this window
+
+    @staticmethod
+    def key(filters: dict | None) -> tuple:
+        return tuple(sorted((k, tuple(sorted(v))) for k, v in (filters or {}).items()))
+
+    def matches(self, e: "Entry") -> bool:
+        # An untagged rollout passes (a publisher that does not tag is not filtered out; the
+        # receiver validates every field anyway); a tagged one must match.
+        f = self.filters
+        return f is None or not ((e.task is not None and "task" in f and e.task not in f["task"])
+                                 or (e.tok is not None and "tok" in f and e.tok not in f["tok"]))
+
+    def add(self, e: "Entry", first_seq: int) -> None:
+        seqs = self.newest.pop(e.sender, None)
+        if seqs is None:
+            seqs = collections.deque(maxlen=SENDER_HISTORY)
+        seqs.append(e.seq)
+        self.newest[e.sender] = seqs            # the end: most recently active
+        newest = self.newest
+        while newest:                           # publishers whose newest left the buffer
+            first = next(iter(newest.values()))
+            if first[-1] >= first_seq:
+                break
+            newest.popitem(last=False)
+
+
 @dataclass
 class Budget:
     """A subscriber's delivery budget on one topic: at most k rollouts per window_s, at most
@@ -155,11 +213,13 @@ class Budget:
 
     k: int
     window_s: float
+    index: Index | None = None
+    start_seq: int = 1        # rollouts from here on (the SUB's cursor) are candidates
     window_start: float = 0.0
     pick_at: float = 0.0      # candidates gather until then, so a pick sees every publisher
     sent: int = 0
     served: collections.Counter = field(default_factory=collections.Counter)   # sender -> this window
-    candidates: dict = field(default_factory=dict)      # sender -> its <= 2 newest unsent seqs
+    sent_seqs: set = field(default_factory=set)     # seqs sent to it that are still fresh
 
 
 @dataclass
@@ -251,7 +311,13 @@ class Relay:
         self.rejected: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
         self.running = False
-        self._budget_waiting = False      # a budgeted subscriber gathers candidates: poll sooner
+        # Budgeted subscribers are visited only when something concerns them: a timer (window
+        # end, end of gathering), a new rollout in their index while they have budget left
+        # (dirty indexes), or a full pipe to retry.
+        self._timers: list[tuple[float, int, bytes, bytes]] = []   # (due, tiebreak, rid, topic)
+        self._tick = itertools.count()
+        self._dirty: set[tuple[bytes, tuple]] = set()              # (topic, index key)
+        self._budget_retry: set[tuple[bytes, bytes]] = set()       # (rid, topic) whose pipe was full
         self.delivered = self.delivered_bytes = 0     # all deliveries (plain ints: on the hot path)
 
     # -------------------------------------------------------------- setup
@@ -285,7 +351,7 @@ class Relay:
         log.info("relay epoch %s listening on %s (curve=%s)", self.epoch.decode(), self.cfg.bind, self.curve)
         while self.running:
             try:
-                events = dict(poller.poll(5 if self._backlog() else 50 if self._budget_waiting else 200))
+                events = dict(poller.poll(5 if self._backlog() or self._budget_retry else self._timer_wait_ms()))
             except zmq.ZMQError as e:
                 if e.errno == zmq.EINTR:
                     continue
@@ -461,7 +527,7 @@ class Relay:
         if not isinstance(last_seq, int) or last_seq < 0 or obj.get("epoch") != self.epoch.decode():
             last_seq = 0       # another epoch's sequence numbers mean nothing here
         budget = obj.get("budget")
-        peer.budgets.pop(topic.name, None)
+        self._forget_budget(peer, topic)
         if isinstance(budget, dict) and isinstance(budget.get("k"), int) and budget["k"] > 0:
             w = budget.get("window_s")
             w = float(w) if isinstance(w, (int, float)) and 0.1 <= w <= 3600 else 10.0
@@ -475,8 +541,20 @@ class Relay:
                 peer.filters[topic.name] = f
         topic.subscribers.add(rid)
         peer.cursors[topic.name] = max(last_seq + 1, topic.first_seq)
-        self._update_hold(topic, time.monotonic())
+        now = time.monotonic()
         b = peer.budgets.get(topic.name)
+        if b is None:
+            topic.full_subs.add(rid)
+        else:
+            topic.full_subs.discard(rid)
+            b.index = topic.index_for(peer.filters.get(topic.name))
+            b.index.subs.add(rid)
+            b.index.hungry.add(rid)
+            b.start_seq = peer.cursors[topic.name]
+            b.window_start = now
+            self._timer(now + b.window_s, rid, topic.name)
+            self._dirty.add((topic.name, Index.key(b.index.filters)))
+        self._update_hold(topic, now)
         self._send(rid, [P.SUBOK, topic.name, orjson.dumps({
             "epoch": self.epoch.decode(), "first_seq": topic.first_seq, "next_seq": topic.next_seq,
             "budget": {"k": b.k, "window_s": b.window_s} if b else None})])
@@ -590,6 +668,13 @@ class Relay:
         attrs["via"] = via
         seq = topic.append(rollout_id, rid, sender, payload, orjson.dumps(attrs), attrs.get("task"),
                            attrs.get("tok"), now)
+        if topic.indexes:
+            e = topic.entries[seq]
+            for key, idx in topic.indexes.items():
+                if idx.matches(e):
+                    idx.add(e, topic.first_seq)
+                    if idx.hungry:
+                        self._dirty.add((topic.name, key))
         self.seen[rollout_id] = (topic_name, seq)
         if len(self.seen) > self.cfg.dedup_size:
             self.seen.popitem(last=False)
@@ -622,7 +707,7 @@ class Relay:
 
     def _backlog(self) -> bool:
         for t in self.topics.values():
-            for rid in t.subscribers:
+            for rid in t.full_subs:
                 peer = self.peers.get(rid)
                 if peer is not None and peer.cursors.get(t.name, t.next_seq) < t.next_seq \
                         and peer.blocked_since is None:
@@ -637,12 +722,17 @@ class Relay:
         subscriber's is not: then it is the one that is slow, not the relay (under a flood the
         relay's own I/O can stall every pipe at once, and that must not count). A frozen lone
         subscriber stops pinging and is dropped after peer_timeout_s."""
-        subs = [p for rid in topic.subscribers if (p := self.peers.get(rid)) is not None]
-        flowing = any(p.blocked_since is None for p in subs)
+        full = [p for rid in topic.full_subs if (p := self.peers.get(rid)) is not None]
+        if not full:
+            topic.hold_seq = None
+            return
+        # O(everything-subscribers), not O(all): a budgeted subscriber is blocked only while
+        # it waits in _budget_retry
+        n_budget = len(topic.subscribers) - len(full)
+        flowing = any(p.blocked_since is None for p in full) or \
+            n_budget > sum(1 for _, t in self._budget_retry if t == topic.name)
         hold = None
-        for p in subs:
-            if topic.name in p.budgets:
-                continue
+        for p in full:
             b = p.blocked_since
             if b is not None and now - b >= self.cfg.slow_after_s and flowing:
                 continue
@@ -652,18 +742,16 @@ class Relay:
 
     def _pump_all(self) -> None:
         now = time.monotonic()
-        self._budget_waiting = False
         for topic in self.topics.values():
-            for rid in list(topic.subscribers):
+            for rid in list(topic.full_subs):
                 peer = self.peers.get(rid)
                 if peer is None:
+                    topic.full_subs.discard(rid)
                     topic.subscribers.discard(rid)
                     continue
-                b = peer.budgets.get(topic.name)
-                if b is None:
-                    self._pump(peer, topic, now)
-                else:
-                    self._pump_budget(peer, topic, b, now)
+                self._pump(peer, topic, now)
+        self._pump_budgets(now)
+        for topic in self.topics.values():
             self._update_hold(topic, now)
 
     def _wants(self, peer: Peer, topic: Topic, e: Entry) -> bool:
@@ -706,68 +794,137 @@ class Relay:
             cur += 1
         peer.cursors[topic.name] = cur
 
+    # -------------------------------------------------------------- budgets
+    def _timer(self, due: float, rid: bytes, topic: bytes) -> None:
+        heapq.heappush(self._timers, (due, next(self._tick), rid, topic))
+
+    def _timer_wait_ms(self) -> int:
+        if not self._timers:
+            return 200
+        return max(1, min(200, int((self._timers[0][0] - time.monotonic()) * 1000) + 1))
+
+    def _budget_of(self, rid: bytes, topic_name: bytes) -> tuple[Peer, Topic, Budget] | None:
+        peer, topic = self.peers.get(rid), self.topics.get(topic_name)
+        b = peer.budgets.get(topic_name) if peer is not None else None
+        return None if b is None or topic is None else (peer, topic, b)
+
+    def _forget_budget(self, peer: Peer, topic: Topic) -> None:
+        b = peer.budgets.pop(topic.name, None)
+        if b is not None and b.index is not None:
+            b.index.subs.discard(peer.rid)
+            b.index.hungry.discard(peer.rid)
+            if not b.index.subs:
+                topic.indexes.pop(Index.key(b.index.filters), None)
+        self._budget_retry.discard((peer.rid, topic.name))
+
+    def _pump_budgets(self, now: float) -> None:
+        """Visit the budgeted subscribers something happened to: windows that ended, gathering
+        that ended, new rollouts in the index of subscribers with budget left, full pipes."""
+        todo: dict[tuple[bytes, bytes], None] = dict.fromkeys(self._budget_retry)
+        self._budget_retry = set()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, rid, name = heapq.heappop(timers)
+            got = self._budget_of(rid, name)
+            if got is None:
+                continue
+            peer, topic, b = got
+            if now - b.window_start >= b.window_s:      # a new window: budget and shares reset
+                b.window_start, b.sent, b.pick_at = now, 0, 0.0
+                b.served.clear()
+                stale = now - b.window_s
+                b.sent_seqs = {s for s in b.sent_seqs if (e := topic.entries.get(s)) is not None and e.t >= stale}
+                b.index.hungry.add(rid)
+                self._timer(now + b.window_s, rid, name)
+            todo[(rid, name)] = None
+        for name, key in self._dirty:
+            topic = self.topics.get(name)
+            idx = topic.indexes.get(key) if topic is not None else None
+            if idx is not None:
+                todo.update(dict.fromkeys((rid, name) for rid in idx.hungry))
+        self._dirty.clear()
+        for rid, name in todo:
+            got = self._budget_of(rid, name)
+            if got is not None:
+                self._pump_budget(*got, now)
+
     def _pump_budget(self, peer: Peer, topic: Topic, b: Budget, now: float) -> None:
         """Offer at most k rollouts per window: each publisher's two newest not-yet-sent
         rollouts are candidates while younger than one window (the learner takes the newest
-        <= 2 per peer); picks go to the most recently
-        active publisher that is below its fair share (k / active publishers) this window."""
-        if now - b.window_start >= b.window_s:
-            b.window_start, b.sent, b.pick_at = now, 0, 0.0
-            b.served.clear()
-        cur = max(peer.cursors.get(topic.name, topic.next_seq), topic.first_seq)
-        entries, cands = topic.entries, b.candidates
-        cap = max(8 * b.k, 32)      # picks take the most recently active first: older ones can go
-        while cur < topic.next_seq:
-            e = entries[cur]
-            if self._wants(peer, topic, e):
-                newest = cands.pop(e.sender, None) or []   # re-insert: dict order = latest activity
-                newest.append(cur)
-                cands[e.sender] = newest[-2:]
-                if len(cands) > cap:                   # memory O(subscribers x cap), not O(N^2)
-                    del cands[next(iter(cands))]
-            cur += 1
-        peer.cursors[topic.name] = cur
-        if b.sent >= b.k or not cands:
+        <= 2 per peer); picks go to the most recently active publisher that is below its fair
+        share (k / active publishers) this window, its newest unsent rollout first."""
+        if b.sent >= b.k:
+            b.index.hungry.discard(peer.rid)
             return
         if b.pick_at == 0.0:
+            if self._best(peer, topic, b, now, 1 << 30) is None:
+                return                                # nothing yet: a new rollout wakes it
             b.pick_at = now + self.cfg.gather_s      # first candidates of this window: gather
+            self._timer(b.pick_at, peer.rid, topic.name)
+            return
         if now < b.pick_at:
-            self._budget_waiting = True
             return
         share = max(1, -(-b.k // max(1, topic.active_senders(now, b.window_s))))
-        stale = now - b.window_s
         while b.sent < b.k:
-            best, best_n, gone = None, share, []
-            for sender in reversed(cands):          # newest activity first: low latency
-                e = entries.get(cands[sender][-1])
-                if e is None or e.t < stale:        # the newest is gone or stale: so is the older
-                    gone.append(sender)
-                    continue
-                n = b.served[sender]
-                if n < best_n:
-                    best, best_n = sender, n
-                    if n == 0:
-                        break
-            for sender in gone:
-                del cands[sender]
+            best = self._best(peer, topic, b, now, share)
             if best is None:
+                return                                # stays hungry: a new rollout wakes it
+            sender, e = best
+            if not self._deliver(peer, e, now):
+                self._budget_retry.add((peer.rid, topic.name))
                 return
-            newest = cands[best]
-            if not self._deliver(peer, entries[newest[-1]], now):
-                return
-            newest.pop()
-            if not newest:
-                del cands[best]
-            b.served[best] += 1
+            b.sent_seqs.add(e.seq)
+            b.served[sender] += 1
             b.sent += 1
             self.counts["budget_sent"] += 1
+        b.index.hungry.discard(peer.rid)
+
+    def _best(self, peer: Peer, topic: Topic, b: Budget, now: float, share: int) -> tuple[bytes, Entry] | None:
+        """The next pick: newest activity first, the first publisher never served this window,
+        else the least served one below `share`; None when no publisher has a candidate. Looks
+        at most max(8K, 32) publishers (picks take the most recently active first)."""
+        entries, sent, served = topic.entries, b.sent_seqs, b.served
+        stale, start = now - b.window_s, b.start_seq
+        best, best_n, looked = None, share, 0
+        newest = b.index.newest
+        for sender in reversed(newest):
+            seqs = newest[sender]
+            last = entries.get(seqs[-1])
+            if last is None or last.t < stale:        # activity order: every later one is older
+                break
+            if sender == peer.node_id:                # never your own
+                continue
+            looked += 1
+            if looked > max(8 * b.k, 32):
+                break
+            n = served[sender] if sender in served else 0
+            if n >= best_n:
+                continue
+            for s in reversed(seqs):                  # its newest rollout not yet sent to this one
+                if s < start:
+                    break
+                if s in sent:
+                    continue
+                e = entries.get(s)
+                if e is None or e.t < stale:
+                    break
+                if e.sender_rid == peer.rid:          # a bridge: not back to where it came from
+                    continue
+                best, best_n = (sender, e), n
+                break
+            if best is not None and best_n == 0:
+                break
+        return best
 
     def _drop_peer(self, rid: bytes) -> None:
-        self.peers.pop(rid, None)
+        peer = self.peers.pop(rid, None)
         self.buckets.pop(b"c" + rid, None)
         for t in self.topics.values():
             if rid in t.subscribers:
                 t.subscribers.discard(rid)
+                t.full_subs.discard(rid)
+                if peer is not None:
+                    self._forget_budget(peer, t)
                 self._update_hold(t, time.monotonic())
 
     def _expire_peers(self, now: float) -> None:
