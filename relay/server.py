@@ -843,6 +843,7 @@ class Relay:
             if idx is not None:
                 todo.update(dict.fromkeys((rid, name) for rid in idx.hungry))
         self._dirty.clear()
+        self.counts["budget_visits"] += len(todo)     # the work that must not grow as N^2
         for rid, name in todo:
             got = self._budget_of(rid, name)
             if got is not None:

@@ -122,3 +122,49 @@ def test_overload_turns_into_busy_not_skips(relay):
         stuck.close(0)
         for c in (*pubs, sub):
             c.close()
+
+
+def test_a_new_rollout_visits_only_subscribers_with_budget_left(relay):
+    """The candidate index: once 60 budgeted subscribers have spent their budget, more
+    rollouts cost no subscriber visits (the scan before the index visited all 60 per rollout)."""
+    r = relay("--rate", "0", "--rate-mb", "0")
+    ctx = zmq.Context()
+    socks = []
+    try:
+        def dealer(name: str, sub: dict | None) -> zmq.Socket:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(r.address)
+            s.send_multipart([P.HELLO, orjson.dumps({"node_id": name, "protocol": P.RELAY_PROTOCOL})])
+            assert s.poll(5000) and s.recv_multipart()[0] == P.WELCOME
+            if sub is not None:
+                s.send_multipart([P.SUB, b"s", orjson.dumps(sub)])
+                assert s.poll(5000) and s.recv_multipart()[0] == P.SUBOK
+            socks.append(s)
+            return s
+
+        subs = [dealer(f"sub{i}", {"epoch": None, "last_seq": 0, "budget": {"k": 1, "window_s": 60}})
+                for i in range(60)]
+        pub = dealer("pub", None)
+
+        def publish(i: int) -> None:
+            pub.send_multipart([P.PUB, b"s", raw_rollout(f"r{i:04d}", b"x" * 64)])
+            assert pub.poll(5000) and pub.recv_multipart()[0] == P.ACK
+
+        publish(0)
+        for s in subs:                          # each gets its one rollout of the window ...
+            assert s.poll(5000)
+            f = s.recv_multipart()
+            assert f[0] == P.DELIVER and P.unpack_deliver(f[1])[4] == b"r0000"
+        visits = r.stats()["counts"]["budget_visits"]
+        for i in range(1, 41):                  # ... and then nothing: 40 more rollouts
+            publish(i)
+        time.sleep(0.3)
+        after = r.stats()["counts"]
+        assert after["accepted"] == 41 and after["budget_sent"] == 60
+        assert after["budget_visits"] - visits <= 5, after     # was 60 x 40 = 2,400 by the scan
+        assert all(not s.poll(0) for s in subs)
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()
