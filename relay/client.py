@@ -452,11 +452,17 @@ class RelayClient:
         them) take a short path: no per-message clock reads or dispatch (profiled: the
         per-delivery overhead around the work was half the client's receive cost)."""
         self._burst_t = time.time()
-        recv, deliver, on_deliver = sock.recv_multipart, P.DELIVER, self._on_deliver_body
+        recv, deliver, on_deliver = sock.recv, P.DELIVER, self._on_deliver_body
         n = 0
         for n in range(1, max_msgs + 1):
             try:
-                frames = recv(zmq.NOBLOCK)
+                # frame by frame: recv_multipart asks getsockopt(RCVMORE) per frame, which
+                # builds an enum each time (1 us of ~7 per delivery); Frame.more does not
+                f = recv(zmq.NOBLOCK, copy=False)
+                frames = [f.bytes]
+                while f.more:
+                    f = recv(zmq.NOBLOCK, copy=False)
+                    frames.append(f.bytes)
             except zmq.Again:
                 n -= 1
                 break
