@@ -13,6 +13,7 @@ import socket
 class Waker:
     def __init__(self) -> None:
         self._closed = False
+        self._armed = False     # a byte is in flight: more wakes add nothing (a syscall each)
         if os.name == "nt":
             self._r, self._w = socket.socketpair()
             self._r.setblocking(False)
@@ -31,6 +32,9 @@ class Waker:
         return self._closed
 
     def wake(self) -> None:
+        if self._armed:
+            return
+        self._armed = True
         try:
             if isinstance(self._w, int):
                 os.write(self._w, b"x")
@@ -40,6 +44,9 @@ class Waker:
             pass
 
     def drain(self) -> None:
+        # disarm before reading: a wake() from now on writes again, and whatever a skipped
+        # wake() announced was queued before it, so the woken thread sees it after this
+        self._armed = False
         try:
             if isinstance(self._r, int):
                 os.read(self._r, 65536)
