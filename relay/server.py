@@ -7,6 +7,9 @@ with pyzmq + orjson only.
 Fan-out never blocks: the relay keeps, per subscriber and topic, a cursor into the topic's
 replay buffer and sends with NOBLOCK on a ROUTER_MANDATORY socket. When a subscriber's pipe
 is full the send fails with EAGAIN, its cursor stops, and it catches up from the buffer later.
+Budgeted subscribers have no cursor pump: they pick from a per-topic, per-filter-set `Index`
+of each publisher's newest rollouts and are visited only when a timer, a full pipe, or a new
+rollout while they have budget left concerns them (docs/relay.md, "Delivery budgets").
 
 An ACK is a promise (docs/relay.md, "Delivery guarantees"): the rollout will be offered to
 every live subscriber whose budget and filters want it. So the relay never evicts from a
