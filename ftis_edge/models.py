@@ -33,16 +33,11 @@ import threading
 import time
 from pathlib import Path
 
+from .gguf_io import GGUFError, check_gguf_file, export_f16_gguf, read_gguf_field, read_gguf_metadata
 from .paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 ALIASES = ("smollm2-135m", "gemma3-270m")
-GGUF_MAGIC = b"GGUF"
-
-# Control tokens that llama.cpp also treats as end-of-generation; used when the GGUF metadata
-# names only one eos id (SmolLM2: <|im_end|> is eos, <|endoftext|> also ends a sequence).
-_END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<eos>", "</s>")
-
 # Prompt format for base models whose GGUF has no chat template (Gemma 3 270M).
 PLAIN_ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
@@ -127,14 +122,10 @@ def tokenizer_fingerprint_of(tokenizer) -> str:
 # --------------------------------------------------------------------------- GGUF metadata
 
 def _check_gguf_file(path: Path, spec: str) -> None:
-    if not path.exists():
-        raise ModelError(f"model {spec!r}: file not found: {path}")
-    if not path.is_file():
-        raise ModelError(f"model {spec!r}: not a file: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelError(f"model {spec!r}: {path} is not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
+    try:
+        check_gguf_file(path)
+    except GGUFError as e:
+        raise ModelError(f"model {spec!r}: {e}") from None
 
 
 def _gguf_record(path: Path, spec: str) -> dict:
@@ -143,49 +134,13 @@ def _gguf_record(path: Path, spec: str) -> dict:
     rec = _index_get(key)
     if rec is not None:
         return rec
-    import gguf
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
-        raise ModelError(f"model {spec!r}: cannot parse GGUF file {path}: {e}") from None
-    fields = reader.fields
-
-    def get(name, default=None):
-        f = fields.get(name)
-        return default if f is None else f.contents()
-
-    arch = get("general.architecture")
-    if arch is None:
-        raise ModelError(f"model {spec!r}: GGUF file {path} has no general.architecture")
-    tokens = get("tokenizer.ggml.tokens")
-    if not tokens:
-        raise ModelError(f"model {spec!r}: GGUF file {path} has no tokenizer (tokenizer.ggml.tokens)")
-    types = get("tokenizer.ggml.token_type") or [0] * len(tokens)
-    bos = get("tokenizer.ggml.bos_token_id")
-    eos = get("tokenizer.ggml.eos_token_id")
-    eog = [i for i in (eos, get("tokenizer.ggml.eot_token_id"), get("tokenizer.ggml.eom_token_id")) if i is not None]
-    for i, (tok, typ) in enumerate(zip(tokens, types)):
-        if tok in _END_OF_TURN_TEXTS and typ == 3 and i not in eog:   # control tokens only
-            eog.append(i)
-    n_head = get(f"{arch}.attention.head_count")
-    rec = {
-        "sha256": file_sha256(path),
-        "arch": arch,
-        "name": get("general.name") or path.stem,
-        "vocab_size": len(tokens),
-        "n_layer": get(f"{arch}.block_count"),
-        "n_head": n_head,
-        "n_head_kv": get(f"{arch}.attention.head_count_kv", n_head),
-        "n_ctx_train": get(f"{arch}.context_length"),
-        "bos_token_id": bos,
-        "eos_token_ids": eog,
-        "add_bos": bool(get("tokenizer.ggml.add_bos_token", False)),
-        "chat_template": get("tokenizer.chat_template"),
-        "tokenizer_fingerprint": tokenizer_fingerprint_from_tokens(list(tokens), bos, eos),
-        "file_type": get("general.file_type"),
-        "tokenizer_model": get("tokenizer.ggml.model"),
-        "tokenizer_pre": get("tokenizer.ggml.pre"),
-    }
+        meta = read_gguf_metadata(path)
+    except GGUFError as e:
+        raise ModelError(f"model {spec!r}: {e}") from None
+    tokens, eos = meta.pop("tokens"), meta.pop("eos_token_id")
+    rec = {"sha256": file_sha256(path), **meta,
+           "tokenizer_fingerprint": tokenizer_fingerprint_from_tokens(tokens, meta["bos_token_id"], eos)}
     _index_put(key, rec)
     return rec
 
@@ -412,9 +367,7 @@ class ModelBundle:
     def _gguf_pre(self) -> str | None:
         rec = self.record
         if "tokenizer_pre" not in rec:      # index entry written by an older version: re-read
-            import gguf
-            field = gguf.GGUFReader(self.gguf_path).fields.get("tokenizer.ggml.pre")
-            rec["tokenizer_pre"] = field.contents() if field is not None else None
+            rec["tokenizer_pre"] = read_gguf_field(self.gguf_path, "tokenizer.ggml.pre")
         return rec["tokenizer_pre"]
 
     def render_prompt(self, messages: list[dict]) -> str:
@@ -480,13 +433,7 @@ class ModelBundle:
         target = self._conv_root() / f"{self.fingerprint}.f16.gguf"
         if target.is_file():
             return target
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        try:
-            export_f16_gguf(src, tmp)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return target
+        return export_f16_gguf(src, target)      # written to a temp name, renamed into place
 
     def generator_gguf(self, precision: str = "f16") -> Path:
         """The GGUF a llama.cpp generator should load: "quantized" (as shipped) or "f16"."""
@@ -527,39 +474,6 @@ def _publish_dir(tmp: Path, target: Path) -> None:
         else:
             shutil.rmtree(target, ignore_errors=True)
             os.rename(tmp, target)
-
-
-def copy_gguf_metadata(reader, writer) -> None:
-    """Copy a GGUF's key/values to a writer, except those the writer sets itself (architecture,
-    file type) and the quantization version, which no longer holds for re-exported tensors."""
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type",
-                                                "general.quantization_version"):
-            continue
-        writer.add_key_value(name, field.contents(), field.types[0],
-                             sub_type=field.types[-1] if len(field.types) > 1 else None)
-
-
-def export_f16_gguf(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Write an F16 GGUF of the dequantized tensors of ``src`` with all of its metadata."""
-    import gguf
-    import numpy as np
-
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(dst), arch)
-    copy_gguf_metadata(reader, writer)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    for t in reader.tensors:
-        data = gguf.dequantize(t.data, t.tensor_type)
-        shape = tuple(int(x) for x in reversed(t.shape))   # GGUF lists ne0 first; numpy wants it last
-        data = np.asarray(data, dtype=np.float32).reshape(shape)
-        data = data.astype(np.float16) if data.ndim >= 2 else data
-        writer.add_tensor(t.name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 __all__ = ["ModelBundle", "ModelError", "resolve_model", "export_f16_gguf", "file_sha256",
