@@ -32,22 +32,43 @@ class GGUFError(ValueError):
 
 @dataclass(frozen=True)
 class ArchLayout:
-    """How one architecture's PyTorch tensors differ from the GGUF that llama.cpp's converter writes."""
+    """How one architecture's PyTorch tensors differ from the GGUF that llama.cpp's converter writes.
+
+    Checked against each converter class of llama.cpp (conversion/*.py, ``modify_tensors``) and
+    verified end to end per architecture by tests/test_arch_matrix.py.
+    """
+    hf_model_types: tuple        # transformers ``model_type`` values served by this GGUF architecture
     permute_qk: bool = False     # q/k rows permuted into llama.cpp's rotary layout (LlamaModel.permute)
     norm_offset: float = 0.0     # added to every *norm.weight (Gemma's RMSNorm multiplies by 1 + w)
+    examples: str = ""           # model families people run (docs, error messages)
 
 
 ARCH_LAYOUTS = {
-    "llama": ArchLayout(permute_qk=True),
-    "gemma3": ArchLayout(norm_offset=1.0),
+    "llama": ArchLayout(("llama", "mistral"), permute_qk=True,
+                        examples="Llama 3.x, SmolLM2, Mistral 7B"),
+    "qwen2": ArchLayout(("qwen2",), examples="Qwen2.5"),
+    "qwen3": ArchLayout(("qwen3",), examples="Qwen3 (dense)"),
+    "gemma3": ArchLayout(("gemma3_text", "gemma3"), norm_offset=1.0, examples="Gemma 3 (text)"),
+    "phi3": ArchLayout(("phi3",), examples="Phi-3, Phi-3.5, Phi-4-mini"),
 }
+SUPPORTED = ", ".join(f"{arch} ({layout.examples})" for arch, layout in ARCH_LAYOUTS.items())
+
+
+def gguf_arch_of(hf_model_type: str | None) -> str | None:
+    """The llama.cpp architecture name for a transformers ``model_type`` (None if unsupported)."""
+    return next((a for a, lay in ARCH_LAYOUTS.items() if hf_model_type in lay.hf_model_types), None)
 
 
 def arch_layout(arch: str) -> ArchLayout:
     layout = ARCH_LAYOUTS.get(arch)
     if layout is None:
-        raise GGUFError(f"architecture {arch!r} is not supported (supported: {', '.join(ARCH_LAYOUTS)})")
+        raise GGUFError(f"architecture {arch!r} is not supported; supported: {SUPPORTED}")
     return layout
+
+
+# GGUF tensors that are not model weights (derived from the config by the converter): a merged
+# export copies them from the base GGUF unchanged.
+_DERIVED_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -160,6 +181,49 @@ def read_gguf_metadata(path: Path) -> dict:
     }
 
 
+def llama3_rope_parameters(path) -> dict | None:
+    """transformers' ``rope_parameters`` for a llama GGUF with Llama-3 rope scaling, else None.
+
+    The converter stores that scaling only as per-frequency factors (``rope_freqs.weight``) and
+    transformers' GGUF loader ignores them (measured: 0.34 nats/token off llama.cpp on a tiny model).
+    The factors depend on ``original_max_position_embeddings`` only through its ratios to the
+    low/high frequency factors, so fixing it and fitting the two ratios reproduces them exactly.
+    """
+    import gguf
+    reader = gguf.GGUFReader(path)
+    tensor = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if tensor is None:
+        return None
+    arch = reader.fields["general.architecture"].contents()
+    base = float(reader.fields[f"{arch}.rope.freq_base"].contents()) if f"{arch}.rope.freq_base" in reader.fields \
+        else 10000.0
+    factors = np.asarray(tensor.data, dtype=np.float64).reshape(-1)
+    dim = 2 * len(factors)
+    wavelen = 2 * np.pi * base ** (np.arange(0, dim, 2) / dim)
+    big = float(factors.max())
+    ctx_field = reader.fields.get(f"{arch}.context_length")
+    # any value works (see above); below the context length so transformers does not warn
+    old_ctx = float(ctx_field.contents()) / max(big, 1.0) if ctx_field is not None else 8192.0
+    smooth = (factors > 1 + 1e-6) & (factors < big - 1e-6)
+    unscaled, scaled = wavelen[factors <= 1 + 1e-6], wavelen[factors >= big - 1e-6]
+    if big <= 1 or not len(unscaled) or not len(scaled):
+        raise GGUFError(f"{path}: cannot recover Llama-3 rope scaling from rope_freqs")
+    # the blend weight s(w) = a / w + b is 1 at the band's short edge and 0 at its long edge
+    x = 1 / wavelen[smooth]
+    y = (1 / factors[smooth] - 1 / big) / (1 - 1 / big)
+    if smooth.sum() < 2:      # too few points to fit: anchor s = 1 between the last 1x and the next one
+        edge = np.sqrt(unscaled.max() * (wavelen[smooth].min() if smooth.any() else scaled.min()))
+        x, y = np.append(x, 1 / edge), np.append(y, 1.0)
+        if smooth.sum() == 0:     # and s = 0 just above it: no wavelength falls in the band
+            x, y = np.append(x, 1 / (edge * 1.0001)), np.append(y, 0.0)
+    a, b = np.polyfit(x, y, 1)
+    width = old_ctx / a
+    low = -b * width
+    high = low + width
+    return {"rope_type": "llama3", "rope_theta": base, "factor": big, "low_freq_factor": float(low),
+            "high_freq_factor": float(high), "original_max_position_embeddings": int(old_ctx)}
+
+
 # --------------------------------------------------------------------------- F16 re-export
 
 def copy_gguf_metadata(reader, writer) -> None:
@@ -197,7 +261,23 @@ def export_f16_gguf(src, dst) -> Path:
 
 # peft / HF module name -> GGUF tensor stem (see llama.cpp's gguf-py tensor_mapping).
 GGUF_MODULE = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-               "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+               "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+               "qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}     # phi3's fused projections
+
+# Architectures whose attention / MLP projections are fused: the usual LoRA target names map to these.
+FUSED_MODULES = {"phi3": {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+                          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}}
+
+
+def lora_targets_for(arch: str, targets) -> list[str]:
+    """The module names a LoRA on ``targets`` means in this architecture (phi3: q/k/v -> qkv_proj)."""
+    fused = FUSED_MODULES.get(arch, {})
+    out = []
+    for t in targets:
+        t = fused.get(t, t)
+        if t not in out:
+            out.append(t)
+    return out
 _LAYER_MODULE = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)$")
 
 
@@ -231,12 +311,13 @@ def _lora_layers(peft_model):
 
 
 def write_gguf_lora(peft_model, path, *, arch: str, n_head: int, n_head_kv: int, alpha: float | None = None,
-                    permute: bool = True) -> Path:
+                    permute: bool | None = None) -> Path:
     """Write the active peft LoRA adapter as a GGUF LoRA adapter file for llama.cpp (atomically).
 
     llama.cpp scales each adapter by ``alpha / rank``; ``alpha`` defaults to peft's effective
-    ``scaling * r`` so both engines apply the same update. ``permute=False`` skips the llama q/k row
-    permutation (wrong; kept so tests can show that the permutation is needed).
+    ``scaling * r`` so both engines apply the same update. ``permute`` overrides the architecture's
+    q/k row permutation (None: as its converter does; True/False only so tests can show that
+    the wrong layout fails).
     """
     import gguf
 
@@ -248,7 +329,7 @@ def write_gguf_lora(peft_model, path, *, arch: str, n_head: int, n_head_kv: int,
         a = module.lora_A[adapter].weight.detach().float().cpu().numpy()   # [r, in]
         b = module.lora_B[adapter].weight.detach().float().cpu().numpy()   # [out, r]
         effective_alpha.add(round(float(module.scaling[adapter]) * a.shape[0], 6))
-        if arch == "llama" and permute and short in ("q_proj", "k_proj"):
+        if (arch_layout(arch).permute_qk if permute is None else permute) and short in ("q_proj", "k_proj"):
             b = permute_rows(b, n_head if short == "q_proj" else n_head_kv)
         stem = f"blk.{layer}.{GGUF_MODULE[short]}.weight"
         tensors += [(f"{stem}.lora_a", np.ascontiguousarray(a, dtype=np.float32)),
@@ -310,7 +391,7 @@ def export_merged_gguf(model, base_gguf, path, *, dtype: str = "f16") -> Path:
     arch = reader.fields["general.architecture"].contents()
     arch_enum = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
     if arch_enum is None or arch not in ARCH_LAYOUTS:
-        raise GGUFError(f"merged export supports {' and '.join(ARCH_LAYOUTS)} GGUFs, not {arch!r}")
+        raise GGUFError(f"merged export of a {arch!r} GGUF is not supported; supported: {SUPPORTED}")
     layout = ARCH_LAYOUTS[arch]
     state = merged_state_dict(model)
     config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
@@ -328,11 +409,17 @@ def export_merged_gguf(model, base_gguf, path, *, dtype: str = "f16") -> Path:
     file_type = gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
     tensors = []
     for t in reader.tensors:
+        expected = tuple(int(x) for x in reversed(t.shape))   # GGUF shapes are listed fastest-first
+        if t.name in _DERIVED_TENSORS:
+            tensors.append((t.name, np.asarray(t.data, dtype=np.float32).reshape(expected).copy()))
+            continue
         hf_name = gguf_to_hf.get(t.name)
         if hf_name is None:
             raise GGUFError(f"base GGUF tensor {t.name!r} has no weight in the model")
         w = state[hf_name].numpy()
-        expected = tuple(int(x) for x in reversed(t.shape))   # GGUF shapes are listed fastest-first
+        if t.name in ("token_embd.weight", "output.weight") and w.shape[1:] == expected[1:] \
+                and w.shape[0] > expected[0]:
+            w = w[:expected[0]]     # the converter drops padding rows past the tokenizer (gemma3)
         if w.shape != expected:
             raise GGUFError(f"{t.name}: model weight {w.shape} != base GGUF {expected}")
         if layout.permute_qk and t.name.endswith(("attn_q.weight", "attn_k.weight")):
@@ -346,3 +433,63 @@ def export_merged_gguf(model, base_gguf, path, *, dtype: str = "f16") -> Path:
         w.add_file_type(file_type)
 
     return _write_gguf(path, arch, kv, tensors)
+
+
+# --------------------------------------------------------------------------- HF -> GGUF, quantize
+
+LLAMA_CPP_VERSION = "0.3.36"     # the llama-cpp-python whose sdist install.sh keeps the converter from
+
+
+def converter_dir() -> Path:
+    """Where install.sh keeps llama.cpp's convert_hf_to_gguf.py (+ conversion/, gguf-py/)."""
+    from .paths import cache_dir
+    env = os.environ.get("FTIS_CONVERTER")
+    return Path(env).expanduser() if env else cache_dir() / f"llama.cpp-convert-{LLAMA_CPP_VERSION}"
+
+
+def convert_hf_to_gguf(hf_dir, dst, *, outtype: str = "f16", timeout_s: float = 3600) -> Path:
+    """Convert an HF model directory to GGUF with llama.cpp's own converter (a subprocess; atomic).
+
+    The converter brings its own gguf-py (it puts it first on sys.path), matching the llama.cpp
+    that loads the result.
+    """
+    import subprocess
+    import sys
+
+    script = converter_dir() / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise GGUFError(f"llama.cpp's converter is missing ({script}); run ./install.sh again")
+
+    def write(tmp: Path) -> None:
+        cmd = [sys.executable, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise GGUFError(f"converting {hf_dir} to GGUF took more than {timeout_s:.0f} s") from None
+        if r.returncode != 0:
+            lines = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
+            raise GGUFError(f"llama.cpp's converter failed on {hf_dir}: {lines[-1] if lines else r.returncode}")
+
+    return write_atomically(write, dst)
+
+
+QUANT_TYPES = {"f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+               "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+
+
+def quantize_gguf(src, dst, kind: str, *, n_threads: int = 0) -> Path:
+    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``; atomic)."""
+    import llama_cpp
+
+    if kind not in QUANT_TYPES:
+        raise GGUFError(f"quantization must be one of {', '.join(QUANT_TYPES)}, got {kind!r}")
+
+    def write(tmp: Path) -> None:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, QUANT_TYPES[kind])
+        params.nthread = n_threads
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+        if rc != 0:
+            raise GGUFError(f"llama.cpp could not quantize {src} to {kind} (code {rc})")
+
+    return write_atomically(write, dst)

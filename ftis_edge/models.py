@@ -21,6 +21,7 @@ Everything expensive is lazy and cached under ``cache_dir()``::
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -33,7 +34,8 @@ import threading
 import time
 from pathlib import Path
 
-from .gguf_io import GGUFError, check_gguf_file, export_f16_gguf, read_gguf_field, read_gguf_metadata
+from .gguf_io import (ARCH_LAYOUTS, SUPPORTED, GGUFError, check_gguf_file, convert_hf_to_gguf, export_f16_gguf, gguf_arch_of,
+                      llama3_rope_parameters, lora_targets_for, quantize_gguf, read_gguf_field, read_gguf_metadata)
 from .paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -293,8 +295,10 @@ class ModelBundle:
                     if i is not None and i not in eos:
                         eos.append(int(i))
         n_head = text_cfg.get("num_attention_heads")
+        model_type = text_cfg.get("model_type") or cfg.get("model_type")
         return {
-            "arch": text_cfg.get("model_type") or cfg.get("model_type"),
+            "arch": gguf_arch_of(model_type) or model_type,     # llama.cpp's name (mistral -> llama)
+            "hf_model_type": model_type,
             "name": self._hf_path.name if Path(self.spec).expanduser().is_dir() else self.spec,
             "vocab_size": text_cfg.get("vocab_size"),
             "n_layer": text_cfg.get("num_hidden_layers"),
@@ -316,6 +320,16 @@ class ModelBundle:
     n_ctx_train = property(lambda self: self.record["n_ctx_train"])
     eos_token_ids = property(lambda self: list(self.record["eos_token_ids"]))
 
+    def require_supported(self) -> None:
+        """Refuse, at start-up, an architecture the GGUF bridge (adapters, exports) does not handle."""
+        if self.arch not in ARCH_LAYOUTS:
+            raise ModelError(f"model {self.spec!r}: architecture {self.arch!r} is not supported; "
+                             f"supported: {SUPPORTED}")
+
+    def lora_targets(self, targets) -> list[str]:
+        """LoRA target module names for this architecture (phi3 fuses q/k/v and gate/up)."""
+        return lora_targets_for(self.arch, targets)
+
     @property
     def fingerprint(self) -> str:
         """Weights fingerprint: sha256[:16] of the GGUF file, or of the safetensors files of an HF dir."""
@@ -336,12 +350,6 @@ class ModelBundle:
     # ---- cache locations
     def _conv_root(self) -> Path:
         return cache_dir() / "converted"
-
-    def _require_gguf(self, what: str) -> Path:
-        if self.gguf_path is None:
-            raise ModelError(f"model {self.spec!r}: {what} needs a GGUF file; this is an HF-only model "
-                             f"(convert it with llama.cpp's convert_hf_to_gguf.py first)")
-        return self.gguf_path
 
     # ---- tokenizer
     def tokenizer(self):
@@ -409,15 +417,9 @@ class ModelBundle:
         target = self._conv_root() / self.fingerprint
         if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
             return target
-        import torch
-        from transformers import AutoModelForCausalLM
         t0 = time.time()
-        model = AutoModelForCausalLM.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name,
-                                                     dtype=torch.float32)
-        # transformers attaches a GGUF "quantizer" that refuses save_pretrained; the weights are plain fp32.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+        with slow_step(f"loading {self.gguf_path.name} into PyTorch (once; cached by its hash)"):
+            model = gguf_to_pytorch(self.gguf_path)
         tmp = Path(tempfile.mkdtemp(dir=_mkdir(self._conv_root()), prefix=f"{self.fingerprint}.hf."))
         model.save_pretrained(tmp)
         self.tokenizer().save_pretrained(tmp)
@@ -428,20 +430,69 @@ class ModelBundle:
         return target
 
     def f16_gguf(self) -> Path:
-        """F16 re-export of the dequantized GGUF weights (1-D tensors stay F32), cached by GGUF hash."""
-        src = self._require_gguf("f16_gguf()")
+        """F16 GGUF, cached by the weights' hash: the dequantized GGUF re-exported (1-D tensors stay
+        F32), or for an HF model llama.cpp's own converter run once on its directory."""
+        if self.gguf_path is None:
+            return self._converted_gguf("f16")
         target = self._conv_root() / f"{self.fingerprint}.f16.gguf"
         if target.is_file():
             return target
-        return export_f16_gguf(src, target)      # written to a temp name, renamed into place
+        with slow_step(f"re-exporting {self.gguf_path.name} as F16 (once)"):
+            return export_f16_gguf(self.gguf_path, target)      # written to a temp name, renamed into place
+
+    def _converted_gguf(self, kind: str) -> Path:
+        """An HF model as GGUF: F16 by llama.cpp's converter, q8_0 / q4_k_m quantized from that F16."""
+        self.require_supported()
+        target = self._conv_root() / f"{self.fingerprint}.hf.{kind}.gguf"
+        if target.is_file():
+            return target
+        try:
+            if kind == "f16":
+                with slow_step(f"converting {self.name} to GGUF F16 with llama.cpp's converter (once)"):
+                    return convert_hf_to_gguf(self._hf_path, target, outtype="f16")
+            src = self._converted_gguf("f16")
+            with slow_step(f"quantizing {self.name} to {kind} (once)"):
+                return quantize_gguf(src, target, kind)
+        except GGUFError as e:
+            raise ModelError(f"model {self.spec!r}: {e}") from None
+
+    def base_gguf(self) -> Path:
+        """The GGUF whose layout and metadata merged exports copy: the model's own, or its F16 conversion."""
+        return self.gguf_path if self.gguf_path is not None else self.f16_gguf()
 
     def generator_gguf(self, precision: str = "f16") -> Path:
         """The GGUF a llama.cpp generator should load: "quantized" (as shipped) or "f16"."""
         if precision == "quantized":
-            return self._require_gguf("generator_gguf('quantized')")
+            if self.gguf_path is None:      # an HF model: quantized once from its F16 conversion
+                return self._converted_gguf("q8_0")
+            return self.gguf_path
         if precision == "f16":
             return self.f16_gguf()
         raise ModelError(f"generator precision must be 'quantized' or 'f16', got {precision!r}")
+
+
+def gguf_to_pytorch(gguf_path):
+    """A float32 transformers model from a GGUF (dequantized), with what transformers' loader misses."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf_path = Path(gguf_path)
+    arch = read_gguf_field(gguf_path, "general.architecture")
+    head_dim = read_gguf_field(gguf_path, f"{arch}.attention.key_length")
+    # transformers' loader does not read the head size (qwen3 defaults to 128 whatever the GGUF says)
+    extra = {"head_dim": int(head_dim)} if head_dim else {}
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
+                                                 **extra)
+    rope = llama3_rope_parameters(gguf_path)     # Llama 3.x: transformers drops its rope scaling
+    if rope is not None:
+        model.config.rope_parameters = rope
+        rotary = model.model.rotary_emb                     # the live model too, not only the saved config
+        model.model.rotary_emb = type(rotary)(model.config)
+    # transformers attaches a GGUF "quantizer" that refuses save_pretrained; the weights are plain fp32.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model
 
 
 # llama.cpp pre-tokenizer types that split every digit before the GPT-2 regex (llama-vocab.cpp).
@@ -457,6 +508,22 @@ def _match_llamacpp_pretokenizer(tok, pre: str | None) -> None:
     tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+
+
+@contextlib.contextmanager
+def slow_step(what: str):
+    """A live progress line (spinner + elapsed time) on stderr for a slow one-off step, then one
+    summary line; the same line goes to the log."""
+    import logging
+
+    from rich.console import Console
+    console = Console(stderr=True)
+    t0 = time.time()
+    logging.getLogger("ftis_edge.models").info("%s ...", what)
+    with console.status(f"{what} ...", spinner="dots"):
+        yield
+    console.print(f"[green]✓[/] {what}: {time.time() - t0:.1f} s", highlight=False)
+    logging.getLogger("ftis_edge.models").info("%s: %.1f s", what, time.time() - t0)
 
 
 def _mkdir(path: Path) -> Path:

@@ -93,6 +93,7 @@ class Node:
         torch.set_num_threads(threads)
         t0 = time.time()
         self.bundle = resolve_model(cfg.model.spec)
+        self.bundle.require_supported()     # an unsupported architecture fails here, not in a round
         task_opts = {"reward": cfg.task.reward, "timeout_s": cfg.task.reward_timeout_s,
                      "few_shot": cfg.task.few_shot, "require_think": cfg.task.require_think}
         if cfg.task.path:
@@ -107,7 +108,7 @@ class Node:
         self.learner = Learner(
             self.bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
-            lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.lr, grad_clip=cfg.train.grad_clip,
+            lora_targets=tuple(self.bundle.lora_targets(cfg.train.lora_targets)), lr=cfg.train.lr, grad_clip=cfg.train.grad_clip,
             micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
         if cfg.model.backend == "hf":
             from .generate.hf import HFGenerator

@@ -16,6 +16,8 @@ from pathlib import Path
 # The GGUF writers live in gguf_io; re-exported here because they are what a sync writes.
 from .gguf_io import GGUF_MODULE, GGUFError, export_merged_gguf, merged_state_dict, permute_rows, write_gguf_lora
 
+LATEST = "latest.gguf"      # <run>/adapter/latest.gguf: the newest adapter (LoRA) or merged model (full)
+
 # Everything a sync can refuse (a bad mode, a module without a GGUF equivalent, a shape mismatch).
 SyncError = GGUFError
 
@@ -44,7 +46,7 @@ class WeightSync:
             raise SyncError(f"mode must be 'auto', 'lora-adapter' or 'merged', got {mode!r}")
         if mode == "lora-adapter" and learner.trainable != "lora":
             raise SyncError("mode 'lora-adapter' needs a LoRA learner (full fine-tuning syncs with 'merged')")
-        if mode == "merged" and base_gguf is None:
+        if mode == "merged" and base_gguf is None and getattr(generator, "backend", None) != "hf":
             raise SyncError("mode 'merged' needs base_gguf (the GGUF whose metadata the export copies)")
         self.learner, self.generator, self.mode = learner, generator, mode
         self.out_dir = Path(out_dir)
@@ -55,17 +57,42 @@ class WeightSync:
 
     @classmethod
     def from_bundle(cls, learner, generator, bundle, out_dir, **kwargs) -> "WeightSync":
-        """Build from a ``models.ModelBundle`` (arch, head counts, base GGUF for merged exports)."""
+        """Build from a ``models.ModelBundle`` (arch, head counts, base GGUF for merged exports;
+        an HF model on the llama.cpp backend exports under its converted F16 GGUF)."""
+        on_hf = getattr(generator, "backend", None) == "hf"
+        base = bundle.gguf_path if (bundle.gguf_path is not None or on_hf) else bundle.base_gguf()
         return cls(learner, generator, out_dir=out_dir, arch=bundle.arch, n_head=bundle.n_head,
-                   n_head_kv=bundle.n_head_kv, base_gguf=bundle.gguf_path, **kwargs)
+                   n_head_kv=bundle.n_head_kv, base_gguf=base, **kwargs)
+
+    def _publish_latest(self, path: Path) -> None:
+        """``<out_dir>/latest.gguf``: a hard link to the newest artefact (a stable name for eval and
+        export; survives the clean-up of the versioned file, costs no space). Copy where links fail."""
+        import os
+        import shutil
+        latest = self.out_dir / LATEST
+        tmp = self.out_dir / f".{LATEST}.{os.getpid()}.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, latest)
 
     def sync(self, version: int | None = None) -> dict:
         """Write the current policy and hand it to the generator; returns metrics (seconds, bytes)."""
         version = self.learner.version if version is None else version
         if getattr(self.generator, "backend", None) == "hf":
             self.generator.set_adapter(None, version)     # records the version; weights are already live
-            return {"sync/mode": "none", "sync/version": version, "sync/write_s": 0.0, "sync/apply_s": 0.0,
+            info = {"sync/mode": "none", "sync/version": version, "sync/write_s": 0.0, "sync/apply_s": 0.0,
                     "sync/bytes": 0}
+            if self.mode == "lora-adapter" and self._synced_version != version:
+                # the generator needs no file, but a person does: keep latest.gguf (~10 ms, ~2 MB)
+                path = write_gguf_lora(self.learner.model, self.out_dir / "adapter-hf.gguf",
+                                       arch=self.arch, n_head=self.n_head, n_head_kv=self.n_head_kv)
+                self._publish_latest(path)
+                path.unlink()
+                self._synced_version = version
+            return info
         if self._written and self._synced_version == version and self._written[-1].exists():
             # No optimiser step since the last sync (a round whose groups had no signal):
             # the generator already has these weights, and rewriting the same file name
@@ -86,6 +113,7 @@ class WeightSync:
             self.generator.reload(str(path), version)
         t2 = time.perf_counter()
         self._synced_version = version
+        self._publish_latest(path)
         if path not in self._written:
             self._written.append(path)
         while len(self._written) > self.keep:   # older artefacts are no longer loaded anywhere
