@@ -18,7 +18,32 @@ import torch
 
 from procs import ROOT
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(3600)]
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_export_and_eval_refuse_what_is_not_a_trained_run_in_one_line(tmp_path):
+    r = _cli("export", str(tmp_path / "nope"))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "not a run directory" in r.stderr
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("[node]\nid = \"x\"\n")
+    r = _cli("export", str(run), "--eval-limit", "0")
+    assert r.returncode == 2 and "no checkpoint yet" in r.stderr and r.stderr.strip().count("\n") == 0
+    r = _cli("eval", "--model", str(run), "--task", "arith", "--limit", "1")
+    assert r.returncode == 2 and "no adapter/latest.gguf yet" in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_modelfile_chat_formats():
+    from ftis_edge.export import _TEMPLATES, chat_format
+    assert chat_format("{{ '<|im_start|>' + message['role'] }}") == "chatml"
+    assert chat_format("<start_of_turn>user") == "gemma"
+    assert chat_format("<|start_header_id|>") == "llama3" and chat_format("<|user|>") == "phi3"
+    assert chat_format(None) == "plain"
+    # the plain format is ModelBundle.render_prompt's, so an Ollama prompt is the prompt we trained on
+    assert _TEMPLATES["plain"][0].replace("{{ if .System }}System: {{ .System }}\n\n{{ end }}", "System: S\n\n") \
+        .replace("{{ .Prompt }}", "Q").replace("{{ .Response }}", "") == "System: S\n\nUser: Q\n\nAssistant:"
 
 EVAL_N = 12
 
@@ -65,6 +90,8 @@ def _plain_llama_cpp_eval(gguf: Path, bundle, task, prompts, max_tokens: int) ->
     return rewards
 
 
+@pytest.mark.model
+@pytest.mark.timeout(3600)
 def test_export_of_a_llamacpp_lora_run(tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -124,6 +151,8 @@ def test_export_of_a_llamacpp_lora_run(tmp_path):
     assert same >= 0.8 and abs(acc_plain - acc_node) <= 0.15
 
 
+@pytest.mark.model
+@pytest.mark.timeout(3600)
 def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -144,9 +173,13 @@ def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
         learner.model = AutoModelForCausalLM.from_pretrained(out / "hf", dtype=torch.float32)
         got, _ = learner.logprobs(batch)
     assert float((ref - got)[mask].abs().max()) <= 1e-5
-    # the quantized export loads in llama.cpp and scores like the learner (q8_0: within 0.05 nats/token)
-    gen = LlamaCppGenerator(out / "model-q8_0.gguf", eos_token_ids=bundle.eos_token_ids, n_ctx=512,
-                            max_group=1, n_threads=1)
-    cpp = np.concatenate([gen.score(s.prompt_ids, [s.completion_ids])[0] for s in batch])
-    gen.close()
-    assert float(np.abs(cpp - ref[mask].numpy()).mean()) < 0.05
+    # the merged GGUFs load in llama.cpp and score like the learner. F16 rounds part of a full fine-tuning
+    # step away (docs/bridge.md: ~0.03); Q8_0 of SmolLM2 measured 0.12 on these 17 forced tokens even
+    # without training (the shipped Q4_1: 0.07), so its bar is looser.
+    for name, bar in (("model-f16.gguf", 0.05), ("model-q8_0.gguf", 0.25)):
+        gen = LlamaCppGenerator(out / name, eos_token_ids=bundle.eos_token_ids, n_ctx=512, max_group=1, n_threads=1)
+        cpp = np.concatenate([gen.score(s.prompt_ids, [s.completion_ids])[0] for s in batch])
+        gen.close()
+        err = float(np.abs(cpp - ref[mask].numpy()).mean())
+        print(f"\nHF full fine-tuning export: {name} vs learner {err:.4f} nats/token")
+        assert err < bar, (name, err)
