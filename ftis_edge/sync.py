@@ -10,6 +10,7 @@ Two artefacts, both written by ``gguf_io`` (llama.cpp's own ``gguf`` package):
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -87,11 +88,15 @@ class WeightSync:
                     "sync/bytes": 0}
             if self.mode == "lora-adapter" and self._synced_version != version:
                 # the generator needs no file, but a person does: keep latest.gguf (~10 ms, ~2 MB)
-                path = write_gguf_lora(self.learner.model, self.out_dir / "adapter-hf.gguf",
-                                       arch=self.arch, n_head=self.n_head, n_head_kv=self.n_head_kv)
+                self._synced_version = version
+                try:
+                    path = write_gguf_lora(self.learner.model, self.out_dir / "adapter-hf.gguf",
+                                           arch=self.arch, n_head=self.n_head, n_head_kv=self.n_head_kv)
+                except GGUFError as e:      # e.g. LoRA on lm_head: fine for this backend, no GGUF though
+                    logging.getLogger(__name__).warning("no adapter/%s: %s", LATEST, e)
+                    return info
                 self._publish_latest(path)
                 path.unlink()
-                self._synced_version = version
             return info
         if self._written and self._synced_version == version and self._written[-1].exists():
             # No optimiser step since the last sync (a round whose groups had no signal):
