@@ -364,7 +364,8 @@ class ModelBundle:
         if (cached / "tokenizer_config.json").is_file():
             self._tokenizer = AutoTokenizer.from_pretrained(cached)
             return self._tokenizer
-        tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
+        with slow_step(f"reading the tokenizer of {self.gguf_path.name} (once)"):
+            tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
         _match_llamacpp_pretokenizer(tok, self._gguf_pre())
         tmp = Path(tempfile.mkdtemp(dir=_mkdir(self._conv_root()), prefix=f"{self.fingerprint}.tok."))
         tok.save_pretrained(tmp)
