@@ -197,6 +197,19 @@ def evaluate(args, console=None) -> dict:
     prompts = task.eval_prompts(args.limit)
     if not prompts:
         raise EvalError(f"task {args.task} has no eval prompts")
+    from .export import ExportError, is_run_dir, run_weights
+    if args.model and is_run_dir(args.model):      # a node's run directory: its newest weights
+        if args.adapter:
+            raise EvalError("--model RUN_DIR already names the run's adapter; drop --adapter")
+        if args.backend != "llamacpp":
+            raise EvalError("--model RUN_DIR evaluates the run's GGUF weights on llamacpp; for --backend hf, "
+                            "`ftis-edge export RUN_DIR` and pass --adapter RUN_DIR/export/peft")
+        try:
+            args.model, args.adapter = run_weights(args.model)
+        except ExportError as e:
+            raise EvalError(str(e)) from None
+        if args.adapter is None:
+            args.precision = "quantized"      # a merged model: use the file as written (F32)
     try:
         bundle = resolve_model(args.model)
         gen = _build_generator(args, bundle)

@@ -96,7 +96,9 @@ class HFGenerator(SamplingGenerator):
         self.adapter_version = version
 
     def sync_weights(self, exporter, version: int) -> dict:
-        """Nothing to write: the model is the learner's policy itself; record the version."""
+        """Nothing to load: the model is the learner's policy itself; record the version (and
+        let ``exporter`` keep a person's copy of a LoRA adapter)."""
+        exporter.keep_latest(version)
         self.set_adapter(None, version)
         return {"sync/mode": "none", "sync/version": version, "sync/write_s": 0.0, "sync/apply_s": 0.0,
                 "sync/bytes": 0}
