@@ -150,7 +150,7 @@ def _eval(cfg, model: str, precision: str, limit: int, threads: int | None) -> d
     p = argparse.ArgumentParser()
     evaluate.add_arguments(p)
     argv = ["--model", model, "--task", cfg.task.name, "--limit", str(limit), "--precision", precision,
-            "--max-new-tokens", str(cfg.task.max_new_tokens), "--few-shot", str(cfg.task.few_shot), "--quiet"]
+            "--max-new-tokens", str(cfg.task.max_completion_length), "--few-shot", str(cfg.task.few_shot), "--quiet"]
     if cfg.task.name == "arith" and cfg.task.level:
         argv += ["--level", ",".join(str(x) for x in cfg.task.level)]
     if cfg.task.path:

@@ -51,7 +51,7 @@ EVAL_N = 12
 def _run(tmp_path: Path, node_id: str, **sections) -> Path:
     cfg = {"node": {"id": node_id, "run_dir": str(tmp_path / "{id}"), "rounds": 1, "checkpoint_every": 1},
            "model": {"threads": 1}, "train": {"micro_batch": 8},
-           "task": {"prompts_per_round": 2, "group_size": 4, "max_new_tokens": 40, "reward": "shaped"}}
+           "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"}}
     for s, v in sections.items():
         cfg.setdefault(s, {}).update(v)
     lines = []
@@ -160,7 +160,7 @@ def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
     from ftis_edge.generate.llamacpp import LlamaCppGenerator
     from ftis_edge.models import resolve_model
 
-    run = _run(tmp_path, "full", model={"backend": "hf", "threads": 1}, train={"trainable": "full", "lr": 2e-5})
+    run = _run(tmp_path, "full", model={"backend": "hf", "threads": 1}, train={"trainable": "full", "learning_rate": 2e-5})
     info = export_run(run, None, quant="q8_0", eval_limit=0, log=lambda *_: None)
     out = run / "export"
     assert sorted(info["files"]) == ["f16", "hf", "q8_0"] and (out / "hf" / "config.json").is_file()
