@@ -50,14 +50,6 @@ class ModelError(FtisError):
 
 # --------------------------------------------------------------------------- small utilities
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _file_key(path: Path) -> str:
     st = path.stat()
     return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
@@ -90,7 +82,7 @@ def file_sha256(path: str | os.PathLike) -> str:
     key = "sha256:" + _file_key(path)
     rec = _index_get(key)
     if rec is None:
-        rec = {"sha256": _sha256_file(path)}
+        rec = {"sha256": atomic.sha256_of(path)}
         _index_put(key, rec)
     return rec["sha256"]
 
