@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ftis_edge.shared_prompt import PromptPass, completion_hidden, plan_micro_batches, prompt_key, run_prompt
+from ftis_edge.shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
+                                    run_prompt)
 
 
 class LearnerError(ValueError):
@@ -212,24 +213,44 @@ class Learner:
         return self._logprobs_on_prompts(samples, states)
 
     def _logprobs_on_prompts(self, samples: Sequence[TrainSample], states: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of the completions on top of their prompts' states (``shared_prompt.PromptState``)."""
-        rows = [(states[prompt_key(s.prompt_ids)], s.completion_ids) for s in samples]
-        with self._autocast():
-            hidden = completion_hidden(self._hf_model.get_decoder(), rows, self.device)
-        return self._gather_logprobs(samples, hidden, [0] * len(samples))
+        """Log-probs of the completions on top of their prompts' states (``shared_prompt.PromptState``).
 
-    def _gather_logprobs(self, samples, hidden: torch.Tensor, first_col: list[int]):
-        """Log-probs of each completion token from ``hidden[b, first_col[b] + j]`` -> ([B, T], mask)."""
-        rows, cols, pos, targets = [], [], [], []
-        for b, s in enumerate(samples):
+        Rows run in length buckets (``length_buckets``): completions of very different lengths are
+        not all padded to the longest one.
+        """
+        order = sorted(range(len(samples)), key=lambda b: len(samples[b].completion_ids))
+        decoder = self._hf_model.get_decoder()
+        parts = []
+        for bucket in length_buckets([len(samples[b].completion_ids) for b in order]):
+            idx = [order[i] for i in bucket]
+            rows = [(states[prompt_key(samples[b].prompt_ids)], samples[b].completion_ids) for b in idx]
+            with self._autocast():
+                hidden = completion_hidden(decoder, rows, self.device)
+            parts.append(self._picked_logprobs([samples[b] for b in idx], idx, hidden, [0] * len(idx)))
+        return self._assemble(samples, parts)
+
+    def _picked_logprobs(self, samples, rows_out: list[int], hidden: torch.Tensor, first_col: list[int]):
+        """Log-probs of each completion token of ``samples[i]`` from ``hidden[i, first_col[i] + j]``;
+        returns (flat log-probs, their output rows ``rows_out[i]``, their positions j)."""
+        rows, cols, out_rows, pos, targets = [], [], [], [], []
+        for i, s in enumerate(samples):
             C = len(s.completion_ids)
-            rows += [b] * C
-            cols += range(first_col[b], first_col[b] + C)
+            rows += [i] * C
+            out_rows += [rows_out[i]] * C
+            cols += range(first_col[i], first_col[i] + C)
             pos += range(C)
             targets += s.completion_ids
         dev = self.device
-        rows_t, cols_t, pos_t = (torch.tensor(x, device=dev) for x in (rows, cols, pos))
+        rows_t, cols_t = torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)
         flat = self._token_logprobs(hidden[rows_t, cols_t], torch.tensor(targets, device=dev))
+        return flat, out_rows, pos
+
+    def _assemble(self, samples, parts) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, T] log-probs, mask) from ``_picked_logprobs`` parts."""
+        dev = self.device
+        flat = torch.cat([f for f, _, _ in parts])
+        rows_t = torch.tensor([r for _, rows, _ in parts for r in rows], device=dev)
+        pos_t = torch.tensor([j for _, _, pos in parts for j in pos], device=dev)
         B, T = len(samples), max(len(s.completion_ids) for s in samples)
         logp = torch.zeros(B, T, device=dev, dtype=flat.dtype).index_put((rows_t, pos_t), flat)
         mask = torch.zeros(B, T, device=dev, dtype=torch.bool)
@@ -252,7 +273,8 @@ class Learner:
             hidden = self._hf_model.get_decoder()(input_ids=input_ids, attention_mask=attention,
                                                   use_cache=False).last_hidden_state
         # the hidden state before each completion token predicts it
-        return self._gather_logprobs(samples, hidden, [len(s.prompt_ids) - 1 for s in samples])
+        part = self._picked_logprobs(samples, list(range(B)), hidden, [len(s.prompt_ids) - 1 for s in samples])
+        return self._assemble(samples, [part])
 
     # ----------------------------------------------------------------- the step
     def _objective_inputs(self, samples: Sequence[TrainSample], T: int):

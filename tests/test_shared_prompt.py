@@ -155,3 +155,14 @@ def test_shared_step_leaves_the_same_weights(tiny_dir):
 def test_gradient_checkpointing_falls_back_to_the_unshared_path(tiny_dir):
     learner = Learner(tiny_dir, trainable="full", device="cpu", gradient_checkpointing=True)
     assert learner.share_prompts is False
+
+
+def test_length_buckets_split_where_padding_costs_more_than_a_forward():
+    from ftis_edge.shared_prompt import length_buckets
+    assert length_buckets([5, 5, 6, 6], overhead=8) == [[0, 1, 2, 3]]          # near-equal: one forward
+    assert length_buckets([3, 4, 5, 120, 128], overhead=8) == [[0, 1, 2], [3, 4]]
+    assert length_buckets([7]) == [[0]] and length_buckets([]) == []
+    many = length_buckets(list(range(1, 200, 7)), overhead=8)
+    assert [i for b in many for i in b] == list(range(len(range(1, 200, 7)))) and len(many) > 2
+    with pytest.raises(ValueError, match="ascending"):
+        length_buckets([5, 3])
