@@ -10,8 +10,8 @@ Three measurements, all on a real default node (alone mode: SmolLM2-135M, llama.
   round    paired rounds: the learner's state is restored and synced before each side, so both
            sides generate the same completions (sampling is seeded by (seed, round)) and train on
            the same samples; the wall time of ``run_round()`` and its split.
-  memory   peak RSS of a fresh process per side: build, one default round, one update of all 32
-           completions of the next round (``--rss-child`` runs one side).
+  memory   peak RSS of a fresh process per side during one default round that trains all 32
+           completions (peak reset after the build; ``--rss-child`` runs one side).
 
 Run:  .venv/bin/python benchmarks/bench_shared_prompt.py [--rounds 2] [--update-reps 3] [--threads 2] [--json out.json]
 """
@@ -112,21 +112,36 @@ def paired_round(node, round_no: int, order) -> dict:
     return out
 
 
+def _vm_hwm_gib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
 def rss_child(share: bool, threads: int) -> int:
-    """One side in a fresh process: build, one default round, one update of all 32 completions."""
+    """One side in a fresh process: build, then one default round in which every completion is
+    trained (generation of round 1's 4 x 8, the update of all 32, the weight sync); reports the
+    process's peak RSS and the peak during that round alone (VmHWM reset after the build)."""
     import torch
     torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench_shared_prompt_rss."))
     try:
         node = build_node(tmp / "node", threads)
         node.learner.share_prompts = share
-        node.round = 1
-        rec = node.run_round()
-        samples = all_completions(node, 2)
+        built = _vm_hwm_gib()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")     # reset the peak: measure the round alone
+            reset = True
+        except OSError:
+            reset = False
+        samples = all_completions(node, 1)
         node.learner.step(samples)
+        node.sync.sync(node.learner.version)
         node.generator.close()
         print(json.dumps({"share": share, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                          "round_trained": rec.get("samples/own", 0), "update_samples": len(samples),
+                          "after_build_gib": built, "round_peak_gib": _vm_hwm_gib() if reset else None,
+                          "update_samples": len(samples),
                           "update_tokens": sum(len(s.completion_ids) for s in samples)}))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -134,33 +149,47 @@ def rss_child(share: bool, threads: int) -> int:
 
 
 def markdown(res: dict) -> str:
-    u = res["update"]
-    lines = [f"### The prompt once per group: before / after (default node, {res['args']['threads']} threads)", "",
-             f"**Update, same {u['samples']} completions** ({u['completion_tokens']} completion tokens; prompts "
-             f"{', '.join(map(str, u['prompt_tokens']))} tokens), forward + backward, {len(u['before_s'])} interleaved "
-             f"repetitions: before {u['median_before_s']:.1f} s, after {u['median_after_s']:.1f} s (median) -> "
-             f"**{u['speedup']:.2f}x faster**; gradients agree to {u['grad_rel_diff']:.1e} (relative).", "",
-             "| round | before s (gen / train / sync) | after s (gen / train / sync) | trained | same samples | "
-             "update x | round x |", "|---|---|---|---|---|---|---|"]
-    for r in res["rounds"]:
-        b, a = r["before"], r["after"]
-        lines.append(f"| {r['round']} | {b['wall_s']:.1f} ({b['gen_s']:.1f} / {b['train_s']:.1f} / {b['sync_s']:.2f}) "
-                     f"| {a['wall_s']:.1f} ({a['gen_s']:.1f} / {a['train_s']:.1f} / {a['sync_s']:.2f}) "
-                     f"| {a['trained']} | {r['same_samples']} | "
-                     f"{'–' if r['update_speedup'] is None else format(r['update_speedup'], '.2f')} "
-                     f"| {r['round_speedup']:.2f} |")
-    if res["rounds"]:
+    lines = [f"### The prompt once per group: before / after (default node, {res['args']['threads']} threads)"]
+    u = res.get("update")
+    if u:
+        lines += ["", f"**Update, same {u['samples']} completions** ({u['completion_tokens']} completion tokens; "
+                      f"prompts {', '.join(map(str, u['prompt_tokens']))} tokens), forward + backward, "
+                      f"{len(u['before_s'])} interleaved repetitions: before {u['median_before_s']:.1f} s, after "
+                      f"{u['median_after_s']:.1f} s (median) -> **{u['speedup']:.2f}x faster** (pairs: "
+                      + ", ".join(f"{b / a:.2f}x" for b, a in zip(u["before_s"], u["after_s"]))
+                      + f"); gradients agree to {u['grad_rel_diff']:.1e} (relative)."]
+    if res.get("rounds"):
+        lines += ["", "| round | before s (gen / train / sync) | after s (gen / train / sync) | trained | same samples | "
+                  "update x | round x |", "|---|---|---|---|---|---|---|"]
+        for r in res["rounds"]:
+            b, a = r["before"], r["after"]
+            lines.append(f"| {r['round']} | {b['wall_s']:.1f} ({b['gen_s']:.1f} / {b['train_s']:.1f} / {b['sync_s']:.2f}) "
+                         f"| {a['wall_s']:.1f} ({a['gen_s']:.1f} / {a['train_s']:.1f} / {a['sync_s']:.2f}) "
+                         f"| {a['trained']} | {r['same_samples']} | "
+                         f"{'–' if r['update_speedup'] is None else format(r['update_speedup'], '.2f')} "
+                         f"| {r['round_speedup']:.2f} |")
         wb = sum(r["before"]["wall_s"] for r in res["rounds"])
         wa = sum(r["after"]["wall_s"] for r in res["rounds"])
         lines.append(f"| **total** | **{wb:.1f}** | **{wa:.1f}** | | | | **{wb / wa:.2f}** |")
     m = res.get("memory") or {}
     if m:
-        b, a = m["before"]["peak_rss_gib"], m["after"]["peak_rss_gib"]
-        lines += ["", f"**Peak RSS** (fresh process per side: build, one default round, one update of all "
-                      f"{m['after']['update_samples']} completions): before {b:.2f} GiB, after {a:.2f} GiB "
-                      f"({(a / b - 1) * 100:+.0f}%)."]
+        b, a = m["before"], m["after"]
+        lines += ["", f"**Peak RSS** (a fresh process per side: build, then one default round that trains all "
+                      f"{a['update_samples']} completions): during the round before {b['round_peak_gib']:.2f} GiB, "
+                      f"after {a['round_peak_gib']:.2f} GiB ({(a['round_peak_gib'] / b['round_peak_gib'] - 1) * 100:+.0f}%); "
+                      f"whole process (the build's peak included) {b['peak_rss_gib']:.2f} / {a['peak_rss_gib']:.2f} GiB."]
     lines += ["", f"Load average (1 min) before / after: {res['load'][0]:.2f} / {res['load'][1]:.2f}."]
     return "\n".join(lines)
+
+
+def memory(threads: int, progress) -> dict:
+    out = {}
+    for side in ("before", "after"):
+        run = subprocess.run([sys.executable, __file__, "--rss-child", side, "--threads", str(threads)],
+                             cwd=ROOT, capture_output=True, text=True, check=True)
+        out[side] = json.loads(run.stdout.strip().splitlines()[-1])
+        progress(f"memory {side}: {out[side]}")
+    return out
 
 
 def main() -> int:
@@ -169,6 +198,7 @@ def main() -> int:
     ap.add_argument("--update-reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-memory", action="store_true", help="skip the two peak-RSS processes")
+    ap.add_argument("--memory-only", action="store_true", help="only the two peak-RSS processes")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--render", metavar="JSON", help="only print the table of a saved --json file")
     ap.add_argument("--rss-child", choices=("before", "after"), help=argparse.SUPPRESS)
@@ -187,6 +217,13 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bench_shared_prompt."))
     res = {"args": vars(args)}
+    if args.memory_only:
+        res["memory"] = memory(args.threads, progress)
+        res["load"] = [load_before, os.getloadavg()[0]]
+        print(markdown(res))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+        return 0
     try:
         node = build_node(tmp / "node", args.threads)
         node.round = 1
@@ -204,12 +241,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not args.no_memory:
-        res["memory"] = {}
-        for side in ("before", "after"):
-            out = subprocess.run([sys.executable, __file__, "--rss-child", side, "--threads", str(args.threads)],
-                                 cwd=ROOT, capture_output=True, text=True, check=True)
-            res["memory"][side] = json.loads(out.stdout.strip().splitlines()[-1])
-            progress(f"memory {side}: {res['memory'][side]}")
+        res["memory"] = memory(args.threads, progress)
     res["load"] = [load_before, os.getloadavg()[0]]
     print(markdown(res))
     if args.json:
