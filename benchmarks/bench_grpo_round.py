@@ -67,10 +67,10 @@ def build_ftis(run_dir: Path, threads: int, max_new_tokens: int, train_all: bool
         "node": {"id": "bench", "run_dir": str(run_dir), "seed": SEED, "rounds": 1000},
         "model": {"spec": "smollm2-135m", "threads": threads, "device": "cpu"},
         "train": {"trainable": "lora", "lora_r": LORA["r"], "lora_alpha": LORA["alpha"],
-                  "lora_dropout": 0.0, "lora_targets": LORA["targets"], "lr": LR,
-                  "micro_batch": MICRO_BATCH, "grad_clip": 1.0},
-        "task": {"name": "arith", "prompts_per_round": PROMPTS, "group_size": G,
-                 "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                  "lora_dropout": 0.0, "lora_targets": LORA["targets"], "learning_rate": LR,
+                  "micro_batch": MICRO_BATCH, "max_grad_norm": 1.0},
+        "task": {"name": "arith", "prompts_per_round": PROMPTS, "num_generations": G,
+                 "max_completion_length": max_new_tokens, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
                  "reward": "binary"},
     })
     node = Node(cfg, console_log=False)
@@ -109,7 +109,7 @@ def ftis_round(node, round_no: int) -> dict:
     wall = time.perf_counter() - t0
     n = rec.get("gen/tokens") or 0
     return {"wall_s": wall, "gen_s": rec["time/gen_s"], "train_s": rec["time/train_s"],
-            "sync_s": rec["time/sync_s"], "tokens": n, "mean_len": rec.get("gen/mean_len"),
+            "sync_s": rec["time/sync_s"], "tokens": n, "mean_len": rec.get("completions/mean_length"),
             "reward": rec.get("reward/own"), "samples": rec.get("samples/own", 0)}
 
 

@@ -74,6 +74,7 @@ def _relay_publisher(addr, node, n, pace_s, go, out):
     while not c.stats()["connected"]:
         time.sleep(0.01)
     go.wait()
+    cpu0 = time.process_time()
     sent = {}
     for m in msgs:
         sent[wire.peek(m).rollout_id] = time.time()
@@ -85,7 +86,7 @@ def _relay_publisher(addr, node, n, pace_s, go, out):
     while c.pending():
         time.sleep(0.005)
     c.close()
-    out.put(("sent", sent))
+    out.put(("sent", sent, time.process_time() - cpu0))
 
 
 def _relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
@@ -95,6 +96,7 @@ def _relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
     time.sleep(0.2)                           # let the SUB land
     ready.put(node)
     go.wait()
+    cpu0 = time.process_time()
     got, nbytes = [], 0
     end = time.time() + timeout_s
     while len(got) < expected and time.time() < end:
@@ -102,7 +104,7 @@ def _relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
             got.append((x.rollout_id, x.received_at))
             nbytes += x.nbytes
     c.close()
-    out.put(("recv", got, nbytes))
+    out.put(("recv", got, nbytes, time.process_time() - cpu0))
 
 
 def _raw_relay_publisher(addr, node, n, pace_s, go, out):
@@ -114,6 +116,7 @@ def _raw_relay_publisher(addr, node, n, pace_s, go, out):
     d.send_multipart([P.HELLO, orjson.dumps({"node_id": node, "protocol": P.RELAY_PROTOCOL})])
     assert d.poll(10_000) and d.recv_multipart()[0] == P.WELCOME
     go.wait()
+    cpu0 = time.process_time()
     sent, acked, window = {}, 0, 200
     for i, m in enumerate(msgs):
         while i - acked >= window:          # the same acked flow control as SwarmClient
@@ -127,7 +130,7 @@ def _raw_relay_publisher(addr, node, n, pace_s, go, out):
         acked += d.recv_multipart()[0] == P.ACK
     d.close(0)
     ctx.term()
-    out.put(("sent", sent))
+    out.put(("sent", sent, time.process_time() - cpu0))
 
 
 def _raw_relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
@@ -140,6 +143,7 @@ def _raw_relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
     d.send_multipart([P.SUB, b"bench", orjson.dumps({"epoch": None, "last_seq": 0})])
     ready.put(node)
     go.wait()
+    cpu0 = time.process_time()
     got, nbytes = [], 0
     end = time.time() + timeout_s
     while len(got) < expected and time.time() < end:
@@ -150,12 +154,12 @@ def _raw_relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
                 except zmq.Again:
                     break
                 if f[0] == P.DELIVER:
-                    _, _, _, _, rid, payload = P.unpack_deliver(f[1])
+                    _, _, _, _, rid, _, payload = P.unpack_deliver(f[1])
                     got.append((rid.decode(), time.time()))
                     nbytes += len(payload)
     d.close(0)
     ctx.term()
-    out.put(("recv", got, nbytes))
+    out.put(("recv", got, nbytes, time.process_time() - cpu0))
 
 
 def _proxy_publisher(front, node, n, pace_s, go, out):
@@ -166,6 +170,7 @@ def _proxy_publisher(front, node, n, pace_s, go, out):
     p.connect(front)
     time.sleep(1.0)                           # slow joiner: subscriptions must arrive first
     go.wait()
+    cpu0 = time.process_time()
     sent = {}
     for m in msgs:
         sent[wire.peek(m).rollout_id] = time.time()
@@ -175,7 +180,7 @@ def _proxy_publisher(front, node, n, pace_s, go, out):
     time.sleep(0.2)
     p.close(linger=2000)
     ctx.term()
-    out.put(("sent", sent))
+    out.put(("sent", sent, time.process_time() - cpu0))
 
 
 def _proxy_subscriber(back, node, expected, timeout_s, ready, go, out):
@@ -186,6 +191,7 @@ def _proxy_subscriber(back, node, expected, timeout_s, ready, go, out):
     s.setsockopt(zmq.SUBSCRIBE, b"bench")
     ready.put(node)
     go.wait()
+    cpu0 = time.process_time()
     got, nbytes = [], 0
     end = time.time() + timeout_s
     while len(got) < expected and time.time() < end:
@@ -199,11 +205,17 @@ def _proxy_subscriber(back, node, expected, timeout_s, ready, go, out):
                 nbytes += len(m)
     s.close(0)
     ctx.term()
-    out.put(("recv", got, nbytes))
+    out.put(("recv", got, nbytes, time.process_time() - cpu0))
+
+
+def _proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _run_clients(name, pub_target, sub_target, endpoint_pub, endpoint_sub, pubs, subs, per_pub,
-                 timeout_s, pace_s) -> dict:
+                 timeout_s, pace_s, hub_pid) -> dict:
     mpc = mp.get_context("spawn")
     go, ready, out = mpc.Event(), mpc.Queue(), mpc.Queue()
     expected = pubs * per_pub
@@ -218,20 +230,27 @@ def _run_clients(name, pub_target, sub_target, endpoint_pub, endpoint_sub, pubs,
     time.sleep(1.5)                           # publishers connected and (proxy) subscriptions spread
     t0 = time.time()
     go.set()
-    sent, recvs = {}, []
+    sent, recvs, cpu = {}, [], {"pub": 0.0, "sub": 0.0}
+    hub0 = _proc_cpu_s(hub_pid)
     for _ in range(pubs + subs):
         item = out.get(timeout=timeout_s + 30)
         if item[0] == "sent":
             sent.update(item[1])
+            cpu["pub"] += item[2]
         else:
             recvs.append(item)
+            cpu["sub"] += item[3]
+    cpu["hub"] = _proc_cpu_s(hub_pid) - hub0
     t_last = max((t for r in recvs for _, t in r[1]), default=t0)
     for p in procs:
         p.join(10)
     lat = [t - sent[rid] for r in recvs for rid, t in r[1] if rid in sent]
     n = sum(len(r[1]) for r in recvs)
     return summarize(name, n, sum(r[2] for r in recvs), t_last - t0, lat) | {
-        "complete": all(len(r[1]) == expected for r in recvs)}
+        "complete": all(len(r[1]) == expected for r in recvs),
+        # CPU per delivery from the go signal to the end, by role: what a shared machine's
+        # throughput depends on (the relay or proxy process is the "hub")
+        **{f"cpu_{k}_us": v / max(1, n) * 1e6 for k, v in cpu.items()}}
 
 
 def bench_relay(pubs: int, subs: int, per_pub: int, timeout_s: float, pace_s: float = 0.0,
@@ -250,9 +269,9 @@ def bench_relay(pubs: int, subs: int, per_pub: int, timeout_s: float, pace_s: fl
                     raise
         if raw_clients:
             return _run_clients("ftis-relay", _raw_relay_publisher, _raw_relay_subscriber, addr, addr,
-                                pubs, subs, per_pub, timeout_s, pace_s)
+                                pubs, subs, per_pub, timeout_s, pace_s, proc.pid)
         return _run_clients("ftis-relay+SwarmClient", _relay_publisher, _relay_subscriber, addr, addr,
-                            pubs, subs, per_pub, timeout_s, pace_s)
+                            pubs, subs, per_pub, timeout_s, pace_s, proc.pid)
     finally:
         proc.terminate()
         proc.wait(5)
@@ -275,7 +294,7 @@ def bench_proxy(pubs: int, subs: int, per_pub: int, timeout_s: float, pace_s: fl
     proc.start()
     try:
         return _run_clients("raw XSUB/XPUB proxy", _proxy_publisher, _proxy_subscriber, front, back,
-                            pubs, subs, per_pub, timeout_s, pace_s)
+                            pubs, subs, per_pub, timeout_s, pace_s, proc.pid)
     finally:
         proc.terminate()
         proc.join(5)
@@ -298,11 +317,12 @@ def main() -> None:
     print(f"{args.pubs} publishers x {args.subs} subscribers (each subscriber gets every rollout), "
           f"~{size / 1024:.1f} KB real encoded groups, loopback, {os.cpu_count()} CPUs")
     print(f"{'system':<24}{'load':<22}{'delivered':>10}{'s':>7}{'rollouts/s':>12}{'MB/s':>8}"
-          f"{'p50 ms':>9}{'p99 ms':>9}{'all?':>6}")
+          f"{'p50 ms':>9}{'p99 ms':>9}{'all?':>6}  CPU us/delivery: pub  hub  sub")
     for load, group in ((f"flat out, {args.per_pub}/pub", rows), ("paced, 50/s per pub", paced)):
         for r in group:
             print(f"{r['system']:<24}{load:<22}{r['delivered']:>10}{r['seconds']:>7.2f}{r['rollouts_s']:>12.0f}"
-                  f"{r['mb_s']:>8.1f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}{str(r['complete']):>6}")
+                  f"{r['mb_s']:>8.1f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}{str(r['complete']):>6}"
+                  f"{r['cpu_pub_us']:>22.0f}{r['cpu_hub_us']:>5.0f}{r['cpu_sub_us']:>5.0f}")
     print(f"throughput vs raw proxy (flat out): ftis-relay {rows[1]['rollouts_s'] / rows[0]['rollouts_s']:.2f}x, "
           f"with SwarmClient nodes {rows[2]['rollouts_s'] / rows[0]['rollouts_s']:.2f}x")
     print("ftis-relay rows use bare DEALER clients speaking the relay protocol (HELLO, SUB, PUB with a "

@@ -7,7 +7,7 @@ real text and real behaviour log-probs without loading a model.
 
 Sampling is done here in numpy from softmax(raw logits) at T = 1 (no truncation), so each
 recorded log-prob is exactly the log-prob of the sampled token under the sampling
-distribution (DESIGN §3).
+distribution (docs/bridge.md, the log-prob contract).
 """
 from __future__ import annotations
 

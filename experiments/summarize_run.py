@@ -24,8 +24,9 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 def summarize(run_dir: Path, window: int) -> None:
     rounds = [r for r in read_metrics(run_dir) if r.get("type") == "round"]
     start = next((r for r in read_metrics(run_dir) if r.get("type") == "start"), {})
-    print(f"## {run_dir}  (node {start.get('node_id')}, {start.get('collaboration')}, "
-          f"lr {start.get('config', {}).get('train', {}).get('lr')})")
+    train = start.get("config", {}).get("train", {})
+    lr = train.get("learning_rate", train.get("lr"))     # runs recorded by 0.1.0 say "lr"
+    print(f"## {run_dir}  (node {start.get('node_id')}, {start.get('collaboration')}, lr {lr})")
     print("| round | reward/own | reward/peers | accuracy/own | format/own | samples own+peers | dropped | IS w mean | KL mean | round s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
 
@@ -34,8 +35,9 @@ def summarize(run_dir: Path, window: int) -> None:
     for r in rounds:
         print(f"| {r['round']} | {f(r.get('reward/own'))} | {f(r.get('reward/peers'))} | "
               f"{f(r.get('accuracy/own'))} | {f(r.get('format/own'))} | "
-              f"{r.get('samples/own', 0)}+{r.get('samples/peers', 0)} | {f(r.get('filter/dropped'), 0)} | "
-              f"{f(r.get('is/weight_mean'))} | {f(r.get('kl/mean'), 4)} | {f(r.get('time/round_s'), 0)} |")
+              f"{r.get('samples/own', 0)}+{r.get('peers/samples_used', 0)} | {f(r.get('filter/dropped'), 0)} | "
+              f"{f(r.get('sampling/importance_sampling_ratio/mean', r.get('is/weight_mean')))} | "
+              f"{f(r.get('kl/mean'), 4)} | {f(r.get('time/round_s'), 0)} |")
     own = [r["reward/own"] for r in rounds if r.get("reward/own") is not None]
     if len(own) >= 2 * window:
         (m1, s1), (m2, s2) = mean_se(own[:window]), mean_se(own[-window:])

@@ -1,6 +1,8 @@
-"""`ftis-edge` — start · init · eval · watch.
+"""`ftis-edge` — start · init · eval · watch · demo.
 
-Errors a user can cause (bad config, missing file, unknown model) print one line and exit 2.
+Errors a user can cause (bad config, missing file, unknown model: every ``FtisError``) print
+one line and exit 2; any other failure prints one line and exits 1, with the traceback in the
+run's node.log.
 """
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from . import rundir
 
 
 def _die(msg: str, code: int = 2) -> int:
-    print(f"ftis-edge: error: {msg}", file=sys.stderr)
+    print(f"{rundir.ERROR_PREFIX}{msg}", file=sys.stderr)
     return code
 
 
@@ -25,16 +28,22 @@ def _add_start(sub) -> None:
     p.add_argument("config", nargs="?", help="node.toml (default: the offline default node)")
     p.add_argument("--relay", help="relay address, e.g. tcp://host:5555 (overrides swarm.relay)")
     p.add_argument("--headless", action="store_true", help="plain log lines instead of the dashboard")
-    p.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the run directory's newest good checkpoint (an error when there is none)")
+    p.add_argument("--resume-or-fresh", action="store_true",
+                   help="like --resume, but start fresh when the run directory has no checkpoint yet")
     p.add_argument("--overwrite", action="store_true", help="delete an existing run in the run directory")
     p.add_argument("--rounds", type=int, help="override node.rounds")
     p.add_argument("--run-dir", help="override node.run_dir")
     p.add_argument("--node-id", help="override node.id")
+    # a dashboard's node: its log lines go to node.log only (stderr keeps the one-line failure)
+    p.add_argument("--log-file-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=_run_start)
 
 
 def _run_start(args) -> int:
     from .config import ConfigError, load
+    from .errors import FtisError
     from .metrics import METRICS_FILE
 
     overrides = {}
@@ -51,15 +60,25 @@ def _run_start(args) -> int:
     except ConfigError as e:
         return _die(str(e))
     run_dir = cfg.run_path
-    if (run_dir / METRICS_FILE).exists() and not (args.resume or args.overwrite):
+    resume = args.resume or args.resume_or_fresh
+    if args.overwrite and resume:
+        return _die("--overwrite deletes the run that --resume would continue: pick one")
+    if (run_dir / METRICS_FILE).exists() and not (resume or args.overwrite):
         return _die(f"{run_dir} already holds a run: --resume to continue it, --overwrite to replace it, "
                     f"or --run-dir for a new one")
-    if args.overwrite and not args.resume:
-        from .node import reset_run_dir
-        reset_run_dir(run_dir)
+    if args.overwrite:
+        rundir.reset(run_dir)
+    if resume:
+        try:      # checked here too, so that the dashboard never opens on nothing to resume
+            rundir.check_resumable(run_dir, fresh_if_missing=args.resume_or_fresh)
+        except FtisError as e:
+            return _die(str(e))
 
     if args.headless or not sys.stdout.isatty():
-        return _run_node(cfg, resume=args.resume)
+        from .logs import quiet_third_party
+        quiet_third_party()        # before torch is imported: it imports tqdm
+        return _run_node(cfg, resume=resume, fresh_if_missing=args.resume_or_fresh,
+                         console_log=not args.log_file_only)
 
     # Dashboard: the node runs as a child process writing the run directory; the UI only reads
     # it, so drawing never slows training.
@@ -71,30 +90,48 @@ def _run_start(args) -> int:
                         ("--node-id", args.node_id)):
         if value is not None:
             cmd += [flag, str(value)]
-    if args.resume:
+    if args.resume_or_fresh:
+        cmd.append("--resume-or-fresh")
+    elif args.resume:
         cmd.append("--resume")
-    with open(run_dir / "node.stderr", "ab") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)
+    proc, stderr_file = spawn_node(cmd, run_dir)
     from .tui import run_dashboard
-    code = run_dashboard(run_dir, node_process=proc)
-    if proc.poll() is None:
-        print(f"node still running (pid {proc.pid}); watch it with: ftis-edge watch {run_dir}")
+    code = run_dashboard(run_dir, node_process=proc, node_stderr=stderr_file)
+    print(rundir.stop_summary(run_dir, config=args.config, exit_code=proc.poll(),
+                              failure=rundir.last_error_line(*stderr_file) if proc.poll() else None))
     return code
 
 
-def _run_node(cfg, *, resume: bool) -> int:
-    from .models import ModelError
+def spawn_node(cmd: list[str], run_dir: Path):
+    """Start ``ftis-edge start … --headless`` for a dashboard: log lines to node.log only, its
+    stderr (where a failure is one line) to RUN_DIR/node.stderr (appended),
+    returned with the offset this run's part starts at, where its one-line failure will be."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / rundir.NODE_STDERR
+    with open(path, "ab") as err:
+        offset = err.tell()
+        proc = subprocess.Popen([*cmd, "--log-file-only"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+    return proc, (path, offset)
+
+
+def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log: bool = True) -> int:
+    from .errors import FtisError, one_line
+    from .metrics import LOG_FILE
     from .node import Node
-    from .tasks import TaskError
-    from relay.keys import KeyError_
+    from relay.keys import KeyFileError
     try:
-        return Node(cfg, resume=resume).run()
-    except (ModelError, TaskError, KeyError_) as e:
-        return _die(str(e))
+        return Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing, console_log=console_log).run()
+    except (FtisError, KeyFileError) as e:
+        return _die(one_line(e))
     except KeyboardInterrupt:
         print("ftis-edge: aborted", file=sys.stderr)
         return 130
+    except Exception as e:             # a bug or the environment: one line here, the traceback in node.log
+        log_file = cfg.run_path / LOG_FILE
+        if not log_file.exists():
+            raise
+        return _die(f"{one_line(e)} (traceback in {log_file})", code=1)
 
 
 # --- init -------------------------------------------------------------------------------
@@ -131,6 +168,16 @@ def _add_watch(sub) -> None:
     p.set_defaults(func=watch.run)
 
 
+def _add_demo(sub) -> None:
+    from . import demo
+    p = sub.add_parser("demo", help="a local swarm: a relay and three different nodes, the dashboard on one",
+                       description="A relay on loopback and three small, different nodes (LoRA on llama.cpp, "
+                                   "full fine-tuning on HF, Gemma 3 with another tokenizer), the dashboard "
+                                   "on the first; q stops them all, each with a checkpoint.")
+    demo.add_arguments(p)
+    p.set_defaults(func=demo.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ftis-edge", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ftis-edge {__version__}")
@@ -139,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_init(sub)
     _add_eval(sub)
     _add_watch(sub)
+    _add_demo(sub)
     return parser
 
 

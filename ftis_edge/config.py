@@ -16,20 +16,24 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .errors import FtisError
+from .generate.registry import BACKENDS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(FtisError, ValueError):
     """A config problem, with the offending key in the message."""
 
 
-def _opt(default, doc, *, choices=None, lo=None, hi=None, kind=None):
-    """A setting: default value, one-line doc, and its constraints."""
+def _opt(default, doc, *, choices=None, lo=None, hi=None, kind=None, trl=""):
+    """A setting: default value, one-line doc, its constraints, and the TRL ``GRPOConfig`` field
+    it corresponds to (``trl``; docs/trl.md says how closely)."""
     return field(default=default, metadata={"doc": doc, "choices": choices, "lo": lo, "hi": hi,
-                                            "kind": kind})
+                                            "kind": kind, "trl": trl})
 
 
 def _list_opt(default, doc):
@@ -40,19 +44,21 @@ def _list_opt(default, doc):
 class NodeSection:
     id: str = _opt("", "node name shown to peers (default: <hostname>-<model>)")
     run_dir: str = _opt("runs/{id}", "where metrics, checkpoints and adapters go ({id} = node id)")
-    seed: int = _opt(0, "seed for prompts, sampling and training", lo=0)
-    rounds: int = _opt(30, "training rounds (one optimiser step each)", lo=1)
+    seed: int = _opt(0, "seed for prompts, sampling and training", lo=0, trl="seed")
+    rounds: int = _opt(30, "training rounds (one optimiser step each)", lo=1, trl="max_steps")
     checkpoint_every: int = _opt(5, "write a checkpoint every N rounds (and at the end)", lo=1)
 
 
 @dataclass
 class ModelSection:
     spec: str = _opt("smollm2-135m", "model: alias (smollm2-135m, gemma3-270m), .gguf path, HF dir or HF hub id")
-    backend: str = _opt("llamacpp", "generator engine", choices=("llamacpp", "hf"))
+    backend: str = _opt("auto", "generator engine (auto = llamacpp, or hf when the learner has a GPU that "
+                        "this llama.cpp build cannot use)", choices=("auto", *BACKENDS))
     precision: str = _opt("f16", "llama.cpp weights: f16 re-export (matches the learner) or the quantized GGUF as shipped",
                           choices=("f16", "quantized"))
     threads: int = _opt(0, "CPU threads for generation and training (0 = all cores)", lo=0)
-    device: str = _opt("auto", "learner device: auto (CUDA if present), cpu, cuda", choices=("auto", "cpu", "cuda"))
+    device: str = _opt("auto", "learner device: auto (CUDA, else Apple MPS, else CPU), cpu, cuda, mps",
+                       choices=("auto", "cpu", "cuda", "mps"))
 
 
 @dataclass
@@ -62,14 +68,16 @@ class TrainSection:
     lora_alpha: float = _opt(16.0, "LoRA alpha (scale = alpha / r)", lo=0.0)
     lora_dropout: float = _opt(0.0, "LoRA dropout", lo=0.0, hi=0.9)
     lora_targets: list = _list_opt(["q_proj", "k_proj", "v_proj", "o_proj"], "modules that get a LoRA adapter")
-    lr: float = _opt(1e-4, "Adam learning rate (LoRA ~1e-5..2e-4; full fine-tuning ~5e-6)", lo=0.0, hi=1.0)
-    grad_clip: float = _opt(1.0, "gradient-norm clip (0 = off)", lo=0.0)
+    learning_rate: float = _opt(1e-4, "Adam learning rate (LoRA ~1e-5..2e-4; full fine-tuning ~5e-6)", lo=0.0,
+                                hi=1.0, trl="learning_rate")
+    max_grad_norm: float = _opt(1.0, "gradient-norm clip (0 = off)", lo=0.0, trl="max_grad_norm")
     micro_batch: int = _opt(8, "samples per forward/backward (halved automatically on out-of-memory)", lo=1)
     method: str = _opt("f-tis", "objective", choices=("nois", "vis", "tis", "f-tis", "f-vis"))
-    C: float = _opt(2.0, "truncation cap of the importance weight", lo=1.0)
-    eps: float = _opt(0.2, "PPO clip range (vis, f-vis, tis inner clip)", lo=0.0, hi=1.0)
+    C: float = _opt(2.0, "truncation cap of the importance weight", lo=1.0, trl="vllm_importance_sampling_cap")
+    epsilon: float = _opt(0.2, "PPO clip range (vis, f-vis, tis inner clip)", lo=0.0, hi=1.0, trl="epsilon")
     kl_threshold: float = _opt(5.0, "F- filter: drop a sample when advantage <= 0 and KL > this", lo=0.0)
-    advantage_scale: str = _opt("std", "advantage normalisation (none = Dr. GRPO)", choices=("std", "none"))
+    advantage_scale: str = _opt("std", "advantage normalisation (none = Dr. GRPO)", choices=("std", "none"),
+                                trl="scale_rewards")
     normalize: str = _opt("all", "divide the loss by all samples or by the kept ones (authors' code)",
                           choices=("all", "kept"))
 
@@ -77,17 +85,19 @@ class TrainSection:
 @dataclass
 class TaskSection:
     name: str = _opt("arith", "task", choices=("arith", "gsm8k", "math500"))
-    path: str = _opt("", "dataset jsonl (gsm8k/math500; default: ../shared/data beside the project)")
+    path: str = _opt("", "dataset jsonl (gsm8k/math500; default: the data folder of ./install.sh --data)")
     level: list = field(default_factory=list, metadata={
         "doc": "arith difficulty levels to mix (empty = the task's default)", "kind": "list[int]"})
     reward: str = _opt("binary", "binary (1 = correct + format) or shaped (format credit)",
                        choices=("binary", "shaped"))
     prompts_per_round: int = _opt(4, "prompts this node generates groups for each round", lo=1, hi=1024)
-    group_size: int = _opt(8, "completions per prompt (G)", lo=2, hi=256)
-    max_new_tokens: int = _opt(128, "completion length cap", lo=1, hi=32768)
-    temperature: float = _opt(1.0, "sampling temperature (the behaviour log-probs honour it)", lo=0.01, hi=10.0)
-    top_k: int = _opt(0, "top-k truncation (0 = off)", lo=0)
-    top_p: float = _opt(1.0, "top-p truncation (1 = off)", lo=0.01, hi=1.0)
+    num_generations: int = _opt(8, "completions per prompt (G)", lo=2, hi=256, trl="num_generations")
+    max_completion_length: int = _opt(128, "completion length cap (tokens)", lo=1, hi=32768,
+                                      trl="max_completion_length")
+    temperature: float = _opt(1.0, "sampling temperature (the behaviour log-probs honour it)", lo=0.01, hi=2.0,
+                              trl="temperature")
+    top_k: int = _opt(0, "top-k truncation (0 = off)", lo=0, trl="top_k")
+    top_p: float = _opt(1.0, "top-p truncation (1 = off)", lo=0.01, hi=1.0, trl="top_p")
     reward_timeout_s: float = _opt(0.5, "time budget to grade one completion", lo=0.01, hi=60.0)
     few_shot: int = _opt(2, "worked examples in the prompt (small models need them to use the tags)", lo=0, hi=2)
     require_think: bool = _opt(False, "reward only completions that also reason inside <think>...</think>")
@@ -104,9 +114,13 @@ class SwarmSection:
     max_staleness: int = _opt(2, "ignore peer rollouts more than this many rounds old", lo=0)
     max_wait_s: float = _opt(2.0, "wait at most this long for peers each round", lo=0.0, hi=3600.0)
     max_peer_groups: int = _opt(8, "use at most this many peer groups per round (0 = learn from none)", lo=0)
+    delivery_budget: int = _opt(0, "peer groups the relay sends this node per 10 s (0 = max_peer_groups, -1 = all)", lo=-1)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
     rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
-    quarantine_after: int = _opt(5, "quarantine a peer after this many consecutive bad rollouts", lo=1)
+    quarantine_after: int = _opt(5, "quarantine a peer once this many of its last quarantine_window rollouts were refused", lo=1)
+    quarantine_window: int = _opt(20, "how many of a peer's latest rollouts the quarantine rule looks at", lo=1)
+    quarantine_rate: float = _opt(0.5, "quarantine only when the refused ones are also at least this fraction of that window",
+                                  lo=0.01, hi=1.0)
 
 
 @dataclass
@@ -124,6 +138,17 @@ class Config:
             return self.node.id
         model = Path(self.model.spec).stem if self.model.spec.endswith(".gguf") else self.model.spec
         return f"{socket.gethostname().split('.')[0]}-{model.replace('/', '-')}"
+
+    @property
+    def model_label(self) -> str:
+        """The model as the user named it (alias or hub id; a file or directory by its name),
+        shown instead of the GGUF's internal name ("Smollm2 135M 8k Lc100K Mix1 Ep2")."""
+        spec = self.model.spec
+        if spec.endswith(".gguf"):
+            return Path(spec).stem
+        if spec.startswith(("/", ".", "~")) or Path(spec).expanduser().is_dir():
+            return Path(spec).expanduser().name
+        return spec
 
     @property
     def run_path(self) -> Path:
@@ -152,7 +177,7 @@ def _check_value(key: str, value: Any, f) -> Any:
         return list(value)
     expected = type(f.default)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)          # TOML `lr = 1` means 1.0
+        value = float(value)          # TOML `learning_rate = 1` means 1.0
     # bool is an int subclass: `rounds = true` must not pass as 1.
     if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
         raise ConfigError(f"{key}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
@@ -167,7 +192,19 @@ def _check_value(key: str, value: Any, f) -> Any:
     return value
 
 
+# Keys renamed to TRL GRPOConfig's names after 0.1.0: an old key gets a did-you-mean, not a silent miss.
+RENAMED = {
+    "task.group_size": "task.num_generations",
+    "task.max_new_tokens": "task.max_completion_length",
+    "train.lr": "train.learning_rate",
+    "train.eps": "train.epsilon",
+    "train.grad_clip": "train.max_grad_norm",
+}
+
+
 def _unknown(key: str, known: list[str]) -> ConfigError:
+    if key in RENAMED:
+        return ConfigError(f"{key}: renamed to TRL's name (did you mean '{RENAMED[key]}'?)")
     close = difflib.get_close_matches(key.split(".")[-1], known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return ConfigError(f"{key}: unknown setting{hint}")
@@ -196,8 +233,8 @@ def from_dict(data: dict) -> Config:
 
 
 def _cross_checks(cfg: Config) -> None:
-    if cfg.swarm.collaboration == "horizontal" and cfg.swarm.relay and cfg.task.group_size % 2:
-        raise ConfigError("task.group_size: horizontal mode splits each group across nodes; use an even size")
+    if cfg.swarm.collaboration == "horizontal" and cfg.swarm.relay and cfg.task.num_generations % 2:
+        raise ConfigError("task.num_generations: horizontal mode splits each group across nodes; use an even size")
     if bool(cfg.swarm.client_keys) != bool(cfg.swarm.server_key):
         raise ConfigError("swarm.server_key: CURVE needs both swarm.client_keys and swarm.server_key")
     for key in ("client_keys", "server_key"):
@@ -273,3 +310,25 @@ def reference_table() -> str:
             rows.append(f"| `{s.name}.{f.name}` | `{_toml_value(getattr(section, f.name))}` | {doc} |")
     return "\n".join(rows)
 
+
+def trl_table() -> str:
+    """Markdown table: every setting that has a TRL ``GRPOConfig`` counterpart (for docs/trl.md)."""
+    rows = ["| ftis-edge key | TRL `GRPOConfig` | same meaning? |", "|---|---|---|"]
+    for s in fields(Config):
+        for f in fields(s.default_factory):
+            trl = f.metadata.get("trl")
+            if trl:
+                note = TRL_NOTES.get(f"{s.name}.{f.name}", "yes")
+                rows.append(f"| `{s.name}.{f.name}` | `{trl}` | {note} |")
+    return "\n".join(rows)
+
+
+# Where a setting only resembles its TRL counterpart (everything else in trl_table is the same).
+TRL_NOTES = {
+    "node.rounds": "yes: one round = one optimiser step (plus generation and sharing)",
+    "train.C": "close: TRL caps its vLLM sampler-mismatch IS ratio; here C caps the IS weight of every "
+               "off-policy sample (own generator, peers)",
+    "train.advantage_scale": "close: `std` = TRL's `\"group\"` (True), `none` = `\"none\"` (False); "
+                             "TRL's `\"batch\"` has no counterpart",
+    "train.max_grad_norm": "yes (0 = off here)",
+}

@@ -17,13 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from .errors import FtisError
+from .generate.registry import BACKENDS
 from .tasks import TASK_NAMES
 
-BACKENDS = ("llamacpp", "hf")
 PRECISIONS = ("f16", "quantized")
 
 
-class EvalError(Exception):
+class EvalError(FtisError):
     """A user-caused problem: printed as one line, exit code 2."""
 
 
@@ -36,10 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LoRA adapter: a GGUF LoRA file (llamacpp) or a peft directory (hf)")
     parser.add_argument("--task", default="gsm8k", help=f"one of {', '.join(TASK_NAMES)} (default gsm8k)")
     parser.add_argument("--level", default=None, help="arith only: a level or a list, e.g. 2 or 1,2,3")
-    parser.add_argument("--path", default=None, help="dataset JSONL file instead of the shared data")
+    parser.add_argument("--path", default=None, help="dataset JSONL file instead of the data folder (./install.sh --data)")
     parser.add_argument("--limit", type=int, default=None,
                         help="first N prompts of the eval set (default: all; arith: 50 per level)")
-    parser.add_argument("--backend", default="llamacpp", help="llamacpp (default) or hf")
+    parser.add_argument("--backend", default="llamacpp", help=f"one of {', '.join(BACKENDS)} (default llamacpp)")
     parser.add_argument("--precision", default="f16", help="llamacpp weights: f16 (default) or quantized")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -135,11 +136,10 @@ def _check_args(args) -> None:
     if args.top_k < 0 or not 0 < args.top_p <= 1:
         raise EvalError("--top-k must be >= 0 and --top-p in (0, 1]")
     if args.adapter is not None:
-        adapter = Path(args.adapter).expanduser()
-        if args.backend == "llamacpp" and not adapter.is_file():
-            raise EvalError(f"--adapter {args.adapter}: no such file (llamacpp wants a GGUF LoRA file)")
-        if args.backend == "hf" and not (adapter / "adapter_config.json").is_file():
-            raise EvalError(f"--adapter {args.adapter}: not a peft adapter directory (no adapter_config.json)")
+        from .generate.registry import adapter_problem
+        problem = adapter_problem(args.backend, args.adapter)
+        if problem:
+            raise EvalError(f"--adapter {args.adapter}: {problem}")
     if args.json_out is not None:
         parent = Path(args.json_out).expanduser().resolve().parent
         if not parent.is_dir():
@@ -169,29 +169,14 @@ def _build_task(args):
 
 
 def _build_generator(args, bundle):
-    from .generate.sampling import GenerationError
+    from .generate.base import GenerationError, GeneratorOptions
+    from .generate.registry import create_generator
 
-    threads = args.threads or min(os.cpu_count() or 1, 8)
+    options = GeneratorOptions(precision=args.precision, threads=args.threads or min(os.cpu_count() or 1, 8),
+                               n_ctx=2048 + args.max_new_tokens, max_group=args.samples,
+                               adapter=args.adapter)
     try:
-        if args.backend == "llamacpp":
-            from .generate.llamacpp import LlamaCppGenerator
-            gen = LlamaCppGenerator.from_bundle(bundle, precision=args.precision, n_threads=threads,
-                                                n_ctx=2048 + args.max_new_tokens, max_group=args.samples)
-            if args.adapter:
-                gen.set_adapter(str(Path(args.adapter).expanduser()), version=1)
-            return gen
-        import torch
-        torch.set_num_threads(threads)
-        from .generate.hf import HFGenerator
-        if not args.adapter:
-            return HFGenerator.from_bundle(bundle)
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM
-        base = AutoModelForCausalLM.from_pretrained(bundle.hf_dir(), dtype=torch.float32)
-        model = PeftModel.from_pretrained(base, str(Path(args.adapter).expanduser()))
-        gen = HFGenerator(model, bundle.tokenizer(), eos_token_ids=bundle.eos_token_ids)
-        gen.set_adapter(args.adapter, 1)
-        return gen
+        return create_generator(args.backend, bundle, options)
     except GenerationError as e:
         raise EvalError(str(e)) from None
 
@@ -203,8 +188,7 @@ def evaluate(args, console=None) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .generate.base import SamplerSettings
-    from .generate.sampling import GenerationError
+    from .generate.base import GenerationError, SamplerSettings
     from .models import ModelError, resolve_model
     from .tasks import warm_up
 
@@ -261,7 +245,7 @@ def evaluate(args, console=None) -> dict:
         "model_fingerprint": bundle.fingerprint,
         "adapter": args.adapter,
         "backend": args.backend,
-        "precision": args.precision if args.backend == "llamacpp" else "f32",
+        "precision": gen.precision,
         "sampler": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                     "max_new_tokens": args.max_new_tokens, "seed": args.seed},
         "samples_per_prompt": args.samples,

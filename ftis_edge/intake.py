@@ -1,23 +1,92 @@
 """Peer rollouts on their way in: validate, rebuild the prompt, re-score, keep per-peer books.
 
-Nothing a peer claims is trusted: the reward is recomputed here from the completion text
-(within a total time budget, so a hostile peer cannot stall the node), the prompt is rebuilt
-from (task, prompt id), and a peer whose rollouts keep failing validation or keep timing the
-grader out is quarantined.
+Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
+
+* the header must fit: our swarm and task, a sane sampler (0 < T <= 2, 0 < top-p <= 1,
+  top-k >= 0), a known finish reason;
+* the prompt is rebuilt from (task, prompt id) and must be one the task lets us train on,
+  never a held-out eval prompt (``Task.is_trainable``);
+* same tokenizer: the token ids that will train must be exactly the graded text's tokens:
+  ``decode(ids) == text`` with our tokenizer (special tokens rendered, no clean-up), the
+  stop token excluded when the completion stopped. Not ``encode(text) == ids``: a sampled
+  sequence is often not the canonical tokenization of its own text (3 of 96 honest HF
+  completions in a measurement), and a completion cut mid-character ends in U+FFFD, which
+  re-encodes differently;
+* the reward is recomputed here from the text (within a total time budget, so a hostile
+  peer cannot stall the node);
+* a peer whose rollouts are refused at a high rate over a sliding window is quarantined,
+  with the reason logged and kept in its book; a change of its model or tokenizer
+  fingerprint mid-run is logged and counted.
 """
 from __future__ import annotations
 
+import logging
+import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
-from .wire import Rollout
+import numpy as np
+
+from .wire import Rollout, WireCompletion
+
+log = logging.getLogger("ftis_edge.intake")
+
+# Reasons intake itself gives (wire.REASONS come on top, from messages that do not decode).
+REASONS = ("wrong_swarm", "other_task", "empty", "bad_group", "bad_sampler", "bad_finish",
+           "id_out_of_range", "token_text_mismatch", "unknown_prompt", "eval_prompt",
+           "grader_timeout", "quarantined")
+MAX_TEMPERATURE = 2.0
+FINISH_REASONS = ("stop", "length")
+
+
+def ids_decoder(tokenizer) -> Callable[[Sequence[int]], str]:
+    """The local decode the ids-to-text check uses: every token rendered, special ones too
+    (so control tokens cannot hide in the ids), and no clean-up of spaces."""
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=False,
+                                clean_up_tokenization_spaces=False)
+    return decode
+
+
+def sampler_problem(r: Rollout) -> str | None:
+    """Sampler settings outside sane bounds (the behaviour log-probs would mean little)."""
+    t, p = float(r.temperature), float(r.top_p)
+    if not (math.isfinite(t) and 0.0 < t <= MAX_TEMPERATURE and math.isfinite(p) and 0.0 < p <= 1.0
+            and int(r.top_k) >= 0):
+        return "bad_sampler"
+    return None
+
+
+def token_text_problem(c: WireCompletion, decode: Callable[[Sequence[int]], str],
+                       stop_ids: frozenset) -> str | None:
+    """Why a same-tokenizer completion's ids are not its text's tokens, or None.
+
+    A stop token is allowed only as the last id of a "stop" completion (both backends keep
+    it in the ids and leave it out of the text); everything else must decode to the text.
+    """
+    ids = c.token_ids
+    stops = np.isin(ids, np.fromiter(stop_ids, dtype=np.int64, count=len(stop_ids)))
+    if c.finish_reason == "stop":
+        if not len(ids) or not stops[-1]:
+            return "bad_finish"
+        ids, stops = ids[:-1], stops[:-1]
+    if stops.any():                      # generation ends at the first stop token
+        return "bad_finish"
+    try:
+        if decode(ids.tolist()) != c.text:
+            return "token_text_mismatch"
+    except Exception:  # noqa: BLE001 - whatever our tokenizer makes of these ids, not that text
+        return "token_text_mismatch"
+    return None
 
 
 @dataclass
 class PeerStats:
     node_id: str
     model: str = ""
+    model_fp: str = ""
     tokenizer: str = ""
     last_seen: float = 0.0
     sent: int = 0                    # rollouts that reached us from this peer
@@ -30,22 +99,40 @@ class PeerStats:
     is_weight_sum: float = 0.0
     grader_timeouts: int = 0
     reward_mismatches: int = 0       # claimed reward != our grade
-    consecutive_bad: int = 0
+    fingerprint_changes: int = 0     # model / tokenizer fingerprint changed mid-run
+    fingerprint_change: str = ""     # the latest change, "tokenizer a -> b"
+    recent: deque = field(default_factory=deque)   # last verdicts: None = accepted, else reason
     quarantined: bool = False
+    quarantine_reason: str = ""
+
+    def record_use(self, use) -> None:
+        """Add one of this peer's samples that a step trained on (``batch.PeerSampleUse``)."""
+        self.samples_used += 1
+        if use.kl is not None:
+            self.kl_sum += use.kl
+        if use.is_weight is not None:
+            self.is_weight_sum += use.is_weight
+        if use.dropped:
+            self.filtered += 1
 
     def as_dict(self) -> dict:
         n = max(self.samples_used, 1)
+        refused = sum(1 for v in self.recent if v is not None)
         return {
-            "model": self.model, "tokenizer": self.tokenizer, "last_seen": self.last_seen,
+            "model": self.model, "model_fp": self.model_fp, "tokenizer": self.tokenizer,
+            "last_seen": self.last_seen,
             "sent": self.sent, "accepted": self.accepted, "rejected": self.rejected,
             "rejected_by_reason": dict(self.rejected_by_reason),
             "acceptance_rate": self.accepted / self.sent if self.sent else None,
+            "recent_reject_rate": refused / len(self.recent) if self.recent else None,
             "samples_used": self.samples_used,
             "kl_mean": self.kl_sum / n if self.samples_used else None,
             "is_weight_mean": self.is_weight_sum / n if self.samples_used else None,
             "filter_rate": self.filtered / n if self.samples_used else None,
             "grader_timeouts": self.grader_timeouts, "reward_mismatches": self.reward_mismatches,
-            "quarantined": self.quarantined,
+            "fingerprint_changes": self.fingerprint_changes,
+            "fingerprint_change": self.fingerprint_change,
+            "quarantined": self.quarantined, "quarantine_reason": self.quarantine_reason,
         }
 
 
@@ -61,71 +148,137 @@ class PeerGroup:
 
 
 class PeerBook:
-    """Per-peer statistics and the quarantine rule."""
+    """Per-peer statistics and the quarantine rule.
 
-    def __init__(self, quarantine_after: int = 5):
+    A peer is quarantined once, among its last ``window`` rollouts, at least
+    ``quarantine_after`` were refused and they are at least ``max_reject_rate`` of them. A
+    rate over a window, not a run of consecutive failures: "4 bad + 1 good" forever is 80 %
+    refused and gets quarantined. Quarantine lasts for the run (and across --resume).
+    """
+
+    def __init__(self, quarantine_after: int = 5, window: int = 20, max_reject_rate: float = 0.5):
+        if quarantine_after < 1 or window < 1 or not 0.0 < max_reject_rate <= 1.0:
+            raise ValueError("PeerBook: quarantine_after >= 1, window >= 1, 0 < max_reject_rate <= 1")
         self.quarantine_after = quarantine_after
+        self.window = window
+        self.max_reject_rate = max_reject_rate
         self.peers: dict[str, PeerStats] = {}
 
     def get(self, node_id: str) -> PeerStats:
         if node_id not in self.peers:
-            self.peers[node_id] = PeerStats(node_id=node_id)
+            self.peers[node_id] = PeerStats(node_id=node_id, recent=deque(maxlen=self.window))
         return self.peers[node_id]
 
     def reject(self, node_id: str, reason: str) -> None:
         p = self.get(node_id)
         p.rejected += 1
         p.rejected_by_reason[reason] += 1
-        p.consecutive_bad += 1
-        if p.consecutive_bad >= self.quarantine_after and not p.quarantined:
-            p.quarantined = True
+        if p.quarantined:                # refused, but it no longer counts towards anything
+            return
+        p.recent.append(reason)
+        refused = [v for v in p.recent if v is not None]
+        if len(refused) >= self.quarantine_after and len(refused) >= self.max_reject_rate * len(p.recent):
+            top = ", ".join(f"{k} {n}" for k, n in Counter(refused).most_common(3))
+            self.quarantine(node_id, f"{len(refused)} of its last {len(p.recent)} rollouts refused ({top})")
 
     def accept(self, node_id: str) -> None:
         p = self.get(node_id)
         p.accepted += 1
-        p.consecutive_bad = 0
+        p.recent.append(None)
+
+    def quarantine(self, node_id: str, reason: str) -> None:
+        p = self.get(node_id)
+        if not p.quarantined:
+            p.quarantined, p.quarantine_reason = True, reason
+            log.warning("quarantined peer %s: %s", node_id, reason)
+
+    def note_fingerprints(self, node_id: str, r: Rollout) -> None:
+        """Record the model and tokenizer a peer claims; a change mid-run is logged and counted."""
+        p = self.get(node_id)
+        changes = [f"{what} {old} -> {new}" for what, old, new in
+                   (("model", p.model_fp, r.model_fp), ("tokenizer", p.tokenizer, r.tokenizer_fp))
+                   if old and new != old]
+        if changes:
+            p.fingerprint_changes += 1
+            p.fingerprint_change = "; ".join(changes)
+            log.warning("peer %s changed fingerprint mid-run: %s (%d changes so far)",
+                        node_id, p.fingerprint_change, p.fingerprint_changes)
+        p.model, p.model_fp, p.tokenizer = r.model_name, r.model_fp, r.tokenizer_fp
 
     def snapshot(self) -> dict:
         return {nid: p.as_dict() for nid, p in self.peers.items()}
 
 
 class Intake:
-    """Turns received messages into PeerGroups, or rejections counted per peer."""
+    """Turns received messages into PeerGroups, or rejections counted per peer.
+
+    ``decode`` turns our token ids into text (``ids_decoder(tokenizer)``) and ``stop_ids``
+    are our end-of-generation ids: with them a same-tokenizer peer's ids are checked against
+    its text.
+    """
 
     def __init__(self, *, task, swarm: str, my_node_id: str, my_tokenizer_fp: str, vocab_size: int,
-                 book: PeerBook, rescore_budget_s: float = 5.0, max_staleness: int = 2,
-                 max_buffer: int = 256):
+                 book: PeerBook, decode: Callable[[Sequence[int]], str], stop_ids: Sequence[int],
+                 rescore_budget_s: float = 5.0, max_staleness: int = 2, max_buffer: int = 256):
         self.task = task
         self.swarm = swarm
         self.my_node_id = my_node_id
         self.my_tokenizer_fp = my_tokenizer_fp
         self.vocab_size = vocab_size
         self.book = book
+        self.decode = decode
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.rescore_budget_s = rescore_budget_s
         self.max_staleness = max_staleness
         self.max_buffer = max_buffer
         self.buffer: list[PeerGroup] = []
         self.round_counts: dict[str, int] = defaultdict(int)
 
-    # --- step 1: cheap checks on arrival ----------------------------------------------
-    def _check(self, rollout: Rollout) -> str | None:
-        if rollout.swarm != self.swarm:
+    # --- step 1: checks on arrival, cheapest first -----------------------------------------
+    def _check_header(self, r: Rollout) -> str | None:
+        if r.swarm != self.swarm:
             return "wrong_swarm"
-        if rollout.task != self.task.name:
+        if r.task != self.task.name:
             return "other_task"
-        if not rollout.completions:
+        if not r.completions:
             return "empty"
-        if rollout.group_index + len(rollout.completions) > rollout.group_size:
+        if r.group_index + len(r.completions) > r.group_size:
             return "bad_group"
-        if rollout.tokenizer_fp == self.my_tokenizer_fp:
-            for c in rollout.completions:
-                if len(c.token_ids) and int(max(c.token_ids)) >= self.vocab_size:
-                    return "id_out_of_range"
+        if sampler_problem(r):
+            return "bad_sampler"
+        if any(c.finish_reason not in FINISH_REASONS for c in r.completions):
+            return "bad_finish"
         return None
+
+    def _check_prompt(self, r: Rollout):
+        """(prompt, None) or (None, reason)."""
+        try:
+            prompt = self.task.get(r.prompt_id)
+        except Exception:  # any failure to rebuild means we cannot grade it
+            return None, "unknown_prompt"
+        if not self.task.is_trainable(r.prompt_id):
+            return None, "eval_prompt"
+        return prompt, None
+
+    def _check_tokens(self, r: Rollout) -> str | None:
+        if r.tokenizer_fp != self.my_tokenizer_fp:
+            return None                  # re-tokenized from the text by the learner
+        for c in r.completions:
+            if len(c.token_ids) and int(max(c.token_ids)) >= self.vocab_size:
+                return "id_out_of_range"
+        for c in r.completions:
+            reason = token_text_problem(c, self.decode, self.stop_ids)
+            if reason:
+                return reason
+        return None
+
+    def _refuse(self, sender: str, reason: str) -> None:
+        self.book.reject(sender, reason)
+        self.round_counts["rejected"] += 1
 
     def receive(self, items, current_round: int) -> None:
         """Take a batch of swarm.Received items; valid ones are re-scored and buffered."""
-        fresh: list[tuple[Rollout, object, int]] = []
+        fresh: list[tuple[str, Rollout, object, int]] = []
         for item in items:
             sender = item.sender or (item.rollout.node_id if item.rollout else "?")
             if sender == self.my_node_id:
@@ -134,37 +287,30 @@ class Intake:
             peer.sent += 1
             peer.last_seen = time.time()
             self.round_counts["received"] += 1
-            if peer.quarantined:         # counted, but not towards quarantine again
-                peer.rejected += 1
-                peer.rejected_by_reason["quarantined"] += 1
-                self.round_counts["rejected"] += 1
+            if peer.quarantined:
+                self._refuse(sender, "quarantined")
                 continue
             if item.error is not None or item.rollout is None:
-                reason = getattr(item.error, "reason", "decode")
-                self.book.reject(sender, reason)
-                self.round_counts["rejected"] += 1
+                self._refuse(sender, getattr(item.error, "reason", "decode"))
                 continue
             r = item.rollout
-            peer.model, peer.tokenizer = r.model_name, r.tokenizer_fp
-            reason = self._check(r)
-            prompt = None
+            self.book.note_fingerprints(sender, r)
+            prompt, reason = None, self._check_header(r)
             if reason is None:
-                try:
-                    prompt = self.task.get(r.prompt_id)
-                except Exception:  # any failure to rebuild means we cannot grade it
-                    reason = "unknown_prompt"
+                prompt, reason = self._check_prompt(r)
+            if reason is None:
+                reason = self._check_tokens(r)
             if reason is not None:
-                self.book.reject(sender, reason)
-                self.round_counts["rejected"] += 1
+                self._refuse(sender, reason)
                 continue
-            fresh.append((r, prompt, item.nbytes))
+            fresh.append((sender, r, prompt, item.nbytes))
         if fresh:
             self._rescore(fresh, current_round)
 
     # --- step 2: re-score every completion locally, within one total budget ---------------
     def _rescore(self, fresh, current_round: int) -> None:
         texts, refs, owners = [], [], []
-        for k, (r, prompt, _) in enumerate(fresh):
+        for k, (_, r, prompt, _) in enumerate(fresh):
             for c in r.completions:
                 texts.append(c.text)
                 refs.append(prompt.reference)
@@ -173,19 +319,21 @@ class Intake:
         per_rollout: dict[int, list] = defaultdict(list)
         for k, res in zip(owners, results):
             per_rollout[k].append(res)
-        for k, (r, prompt, nbytes) in enumerate(fresh):
-            peer = self.book.get(r.node_id)
+        for k, (sender, r, prompt, nbytes) in enumerate(fresh):
+            peer = self.book.get(sender)
+            if peer.quarantined:         # quarantined by a later message of the same batch
+                self._refuse(sender, "quarantined")
+                continue
             grades = per_rollout[k]
             timeouts = sum(1 for _, b in grades if b.get("timed_out"))
             peer.grader_timeouts += timeouts
             if timeouts == len(grades):
-                self.book.reject(r.node_id, "grader_timeout")
-                self.round_counts["rejected"] += 1
+                self._refuse(sender, "grader_timeout")
                 continue
             rewards = [float(v) for v, _ in grades]
             peer.reward_mismatches += sum(
                 1 for c, v in zip(r.completions, rewards) if abs(float(c.reward) - v) > 1e-6)
-            self.book.accept(r.node_id)
+            self.book.accept(sender)
             self.round_counts["accepted"] += 1
             self.buffer.append(PeerGroup(rollout=r, prompt=prompt, rewards=rewards,
                                          arrived_round=current_round,

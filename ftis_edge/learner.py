@@ -21,11 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ftis_edge.shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
-                                    run_prompt)
+from . import metric_keys
+from .errors import FtisError
+from .shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
+                            run_prompt)
 
 
-class LearnerError(ValueError):
+class LearnerError(FtisError, ValueError):
     """Bad input to the learner (a malformed sample, an unknown setting)."""
 
 
@@ -433,12 +435,6 @@ class Learner:
         return directory
 
 
-# How each objective stat combines across micro-batches (names from objective._stats).
-_SUMMED = {"loss", "samples", "tokens", "samples/empty", "samples/sequence_level", "filter/dropped",
-           "filter/kept", "filter/dropped_adv_rule", "filter/dropped_kl_rule"}   # counts; loss parts are /N
-_PER_TOKEN = {"is/truncated_frac", "mismatch/abs_logp_diff", "clip_frac"}
-
-
 def _weighted_mean(pairs: list[tuple[float, float]]) -> float:
     """Mean of values weighted by counts, ignoring NaN values (a part with nothing to measure)."""
     pairs = [(w, v) for w, v in pairs if w > 0 and not math.isnan(v)]
@@ -447,33 +443,36 @@ def _weighted_mean(pairs: list[tuple[float, float]]) -> float:
 
 
 def aggregate_stats(parts: list[tuple[int, dict]], per_sample: dict[str, torch.Tensor]) -> dict:
-    """Combine per-micro-batch stats into the full batch's: sums for counts and the loss, max/min for
-    extrema, token- or sample-weighted means for the rest; sample-level summaries (weight mean, ESS,
-    KL mean, fractions) are recomputed exactly from the per-sample tensors."""
+    """Combine per-micro-batch stats into the full batch's, each by the rule registered for it in
+    ``metric_keys`` (sums for counts and the loss, max for extrema, token- or sample-weighted means,
+    exact fractions of summed counts; sample-level summaries — IS weight mean, ESS, KL mean — are
+    recomputed exactly from the per-sample tensors). An unregistered stat raises UnregisteredMetric."""
     out: dict[str, float] = {}
-    for k in dict.fromkeys(k for _, st in parts for k in st):
+    keys = list(dict.fromkeys(k for _, st in parts for k in st))
+    for k in keys:
+        rule = metric_keys.rule(k)
+        if rule not in metric_keys.MICRO_BATCH_RULES:
+            raise LearnerError(f"stat {k!r} is registered as {rule!r}, not as a per-micro-batch stat")
         vals = [(n, st.get("tokens", 0.0), float(st[k])) for n, st in parts if k in st]
-        if k in _SUMMED:
+        if rule == metric_keys.SUM:
             out[k] = sum(v for _, _, v in vals)
-        elif k.endswith(("_max", "/max")):
+        elif rule == metric_keys.MAX:
             out[k] = max((v for _, _, v in vals if not math.isnan(v)), default=float("nan"))
-        elif k.endswith(("_min", "/min")):
-            out[k] = min((v for _, _, v in vals if not math.isnan(v)), default=float("nan"))
-        elif k in _PER_TOKEN:
+        elif rule == metric_keys.TOKEN_MEAN:
             out[k] = _weighted_mean([(t, v) for _, t, v in vals])
-        else:
+        else:     # MEAN; FRACTION and PER_SAMPLE start from it and are made exact below
             out[k] = _weighted_mean([(n, v) for n, _, v in vals])
     N = out.get("samples") or 0.0
     if N:
-        for frac, count in (("filter/dropped_frac", "filter/dropped"), ("filter/adv_le0_frac", "filter/dropped_adv_rule"),
-                            ("filter/kl_gt_g_frac", "filter/dropped_kl_rule")):
-            if frac in out and count in out:
-                out[frac] = out[count] / N
+        for k in keys:
+            m = metric_keys.METRICS[k]
+            if m.rule == metric_keys.FRACTION and m.of in out:
+                out[k] = out[m.of] / N
     if "is_weight" in per_sample and "tokens" in per_sample:
         nonempty = per_sample["tokens"] > 0
         w = per_sample["is_weight"][nonempty].double()
         if w.numel():
-            out["is/weight_mean"] = float(w.mean())
+            out["sampling/importance_sampling_ratio/mean"] = float(w.mean())
             sq = float((w ** 2).sum())
             out["is/ess"] = float(w.sum() ** 2 / (w.numel() * sq)) if sq > 0 else 0.0
         if "kl" in per_sample and w.numel():

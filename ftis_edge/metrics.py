@@ -1,9 +1,9 @@
 """The per-round record: one JSON line per round in ``RUN_DIR/metrics.jsonl``.
 
 Writers append whole lines (one ``write`` + flush), so a reader following the file never
-sees half a record except at the very end, which ``follow`` holds back until its newline
-arrives. Names follow TRL/verl conventions where one exists (``reward/own``, ``loss``,
-``filter/dropped_frac``, ``is/weight_mean`` ...); the full list is in docs/metrics.md.
+sees half a record except at the very end, which ``LineTail`` holds back until its newline
+arrives. Every key is registered in ``metric_keys`` (TRL's names where TRL has the quantity);
+the full list is docs/metrics.md, generated from it.
 
 Files of a run directory:
   config.toml      the node's resolved config
@@ -17,9 +17,10 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Iterator
 
 import orjson
+
+from . import atomic
 
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "node.log"
@@ -59,8 +60,13 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
+    return _records(path.read_bytes().split(b"\n"))
+
+
+def _records(lines: list[bytes]) -> list[dict]:
+    """The parsed lines; blank and unparsable ones (a torn last line) are skipped."""
     out = []
-    for line in path.read_bytes().split(b"\n"):
+    for line in lines:
         if line.strip():
             try:
                 out.append(orjson.loads(line))
@@ -112,19 +118,7 @@ class MetricsFollower:
         self._tail = LineTail(Path(run_dir) / METRICS_FILE)
 
     def poll(self) -> list[dict]:
-        records = []
-        for line in self._tail.poll():
-            if line.strip():
-                try:
-                    records.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    continue
-        return records
-
-    def follow(self, interval: float = 0.5) -> Iterator[dict]:
-        while True:
-            yield from self.poll()
-            time.sleep(interval)
+        return _records(self._tail.poll())
 
 
 def write_control(run_dir: str | os.PathLike, *, pause: bool | None = None,
@@ -135,10 +129,7 @@ def write_control(run_dir: str | os.PathLike, *, pause: bool | None = None,
         state["pause"] = pause
     if stop is not None:
         state["stop"] = stop
-    path = Path(run_dir) / CONTROL_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(state))
-    os.replace(tmp, path)
+    atomic.write_bytes(Path(run_dir) / CONTROL_FILE, orjson.dumps(state))
     return state
 
 

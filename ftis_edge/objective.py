@@ -1,7 +1,7 @@
 """F-TIS and friends: the GRPO objective for on- and off-policy samples.
 
 Pure functions over tensors (torch only, no I/O, no globals); CPU or CUDA; float32 or
-bfloat16 inputs, always computed in float32. The math is in docs/ftis.md and DESIGN.md §2:
+bfloat16 inputs, always computed in float32. The math is in docs/ftis.md:
 
     L = (1/N) Σ_i (1/|a_i|) Σ_t term_{i,t}
 
@@ -16,18 +16,20 @@ from numbers import Integral, Real
 
 import torch
 
+from .errors import FtisError
+
 METHODS = ("nois", "vis", "tis", "f-tis", "f-vis")
 LEVELS = ("token", "sequence")
 NORMALIZE = ("all", "kept")
 ADVANTAGE_SCALES = ("std", "none")
 
 LOGP_TOLERANCE = 1e-4      # a log-prob above this is a bug upstream, not rounding
-STD_EPS = 1e-4             # Â = (r - mean) / (std + STD_EPS), as in DESIGN §2
+STD_EPS = 1e-4             # Â = (r - mean) / (std + STD_EPS), as in docs/ftis.md
 VIS_LOG_RATIO_CLAMP = 20.0  # |ℓ - g| is clamped for vis's ρ (as verl does) so ρ stays finite
 K3_EXP_CLAMP = 50.0        # exp(g - ℓ) in k3 is capped at e^50: still "huge", never inf
 
 
-class ObjectiveError(ValueError):
+class ObjectiveError(FtisError, ValueError):
     """Invalid input to the objective (shapes, values or options), with a readable reason."""
 
 
@@ -216,7 +218,7 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
     gen_logp    [B,T] generator log-probs g of the same tokens (no grad used).
     advantages  [B]   Â_i, computed over the whole group beforehand (group_advantages).
     mask        [B,T] bool or 0/1; padding values are ignored whatever they hold.
-    method      nois | vis | tis | f-tis | f-vis (DESIGN §2; f- = with the KL filter).
+    method      nois | vis | tis | f-tis | f-vis (docs/ftis.md; f- = with the KL filter).
     C, eps      truncation of the IS weight; PPO clip range.
     kl_threshold  g of the filter: drop iff Â_i <= 0 and KL_i > g (f- methods only).
     level       "token", "sequence" (cross-tokenizer: one weight per sequence), or a bool
@@ -325,17 +327,17 @@ def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, 
             "filter/kept": float((~dropped & nonempty).sum()),
             "filter/adv_le0_frac": float(adv_le0.sum()) / B,
             "filter/kl_gt_g_frac": float(kl_gt.sum()) / B,
-            "filter/dropped_adv_rule": float(adv_le0.sum()),
-            "filter/dropped_kl_rule": float(kl_gt.sum()),
-            "is/weight_mean": float(w_ne.mean()) if w_ne.numel() else nan,
-            "is/weight_max": float(weight[m].max()) if tokens else nan,
+            "filter/adv_le0": float(adv_le0.sum()),
+            "filter/kl_gt_g": float(kl_gt.sum()),
+            "sampling/importance_sampling_ratio/mean": float(w_ne.mean()) if w_ne.numel() else nan,
+            "sampling/importance_sampling_ratio/max": float(weight[m].max()) if tokens else nan,
             "is/truncated_frac": float(truncated.sum()) / tokens if tokens else nan,
             "is/ess": ess,
             "kl/mean": float(kl_ne.mean()) if kl_ne.numel() else nan,
             "kl/max": float(kl_ne.max()) if kl_ne.numel() else nan,
-            "mismatch/abs_logp_diff": float(torch.where(tok_rows, (ls - g).abs(), 0.0).sum()) / n_tok
+            "sampling/sampling_logp_difference/mean": float(torch.where(tok_rows, (ls - g).abs(), 0.0).sum()) / n_tok
             if n_tok else nan,
-            "clip_frac": float(clip_active.sum()) / tokens if tokens else nan,
+            "clip_ratio/region_mean": float(clip_active.sum()) / tokens if tokens else nan,
         }
         stats["per_sample"] = {
             "kl": kl.detach().clone(),

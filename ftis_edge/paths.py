@@ -1,4 +1,4 @@
-"""Where things live on disk: the cache, the project root, the shared data folder."""
+"""Where things live on disk: the cache, the project root, the offline data folder."""
 from __future__ import annotations
 
 import os
@@ -16,13 +16,19 @@ def cache_dir() -> Path:
     return path
 
 
+def user_data_dir() -> Path:
+    """Where ``./install.sh --data`` (``python -m ftis_edge.tasks.fetch``) puts GSM8K and MATH-500."""
+    return cache_dir() / "data"
+
+
 def shared_data_dir() -> Path | None:
-    """The offline datasets folder: $FTIS_SHARED/data, else ../shared/data beside the project."""
+    """The offline datasets folder (``gsm8k/*.jsonl``, ``math500/test.jsonl``):
+    ``$FTIS_SHARED/data`` when set (CI), else the one ``./install.sh --data`` fills."""
     candidates = []
     if os.environ.get("FTIS_SHARED"):
         candidates.append(Path(os.environ["FTIS_SHARED"]) / "data")
-    candidates.append(PROJECT_ROOT.parent / "shared" / "data")
+    candidates.append(user_data_dir())
     for c in candidates:
-        if c.is_dir():
+        if c.is_dir() and any(c.iterdir()):
             return c
     return None

@@ -12,17 +12,18 @@ Two artefacts, both written with llama.cpp's own ``gguf`` package:
 """
 from __future__ import annotations
 
-import os
 import re
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import atomic
 
-class SyncError(ValueError):
+from .errors import FtisError
+
+
+class SyncError(FtisError, ValueError):
     """The model cannot be written in the requested form (unsupported module, shape mismatch, ...)."""
 
 
@@ -42,26 +43,6 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     if out % (2 * n_head):
         raise SyncError(f"cannot permute {out} rows into {n_head} heads")
     return w.reshape(n_head, 2, out // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _atomic_target(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    return Path(tmp)
-
-
-def _write_atomically(writer_fn, path: Path) -> Path:
-    """Run ``writer_fn(tmp_path)`` then rename onto ``path``: readers never see a half-written file."""
-    path = Path(path)
-    tmp = _atomic_target(path)
-    try:
-        writer_fn(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _lora_layers(peft_model):
@@ -121,7 +102,7 @@ def write_gguf_lora(peft_model, path, *, arch: str, n_head: int, n_head_kv: int,
         w.write_tensors_to_file()
         w.close()
 
-    return _write_atomically(write, Path(path))
+    return atomic.write_file(path, write)
 
 
 def merged_state_dict(model) -> dict[str, torch.Tensor]:
@@ -212,16 +193,17 @@ def export_merged_gguf(model, base_gguf, path, *, dtype: str = "f16") -> Path:
         w.write_tensors_to_file()
         w.close()
 
-    return _write_atomically(write, Path(path))
+    return atomic.write_file(path, write)
 
 
 class WeightSync:
     """After each optimiser step, ship the learner's policy to the generator.
 
-    mode "lora-adapter": write a GGUF LoRA and hot-swap it (``generator.set_adapter``);
-    mode "merged": export a merged GGUF and ``generator.reload`` it (full fine-tuning, or exact);
-    mode "auto": lora-adapter for a LoRA learner, merged for full fine-tuning.
-    An HF generator samples from ``learner.model`` itself, so syncing it only records the version.
+    The generator decides how it takes new weights (``generator.sync_weights(self, version)``):
+    llama.cpp asks ``export`` for a file; in mode "lora-adapter" it is a GGUF LoRA the generator
+    hot-swaps, in mode "merged" a merged GGUF it reloads (full fine-tuning, or exact); mode "auto":
+    lora-adapter for a LoRA learner, merged for full fine-tuning. An HF generator samples from
+    ``learner.model`` itself, so it writes nothing and only records the version.
 
     Merged exports default to F32: one full fine-tuning step at a realistic lr (1e-5..2e-5) moves most
     weights by well under half an F16 ulp, so an F16 export rounds the update away (measured: 0.026 nats/token
@@ -252,35 +234,29 @@ class WeightSync:
                    n_head_kv=bundle.n_head_kv, base_gguf=bundle.gguf_path, **kwargs)
 
     def sync(self, version: int | None = None) -> dict:
-        """Write the current policy and hand it to the generator; returns metrics (seconds, bytes)."""
+        """Hand the current policy to the generator (its ``sync_weights``); returns metrics (seconds, bytes)."""
         version = self.learner.version if version is None else version
-        if getattr(self.generator, "backend", None) == "hf":
-            self.generator.set_adapter(None, version)     # records the version; weights are already live
-            return {"sync/mode": "none", "sync/version": version, "sync/write_s": 0.0, "sync/apply_s": 0.0,
-                    "sync/bytes": 0}
+        info = self.generator.sync_weights(self, version)
+        self._synced_version = version
+        while len(self._written) > self.keep:   # older artefacts are no longer loaded anywhere
+            self._written.pop(0).unlink(missing_ok=True)
+        return info
+
+    def export(self, version: int) -> tuple[Path, bool]:
+        """Write the policy as this sync's artefact (GGUF LoRA or merged GGUF); (path, written).
+
+        No optimiser step since the last sync (a round whose groups had no signal): the generator
+        already has these weights, so nothing is written (rewriting the same file name would let
+        the clean-up in ``sync`` delete the file in use).
+        """
         if self._written and self._synced_version == version and self._written[-1].exists():
-            # No optimiser step since the last sync (a round whose groups had no signal):
-            # the generator already has these weights, and rewriting the same file name
-            # would let the clean-up below delete the file in use.
-            return {"sync/mode": self.mode, "sync/version": version, "sync/write_s": 0.0, "sync/apply_s": 0.0,
-                    "sync/bytes": 0, "sync/path": str(self._written[-1])}
-        t0 = time.perf_counter()
+            return self._written[-1], False
         if self.mode == "lora-adapter":
             path = write_gguf_lora(self.learner.model, self.out_dir / f"adapter-v{version:06d}.gguf",
                                    arch=self.arch, n_head=self.n_head, n_head_kv=self.n_head_kv)
         else:
             path = export_merged_gguf(self.learner.model, self.base_gguf,
                                       self.out_dir / f"merged-v{version:06d}.gguf", dtype=self.dtype)
-        t1 = time.perf_counter()
-        if self.mode == "lora-adapter":
-            self.generator.set_adapter(str(path), version)
-        else:
-            self.generator.reload(str(path), version)
-        t2 = time.perf_counter()
-        self._synced_version = version
         if path not in self._written:
             self._written.append(path)
-        while len(self._written) > self.keep:   # older artefacts are no longer loaded anywhere
-            self._written.pop(0).unlink(missing_ok=True)
-        return {"sync/mode": self.mode, "sync/version": version, "sync/write_s": t1 - t0,
-                "sync/apply_s": t2 - t1, "sync/bytes": path.stat().st_size, "sync/path": str(path)}
+        return path, True

@@ -1,4 +1,4 @@
-"""The rollout wire format: what travels between nodes (DESIGN §6).
+"""The rollout wire format: what travels between nodes (docs/relay.md, "Wire format").
 
 One message = ONE node's completions for ONE prompt (a whole GRPO group in vertical mode,
 or this node's part of a shared group in horizontal mode), so the header cost is shared by
@@ -43,29 +43,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
-MAGIC = b"FTR"
+from .errors import FtisError
+from relay import protocol as _P   # the prefix layout the relay reads (shared protocol module)
+
+PROTOCOL_VERSION = _P.ROLLOUT_VERSION
+MAGIC = _P.ROLLOUT_MAGIC
 LOGPROB_SCALE = 1024          # fixed-point step 1/1024 nat -> max error 0.5/1024 = 4.9e-4
 LOGPROB_TOLERANCE = 1e-6      # positive log-probs up to this are rounding noise, stored as 0
 MIN_LOGPROB = -1.0e4          # anything lower is not a sampled token's log-prob
 _ESCAPE = 0xFFFF
 _MAX_Q = int(-MIN_LOGPROB * LOGPROB_SCALE)
 
-CODECS = {"none": 0, "zlib": 1, "lzma": 2}
-_CODEC_NAMES = {v: k for k, v in CODECS.items()}
+CODECS = dict(_P.ROLLOUT_CODECS)
 DEFAULT_CODEC = "lzma"
 # Small dictionary window and lc=1: payloads are a few KB, mostly binary; the defaults
 # (64 MB window, lc=3) cost time per call and ~1% in size (measured on real rollouts).
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9, "dict_size": 1 << 20, "lc": 1, "lp": 0, "pb": 0}]
 
-_PREFIX_FIXED = struct.Struct("<3sBBBB")     # magic, protocol, codec, id kind, id length
+_PREFIX_FIXED = _P.PREFIX_FIXED             # magic, protocol, codec, id kind, id length
 _U32 = struct.Struct("<I")
 
 REASONS = ("bad_version", "truncated", "too_large", "bad_logprob", "id_out_of_range",
            "length_mismatch", "bad_header", "decompress", "bad_text", "bad_value")
 
 
-class WireError(ValueError):
+class WireError(FtisError, ValueError):
     """A rollout message that cannot be encoded or accepted; `.reason` is a short code."""
 
     def __init__(self, reason: str, message: str):
@@ -78,8 +80,8 @@ class WireError(ValueError):
 class WireLimits:
     """Upper bounds a receiver enforces (all sizes in bytes unless noted)."""
 
-    max_message_bytes: int = 4 << 20        # whole encoded message
-    max_body_bytes: int = 16 << 20          # decompressed body (decompression-bomb cap)
+    max_message_bytes: int = _P.MAX_ROLLOUT_BYTES   # whole encoded message (the relay's cap too)
+    max_body_bytes: int = _P.MAX_BODY_BYTES         # decompressed body (decompression-bomb cap)
     max_header_bytes: int = 64 << 10
     max_completions: int = 256              # completions in one rollout
     max_group_size: int = 1024
@@ -381,49 +383,15 @@ def encode(rollout: Rollout, *, codec: str = DEFAULT_CODEC,
 
 # ---------------------------------------------------------------- decode
 
-@dataclass(frozen=True)
-class Peek:
-    """What the relay reads from a message without decompressing it."""
-
-    protocol: int
-    codec: str
-    rollout_id: str
-    body_len: int
-    payload_offset: int
+Peek = _P.RolloutPrefix     # protocol, codec, rollout_id, body_len, payload_offset
 
 
 def peek(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Peek:
-    """Parse and check the uncompressed prefix (cheap; used by the relay)."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise WireError("bad_header", f"expected bytes, got {type(data).__name__}")
-    n = len(data)
-    if n > limits.max_message_bytes:
-        raise WireError("too_large", f"{n} bytes > limit {limits.max_message_bytes}")
-    if n < _PREFIX_FIXED.size:
-        raise WireError("truncated", f"{n} bytes is shorter than the prefix")
-    magic, version, codec, id_kind, id_len = _PREFIX_FIXED.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise WireError("bad_header", "not an ftis rollout (bad magic)")
-    if version != PROTOCOL_VERSION:
-        raise WireError("bad_version", f"protocol {version}, this node speaks {PROTOCOL_VERSION}")
-    if codec not in _CODEC_NAMES:
-        raise WireError("bad_header", f"unknown codec {codec}")
-    off = _PREFIX_FIXED.size
-    if n < off + id_len + 4:
-        raise WireError("truncated", "message ends inside the prefix")
-    raw = bytes(data[off:off + id_len])
-    if id_kind == 1:
-        rid = raw.hex()
-    elif id_kind == 0 and raw.isascii() and raw.decode("ascii").isprintable():
-        rid = raw.decode("ascii")
-    else:
-        raise WireError("bad_header", "rollout_id must be printable ASCII")
-    if not 0 < len(rid) <= 64:
-        raise WireError("bad_header", f"rollout_id must be 1..64 chars, got {len(rid)}")
-    (body_len,) = _U32.unpack_from(data, off + id_len)
-    if body_len > limits.max_body_bytes:
-        raise WireError("too_large", f"body of {body_len} bytes > limit {limits.max_body_bytes}")
-    return Peek(version, _CODEC_NAMES[codec], rid, body_len, off + id_len + 4)
+    """Parse and check the uncompressed prefix (cheap; the relay does the same)."""
+    try:
+        return _P.peek_rollout(data, limits.max_message_bytes, limits.max_body_bytes)
+    except _P.PrefixError as e:
+        raise WireError(e.reason, e.message) from None
 
 
 def _decompress(codec: str, payload: bytes, body_len: int) -> bytes:

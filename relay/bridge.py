@@ -1,12 +1,13 @@
 """Federation: a bridge joins one swarm across two relays.
 
-It is two ordinary relay clients (publish + subscribe, no decoding) that forward each
-other's deliveries with `publish_bytes(payload, origin=sender)`. Each relay must list the
-bridge's node id with `--trust-bridge`, so it keeps the original sender on forwarded
-rollouts (otherwise nodes would see the bridge as the sender and flag `sender_mismatch`).
-Loops are cut twice: a relay never sends a rollout back on the connection it came from,
-and relays and nodes drop rollout ids they have already seen. Acks, retries and relay
-restarts are handled by the clients exactly as for a node.
+It is two ordinary relay clients (`relay.client.RelayClient`: publish + subscribe, no
+decoding) that forward each other's deliveries with `publish_bytes(payload, origin=sender)`.
+Each relay must trust the bridge (`--trust-bridge NAME`; on a CURVE relay NAME is the
+bridge's key name), so it keeps the original sender on forwarded rollouts. Loops are cut
+three ways: a relay never sends a rollout back on the connection it came from, a bridge never
+forwards a rollout to a relay that already has it (relays ACK a known rollout id without
+delivering it again), and nodes drop rollout ids they have already seen. Acks, retries,
+`busy` back-off and relay restarts are handled by the clients exactly as for a node.
 
     ftis-relay bridge --swarm S --node-id bridge-1 tcp://relay-a:5555 tcp://relay-b:5555
 """
@@ -15,7 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from ftis_edge.swarm import ClientKeys, SwarmClient
+from relay.client import RelayClient
+from relay.keys import ClientKeys
 
 log = logging.getLogger("ftis-relay.bridge")
 
@@ -25,9 +27,9 @@ class Bridge:
 
     def __init__(self, a: str, b: str, *, swarm: str, node_id: str,
                  keys_a: ClientKeys | None = None, keys_b: ClientKeys | None = None):
-        self.a = SwarmClient(a, swarm=swarm, node_id=node_id, keys=keys_a, decode=False)
-        self.b = SwarmClient(b, swarm=swarm, node_id=node_id, keys=keys_b, decode=False)
-        self.forwarded = {"a_to_b": 0, "b_to_a": 0}
+        self.a = RelayClient(a, swarm=swarm, node_id=node_id, keys=keys_a)
+        self.b = RelayClient(b, swarm=swarm, node_id=node_id, keys=keys_b)
+        self.forwarded = {"a_to_b": 0, "b_to_a": 0, "not_sent_back": 0}
         self._stop = threading.Event()
 
     def start(self) -> "Bridge":
@@ -40,9 +42,12 @@ class Bridge:
         moved = 0
         for src, dst, key in ((self.a, self.b, "a_to_b"), (self.b, self.a, "b_to_a")):
             for item in src.poll(timeout_s=timeout_s if moved == 0 else 0.0):
-                if item.payload is None:
+                via = item.attrs.get("via") or []
+                if dst.relay_epoch in via:        # that relay had it already (it came from there)
+                    self.forwarded["not_sent_back"] += 1
                     continue
-                dst.publish_bytes(item.payload, origin=item.sender)
+                dst.publish_bytes(item.payload, origin=item.sender, task=item.attrs.get("task"),
+                                  tok=item.attrs.get("tok"), via=via)
                 self.forwarded[key] += 1
                 moved += 1
         return moved

@@ -11,30 +11,60 @@ import argparse
 import logging
 import sys
 
+import time
+
 import orjson
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from relay import protocol as P
-from relay.keys import ClientKeys, KeyError_, keygen
+from relay.keys import ClientKeys, KeyFileError, keygen
 from relay.server import RelayConfig, run
+
+_FMT = argparse.ArgumentDefaultsHelpFormatter
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in every flag's help, and the subcommand list kept as written."""
+
+SUBCOMMANDS = """subcommands:
+  serve     run a relay (the default: `ftis-relay --bind ...` is `ftis-relay serve --bind ...`)
+  keygen    create a CURVE key pair:        ftis-relay keygen DIR [--name NAME]
+  status    print a running relay's stats:  ftis-relay status --connect tcp://host:5555
+  bridge    join one swarm across relays:   ftis-relay bridge --swarm S --node-id ID tcp://A tcp://B
+run `ftis-relay SUBCOMMAND --help` for each one's flags."""
 
 
 def _serve_parser(p: argparse.ArgumentParser) -> None:
     d = RelayConfig()
-    p.add_argument("--bind", default=d.bind, help="ZeroMQ endpoint to listen on")
-    p.add_argument("--keys", help="directory with the relay's server.key_secret (enables CURVE)")
-    p.add_argument("--allow", help="directory of allowed client public certificates (*.key)")
+    p.add_argument("--bind", default=d.bind, help="ZeroMQ endpoint to listen on (tcp://HOST:PORT)")
+    p.add_argument("--keys", help="directory with the relay's server.key_secret (enables CURVE; needs --allow)")
+    p.add_argument("--allow", help="directory of allowed client certificates; NAME.key may connect as node NAME only")
     p.add_argument("--replay", type=int, default=d.replay_count, help="replay buffer, rollouts per topic")
     p.add_argument("--replay-mb", type=float, default=d.replay_bytes / 2**20, help="replay buffer, MiB per topic")
-    p.add_argument("--max-msg-kb", type=float, default=d.max_message_bytes / 1024, help="largest rollout")
-    p.add_argument("--rate", type=float, default=d.rate_msgs, help="per node rollouts/s (0 = unlimited)")
-    p.add_argument("--burst", type=float, default=d.rate_burst, help="per node burst, rollouts")
-    p.add_argument("--rate-mb", type=float, default=d.rate_bytes / 2**20, help="per node MiB/s (0 = unlimited)")
+    p.add_argument("--max-msg-kb", type=float, default=d.max_message_bytes / 1024, help="largest rollout, KiB")
+    p.add_argument("--rate", type=float, default=d.rate_msgs,
+                   help="rollouts/s per connection and per node id (per key on CURVE); 0 = unlimited")
+    p.add_argument("--burst", type=float, default=d.rate_burst, help="burst for --rate, rollouts")
+    p.add_argument("--rate-mb", type=float, default=d.rate_bytes / 2**20,
+                   help="MiB/s per connection and per node id; 0 = unlimited")
+    p.add_argument("--accept-rate", type=float, default=d.accept_rate,
+                   help="rollouts/s accepted from all publishers together (beyond: NACK busy); 0 = unlimited")
+    p.add_argument("--accept-burst", type=float, default=d.accept_burst, help="burst for --accept-rate, rollouts")
+    p.add_argument("--max-topics", type=int, default=d.max_topics, help="topics (swarms) in total")
+    p.add_argument("--max-topics-per-peer", type=int, default=d.max_topics_per_peer,
+                   help="topics one connection may publish or subscribe to")
+    p.add_argument("--max-peers", type=int, default=d.max_peers, help="connections that said HELLO")
+    p.add_argument("--slow-after", type=float, default=d.slow_after_s,
+                   help="s a subscriber's pipe may stay full (while another's is not) before it stops "
+                        "holding the buffer (then it skips)")
+    p.add_argument("--busy-retry", type=float, default=d.busy_retry_s, help="retry-after sent with NACK busy, s")
     p.add_argument("--peer-timeout", type=float, default=d.peer_timeout_s, help="forget silent clients after s")
-    p.add_argument("--sndhwm", type=int, default=d.sndhwm, help="messages queued per client before it counts as slow")
-    p.add_argument("--trust-bridge", action="append", default=[], metavar="NODE_ID",
-                   help="node id of a federation bridge allowed to forward others' rollouts (repeatable)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--sndhwm", type=int, default=d.sndhwm, help="messages queued per client before it counts as blocked")
+    p.add_argument("--trust-bridge", action="append", default=[], metavar="NAME",
+                   help="federation bridge allowed to forward others' rollouts (repeatable): its node id, "
+                        "which on a CURVE relay is its key's name")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
 def _serve(args) -> int:
@@ -42,15 +72,22 @@ def _serve(args) -> int:
     if bool(args.keys) != bool(args.allow):
         print("ftis-relay: --keys and --allow go together (CURVE needs both)", file=sys.stderr)
         return 2
+    hint = P.check_bind(args.bind)
+    if hint:
+        print(f"ftis-relay: --bind {hint}", file=sys.stderr)
+        return 2
     cfg = RelayConfig(bind=args.bind, keys_dir=args.keys, allow_dir=args.allow,
                       replay_count=args.replay, replay_bytes=int(args.replay_mb * 2**20),
                       max_message_bytes=int(args.max_msg_kb * 1024), rate_msgs=args.rate,
                       rate_burst=args.burst, rate_bytes=args.rate_mb * 2**20,
+                      accept_rate=args.accept_rate, accept_burst=args.accept_burst,
+                      max_topics=args.max_topics, max_topics_per_peer=args.max_topics_per_peer,
+                      max_peers=args.max_peers, slow_after_s=args.slow_after, busy_retry_s=args.busy_retry,
                       peer_timeout_s=args.peer_timeout, sndhwm=args.sndhwm,
-                      trusted_bridges=frozenset(b.encode() for b in args.trust_bridge))
+                      trusted_bridges=frozenset(args.trust_bridge))
     try:
         return run(cfg)
-    except (KeyError_, ValueError) as e:
+    except (KeyFileError, ValueError) as e:
         print(f"ftis-relay: {e}", file=sys.stderr)
         return 2
     except zmq.ZMQError as e:
@@ -59,22 +96,47 @@ def _serve(args) -> int:
 
 
 def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float = 3.0) -> dict:
-    """Ask a relay for its stats; raises TimeoutError when it does not answer."""
+    """Ask a relay for its stats; raises TimeoutError when it does not answer (saying so when
+    the handshake failed: the relay needs CURVE keys, or refused ours)."""
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     if keys:
         keys.apply(s)
+    mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                               | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
     s.connect(address)
+    poller = zmq.Poller()
+    poller.register(s, zmq.POLLIN)
+    poller.register(mon, zmq.POLLIN)
+    failed = ""
     try:
         s.send_multipart([P.STATS])
-        if not s.poll(int(timeout_s * 1000)):
-            raise TimeoutError(f"no answer from {address} within {timeout_s} s")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            events = dict(poller.poll(max(0, int(left * 1000)))) if left > 0 else {}
+            if mon in events:
+                ev = recv_monitor_message(mon)
+                failed = ("the relay refused this key (not in its --allow dir)"
+                          if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else
+                          "the handshake failed: the relay may need keys (--keys DIR --server-key FILE)"
+                          if keys is None else
+                          "the CURVE handshake failed: wrong --server-key, or the relay runs without CURVE")
+                continue
+            if s in events:
+                break
+            if left <= 0:
+                msg = f"no answer from {address} within {timeout_s} s"
+                raise TimeoutError(f"{msg}: {failed}" if failed else
+                                   msg + ("" if keys else " (is it running? if it uses CURVE, pass --keys and --server-key)"))
         frames = s.recv_multipart()
         if frames[0] != P.STATS or len(frames) != 2:
             raise TimeoutError(f"unexpected reply from {address}: {frames[0][:20]!r}")
         return orjson.loads(frames[1])
     finally:
+        s.disable_monitor()
+        mon.close(0)
         s.close(0)
 
 
@@ -88,7 +150,9 @@ def _fmt_bytes(n: float) -> str:
 
 def format_stats(s: dict) -> str:
     lines = [f"relay epoch {s['epoch']}  up {s['uptime_s']:.0f} s  bind {s['bind']}  curve {s['curve']}",
-             f"counts: {s['counts']}", f"rejected: {s['rejected'] or '{}'}", "",
+             f"identity: {s.get('identity', '?')}",
+             f"counts: {s['counts']}", f"rejected: {s['rejected'] or '{}'}",
+             f"refused handshakes: {s.get('refused_handshakes') or '{}'}", "",
              f"{'topic':<24}{'next_seq':>10}{'buffered':>10}{'bytes':>12}{'subs':>6}"]
     for name, t in s["topics"].items():
         lines.append(f"{name[:23]:<24}{t['next_seq']:>10}{t['buffered']:>10}"
@@ -111,7 +175,7 @@ def _status(args) -> int:
                 return 2
             keys = ClientKeys.load(args.keys, args.server_key)
         s = query_stats(args.connect, keys, args.timeout)
-    except (TimeoutError, KeyError_) as e:
+    except (TimeoutError, KeyFileError) as e:
         print(f"ftis-relay status: {e}", file=sys.stderr)
         return 1
     print(orjson.dumps(s, option=orjson.OPT_INDENT_2).decode() if args.json else format_stats(s))
@@ -125,7 +189,7 @@ def _bridge(args) -> int:
     try:
         keys_a = ClientKeys.load(args.keys, args.server_key_a) if args.server_key_a else None
         keys_b = ClientKeys.load(args.keys, args.server_key_b) if args.server_key_b else None
-    except (KeyError_, TypeError) as e:
+    except (KeyFileError, TypeError) as e:
         print(f"ftis-relay bridge: {e} (--server-key-a/-b need --keys)", file=sys.stderr)
         return 2
     bridge = Bridge(args.a, args.b, swarm=args.swarm, node_id=args.node_id, keys_a=keys_a, keys_b=keys_b)
@@ -137,46 +201,52 @@ def _bridge(args) -> int:
         bridge.run()
     finally:
         bridge.close()
-        logging.getLogger("ftis-relay.bridge").info("bridge stopped: %s", bridge.forwarded)
+        logging.getLogger("ftis-relay.bridge").info("bridge stopped: %s", orjson.dumps(bridge.forwarded).decode())
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "keygen":
-        p = argparse.ArgumentParser(prog="ftis-relay keygen", description="create a CURVE key pair")
-        p.add_argument("dir")
-        p.add_argument("--name", default="server", help="file stem: NAME.key and NAME.key_secret")
-        a = p.parse_args(argv[1:])
+    cmd = argv[0] if argv and argv[0] in ("serve", "keygen", "status", "bridge") else None
+    rest = argv[1:] if cmd else argv
+    if cmd == "keygen":
+        p = argparse.ArgumentParser(prog="ftis-relay keygen", formatter_class=_FMT,
+                                    description="create a CURVE key pair: DIR/NAME.key (public) and "
+                                                "DIR/NAME.key_secret (keep it private)")
+        p.add_argument("dir", help="directory to write the key pair into (created if missing)")
+        p.add_argument("--name", default="server",
+                       help="file stem: NAME.key and NAME.key_secret; for a node, its node id")
+        a = p.parse_args(rest)
         pub, sec = keygen(a.dir, a.name)
         print(f"public key: {pub}\nsecret key: {sec}  (keep it private)")
         return 0
-    if argv and argv[0] == "status":
-        p = argparse.ArgumentParser(prog="ftis-relay status", description="print a relay's stats")
-        p.add_argument("--connect", default="tcp://127.0.0.1:5555")
+    if cmd == "status":
+        p = argparse.ArgumentParser(prog="ftis-relay status", formatter_class=_FMT,
+                                    description="print a running relay's stats")
+        p.add_argument("--connect", default="tcp://127.0.0.1:5555", help="the relay's address")
         p.add_argument("--keys", help="client key directory (NAME.key_secret) when the relay uses CURVE")
-        p.add_argument("--server-key", help="the relay's public certificate (server.key)")
-        p.add_argument("--timeout", type=float, default=3.0)
-        p.add_argument("--json", action="store_true")
-        return _status(p.parse_args(argv[1:]))
-    if argv and argv[0] == "bridge":
-        p = argparse.ArgumentParser(prog="ftis-relay bridge", description="join one swarm across two relays "
-                                    "(each relay must run with --trust-bridge NODE_ID)")
+        p.add_argument("--server-key", help="the relay's public certificate (server.key) when it uses CURVE")
+        p.add_argument("--timeout", type=float, default=3.0, help="give up after this many seconds")
+        p.add_argument("--json", action="store_true", help="print the raw stats as JSON")
+        return _status(p.parse_args(rest))
+    if cmd == "bridge":
+        p = argparse.ArgumentParser(prog="ftis-relay bridge", formatter_class=_FMT,
+                                    description="join one swarm across two relays (each relay must run "
+                                                "with --trust-bridge NODE_ID)")
         p.add_argument("a", help="first relay, e.g. tcp://relay-a:5555")
-        p.add_argument("b", help="second relay")
-        p.add_argument("--swarm", required=True)
+        p.add_argument("b", help="second relay, e.g. tcp://relay-b:5555")
+        p.add_argument("--swarm", required=True, help="the swarm (topic) to forward")
         p.add_argument("--node-id", required=True, help="the bridge's node id (as trusted by both relays)")
         p.add_argument("--keys", help="the bridge's client key directory (CURVE)")
-        p.add_argument("--server-key-a", help="relay A's public certificate")
-        p.add_argument("--server-key-b", help="relay B's public certificate")
-        p.add_argument("--log-level", default="INFO")
-        return _bridge(p.parse_args(argv[1:]))
-    if argv and argv[0] == "serve":
-        argv = argv[1:]
-    p = argparse.ArgumentParser(prog="ftis-relay", description="the ftis-edge ZeroMQ relay "
-                                "(subcommands: serve [default], keygen, status, bridge)")
+        p.add_argument("--server-key-a", help="relay A's public certificate (CURVE)")
+        p.add_argument("--server-key-b", help="relay B's public certificate (CURVE)")
+        p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+        return _bridge(p.parse_args(rest))
+    p = argparse.ArgumentParser(prog="ftis-relay" if cmd is None else "ftis-relay serve", formatter_class=_Formatter,
+                                description="the ftis-edge ZeroMQ relay: run it, or use a subcommand",
+                                epilog=SUBCOMMANDS if cmd is None else None)
     _serve_parser(p)
-    return _serve(p.parse_args(argv))
+    return _serve(p.parse_args(rest))
 
 
 if __name__ == "__main__":

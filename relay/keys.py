@@ -8,7 +8,7 @@ from pathlib import Path
 import zmq.auth
 
 
-class KeyError_(ValueError):
+class KeyFileError(ValueError):
     """A key directory or certificate that cannot be used."""
 
 
@@ -25,9 +25,9 @@ def _load(path: Path, need_secret: bool) -> tuple[bytes, bytes | None]:
     try:
         public, secret = zmq.auth.load_certificate(str(path))
     except (OSError, ValueError) as e:
-        raise KeyError_(f"cannot read certificate {path}: {e}") from None
+        raise KeyFileError(f"cannot read certificate {path}: {e}") from None
     if need_secret and not secret:
-        raise KeyError_(f"{path} has no secret key (need NAME.key_secret)")
+        raise KeyFileError(f"{path} has no secret key (need NAME.key_secret)")
     return public, secret
 
 
@@ -36,16 +36,33 @@ def _find(directory: str | os.PathLike, suffix: str, name: str | None) -> Path:
     if d.is_file():
         return d
     if not d.is_dir():
-        raise KeyError_(f"key directory {d} does not exist (create one with `ftis-relay keygen {d}`)")
+        raise KeyFileError(f"key directory {d} does not exist (create one with `ftis-relay keygen {d}`)")
     if name:
         p = d / f"{name}{suffix}"
         if not p.exists():
-            raise KeyError_(f"{p} not found")
+            raise KeyFileError(f"{p} not found")
         return p
     found = sorted(d.glob(f"*{suffix}"))
     if len(found) != 1:
-        raise KeyError_(f"expected exactly one *{suffix} in {d}, found {len(found)}; pass a name")
+        raise KeyFileError(f"expected exactly one *{suffix} in {d}, found {len(found)}; pass a name")
     return found[0]
+
+
+def allowed_names(directory: str | os.PathLike) -> dict[bytes, str]:
+    """The allow-list: public key (raw bytes) -> certificate name (file stem), which is the node id
+    a client with that key may use. Two certificates with one key are refused."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise KeyFileError(f"allow directory {d} does not exist (copy each node's NAME.key into it)")
+    from zmq.utils import z85
+    names: dict[bytes, str] = {}
+    for path in sorted(d.glob("*.key")):
+        public, _ = _load(path, need_secret=False)
+        public = z85.decode(public)           # ZAP hands over raw 32-byte keys
+        if public in names:
+            raise KeyFileError(f"{path} has the same public key as {names[public]}.key")
+        names[public] = path.stem
+    return names
 
 
 def load_server_keys(directory: str, name: str | None = None) -> tuple[bytes, bytes]:

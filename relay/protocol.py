@@ -1,73 +1,159 @@
-"""Frames spoken between `ftis-relay` and its clients (see docs/relay.md).
+"""What the relay and its clients share, and nothing else (docs/relay.md, "Protocol").
+
+Like the ZeroMQ guide's Majordomo, the broker (`relay.server`) and the clients (`relay.client`,
+and the node's `ftis_edge.swarm` on top of it) depend on this module only: the relay runs with
+pyzmq + orjson and never imports the node, its codec or torch. The one thing the relay reads
+from a rollout, its uncompressed prefix, is defined here; `ftis_edge.wire` writes it and
+imports the layout from here.
 
 Every message is a ZeroMQ multipart message; the first frame names its type. Clients use a
 DEALER socket, the relay a ROUTER socket (which prepends the client's routing id).
 
 client -> relay                         relay -> client
-  HELLO   {node_id, protocol}             WELCOME {epoch, heartbeat_s}
-  SUB     topic {epoch, last_seq}         SUBOK   topic {epoch, first_seq, next_seq}
-                                          DELIVER meta+payload      (see pack_deliver)
-  PUB     topic payload                   ACK     rollout_id seq(u64) epoch
-  PING    {t}                             NACK    rollout_id reason
-  STATS                                   PONG    {t, epoch, peers}
+  HELLO   {node_id, protocol}             WELCOME {epoch, heartbeat_s, identity}
+  SUB     topic {epoch, last_seq,         SUBOK   topic {epoch, first_seq, next_seq, budget}
+               [budget: {k, window_s},    DELIVER meta+payload      (see pack_deliver)
+                filters: {task, tok}]}
+  PUB     topic payload [attrs]           ACK     rollout_id seq(u64) epoch
+  PING    {t}                             NACK    rollout_id reason [{retry_after_s, detail}]
+  STATS                                   PONG    {t, epoch, known, peers}
   BYE                                     STATS   {...}
 """
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 HELLO, WELCOME, SUB, PUB, ACK, NACK = b"HELLO", b"WELCOME", b"SUB", b"PUB", b"ACK", b"NACK"
 DELIVER, PING, PONG, STATS, BYE = b"DELIVER", b"PING", b"PONG", b"STATS", b"BYE"
 SUBOK = b"SUBOK"
 
-RELAY_PROTOCOL = 1
+RELAY_PROTOCOL = 2            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding
 SEQ = struct.Struct("<Q")
 MAX_TOPIC_LEN = 128
 MAX_NODE_ID_LEN = 128
-MAX_CONTROL_BYTES = 4096     # JSON control frames (HELLO, SUB, PING)
+MAX_CONTROL_BYTES = 4096      # JSON control frames (HELLO, SUB, PING, PUB attrs)
+MAX_ROLLOUT_BYTES = 4 << 20   # one encoded rollout: the codec refuses to write more, the relay to take more
+MAX_BODY_BYTES = 16 << 20     # a rollout's body once decompressed (decompression-bomb cap)
+FRAME_SLACK = 64 << 10        # socket MAXMSGSIZE = MAX_ROLLOUT_BYTES + this (other frames, headroom)
+
+# NACK reasons. Retryable ones keep the rollout pending at the client (with the relay's
+# retry_after_s); `hello_first` makes it register again; every other reason is final.
+RETRY_LATER = frozenset({"rate_limited", "busy"})
+HELLO_FIRST = "hello_first"
+IDENTITY = "identity"         # HELLO's node_id is not the name of the CURVE key it connected with
+REFUSED_AT_HELLO = frozenset({IDENTITY, "too_many_peers", "bad_version", "bad_hello"})
 
 
-def pack_meta(seq: int, topic: bytes, epoch: bytes, sender: bytes, rollout_id: bytes) -> bytes:
-    """DELIVER's metadata: u64 seq, then four (u8 length, bytes) strings."""
-    parts = [SEQ.pack(seq)]
-    for b in (topic, epoch, sender, rollout_id):
-        parts += [bytes((len(b),)), b]
-    return b"".join(parts)
+# ---------------------------------------------------------------- the rollout prefix
+# Written by ftis_edge.wire.encode, read by the relay without decompressing anything:
+#   b"FTR" | u8 protocol | u8 codec | u8 id kind | u8 id len | rollout id | u32 body length
+ROLLOUT_MAGIC = b"FTR"
+ROLLOUT_VERSION = 1
+ROLLOUT_CODECS = {"none": 0, "zlib": 1, "lzma": 2}
+_CODEC_NAMES = {v: k for k, v in ROLLOUT_CODECS.items()}
+PREFIX_FIXED = struct.Struct("<3sBBBB")     # magic, protocol, codec, id kind, id length
+_U32 = struct.Struct("<I")
+
+
+class PrefixError(ValueError):
+    """A message whose rollout prefix is unusable; `.reason` is the NACK / WireError reason."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RolloutPrefix:
+    """What the relay reads from a rollout message."""
+
+    protocol: int
+    codec: str
+    rollout_id: str
+    body_len: int
+    payload_offset: int
+
+
+def peek_rollout(data: bytes, max_message_bytes: int = MAX_ROLLOUT_BYTES,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> RolloutPrefix:
+    """Parse and check the uncompressed prefix; PrefixError when it is unusable."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise PrefixError("bad_header", f"expected bytes, got {type(data).__name__}")
+    n = len(data)
+    if n > max_message_bytes:
+        raise PrefixError("too_large", f"{n} bytes > limit {max_message_bytes}")
+    if n < PREFIX_FIXED.size:
+        raise PrefixError("truncated", f"{n} bytes is shorter than the prefix")
+    magic, version, codec, id_kind, id_len = PREFIX_FIXED.unpack_from(data, 0)
+    if magic != ROLLOUT_MAGIC:
+        raise PrefixError("bad_header", "not an ftis rollout (bad magic)")
+    if version != ROLLOUT_VERSION:
+        raise PrefixError("bad_version", f"protocol {version}, this node speaks {ROLLOUT_VERSION}")
+    if codec not in _CODEC_NAMES:
+        raise PrefixError("bad_header", f"unknown codec {codec}")
+    off = PREFIX_FIXED.size
+    if n < off + id_len + 4:
+        raise PrefixError("truncated", "message ends inside the prefix")
+    raw = bytes(data[off:off + id_len])
+    if id_kind == 1:
+        rid = raw.hex()
+    elif id_kind == 0 and raw.isascii() and raw.decode("ascii").isprintable():
+        rid = raw.decode("ascii")
+    else:
+        raise PrefixError("bad_header", "rollout_id must be printable ASCII")
+    if not 0 < len(rid) <= 64:
+        raise PrefixError("bad_header", f"rollout_id must be 1..64 chars, got {len(rid)}")
+    (body_len,) = _U32.unpack_from(data, off + id_len)
+    if body_len > max_body_bytes:
+        raise PrefixError("too_large", f"body of {body_len} bytes > limit {max_body_bytes}")
+    return RolloutPrefix(version, _CODEC_NAMES[codec], rid, body_len, off + id_len + 4)
+
+
+# ---------------------------------------------------------------- DELIVER
+MAX_ATTRS_BYTES = 1024        # PUB's attrs frame (JSON {origin, task, tok, via}); DELIVER carries it on
+MAX_VIA = 16                  # relays a rollout may cross (federation hop limit)
 
 
 def pack_deliver(seq: int, topic: bytes, epoch: bytes, sender: bytes, rollout_id: bytes,
-                 payload: bytes) -> bytes:
-    """The DELIVER body: metadata then the rollout, built once per rollout at the relay
-    (one frame fewer per delivery: sends are the relay's main cost)."""
-    return pack_meta(seq, topic, epoch, sender, rollout_id) + payload
+                 attrs: bytes, payload: bytes) -> bytes:
+    """The DELIVER body, built once per rollout at the relay (one frame fewer per delivery:
+    sends are the relay's main cost): u64 seq, four (u8 length, bytes) strings (topic, epoch,
+    sender, rollout id), (u16 length, bytes) attrs JSON, then the rollout."""
+    parts = [SEQ.pack(seq)]
+    for b in (topic, epoch, sender, rollout_id):
+        parts += [bytes((len(b),)), b]
+    parts += [len(attrs).to_bytes(2, "little"), attrs, payload]
+    return b"".join(parts)
 
 
-def unpack_deliver(body: bytes) -> tuple[int, bytes, bytes, bytes, bytes, bytes]:
-    """(seq, topic, epoch, sender, rollout_id, payload); ValueError when malformed."""
-    seq, topic, epoch, sender, rid, off = _unpack_meta(body)
-    return seq, topic, epoch, sender, rid, body[off:]
-
-
-def _unpack_meta(meta: bytes) -> tuple[int, bytes, bytes, bytes, bytes, int]:
-    """Parse pack_meta's layout at the start of `meta`; returns the fields and the end offset."""
-    if len(meta) < SEQ.size:
-        raise ValueError("DELIVER meta too short")
-    seq = SEQ.unpack_from(meta)[0]
-    off, out = SEQ.size, []
-    for _ in range(4):
-        if off >= len(meta):
-            raise ValueError("DELIVER meta truncated")
-        n = meta[off]
-        if off + 1 + n > len(meta):
-            raise ValueError("DELIVER meta truncated")
-        out.append(meta[off + 1:off + 1 + n])
-        off += 1 + n
-    return (seq, *out, off)
+def unpack_deliver(body: bytes) -> tuple[int, bytes, bytes, bytes, bytes, bytes, bytes]:
+    """(seq, topic, epoch, sender, rollout_id, attrs, payload); ValueError when malformed.
+    Unrolled: it runs once per delivery in every client (a third of the client's cost)."""
+    try:
+        seq = SEQ.unpack_from(body)[0]
+        o = 8
+        n = body[o]; topic = body[o + 1:o + 1 + n]; o += 1 + n
+        n = body[o]; epoch = body[o + 1:o + 1 + n]; o += 1 + n
+        n = body[o]; sender = body[o + 1:o + 1 + n]; o += 1 + n
+        n = body[o]; rid = body[o + 1:o + 1 + n]; o += 1 + n
+        n = body[o] | body[o + 1] << 8
+        attrs = body[o + 2:o + 2 + n]
+        o += 2 + n
+    except (IndexError, struct.error):
+        raise ValueError("DELIVER meta truncated") from None
+    if o > len(body):           # a short field shows here, or as an IndexError above
+        raise ValueError("DELIVER truncated")
+    return seq, topic, epoch, sender, rid, attrs, body[o:]
 
 
 def pack_seq(seq: int) -> bytes:
     return SEQ.pack(seq)
 
 
-def unpack_seq(b: bytes) -> int:
-    return SEQ.unpack(b)[0]
+def check_bind(address: str) -> str | None:
+    """A one-line hint when `address` is not a ZeroMQ endpoint (None when it looks fine)."""
+    if "://" not in address:
+        return f"{address!r} is not a ZeroMQ endpoint; did you mean tcp://{address} ?"
+    return None

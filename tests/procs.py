@@ -23,7 +23,8 @@ def free_port() -> int:
 class RelayProc:
     """A real `python -m relay` process on a loopback port."""
 
-    def __init__(self, *args: str, port: int | None = None):
+    def __init__(self, *args: str, port: int | None = None, log_level: str = "WARNING"):
+        self.log_level = log_level
         self.port = port or free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.args = args
@@ -32,7 +33,7 @@ class RelayProc:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "relay", "--bind", self.address, "--log-level", "WARNING", *self.args],
+            [sys.executable, "-m", "relay", "--bind", self.address, "--log-level", self.log_level, *self.args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def stats(self, keys: ClientKeys | None = None) -> dict:

@@ -8,9 +8,10 @@ from ftis_edge import config as c
 
 def test_defaults_are_the_offline_default_node():
     cfg = c.load(None)
-    assert cfg.model.spec == "smollm2-135m" and cfg.model.backend == "llamacpp"
+    assert cfg.model.spec == "smollm2-135m" and cfg.model.backend == "auto"   # llamacpp on a CPU
+    assert cfg.model.device == "auto"
     assert cfg.train.trainable == "lora" and cfg.task.name == "arith"
-    assert cfg.train.method == "f-tis" and cfg.train.C == 2.0 and cfg.train.eps == 0.2
+    assert cfg.train.method == "f-tis" and cfg.train.C == 2.0 and cfg.train.epsilon == 0.2
     assert cfg.mode == "alone"                     # no relay -> alone, whatever collaboration says
     assert cfg.swarm.collaboration == "vertical"
 
@@ -30,11 +31,11 @@ def test_template_round_trips_and_documents_every_key():
 
 
 @pytest.mark.parametrize("data, key", [
-    ({"task": {"group_size": 1}}, "task.group_size"),
+    ({"task": {"num_generations": 1}}, "task.num_generations"),
     ({"task": {"gruop_size": 8}}, "task.gruop_size"),
     ({"train": {"method": "ppo"}}, "train.method"),
     ({"node": {"rounds": True}}, "node.rounds"),
-    ({"train": {"lr": float("nan")}}, "train.lr"),
+    ({"train": {"learning_rate": float("nan")}}, "train.learning_rate"),
     ({"train": {"lora_targets": "q_proj"}}, "train.lora_targets"),
     ({"model": {"backend": "vllm"}}, "model.backend"),
     ({"swarm": {"relay": "localhost:5555"}}, "swarm.relay"),
@@ -54,11 +55,27 @@ def test_typo_gets_a_suggestion():
         c.from_dict({"train": {"kl_treshold": 5}})
 
 
+@pytest.mark.parametrize("old, new", sorted(c.RENAMED.items()))
+def test_a_renamed_key_says_its_new_name(old, new):
+    section, key = old.split(".")
+    with pytest.raises(c.ConfigError) as e:
+        c.from_dict({section: {key: 1}})
+    assert str(e.value) == f"{old}: renamed to TRL's name (did you mean '{new}'?)"
+    section, key = new.split(".")
+    assert hasattr(getattr(c.Config(), section), key)
+
+
+def test_trl_table_lists_the_renamed_keys():
+    table = c.trl_table()
+    for new in c.RENAMED.values():
+        assert f"| `{new}` | `{new.split('.')[1]}` | yes" in table
+
+
 def test_int_is_accepted_for_float_and_overrides_apply(tmp_path):
     p = tmp_path / "node.toml"
-    p.write_text('[train]\nlr = 1\n[node]\nid = "a"\nrun_dir = "%s/{id}"\n' % tmp_path)
+    p.write_text('[train]\nlearning_rate = 1\n[node]\nid = "a"\nrun_dir = "%s/{id}"\n' % tmp_path)
     cfg = c.load(p, {"swarm.relay": "tcp://127.0.0.1:5555"})
-    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    assert cfg.train.learning_rate == 1.0 and isinstance(cfg.train.learning_rate, float)
     assert cfg.mode == "vertical" and cfg.run_path == tmp_path / "a"
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ftis_edge import evaluate
-from ftis_edge.paths import PROJECT_ROOT
+from ftis_edge.paths import PROJECT_ROOT, shared_data_dir
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -76,6 +76,7 @@ def test_module_is_runnable_and_errors_cleanly():
 # --- the real thing ----------------------------------------------------------------------------
 
 @pytest.mark.model
+@pytest.mark.skipif(shared_data_dir() is None, reason="no shared data folder (GSM8K)")
 def test_eval_runs_end_to_end_on_five_gsm8k_questions(tmp_path):
     out_json = tmp_path / "eval.json"
     proc = subprocess.run(

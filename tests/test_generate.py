@@ -82,6 +82,70 @@ def test_greedy_and_bad_settings():
             check_sampler(bad)
 
 
+# ---------------------------------------------------------------------------- fast: the shared loop, the registry
+
+def _tiny_hf(batch_size=None):
+    """A randomly initialised 2-layer Llama on a 100-word tokenizer; tokens 1..7 end a sequence
+    (so that most sequences stop, and finished rows leave the batch, within a few steps)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+    from ftis_edge.generate.hf import HFGenerator
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(100)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="w0")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100))
+    return HFGenerator(model, tokenizer, device="cpu", eos_token_ids=range(1, 8), batch_size=batch_size)
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_shared_loop_records_the_behaviour_logprobs_and_stops(batch_size):
+    gen = _tiny_hf(batch_size)
+    prompt = [5, 40, 41, 42]
+    s = SamplerSettings(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=12, seed=3)
+    gen.record_logits = True
+    out = gen.generate(prompt, 5, s)
+    assert len(out) == 5 == len(gen.last_logits) and gen.stats["n"] == 5
+    assert {c.finish_reason for c in out} == {"stop", "length"}       # both stops, rows left the batch
+    for c, raw in zip(out, gen.last_logits):
+        ref = _torch_reference(raw, s.temperature, s.top_k, s.top_p)
+        assert np.abs(np.asarray(c.logprobs) - ref[np.arange(len(c.token_ids)), c.token_ids]).max() < 1e-9
+        if c.finish_reason == "stop":
+            assert c.token_ids[-1] in range(1, 8) and not set(c.token_ids[:-1]) & set(range(1, 8))
+        else:
+            assert len(c.token_ids) == 12
+        assert c.text == gen.tokenizer.decode([t for t in c.token_ids if not 1 <= t < 8])
+    # an independent batched forward gives the same log-probs (the loop's KV-cache bookkeeping is right)
+    again = gen.score(prompt, [c.token_ids for c in out], s.temperature, s.top_k, s.top_p)
+    assert _mean_abs([c.logprobs for c in out], again) < 1e-5
+    gen.record_logits = False
+    assert [c.token_ids for c in gen.generate(prompt, 5, s)] == [c.token_ids for c in out]
+    forced = gen.generate(prompt, 3, s, ignore_eos=True)
+    assert all(len(c.token_ids) == 12 and c.finish_reason == "length" for c in forced)
+
+
+def test_registry_names_every_backend_and_refuses_unknown_ones(tmp_path):
+    from ftis_edge.config import ModelSection
+    from ftis_edge.generate.loop import SamplingGenerator
+    from ftis_edge.generate.registry import BACKENDS, adapter_problem, backend_class
+    for name in BACKENDS:
+        cls = backend_class(name)
+        assert cls.backend == name and issubclass(cls, SamplingGenerator)
+        assert all(callable(getattr(cls, m)) for m in ("create", "adapter_problem", "sync_weights", "set_adapter"))
+    with pytest.raises(GenerationError, match="unknown backend 'vllm'; choose one of llamacpp, hf"):
+        backend_class("vllm")
+    assert "no such file" in adapter_problem("llamacpp", tmp_path / "missing.gguf")
+    assert "not a peft adapter directory" in adapter_problem("hf", tmp_path)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert adapter_problem("hf", tmp_path) is None
+    import dataclasses
+    choices = next(f for f in dataclasses.fields(ModelSection) if f.name == "backend").metadata["choices"]
+    assert tuple(choices) == ("auto", *BACKENDS)              # the node file accepts exactly these (+ auto)
+
+
 # ---------------------------------------------------------------------------- real models
 
 @pytest.fixture(scope="module")
@@ -144,13 +208,13 @@ def test_group_shape_eos_convention(group_q, bundle, llama_q):
         else:
             assert c.finish_reason == "length" and len(c.token_ids) == 48
         body = [t for t in c.token_ids if t not in bundle.eos_token_ids]
-        assert c.text == llama_q.detokenize(body)
+        assert c.text == llama_q.detokenize(body, special=True)
     assert llama_q.tok_s > 0 and llama_q.stats["tokens"] == sum(len(c.token_ids) for c in group_q)
 
 
 @pytest.mark.model
 def test_quantized_vs_pytorch_and_f16_vs_pytorch(group_q, prompt, llama_q, llama_f16, hf):
-    """Same sequences scored by three engines (DESIGN §3-4): Q4_1 ~0.05 nats/token, F16 ~0.002."""
+    """Same sequences scored by three engines (docs/bridge.md, the log-prob contract): Q4_1 ~0.05 nats/token, F16 ~0.002."""
     seqs = [c.token_ids for c in group_q]
     ref = hf.score(prompt, seqs)
     gen_time = [c.logprobs for c in group_q]          # T=1, no truncation: raw log-softmax

@@ -1,16 +1,23 @@
-"""Peer rollouts on the way in, with the real arith task and grader (no model needed)."""
+"""Peer rollouts on the way in, with the real arith task, grader and SmolLM2 tokenizer (no model run).
+
+The attack tests are issue 13's holes: each was accepted by the intake before it was fixed.
+"""
 from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ftis_edge.intake import Intake, PeerBook
+from ftis_edge.intake import Intake, PeerBook, ids_decoder
 from ftis_edge.swarm import Received
 from ftis_edge.tasks import get_task
 from ftis_edge.wire import Rollout, WireCompletion, WireError, decode, encode
 
-pytestmark = pytest.mark.timeout(60)
-VOCAB = 49152
+pytestmark = pytest.mark.timeout(120)
+FIXTURE = Path(__file__).parent / "data" / "real_rollouts.json"
 
 
 @pytest.fixture(scope="module")
@@ -18,84 +25,276 @@ def task():
     return get_task("arith")
 
 
-def rollout(task, node="peer", texts=None, claimed=1.0, prompt=None, tokenizer_fp="tok", **kw):
+@pytest.fixture(scope="module")
+def smol():
+    from ftis_edge.models import resolve_model
+    bundle = resolve_model("smollm2-135m")
+    bundle.tokenizer()
+    return bundle
+
+
+def completion(smol, text, *, ids=None, finish="stop", claimed=0.0):
+    """A completion as an honest SmolLM2 peer sends it: the ids of the text, plus the stop
+    token when it stopped (in the ids, not in the text)."""
+    if ids is None:
+        ids = smol.tokenizer()(text, add_special_tokens=False).input_ids
+        if finish == "stop":
+            ids = ids + [smol.eos_token_ids[0]]
+    return WireCompletion(token_ids=ids, logprobs=-np.full(len(ids), 0.5, np.float32), text=text,
+                          reward=claimed, finish_reason=finish)
+
+
+def rollout(smol, task, node="peer", texts=None, comps=None, prompt=None, tokenizer_fp=None, **kw):
     prompt = prompt or next(task.prompts(seed=3))
-    texts = texts or ["<answer>999999</answer>"] * 4
-    comps = [WireCompletion(token_ids=np.arange(5) + i, logprobs=-np.full(5, 0.5, np.float32), text=t,
-                            reward=claimed, finish_reason="stop") for i, t in enumerate(texts)]
+    if comps is None:
+        comps = [completion(smol, t) for t in (texts or ["<answer>999999</answer>"] * 4)]
     r = Rollout(node_id=node, swarm="s", task="arith", prompt_id=prompt.id, completions=comps,
-                vocab_size=VOCAB, model_fp="m", tokenizer_fp=tokenizer_fp, group_size=len(comps), **kw)
+                vocab_size=smol.vocab_size, model_fp=smol.fingerprint,
+                tokenizer_fp=tokenizer_fp or smol.tokenizer_fingerprint, group_size=len(comps), **kw)
     return decode(encode(r)), prompt          # through the real wire, as a peer's would arrive
 
 
-def intake_for(task, **kw):
-    return Intake(task=task, swarm="s", my_node_id="me", my_tokenizer_fp="tok", vocab_size=VOCAB,
-                  book=PeerBook(quarantine_after=3), **kw)
+def intake_for(smol, task, book=None, **kw):
+    return Intake(task=task, swarm="s", my_node_id="me", my_tokenizer_fp=smol.tokenizer_fingerprint,
+                  vocab_size=smol.vocab_size, book=book or PeerBook(quarantine_after=3),
+                  decode=ids_decoder(smol.tokenizer()), stop_ids=smol.eos_token_ids, **kw)
 
 
-def test_a_forged_reward_is_replaced_by_the_local_grade(task):
-    r, prompt = rollout(task, claimed=1.0)
-    right = f"<answer>{prompt.reference}</answer>"
-    r.completions[0].text = right          # one honest completion among forged ones
-    intake = intake_for(task)
-    intake.receive([Received(rollout=r, sender="peer", nbytes=100)], current_round=1)
+def send(intake, *rollouts, sender="peer", rnd=1):
+    intake.receive([Received(rollout=r, sender=sender, nbytes=100) for r in rollouts], current_round=rnd)
+
+
+def reasons(intake, peer="peer"):
+    return intake.book.snapshot()[peer]["rejected_by_reason"]
+
+
+# --- re-grading ------------------------------------------------------------------------------
+
+def test_a_forged_reward_is_replaced_by_the_local_grade(smol, task):
+    prompt = next(task.prompts(seed=3))
+    texts = [f"<answer>{prompt.reference}</answer>"] + ["<answer>999999</answer>"] * 3
+    r, _ = rollout(smol, task, comps=[completion(smol, t, claimed=1.0) for t in texts])
+    intake = intake_for(smol, task)
+    send(intake, r)
     [group] = intake.take(1, limit=8)
     assert group.rewards == [1.0, 0.0, 0.0, 0.0]
     peer = intake.book.snapshot()["peer"]
     assert peer["accepted"] == 1 and peer["reward_mismatches"] == 3 and group.same_tokenizer
 
 
-def test_bad_rollouts_are_counted_by_reason_and_the_peer_is_quarantined(task):
-    intake = intake_for(task)
+# --- hole 1: the ids that train must be the graded text's tokens ---------------------------
+
+def test_ids_that_are_not_the_graded_text_are_refused(smol, task):
+    """Issue 13 hole 1: a correct text paired with arbitrary ids was accepted and trained."""
+    prompt = next(task.prompts(seed=3))
+    right = f"<answer>{prompt.reference}</answer>"
+    attack = completion(smol, right, ids=[1234] * 20, finish="length")
+    r, _ = rollout(smol, task, comps=[attack] * 4)
+    intake = intake_for(smol, task)
+    send(intake, r)
+    assert intake.take(1, limit=8) == []
+    assert reasons(intake) == {"token_text_mismatch": 1}
+
+
+def test_hidden_tokens_and_misplaced_stops_are_refused(smol, task):
+    tok, eos = smol.tokenizer(), smol.eos_token_ids[0]
+    text = "<answer>7</answer>"
+    ids = tok(text, add_special_tokens=False).input_ids
+    im_start = tok.convert_tokens_to_ids("<|im_start|>")
+    cases = {
+        # a control token in the ids that the text does not show
+        "token_text_mismatch": completion(smol, text, ids=ids[:2] + [im_start] + ids[2:], finish="length"),
+        # "stop" must end with a stop token; a stop token may not sit inside a completion
+        "bad_finish": completion(smol, text, ids=ids, finish="stop"),
+    }
+    intake = intake_for(smol, task, book=PeerBook(quarantine_after=100))
+    for reason, c in cases.items():
+        r, _ = rollout(smol, task, comps=[c])
+        send(intake, r)
+    mid_stop, _ = rollout(smol, task, comps=[completion(smol, text, ids=ids[:2] + [eos] + ids[2:] + [eos])])
+    odd_finish, _ = rollout(smol, task, comps=[completion(smol, text, ids=ids, finish="abort")])
+    send(intake, mid_stop, odd_finish)
+    assert reasons(intake) == {"token_text_mismatch": 1, "bad_finish": 3}
+    assert intake.take(1, limit=8) == []
+
+
+def test_text_that_shows_its_special_tokens_and_a_cut_character_pass(smol, task):
+    """Honest cases: a control token sampled mid-completion (its text is rendered), a completion
+    cut by the token limit inside a multi-byte character (text ends in U+FFFD), and a sampled
+    tokenization that is not the canonical one of its text (the check is decode, not re-encode)."""
+    tok = smol.tokenizer()
+    im_start = tok.convert_tokens_to_ids("<|im_start|>")
+    word = tok("ありがとう", add_special_tokens=False).input_ids
+    cut = next(k for k in range(1, len(word)) if tok.decode(word[:k]).endswith("\ufffd"))
+    chars = [tok.convert_tokens_to_ids(ch) for ch in "<answer>42</answer>"]   # one token per character
+    comps = [completion(smol, "<|im_start|>user", ids=[im_start, tok.convert_tokens_to_ids("user")],
+                        finish="length"),
+             completion(smol, tok.decode(word[:cut]), ids=word[:cut], finish="length"),
+             completion(smol, "<answer>42</answer>", ids=chars + [smol.eos_token_ids[0]])]
+    assert comps[1].text.endswith("\ufffd") and len(chars) > len(tok("<answer>42</answer>").input_ids)
+    r, _ = rollout(smol, task, comps=comps)
+    intake = intake_for(smol, task)
+    send(intake, r)
+    assert len(intake.take(1, limit=8)) == 1
+    assert intake.book.snapshot()["peer"]["rejected"] == 0
+
+
+def test_real_llamacpp_rollouts_pass(smol, task):
+    """Real SmolLM2 completions (llama.cpp, T = 1, up to 128 tokens; stopped and cut ones)."""
+    data = json.loads(FIXTURE.read_text())
+    intake = intake_for(smol, task)
+    finishes = []
+    for g in data["groups"]:
+        comps = [WireCompletion(token_ids=c["token_ids"], logprobs=c["logprobs"], text=c["text"], reward=0.0,
+                                finish_reason=c["finish_reason"]) for c in g["completions"]]
+        finishes += [c.finish_reason for c in comps]
+        r, _ = rollout(smol, task, comps=comps, temperature=data["temperature"], top_p=data["top_p"])
+        send(intake, r)
+    assert {"stop", "length"} <= set(finishes)
+    assert len(intake.take(1, limit=8)) == len(data["groups"])
+    assert intake.book.snapshot()["peer"]["rejected"] == 0
+
+
+def test_other_tokenizer_is_marked_for_the_sequence_level_path(smol, task):
+    r, _ = rollout(smol, task, tokenizer_fp="gemma-tok",
+                   comps=[completion(smol, "<answer>1</answer>", ids=[5, 6, 7], finish="length")])
+    intake = intake_for(smol, task)
+    send(intake, r)
+    [g] = intake.take(1, limit=8)                 # its text is re-tokenized by the learner
+    assert g.same_tokenizer is False
+
+
+# --- hole 2: eval prompts are not trainable --------------------------------------------------
+
+def test_eval_prompts_are_refused(smol, task):
+    """Issue 13 hole 2: a peer could make a node train on its held-out eval prompts."""
+    ev = task.eval_prompts(limit=4)[3]
+    r_eval, _ = rollout(smol, task, prompt=ev, texts=[f"<answer>{ev.reference}</answer>"] * 2)
+    r_padded, _ = rollout(smol, task, prompt=ev)
+    r_padded.prompt_id = ev.id.replace("/1", "/01")            # the same eval problem, another spelling
+    r_train, _ = rollout(smol, task)
+    intake = intake_for(smol, task)
+    send(intake, r_eval, r_padded, r_train)
+    assert [g.rollout.prompt_id for g in intake.take(1, limit=8)] == [r_train.prompt_id]
+    assert reasons(intake) == {"eval_prompt": 2}
+
+
+def test_tasks_say_which_prompts_are_trainable(task, tmp_path):
+    assert task.is_trainable(next(task.prompts(seed=0)).id)
+    assert not any(task.is_trainable(p.id) for p in task.eval_prompts())
+    assert task.is_trainable("arith/L6/999999999") and not task.is_trainable("arith/L1/1000000000")
+    assert not task.is_trainable("arith/nonsense")
+    for split in ("train", "test"):
+        rows = [{"question": f"{split} {i}?", "answer": f"so #### {i}"} for i in range(3)]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "math.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    gsm8k = get_task("gsm8k", path=tmp_path / "train.jsonl")
+    assert gsm8k.is_trainable("gsm8k/train/0") and not gsm8k.is_trainable("gsm8k/test/0")
+    assert not any(gsm8k.is_trainable(p.id) for p in gsm8k.eval_prompts())
+    assert not gsm8k.is_trainable("math500/test/0")
+    # training on the eval split holds nothing out: the node's own split stays trainable
+    assert get_task("gsm8k", path=tmp_path / "test.jsonl", split="test").is_trainable("gsm8k/test/0")
+    assert get_task("math500", path=tmp_path / "math.jsonl").is_trainable("math500/test/0")
+
+
+# --- quarantine: a rejection rate over a window ------------------------------------------------
+
+def test_bad_rollouts_are_counted_by_reason_and_the_peer_is_quarantined(smol, task):
+    intake = intake_for(smol, task)
     bad = [Received(rollout=None, sender="mallory", nbytes=10, error=WireError("bad_logprob", "nan"))] * 2
-    other_swarm, _ = rollout(task, node="mallory")
+    other_swarm, _ = rollout(smol, task, node="mallory")
     other_swarm.swarm = "elsewhere"
     intake.receive(bad + [Received(rollout=other_swarm, sender="mallory", nbytes=10)], current_round=1)
     book = intake.book.snapshot()["mallory"]
     assert book["rejected_by_reason"] == {"bad_logprob": 2, "wrong_swarm": 1}
     assert book["quarantined"] is True
-    good, _ = rollout(task, node="mallory")
-    intake.receive([Received(rollout=good, sender="mallory", nbytes=10)], current_round=2)
+    good, _ = rollout(smol, task, node="mallory")
+    send(intake, good, sender="mallory", rnd=2)
     assert intake.take(2, limit=8) == []       # quarantined: even valid rollouts are refused
     assert intake.book.snapshot()["mallory"]["rejected_by_reason"]["quarantined"] == 1
 
 
-def test_unknown_prompt_ids_and_own_echoes(task):
-    intake = intake_for(task)
-    r, _ = rollout(task)
+def test_four_bad_one_good_cannot_dodge_quarantine(smol, task, caplog):
+    """Issue 13: "4 bad + 1 good" repeated never quarantined (the counter was consecutive)."""
+    intake = intake_for(smol, task, book=PeerBook(quarantine_after=5, window=20, max_reject_rate=0.5))
+    bad = Received(rollout=None, sender="mallory", nbytes=10, error=WireError("bad_logprob", "nan"))
+    caplog.set_level(logging.WARNING, logger="ftis_edge.intake")
+    for rnd in range(10):
+        good, _ = rollout(smol, task, node="mallory")
+        intake.receive([bad] * 4 + [Received(rollout=good, sender="mallory", nbytes=10)], current_round=rnd)
+    peer = intake.book.snapshot()["mallory"]
+    assert peer["quarantined"] is True
+    assert peer["quarantine_reason"] == "5 of its last 6 rollouts refused (bad_logprob 5)"
+    assert any("quarantined peer mallory" in r.getMessage() and r.name == "ftis_edge.intake"
+               for r in caplog.records)
+
+
+def test_an_honest_peer_with_rare_failures_is_never_quarantined(smol, task):
+    intake = intake_for(smol, task, book=PeerBook(quarantine_after=5, window=20, max_reject_rate=0.5))
+    bad = Received(rollout=None, sender="peer", nbytes=10, error=WireError("truncated", "x"))
+    for rnd in range(10):
+        good = [Received(rollout=rollout(smol, task)[0], sender="peer", nbytes=10) for _ in range(9)]
+        intake.receive([bad] + good, current_round=rnd)
+    peer = intake.book.snapshot()["peer"]
+    assert peer["quarantined"] is False and peer["rejected"] == 10 and peer["accepted"] == 90
+    assert peer["recent_reject_rate"] == pytest.approx(2 / 20)
+
+
+# --- per-peer plausibility -----------------------------------------------------------------
+
+@pytest.mark.parametrize("sampler", [{"temperature": 0.0}, {"temperature": 2.5}, {"top_p": 0.0}])
+def test_sampler_settings_out_of_bounds_are_refused(smol, task, sampler):
+    r, _ = rollout(smol, task, **sampler)
+    ok, _ = rollout(smol, task, temperature=2.0, top_p=1.0, top_k=40)
+    intake = intake_for(smol, task)
+    send(intake, r, ok)
+    assert reasons(intake) == {"bad_sampler": 1}
+    assert len(intake.take(1, limit=8)) == 1
+
+
+def test_a_fingerprint_change_mid_run_is_logged_and_shown(smol, task, caplog):
+    caplog.set_level(logging.WARNING, logger="ftis_edge.intake")
+    intake = intake_for(smol, task)
+    first, _ = rollout(smol, task)
+    swapped, _ = rollout(smol, task, tokenizer_fp="0123456789abcdef")
+    swapped.model_fp = "fedcba9876543210"
+    send(intake, first, first, swapped)
+    peer = intake.book.snapshot()["peer"]
+    assert peer["fingerprint_changes"] == 1
+    assert f"tokenizer {smol.tokenizer_fingerprint} -> 0123456789abcdef" in peer["fingerprint_change"]
+    assert peer["tokenizer"] == "0123456789abcdef"
+    assert any("changed fingerprint" in r.getMessage() for r in caplog.records)
+
+
+# --- the rest of the intake ------------------------------------------------------------------
+
+def test_unknown_prompt_ids_and_own_echoes(smol, task):
+    intake = intake_for(smol, task)
+    r, _ = rollout(smol, task)
     r.prompt_id = "arith/not-an-id"
-    mine, _ = rollout(task, node="me")
+    mine, _ = rollout(smol, task, node="me")
     intake.receive([Received(rollout=r, sender="peer", nbytes=1), Received(rollout=mine, sender="me", nbytes=1)], 1)
-    assert intake.book.snapshot()["peer"]["rejected_by_reason"] == {"unknown_prompt": 1}
+    assert reasons(intake) == {"unknown_prompt": 1}
     assert "me" not in intake.book.snapshot()
 
 
-def test_stale_groups_are_dropped_and_the_newest_are_taken_first(task):
-    intake = intake_for(task, max_staleness=1)
-    old, _ = rollout(task)
-    new, _ = rollout(task)
-    intake.receive([Received(rollout=old, sender="peer", nbytes=1)], current_round=1)
-    intake.receive([Received(rollout=new, sender="peer", nbytes=1)], current_round=3)
+def test_stale_groups_are_dropped_and_the_newest_are_taken_first(smol, task):
+    intake = intake_for(smol, task, max_staleness=1)
+    old, _ = rollout(smol, task)
+    new, _ = rollout(smol, task)
+    send(intake, old, rnd=1)
+    send(intake, new, rnd=3)
     taken = intake.take(3, limit=8)
     assert [g.rollout.rollout_id for g in taken] == [new.rollout_id]
     assert intake.pop_round_counts()["stale"] == 1
 
 
-def test_a_hostile_answer_cannot_stall_rescoring(task):
+def test_a_hostile_answer_cannot_stall_rescoring(smol, task):
     import time
-    texts = ["<answer>9^{9^{9^{9^{9}}}}</answer>"] * 4
-    r, _ = rollout(task, texts=texts)
-    intake = intake_for(task, rescore_budget_s=1.0)
+    r, _ = rollout(smol, task, texts=["<answer>9^{9^{9^{9^{9}}}}</answer>"] * 4)
+    intake = intake_for(smol, task, rescore_budget_s=1.0)
     t0 = time.time()
-    intake.receive([Received(rollout=r, sender="peer", nbytes=1)], current_round=1)
+    send(intake, r)
     assert time.time() - t0 < 5.0
     groups = intake.take(1, limit=8)
     assert all(v == 0.0 for g in groups for v in g.rewards)
-
-
-def test_other_tokenizer_is_marked_for_the_sequence_level_path(task):
-    r, _ = rollout(task, tokenizer_fp="gemma-tok")
-    intake = intake_for(task)
-    intake.receive([Received(rollout=r, sender="peer", nbytes=1)], current_round=1)
-    [g] = intake.take(1, limit=8)
-    assert g.same_tokenizer is False

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ftis_edge.learner import Learner, LearnerError, LearnerOOM, TrainSample, aggregate_stats
+from ftis_edge.metric_keys import UnregisteredMetric
 from ftis_edge.objective import ftis_loss
 
 torch.set_num_threads(2)
@@ -25,16 +26,26 @@ PROMPTS = [
 # ------------------------------------------------------------------ fast tests (no model)
 
 def test_aggregate_stats_sums_counts_maxes_extrema_and_weights_means():
-    parts = [(3, {"loss": 0.25, "samples": 3.0, "tokens": 30.0, "filter/dropped": 1.0, "is/weight_max": 1.5,
-                  "clip_frac": 0.1, "kl/mean": 1.0, "is/weight_mean": 2.0}),
-             (1, {"loss": -0.5, "samples": 1.0, "tokens": 10.0, "filter/dropped": 0.0, "is/weight_max": 1.9,
-                  "clip_frac": float("nan"), "kl/mean": 3.0, "is/weight_mean": float("nan")})]
+    parts = [(3, {"loss": 0.25, "samples": 3.0, "tokens": 30.0, "filter/dropped": 1.0, "sampling/importance_sampling_ratio/max": 1.5,
+                  "clip_ratio/region_mean": 0.1, "kl/mean": 1.0, "sampling/importance_sampling_ratio/mean": 2.0}),
+             (1, {"loss": -0.5, "samples": 1.0, "tokens": 10.0, "filter/dropped": 0.0, "sampling/importance_sampling_ratio/max": 1.9,
+                  "clip_ratio/region_mean": float("nan"), "kl/mean": 3.0, "sampling/importance_sampling_ratio/mean": float("nan")})]
     out = aggregate_stats(parts, {})
     assert out["loss"] == pytest.approx(-0.25) and out["samples"] == 4 and out["tokens"] == 40
-    assert out["filter/dropped"] == 1 and out["is/weight_max"] == 1.9
-    assert out["clip_frac"] == pytest.approx(0.1)          # NaN part has nothing to measure
+    assert out["filter/dropped"] == 1 and out["sampling/importance_sampling_ratio/max"] == 1.9
+    assert out["clip_ratio/region_mean"] == pytest.approx(0.1)          # NaN part has nothing to measure
     assert out["kl/mean"] == pytest.approx((3 * 1.0 + 1 * 3.0) / 4)
-    assert out["is/weight_mean"] == pytest.approx(2.0)
+    assert out["sampling/importance_sampling_ratio/mean"] == pytest.approx(2.0)
+
+
+def test_aggregate_stats_makes_fractions_exact_and_refuses_unregistered_stats():
+    parts = [(3, {"samples": 3.0, "tokens": 30.0, "filter/adv_le0": 2.0, "filter/adv_le0_frac": 2 / 3}),
+             (1, {"samples": 1.0, "tokens": 10.0, "filter/adv_le0": 1.0, "filter/adv_le0_frac": 1.0})]
+    assert aggregate_stats(parts, {})["filter/adv_le0_frac"] == 3 / 4
+    with pytest.raises(UnregisteredMetric, match="'my/new_stat' is not registered"):
+        aggregate_stats([(1, {"samples": 1.0, "my/new_stat": 0.5})], {})
+    with pytest.raises(LearnerError, match="not as a per-micro-batch stat"):
+        aggregate_stats([(1, {"samples": 1.0, "grad_norm": 0.5})], {})
 
 
 def test_learner_rejects_a_directory_without_a_model(tmp_path):
@@ -127,7 +138,7 @@ def test_step_moves_lora_weights_toward_the_positive_sample(lora, encoded):
         after_lp = _seq_logp(lora, batch)
         assert stats["skipped"] == 0 and lora.version == snapshot["version"] + 1
         assert stats["samples"] == 2 and stats["filter/dropped"] == 0
-        assert stats["is/weight_mean"] == pytest.approx(1.0, abs=1e-3)   # on-policy
+        assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-3)   # on-policy
         assert math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
         changed = [n for n, w in _trainable(lora).items() if not torch.equal(w, before_w[n])]
         assert changed and all("lora_" in n for n in changed)

@@ -36,3 +36,69 @@ def test_nested_non_finite_values_become_null(tmp_path):
     w.write({"peers": {"a": {"kl_mean": math.inf, "x": [1.0, float("nan")]}}})
     rec = m.read_metrics(tmp_path)[0]
     assert rec["peers"]["a"]["kl_mean"] is None and rec["peers"]["a"]["x"] == [1.0, None]
+
+
+# ---- the metric registry (ftis_edge/metric_keys.py) -------------------------------------------
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from ftis_edge import metric_keys as mk  # noqa: E402
+from ftis_edge.objective import ftis_loss  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "data" / "recorded_run"
+
+
+def test_generated_docs_are_up_to_date():
+    """docs/metrics.md, docs/trl.md and the README's config table are generated: edit the source."""
+    out = subprocess.run([sys.executable, "docs/make_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8") == mk.render_metrics_doc()
+
+
+def test_every_registered_metric_is_documented_once_with_a_known_rule():
+    doc = mk.render_metrics_doc()
+    for name, m in mk.METRICS.items():
+        assert doc.count(f"| `{name}` |") == 1, name
+        assert m.rule in mk.RULE_TEXT and m.meaning
+        if m.rule == mk.FRACTION:
+            assert mk.METRICS[m.of].rule == mk.SUM, name
+    assert sum(len(ms) for ms in mk.SECTIONS.values()) == len(mk.METRICS)      # no name twice
+    for old, (new, _) in mk.RENAMED_METRICS.items():
+        assert old not in mk.METRICS and new in mk.METRICS, old
+
+
+def test_every_objective_stat_has_a_micro_batch_rule():
+    logp = torch.tensor([[-0.5, -1.0], [-0.2, 0.0]])
+    _, stats = ftis_loss(logp, logp - 0.1, torch.tensor([1.0, -1.0]), torch.ones(2, 2, dtype=torch.bool))
+    stats.pop("per_sample")
+    for key in stats:
+        assert mk.rule(key) in mk.MICRO_BATCH_RULES, key
+    with pytest.raises(mk.UnregisteredMetric, match="not registered"):
+        mk.rule("reward/mean")
+
+
+# keys registered after tests/data/recorded_run was recorded (re-record it to empty this set)
+ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason"}
+
+
+def test_the_recorded_fixture_uses_only_registered_keys():
+    rounds = [r for r in m.read_metrics(FIXTURE) if r.get("type") == "round"]
+    assert rounds
+    for r in rounds:
+        assert mk.unregistered(r) == [], r["round"]
+        for peer in r["peers"].values():
+            assert set(peer) <= set(mk.PEER_FIELDS)   # recorded before later peer-book fields
+    # and the real swarm run wrote every registered key at least once: none is dead
+    assert set(mk.METRICS) - {k for r in rounds for k in r} <= ADDED_SINCE_THE_RECORDING
+
+
+def test_every_peer_book_field_is_documented():
+    from ftis_edge.intake import PeerBook
+    book = PeerBook(quarantine_after=5)
+    book.get("alice")
+    assert set(book.snapshot()["alice"]) == set(mk.PEER_FIELDS)

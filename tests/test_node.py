@@ -1,7 +1,6 @@
 """The node end to end: real processes, a real relay on loopback, the real models, tiny settings."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ftis_edge.metric_keys import unregistered
 from ftis_edge.metrics import read_metrics
 from procs import ROOT, RelayProc
 
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 
 # Small enough for 2 CPU cores, large enough that groups have mixed rewards (shaped reward).
 TINY = {
-    "task": {"prompts_per_round": 2, "group_size": 4, "max_new_tokens": 40, "reward": "shaped"},
+    "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"},
     "model": {"threads": 1},
     "train": {"micro_batch": 8},
 }
@@ -83,7 +83,8 @@ def test_default_node_alone_writes_metrics_checkpoints_and_adapter(tmp_path):
         for key in ("reward/own", "accuracy/own", "format/own", "time/gen_s", "time/train_s", "gen/tok_s",
                     "samples/own", "filter/dropped", "micro_batch", "memory/oom_retries"):
             assert key in r, key
-        assert r["samples/peers"] == 0 and r["reward/peers"] is None
+        assert r["peers/samples_used"] == 0 and r["reward/peers"] is None
+        assert unregistered(r) == []          # every key a real round writes is in the metric registry
         assert 0.0 <= r["reward/own"] <= 1.0 and r["gen/tokens"] > 0
     assert (run / "config.toml").exists() and (run / "node.log").stat().st_size > 0
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round-000001", "round-000002"]
@@ -144,7 +145,7 @@ def test_two_heterogeneous_nodes_share_groups_and_survive_a_relay_restart(tmp_pa
               "node": {"rounds": 4}}
     a = start_node(write_config(tmp_path, "lora-llama", **common))
     b = start_node(write_config(tmp_path, "full-hf", model={"backend": "hf", "threads": 1},
-                                train={"trainable": "full", "lr": 5e-6}, **common))
+                                train={"trainable": "full", "learning_rate": 5e-6}, **common))
     try:
         wait_for(lambda: len(rounds_of(tmp_path / "lora-llama")) >= 1, 600, "first round of node a")
         relay.kill()
@@ -163,10 +164,12 @@ def test_two_heterogeneous_nodes_share_groups_and_survive_a_relay_restart(tmp_pa
         last = rounds[-1]
         assert last["peers"][peer]["accepted"] >= 4, last["peers"]          # groups kept flowing after the restart
         assert sum(r["peers/groups_received"] for r in rounds[2:]) >= 1
-        used = sum(r["samples/peers"] for r in rounds)
+        used = sum(r["peers/samples_used"] for r in rounds)
         assert used > 0, f"{me} never trained on {peer}'s groups"
-        trained = [r for r in rounds if r["samples/peers"]]
-        assert all(r["is/weight_mean"] is not None and r["filter/dropped"] is not None for r in trained)
+        trained = [r for r in rounds if r["peers/samples_used"]]
+        assert all(r["sampling/importance_sampling_ratio/mean"] is not None and r["filter/dropped"] is not None
+                   for r in trained)
+        assert all(unregistered(r) == [] for r in rounds)    # swarm rounds too
         assert last["peers"][peer]["samples_used"] == used
         assert any(r["wire/bytes_per_token_in"] for r in rounds)
 
@@ -175,8 +178,8 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     relay = RelayProc()
     relay.wait_ready()
     common = {"swarm": {"relay": relay.address, "max_wait_s": 300.0, "max_peer_groups": 2},
-              "node": {"rounds": 1}, "task": {"prompts_per_round": 2, "group_size": 4, "max_new_tokens": 24,
-                                              "reward": "shaped"}}
+              "node": {"rounds": 1}, "task": {"prompts_per_round": 2, "num_generations": 4,
+                                              "max_completion_length": 24, "reward": "shaped"}}
     a = start_node(write_config(tmp_path, "smol", **common))
     b = start_node(write_config(tmp_path, "gemma", model={"spec": "gemma3-270m", "threads": 1}, **common))
     try:
@@ -192,7 +195,7 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     assert smol["peers"]["gemma"]["tokenizer"] != gemma["peers"]["smol"]["tokenizer"]
     # Peer samples from the other tokenizer are trained at sequence level (when a group had signal).
     for rec in (smol, gemma):
-        assert rec.get("samples/sequence_level", 0) == rec["samples/peers"]
+        assert rec.get("samples/sequence_level", 0) == rec["peers/samples_used"]
 
 
 def test_horizontal_mode_merges_parts_of_the_same_groups(tmp_path):
@@ -235,3 +238,16 @@ def test_a_node_that_does_not_share_learns_from_peers_and_publishes_nothing(tmp_
     assert heard["peers"]["sharer"]["accepted"] == 2
     assert heard.get("wire/bytes_per_token_out") is None
     assert "listener" not in said["peers"] and said["peers/groups_received"] == 0
+
+
+def test_a_node_whose_relay_is_not_there_says_so_in_its_log_and_records(tmp_path):
+    from procs import free_port
+    cfg = write_config(tmp_path, "lonely", node={"rounds": 1},
+                       swarm={"relay": f"tcp://127.0.0.1:{free_port()}", "max_wait_s": 6.0})
+    out = finish(start_node(cfg))
+    log = (tmp_path / "lonely" / "node.log").read_text()
+    assert "unreachable" in log and "joined swarm" not in log, log[-2000:]
+    assert "unreachable" in out                       # the headless terminal shows it too
+    (last,) = rounds_of(tmp_path / "lonely")
+    assert last["relay/state"] == "unreachable" and last["relay/reason"], last
+    assert last["relay/connected"] is False

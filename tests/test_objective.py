@@ -1,6 +1,6 @@
 """F-TIS objective: hand-computed values, analytic gradients, invariants, bad input, properties.
 
-Hand values are written as arithmetic (math.exp ...) from DESIGN §2, never copied outputs.
+Hand values are written as arithmetic (math.exp ...) from docs/ftis.md, never copied outputs.
 """
 import math
 
@@ -132,14 +132,14 @@ def test_stats_hand_values():
     assert s["samples"] == 2.0 and s["tokens"] == 5.0
     assert s["filter/dropped"] == 1.0 and s["filter/dropped_frac"] == 0.5
     assert s["filter/adv_le0_frac"] == 0.5 and s["filter/kl_gt_g_frac"] == 0.5
-    assert s["filter/dropped_adv_rule"] == 1.0 and s["filter/dropped_kl_rule"] == 1.0
+    assert s["filter/adv_le0"] == 1.0 and s["filter/kl_gt_g"] == 1.0
     w_samples = [sum(W0) / 2, sum(W1) / 3]
-    assert s["is/weight_mean"] == approx(sum(w_samples) / 2)
-    assert s["is/weight_max"] == approx(2.0)
+    assert s["sampling/importance_sampling_ratio/mean"] == approx(sum(w_samples) / 2)
+    assert s["sampling/importance_sampling_ratio/max"] == approx(2.0)
     assert s["is/truncated_frac"] == approx(1 / 5)   # only exp(3.0) hits C
     assert s["is/ess"] == approx(sum(w_samples) ** 2 / (2 * sum(w * w for w in w_samples)))
-    assert s["mismatch/abs_logp_diff"] == approx((0.5 + 1.0 + 0.4 + 2.8 + 3.0) / 5)
-    assert s["clip_frac"] == 0.0
+    assert s["sampling/sampling_logp_difference/mean"] == approx((0.5 + 1.0 + 0.4 + 2.8 + 3.0) / 5)
+    assert s["clip_ratio/region_mean"] == 0.0
     ps = s["per_sample"]
     assert ps["dropped"].tolist() == [False, True]
     assert ps["advantage"].tolist() == [1.5, 0.0]
@@ -154,7 +154,7 @@ def test_stats_hand_values():
 def test_vis_clip_frac():
     # sample 0 (Â > 0): ρ = e^0.5 > 1.2 clipped; sample 1 (Â < 0): e^−0.4, e^−2.8 < 0.8 clipped
     _, _, s = tiny(method="vis")
-    assert s["clip_frac"] == approx(3 / 5)
+    assert s["clip_ratio/region_mean"] == approx(3 / 5)
 
 
 def test_hand_values_sequence_level():
@@ -169,7 +169,7 @@ def test_hand_values_sequence_level():
     assert loss.item() == approx((-1.5 * w[0] + 0.5 * w[1]) / 2)
     assert s["per_sample"]["kl"].tolist() == approx([k3(d) for d in delta])
     assert s["per_sample"]["is_weight"].tolist() == approx(w)
-    assert math.isnan(s["mismatch/abs_logp_diff"])  # no token-level samples to compare
+    assert math.isnan(s["sampling/sampling_logp_difference/mean"])  # no token-level samples to compare
     rho = [E((lsum[0] + 2.2) / 2), E((lsum[1] + 6.0) / 3)]
     loss, _ = ftis_loss(*args, method="vis", level="sequence", gen_logp_sum=gsum)
     vis0 = -1.5 * min(rho[0], 1.2)
@@ -414,8 +414,8 @@ def test_float_mask_and_stats_for_nois():
     assert torch.equal(a[0], b[0])
     # IS stats still reported for nois: weight = min(exp(ℓ − g), C)
     w = torch.exp(logp - gen_logp).clamp(max=2.0)
-    assert a[2]["is/weight_max"] == approx(float(w[mask].max()))
-    assert a[2]["clip_frac"] == 0.0
+    assert a[2]["sampling/importance_sampling_ratio/max"] == approx(float(w[mask].max()))
+    assert a[2]["clip_ratio/region_mean"] == 0.0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

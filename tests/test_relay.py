@@ -176,7 +176,7 @@ def test_hostile_input_keeps_the_relay_up_and_is_counted(relay):
             [os.urandom(50)],                                   # unknown type
             [P.PUB],                                            # wrong frame count
             [P.PUB, b"s"],
-            [P.PUB, b"s", b"x", b"y"],                          # 'origin' from a non-bridge
+            [P.PUB, b"s", b"x", b'{"origin": "y"}'],            # 'origin' from a non-bridge
             [P.PUB, b"s", b"x", b"y", b"z"],
             [P.HELLO, b"{not json"],
             [P.SUB, b"s"],
@@ -325,7 +325,8 @@ def test_late_joiner_gets_the_replay_buffer(relay):
             got = collect({"late": late}, lambda g: len(g["late"]) >= 3, 5)
             time.sleep(0.3)
             got["late"] += late.poll()
-            assert [x.rollout.rollout_id for x in got["late"]] == sent[-3:]   # the buffer, in order
+            assert [x.rollout.rollout_id for x in got["late"]] == sent[-3:], (   # the buffer, in order
+                sent, [(x.seq, x.rollout.rollout_id) for x in got["late"]], pub.stats())
             assert late.stats()["replayed"] == 3
         finally:
             late.close()

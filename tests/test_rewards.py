@@ -7,8 +7,8 @@ import time
 import pytest
 
 from ftis_edge.tasks import get_task
-from ftis_edge.tasks.rewards import (RewardSettings, check_format, get_grader, prefilter, score,
-                                     score_many, warm_up)
+from ftis_edge.tasks.grader import get_grader, score, score_many, warm_up
+from ftis_edge.tasks.rewards import RewardSettings, check_format, prefilter
 
 BINARY = RewardSettings()
 

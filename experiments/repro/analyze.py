@@ -99,7 +99,7 @@ def final_reward(run: dict) -> float:
 
 def peer_mean(run: dict, key: str) -> float | None:
     """Mean over rounds of a round metric, counting only rounds that trained on peer samples."""
-    vals = [r.get(key) for r in run["rounds"] if (r.get("samples/peers") or 0) > 0 and r.get(key) is not None]
+    vals = [r.get(key) for r in run["rounds"] if (r.get("peers/samples_used") or 0) > 0 and r.get(key) is not None]
     return statistics.fmean(vals) if vals else None
 
 
@@ -142,7 +142,7 @@ def table_outcomes(data: dict, base: dict) -> list[str]:
             first = mean_se([statistics.fmean([v or 0.0 for v in series(r, "reward/own")[:LAST]]) for r in runs])
             last = mean_se([final_reward(r) for r in runs])
             ev = {w: mean_se([r["evals"][w]["accuracy"] for r in runs if w in r["evals"]]) for w in ("id", "ood")}
-            used = mean_se([statistics.fmean([r2.get("samples/peers") or 0 for r2 in r["rounds"]]) for r in runs])
+            used = mean_se([statistics.fmean([r2.get("peers/samples_used") or 0 for r2 in r["rounds"]]) for r in runs])
             ps = [peer_stats(r) for r in runs]
             filt = mean_se([p.get("filter_rate") for p in ps if p.get("filter_rate") is not None])
             isw = mean_se([p.get("is_weight_mean") for p in ps if p.get("is_weight_mean") is not None])

@@ -19,11 +19,11 @@ COMMON = {
     "node": {"checkpoint_every": 100},
     "train": {"micro_batch": 2},      # exact micro-batching; keeps each process near 1.5 GB
     "model": {"threads": 1},
-    "task": {"name": "arith", "prompts_per_round": 2, "group_size": 8, "max_new_tokens": 64},
+    "task": {"name": "arith", "prompts_per_round": 2, "num_generations": 8, "max_completion_length": 64},
 }
 RECEIVER = {
     "model": {"spec": "smollm2-135m", "backend": "llamacpp", "precision": "f16"},
-    "train": {"trainable": "lora", "lr": 2e-4},
+    "train": {"trainable": "lora", "learning_rate": 2e-4},
     # Wait for the peer (it sets the pace), take both of its groups, tolerate it being ahead.
     "swarm": {"share": False, "max_wait_s": 600.0, "max_peer_groups": 2, "max_staleness": 4},
 }
@@ -33,13 +33,13 @@ PEER = {"swarm": {"share": True, "max_peer_groups": 0, "max_wait_s": 0.0}}
 # weights), the engine (HF transformers from live weights) and the sampling temperature (0.7):
 # its samples are genuinely off-policy for a T = 1 LoRA learner, at the token level.
 SMOL_FULL_HF_T07 = {"model": {"spec": "smollm2-135m", "backend": "hf"},
-                    "train": {"trainable": "full", "lr": 1e-5}, "task": {"temperature": 0.7}}
+                    "train": {"trainable": "full", "learning_rate": 1e-5}, "task": {"temperature": 0.7}}
 SMOL_FULL = {"model": {"spec": "smollm2-135m", "backend": "llamacpp", "precision": "f16"},
-             "train": {"trainable": "full", "lr": 1e-5}}
+             "train": {"trainable": "full", "learning_rate": 1e-5}}
 SMOL_LORA_HF = {"model": {"spec": "smollm2-135m", "backend": "hf"},
-                "train": {"trainable": "lora", "lr": 2e-4}}
+                "train": {"trainable": "lora", "learning_rate": 2e-4}}
 GEMMA_LORA = {"model": {"spec": "gemma3-270m", "backend": "llamacpp", "precision": "f16"},
-              "train": {"trainable": "lora", "lr": 2e-4}}
+              "train": {"trainable": "lora", "learning_rate": 2e-4}}
 
 
 def merge(*parts: dict) -> dict:

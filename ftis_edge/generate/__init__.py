@@ -1,4 +1,7 @@
-"""Generation backends (llama.cpp, HF transformers) behind one interface: see base.py."""
-from .base import Completion, Generator, SamplerSettings
+"""Generation backends (llama.cpp, HF transformers) behind one interface: see base.py.
 
-__all__ = ["Completion", "Generator", "SamplerSettings"]
+loop.py holds the sampling loop they share; registry.py maps backend names to them.
+"""
+from .base import Completion, GenerationError, Generator, GeneratorOptions, SamplerSettings
+
+__all__ = ["Completion", "GenerationError", "Generator", "GeneratorOptions", "SamplerSettings"]

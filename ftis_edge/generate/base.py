@@ -1,13 +1,20 @@
-"""The one interface every generation backend implements.
+"""The one interface every generation backend implements, and what callers pass to build one.
 
-The log-prob contract (docs/DESIGN §3): ``Completion.logprobs[t]`` is the log-probability of
+The log-prob contract (docs/bridge.md): ``Completion.logprobs[t]`` is the log-probability of
 ``token_ids[t]`` under the distribution it was actually sampled from (temperature applied,
-top-k / top-p renormalised), so it can serve as the behaviour log-prob ``g`` in F-TIS.
+top-k / top-p renormalised), so it can serve as the behaviour log-prob ``g`` in F-TIS. It is
+kept in one place: the sampling loop of loop.py, which every backend shares.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
+
+from ..errors import FtisError
+
+
+class GenerationError(FtisError, ValueError):
+    """Bad generation request (context overflow, bad token ids, bad sampler settings, unknown backend)."""
 
 
 @dataclass(frozen=True)
@@ -31,18 +38,46 @@ class Completion:
     sampler: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class GeneratorOptions:
+    """What a caller may ask of any backend (registry.create_generator); each backend uses what applies."""
+
+    precision: str = "f16"          # llama.cpp weights: "f16" re-export (matches PyTorch) or "quantized"
+    threads: int | None = None      # CPU threads (None: the backend's default)
+    n_ctx: int | None = None        # llama.cpp: KV-cache context per sequence (default 2048); hf: the model's own
+    max_group: int = 16             # llama.cpp: most sequences decoded together (size of a group)
+    policy: Any = None              # the learner's live torch model; hf samples from it (nothing to sync)
+    adapter: str | None = None      # start with this adapter: GGUF LoRA file (llamacpp), peft folder (hf)
+
+
 class Generator(Protocol):
-    """A loaded model that samples groups of completions."""
+    """A loaded model that samples groups of completions and takes the learner's new weights."""
 
-    backend: str                   # "llamacpp" | "hf"
+    backend: str                   # its name in registry.BACKENDS
+    precision: str                 # weights it samples with ("f16", "quantized", "f32")
+    eos_token_ids: list[int]       # tokens that end a completion (kept in token_ids, not in text)
+    stats: dict                    # the last generate(): tokens, seconds, tok_s, prompt_tokens, n
+    adapter_version: int | None    # learner version of the weights in use
 
-    def generate(self, prompt_ids: Sequence[int], n: int,
-                 sampler: SamplerSettings) -> list[Completion]:
+    def generate(self, prompt_ids: Sequence[int], n: int, sampler: SamplerSettings, *,
+                 ignore_eos: bool = False) -> list[Completion]:
         """Sample ``n`` completions of one prompt (a GRPO group)."""
+        ...
+
+    def score(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]],
+              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list:
+        """Per-token log-probs (numpy arrays) of given completions under the current weights."""
+        ...
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
         ...
 
     def set_adapter(self, path: str | None, version: int) -> None:
         """Use the given adapter (or none); subsequent samples come from that policy."""
+        ...
+
+    def sync_weights(self, exporter, version: int) -> dict:
+        """Take the learner's policy at ``version`` (sync.WeightSync is the exporter); returns sync/* metrics."""
         ...
 
     def close(self) -> None:

@@ -1,15 +1,15 @@
-"""Batched group generation with llama.cpp's low-level API and exact behaviour log-probs.
+"""The llama.cpp backend (low-level API): the backend steps of loop.py, adapters, weight reloads.
 
 One GRPO group = one prompt, n completions. The prompt is decoded once with all n sequence ids
 (the KV cache is unified, so its cells are shared); then every live sequence advances one token
-per ``llama_decode`` call, all in one ``llama_batch``. Tokens are sampled here, in numpy, from
-the processed distribution (temperature, top-k, top-p; see sampling.py) so the recorded log-prob
-is exactly that of the sampled token. A finished sequence (end-of-generation token or
-``max_new_tokens``) drops out of the batch.
+per ``llama_decode`` call, all in one ``llama_batch``. Sampling, log-probs and stops are
+loop.py's (numpy, from the processed distribution), so the recorded log-prob is exactly that of
+the sampled token.
 
 EOS convention: the end-of-generation token that stopped a sequence IS included in
 ``token_ids`` and ``logprobs`` (it was sampled, and it is what teaches the policy to stop);
-``text`` excludes it.
+``text`` excludes it. Other control tokens sampled mid-completion are rendered in ``text`` (as
+the HF backend does), so a receiver can check that the ids decode to the text it grades.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import Completion, SamplerSettings
-from .sampling import GenerationError, check_prompt, check_sampler, sample_tokens, token_logprobs
+from .base import GenerationError, GeneratorOptions
+from .loop import SamplingGenerator
 
 _BACKEND_READY = False
 
@@ -37,7 +37,7 @@ def _llama():
     return llama_cpp
 
 
-class LlamaCppGenerator:
+class LlamaCppGenerator(SamplingGenerator):
     """A llama.cpp model + context that samples groups of completions (see module doc).
 
     ``n_ctx`` is the per-sequence context: prompt + max_new_tokens must fit in it. The unified KV
@@ -49,6 +49,7 @@ class LlamaCppGenerator:
     def __init__(self, gguf_path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
                  n_batch: int = 512, max_group: int = 16, eos_token_ids: Sequence[int] | None = None,
                  verbose: bool = False):
+        super().__init__()
         self.llama = _llama()
         from llama_cpp import _logger
         _logger.set_verbose(verbose)
@@ -58,16 +59,11 @@ class LlamaCppGenerator:
         self.n_batch = n_batch
         self.max_group = max_group
         self.n_threads = n_threads or os.cpu_count() or 1
-        self.precision: str | None = None    # "f16" / "quantized" when built by from_bundle
+        self.precision = "gguf"               # "f16" / "quantized" when built by from_bundle
         self._eos_override = list(eos_token_ids) if eos_token_ids is not None else None
-        self.adapter_path: str | None = None
-        self.adapter_version: int | None = None
         self.adapter_scale = 1.0
         self._adapter = None
         self._model = self._ctx = None
-        self.stats: dict = {}
-        self.record_logits = False          # debug/test hook: keep each step's raw logits
-        self.last_logits: list[np.ndarray] = []
         self._batch = self.llama.llama_batch_init(max(n_batch, max_group), 0, max_group)
         self._load(Path(gguf_path))
 
@@ -78,6 +74,21 @@ class LlamaCppGenerator:
         gen = cls(bundle.generator_gguf(precision), **kw)
         gen.precision = precision
         return gen
+
+    @classmethod
+    def create(cls, bundle, options: GeneratorOptions) -> "LlamaCppGenerator":
+        """The registry's factory: the bundle's GGUF at ``options.precision`` (+ a GGUF LoRA file)."""
+        kw = {"n_ctx": options.n_ctx} if options.n_ctx else {}
+        gen = cls.from_bundle(bundle, precision=options.precision, n_threads=options.threads,
+                              max_group=options.max_group, **kw)
+        if options.adapter:
+            gen.set_adapter(str(Path(options.adapter).expanduser()), version=1)
+        return gen
+
+    @staticmethod
+    def adapter_problem(path: Path) -> str | None:
+        """Why ``path`` cannot be this backend's adapter, or None."""
+        return None if path.is_file() else "no such file (llamacpp wants a GGUF LoRA file)"
 
     # ------------------------------------------------------------------ model / context lifetime
     def _load(self, path: Path) -> None:
@@ -108,7 +119,6 @@ class LlamaCppGenerator:
             self.eos_token_ids = list(self._eos_override)
         else:
             self.eos_token_ids = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)]
-        self._eos = set(self.eos_token_ids)
         self._logits_buf = np.empty((self.max_group, self.n_vocab), dtype=np.float32)
 
     def _free(self) -> None:
@@ -164,6 +174,23 @@ class LlamaCppGenerator:
         self.adapter_version, self.adapter_scale = version, scale
         ll.llama_memory_clear(self._mem, True)
 
+    def sync_weights(self, exporter, version: int) -> dict:
+        """Have ``exporter`` (sync.WeightSync) write the policy as a GGUF LoRA (hot-swapped) or a
+        merged GGUF (reloaded); nothing is written when it already holds ``version``."""
+        t0 = time.perf_counter()
+        path, written = exporter.export(version)
+        if not written:
+            return {"sync/mode": exporter.mode, "sync/version": version, "sync/write_s": 0.0,
+                    "sync/apply_s": 0.0, "sync/bytes": 0, "sync/path": str(path)}
+        t1 = time.perf_counter()
+        if exporter.mode == "lora-adapter":
+            self.set_adapter(str(path), version)
+        else:
+            self.reload(str(path), version)
+        t2 = time.perf_counter()
+        return {"sync/mode": exporter.mode, "sync/version": version, "sync/write_s": t1 - t0,
+                "sync/apply_s": t2 - t1, "sync/bytes": path.stat().st_size, "sync/path": str(path)}
+
     # ------------------------------------------------------------------ batch helpers
     def _put(self, i: int, token: int, pos: int, seq_ids: Sequence[int], want_logits: bool) -> None:
         b = self._batch
@@ -193,111 +220,45 @@ class LlamaCppGenerator:
             self._decode(len(chunk))
         return self._row(len(chunk) - 1).copy()
 
-    # ------------------------------------------------------------------ generation
-    def generate(self, prompt_ids: Sequence[int], n: int, sampler: SamplerSettings, *,
-                 ignore_eos: bool = False) -> list[Completion]:
-        """Sample ``n`` completions of one prompt; groups larger than max_group run in chunks.
+    # ------------------------------------------------------------------ backend steps (loop.py)
+    def _batch_size(self, n: int) -> int:
+        return self.max_group
 
-        ``ignore_eos`` forces every completion to max_new_tokens (benchmarks only).
-        """
-        check_sampler(sampler)
-        if n < 1:
-            raise GenerationError(f"n must be >= 1, got {n}")
-        ids = check_prompt(prompt_ids, self.n_vocab, sampler.max_new_tokens, self.n_ctx)
-        rng = np.random.default_rng(sampler.seed)
-        t0 = time.perf_counter()
-        self.last_logits = []
-        out: list[Completion] = []
-        for start in range(0, n, self.max_group):
-            out += self._generate_group(ids, min(self.max_group, n - start), sampler, rng, ignore_eos)
-        seconds = time.perf_counter() - t0
-        n_tokens = sum(len(c.token_ids) for c in out)
-        self.stats = {"tokens": n_tokens, "seconds": seconds, "tok_s": n_tokens / max(seconds, 1e-9),
-                      "prompt_tokens": len(ids), "n": n}
-        return out
-
-    @property
-    def tok_s(self) -> float:
-        return self.stats.get("tok_s", 0.0)
-
-    def _generate_group(self, ids: list[int], k: int, sampler: SamplerSettings,
-                        rng: np.random.Generator, ignore_eos: bool) -> list[Completion]:
+    def _prefill_group(self, ids: list[int], k: int) -> np.ndarray:
         self.llama.llama_memory_clear(self._mem, True)
-        first = self._prefill(ids, range(k))
-        logits = self._logits_buf[:k]
-        logits[:] = first                                   # every sequence starts from the same row
-        tokens: list[list[int]] = [[] for _ in range(k)]
-        logps: list[list[float]] = [[] for _ in range(k)]
-        finish = ["length"] * k
-        raw: list[list[np.ndarray]] = [[] for _ in range(k)]
-        live = list(range(k))
-        while live:
-            if self.record_logits:
-                for r, s in enumerate(live):
-                    raw[s].append(logits[r].copy())
-            picked, picked_lp = sample_tokens(logits[:len(live)], sampler, rng)
-            still = []
-            for s, t, lp in zip(live, picked.tolist(), picked_lp.tolist()):
-                tokens[s].append(t)
-                logps[s].append(lp)
-                if t in self._eos and not ignore_eos:
-                    finish[s] = "stop"
-                elif len(tokens[s]) < sampler.max_new_tokens:
-                    still.append(s)
-            live = still
-            if not live:
-                break
-            for j, s in enumerate(live):
-                self._put(j, tokens[s][-1], len(ids) + len(tokens[s]) - 1, (s,), True)
-            self._decode(len(live))
-            for j in range(len(live)):
-                logits[j] = self._row(j)
-        if self.record_logits:
-            self.last_logits += [np.stack(r) for r in raw]
-        settings = sampler.as_dict()
-        return [Completion(token_ids=tokens[s], logprobs=logps[s],
-                           text=self.detokenize([t for t in tokens[s] if t not in self._eos]),
-                           finish_reason=finish[s], sampler=dict(settings)) for s in range(k)]
+        return self._prefill(ids, range(k))
 
-    # ------------------------------------------------------------------ scoring / text
-    def score(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]],
-              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[np.ndarray]:
-        """Per-token log-probs of given completions under the current weights (batched prefill).
+    def _decode_step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+        for j, (s, t, pos) in enumerate(zip(slots, tokens, positions)):
+            self._put(j, t, pos, (s,), True)
+        self._decode(len(slots))
+        logits = self._logits_buf[:len(slots)]
+        for j in range(len(slots)):
+            logits[j] = self._row(j)
+        return logits
 
-        With the defaults this is the raw-logit log-softmax; pass the sampler's settings to get the
-        processed distribution.
-        """
-        ids = check_prompt(prompt_ids, self.n_vocab, 0, self.n_ctx)
-        result: list[np.ndarray] = []
+    def _completion_logits(self, ids: list[int], completions: list[list[int]]) -> list[np.ndarray]:
+        """Batched prefill, ``max_group`` completions at a time: the prompt once, then every
+        completion token except the last (they predict the next token)."""
+        out: list[np.ndarray] = []
         for start in range(0, len(completions), self.max_group):
-            group = [list(map(int, c)) for c in completions[start:start + self.max_group]]
-            for c in group:
-                check_prompt(c or [0], self.n_vocab, 0, self.n_ctx - len(ids))
-            result += self._score_group(ids, group, temperature, top_k, top_p)
-        return result
-
-    def _score_group(self, ids, group, temperature, top_k, top_p) -> list[np.ndarray]:
-        self.llama.llama_memory_clear(self._mem, True)
-        first = self._prefill(ids, range(len(group)))
-        # every completion token except the last needs its logits (they predict the next token)
-        entries = [(s, j) for s, c in enumerate(group) for j in range(len(c) - 1)]
-        rows: dict[tuple[int, int], np.ndarray] = {}
-        for start in range(0, len(entries), self.n_batch):
-            chunk = entries[start:start + self.n_batch]
-            for i, (s, j) in enumerate(chunk):
-                self._put(i, group[s][j], len(ids) + j, (s,), True)
-            self._decode(len(chunk))
-            for i, key in enumerate(chunk):
-                rows[key] = self._row(i).copy()
-        out = []
-        for s, c in enumerate(group):
-            if not c:
-                out.append(np.zeros(0))
-                continue
-            logits = np.stack([first] + [rows[(s, j)] for j in range(len(c) - 1)])
-            out.append(token_logprobs(logits, c, temperature, top_k, top_p))
+            group = completions[start:start + self.max_group]
+            self.llama.llama_memory_clear(self._mem, True)
+            first = self._prefill(ids, range(len(group)))
+            entries = [(s, j) for s, c in enumerate(group) for j in range(len(c) - 1)]
+            rows: dict[tuple[int, int], np.ndarray] = {}
+            for begin in range(0, len(entries), self.n_batch):
+                chunk = entries[begin:begin + self.n_batch]
+                for i, (s, j) in enumerate(chunk):
+                    self._put(i, group[s][j], len(ids) + j, (s,), True)
+                self._decode(len(chunk))
+                for i, key in enumerate(chunk):
+                    rows[key] = self._row(i).copy()
+            out += [np.stack([first] + [rows[(s, j)] for j in range(len(c) - 1)])
+                    for s, c in enumerate(group)]
         return out
 
+    # ------------------------------------------------------------------ text
     def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
         """llama.cpp's own tokenizer (used to check parity with the HF tokenizer)."""
         data = text.encode("utf-8")
@@ -310,8 +271,9 @@ class LlamaCppGenerator:
             n = self.llama.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
         return list(buf[:n])
 
-    def detokenize(self, token_ids: Sequence[int], special: bool = False) -> str:
-        """Token ids -> text (control tokens rendered only with special=True)."""
+    def detokenize(self, token_ids: Sequence[int], special: bool = True) -> str:
+        """Token ids -> text. Control tokens are rendered (as HF's decode does): a completion's
+        text must be what its ids decode to, or intake refuses it (``token_text_mismatch``)."""
         pieces = bytearray()
         buf = ctypes.create_string_buffer(256)
         for t in token_ids:

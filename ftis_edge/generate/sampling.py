@@ -1,9 +1,9 @@
-"""Sampling in numpy with exact behaviour log-probs (shared by the llama.cpp and HF backends).
+"""Sampling in numpy with exact behaviour log-probs (used by the sampling loop every backend shares).
 
 The distribution sampled from is built in this order (the same as HF's logits processors):
 temperature, then top-k, then top-p, then renormalisation over the kept tokens. The log-prob
 returned for a sampled token is ``log`` of its probability in *that* distribution, so it is the
-behaviour log-prob ``g`` of F-TIS (docs/DESIGN.md §3). Temperature 0 means greedy decoding: a
+behaviour log-prob ``g`` of F-TIS (docs/bridge.md, the log-prob contract). Temperature 0 means greedy decoding: a
 point mass on the arg-max, log-prob 0.
 
 Sampling is inverse-CDF (cumsum + one uniform per row), about 4x cheaper than ``rng.choice``.
@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import SamplerSettings
-
-
-class GenerationError(ValueError):
-    """Bad generation request (context overflow, bad token ids, bad sampler settings)."""
+from .base import GenerationError, SamplerSettings
 
 
 def check_sampler(s: SamplerSettings) -> None:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from .base import DEFAULT_SYSTEM_PROMPT, Prompt, Task, TaskError
-from .rewards import RewardSettings, check_format, warm_up
+from .grader import warm_up
+from .rewards import RewardSettings, check_format
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Prompt", "RewardSettings", "Task", "TaskError",
            "TASK_NAMES", "check_format", "get_task", "warm_up"]

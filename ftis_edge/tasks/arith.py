@@ -273,6 +273,12 @@ class ArithTask(Task):
             raise TaskError(f"arith: bad prompt id {prompt_id!r} (expected arith/L<level>/<n>)")
         return make_problem(int(m.group(1)), int(m.group(2)))
 
+    def is_trainable(self, prompt_id: str) -> bool:
+        """Training ids are ``n < EVAL_OFFSET`` at any level (peers may train other levels);
+        ``n >= EVAL_OFFSET`` is the eval range."""
+        m = self._ID.fullmatch(prompt_id) if isinstance(prompt_id, str) else None
+        return bool(m) and int(m.group(2)) < EVAL_OFFSET
+
     def prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
         i = max(0, int(start))
         while True:

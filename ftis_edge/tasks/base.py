@@ -9,7 +9,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from .rewards import RewardSettings, score, score_many
+from ..errors import FtisError
+from .grader import score, score_many
+from .rewards import RewardSettings
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant that solves math problems. "
@@ -28,7 +30,7 @@ FEW_SHOT = (
 DEFAULT_FEW_SHOT = 2
 
 
-class TaskError(ValueError):
+class TaskError(FtisError, ValueError):
     """A task could not be built or asked: a bad option, a missing file, an unknown prompt id."""
 
 
@@ -44,6 +46,7 @@ class Task:
     """Base class. Subclasses set ``name`` and implement ``get``, ``prompts``, ``eval_prompts``."""
 
     name = "task"
+    _eval_ids: frozenset | None = None
 
     def __init__(self, *, system_prompt: str | None = None, few_shot: int = DEFAULT_FEW_SHOT,
                  reward: str = "binary", require_think: bool = False, timeout_s: float = 0.5,
@@ -73,6 +76,16 @@ class Task:
     def eval_prompts(self, limit: int | None = None) -> list[Prompt]:
         """A fixed, ordered evaluation set (the test split when there is one)."""
         raise NotImplementedError
+
+    def is_trainable(self, prompt_id: str) -> bool:
+        """May a node train on this prompt? False for the held-out eval prompts, so a peer
+        cannot make a node train on (and so inflate) its own evals.
+
+        This default compares with the whole eval set; tasks override it with a rule on the id.
+        """
+        if self._eval_ids is None:
+            self._eval_ids = frozenset(p.id for p in self.eval_prompts())
+        return prompt_id not in self._eval_ids
 
     def messages(self, question: str) -> list[dict]:
         """Chat messages for one question: the system prompt, ``few_shot`` worked examples as

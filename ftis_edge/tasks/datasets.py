@@ -1,8 +1,8 @@
 """GSM8K (training) and MATH-500 (out-of-distribution eval) from JSON Lines or the HF hub.
 
-Where the data comes from, in order: the ``path`` option; ``<shared>/gsm8k/<split>.jsonl`` or
-``<shared>/math500/test.jsonl`` (``ftis_edge.paths.shared_data_dir()``, ``$FTIS_SHARED``
-overrides); the HF dataset (``openai/gsm8k``, ``HuggingFaceH4/MATH-500``) when the
+Where the data comes from, in order: the ``path`` option; ``<data>/gsm8k/<split>.jsonl`` or
+``<data>/math500/test.jsonl`` (``ftis_edge.paths.shared_data_dir()``: ``$FTIS_SHARED/data``,
+else the folder ``./install.sh --data`` fills); the HF dataset (``openai/gsm8k``, ``HuggingFaceH4/MATH-500``) when the
 ``datasets`` package is installed and the hub is reachable. Prompt ids are
 ``<task>/<split>/<line index>``, so a peer rebuilds a prompt from its own copy.
 """
@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from ..paths import shared_data_dir
 from .base import Prompt, Task, TaskError, shuffled_stream
@@ -61,14 +61,18 @@ def load_hf(dataset: str, config: str | None, split: str, task: str) -> list[dic
     try:
         import datasets  # noqa: F401 - optional dependency
     except ImportError:
-        raise TaskError(f"{task}: no local data found; pass path=FILE.jsonl (or set FTIS_SHARED), "
-                        f"or install the 'datasets' package to download {dataset}") from None
+        raise TaskError(f"{task}: no local data; run ./install.sh --data once (downloads GSM8K and MATH-500), "
+                        f"or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED") from None
+    from ..models import _hub_reachable, _offline_env
+    if _offline_env() or not _hub_reachable():  # not five noisy retries before the same answer
+        raise TaskError(f"{task}: no local data and the HF hub is unreachable; run ./install.sh --data once "
+                        f"while online, or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED")
     try:
         ds = datasets.load_dataset(dataset, config, split=split) if config else \
             datasets.load_dataset(dataset, split=split)
-    except Exception as e:                      # noqa: BLE001 - offline, unknown split, ...
+    except Exception as e:                      # noqa: BLE001 - unknown split, hub errors, ...
         raise TaskError(f"{task}: could not load {dataset} split {split!r} from the hub "
-                        f"({type(e).__name__}: {str(e)[:200]}); pass path=FILE.jsonl") from None
+                        f"({type(e).__name__}: {str(e)[:200]}); pass a JSON Lines file (task.path / --path)") from None
     return [dict(row) for row in ds]
 
 
@@ -139,9 +143,20 @@ class DatasetTask(Task):
         self._cache[split] = prompts
         return prompts
 
-    def get(self, prompt_id: str) -> Prompt:
-        m = re.fullmatch(rf"{self.name}/([a-z]+)/(\d{{1,9}})", prompt_id) \
+    def _parse_id(self, prompt_id) -> re.Match | None:
+        return re.fullmatch(rf"{self.name}/([a-z]+)/(\d{{1,9}})", prompt_id) \
             if isinstance(prompt_id, str) else None
+
+    def is_trainable(self, prompt_id: str) -> bool:
+        """Every split but the held-out eval split. A node that trains on the eval split itself
+        (math500, or gsm8k with split="test") holds nothing out, so its own split stays trainable."""
+        m = self._parse_id(prompt_id)
+        if not m or m.group(1) not in self.splits:
+            return False
+        return m.group(1) == self.split or m.group(1) != self.eval_split
+
+    def get(self, prompt_id: str) -> Prompt:
+        m = self._parse_id(prompt_id)
         if not m or m.group(1) not in self.splits:
             raise TaskError(f"{self.name}: bad prompt id {prompt_id!r} "
                             f"(expected {self.name}/<{'|'.join(self.splits)}>/<index>)")
@@ -198,5 +213,3 @@ class Math500Task(DatasetTask):
     def _hub_rows(self, split: str) -> list[dict]:
         return load_hf("HuggingFaceH4/MATH-500", None, split, self.name)
 
-
-LOADERS: dict[str, Callable[..., DatasetTask]] = {"gsm8k": GSM8KTask, "math500": Math500Task}

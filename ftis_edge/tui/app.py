@@ -19,7 +19,8 @@ from textual.geometry import Size
 from textual.widgets import DataTable, Footer, Header, Log, Static, TabbedContent, TabPane
 
 from ftis_edge.metrics import LOG_FILE, MetricsFollower, read_control, write_control
-from ftis_edge.tui import format as F
+from ftis_edge.rundir import last_error_line
+from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import LogTail, RunState, flatten, load_config
 from ftis_edge.tui.widgets import (
     ALL,
@@ -48,23 +49,24 @@ FINISHED = "#90caf9"
 
 # Panel contents, shared by a panel's own tab and its copy on a large overview.
 REWARD = [Series("reward/own", "own", OWN, mean=True), Series("reward/peers", "peers", PEERS),
-          Series("reward/mean", "all", ALL)]
-ACCURACY = [Series("accuracy/own", "accuracy", OWN, F.pct, mean=True),
-            Series("format/own", "format", VIOLET, F.pct)]
-FILTER = [Series("filter/adv_le0_frac", "Â≤0", YELLOW, F.pct),
-          Series("filter/kl_gt_g_frac", "KL>g", VIOLET, F.pct),
-          Series("filter/dropped_frac", "dropped", RED, F.pct)]
-IS = [Series("is/weight_mean", "w mean", OWN), Series("is/truncated_frac", "truncated", RED, F.pct),
-      Series("is/ess", "ESS", GREEN, F.pct)]
-KL = [Series("kl/mean", "KL", OWN, lambda v: F.num(v, 4)),
-      Series("mismatch/abs_logp_diff", "|ℓ−g|", VIOLET, lambda v: F.num(v, 4))]
-LOSS = [Series("loss", "loss", OWN, lambda v: F.num(v, 4)),
+          Series("reward", "all", ALL)]
+ACCURACY = [Series("accuracy/own", "accuracy", OWN, fmt.pct, mean=True),
+            Series("format/own", "format", VIOLET, fmt.pct)]
+FILTER = [Series("filter/adv_le0_frac", "Â≤0", YELLOW, fmt.pct),
+          Series("filter/kl_gt_g_frac", "KL>g", VIOLET, fmt.pct),
+          Series("filter/dropped_frac", "dropped", RED, fmt.pct)]
+IS = [Series("sampling/importance_sampling_ratio/mean", "w mean", OWN),
+      Series("is/truncated_frac", "truncated", RED, fmt.pct),
+      Series("is/ess", "ESS", GREEN, fmt.pct)]
+KL = [Series("kl/mean", "KL", OWN, lambda v: fmt.num(v, 4)),
+      Series("sampling/sampling_logp_difference/mean", "|ℓ−g|", VIOLET, lambda v: fmt.num(v, 4))]
+LOSS = [Series("loss", "loss", OWN, lambda v: fmt.num(v, 4)),
         Series("grad_norm", "grad", YELLOW, plot=False),
-        Series("clip_frac", "clip", ALL, F.pct, plot=False)]
-TOKS = [Series("gen/tok_s", "tok/s", OWN, F.integer, mean=True),
-        Series("gen/mean_len", "len", ALL, lambda v: F.num(v, 1), plot=False)]
-TIMES = [Series("time/train_s", "train", PEERS, F.seconds, mean=True),
-         Series("time/gen_s", "gen", OWN, F.seconds), Series("time/round_s", "round", ALL, F.seconds)]
+        Series("clip_ratio/region_mean", "clip", ALL, fmt.pct, plot=False)]
+TOKS = [Series("gen/tok_s", "tok/s", OWN, fmt.integer, mean=True),
+        Series("completions/mean_length", "len", ALL, lambda v: fmt.num(v, 1), plot=False)]
+TIMES = [Series("time/train_s", "train", PEERS, fmt.seconds, mean=True),
+         Series("time/gen_s", "gen", OWN, fmt.seconds), Series("time/round_s", "round", ALL, fmt.seconds)]
 
 
 class DashboardApp(App[int]):
@@ -84,10 +86,13 @@ class DashboardApp(App[int]):
     ]
 
     def __init__(self, run_dir: str | os.PathLike, node_process: subprocess.Popen | None = None,
-                 *, poll_interval: float = 0.5) -> None:
+                 *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None) -> None:
         super().__init__()
         self.run_dir = Path(run_dir)
         self.node_process = node_process
+        self.node_stderr = node_stderr         # (file, offset) where the node's one-line error lands
+        self.failure: str | None = None        # that line, once the node has failed
+        self._relay_problem: str | None = None
         self.poll_interval = poll_interval
         self.state = RunState()
         self.follower = MetricsFollower(self.run_dir)
@@ -178,20 +183,42 @@ class DashboardApp(App[int]):
                     self.exit(code, return_code=code)
                     return
                 if code != 0:
-                    self.notify(f"the node exited with code {code}; see the Log tab",
-                                severity="error", timeout=10)
+                    self._show_failure(code)
         if self.stop_pressed and self.node_process is None and self.state.finished:
             self.exit(0)                       # watching: the node stopped as asked
             return
+        if self.failure is None and (self.state.stop or {}).get("reason") == "error":
+            self._show_failure(None)           # watching a node that failed
+        # relay health (SwarmClient.health() in each round record): a relay that turns unreachable is said once in the Log tab
+        problem = relay_unreachable(self.state.latest)
+        if problem != self._relay_problem:
+            self._relay_problem = problem
+            if problem:
+                self.query_one("#log", Log).write_line(f"relay {problem}")
         if changed:
             self.refresh_all()
         self._refresh_config()
 
+    def _show_failure(self, code: int | None) -> None:
+        """The node failed: its one-line reason on screen (toast, header, Log tab); the
+        traceback is in node.log, which the Log tab follows."""
+        line = (self.state.stop or {}).get("error")
+        if not line and self.node_stderr is not None:
+            line = last_error_line(*self.node_stderr)
+        self.failure = line or f"the node exited with code {code}"
+        self.notify(f"{self.failure} (traceback: Log tab / node.log)", title="node failed",
+                    severity="error", timeout=30)
+        self.query_one("#log", Log).write_line(f"node failed: {self.failure}")
+        self.refresh_all()
+
     def status(self) -> tuple[str, str, str]:
         """(short word, colour, sentence) for the headline and the header."""
         st = self.state
+        if self.failure is not None:
+            word = "failed" if self.node_exit is None else f"exited {self.node_exit}"
+            return word, RED, f"failed: {self.failure}"
         if st.finished:
-            reason, last = F.text(st.stop.get("reason")), F.integer(st.stop.get("round"))
+            reason, last = fmt.text(st.stop.get("reason")), fmt.integer(st.stop.get("round"))
             return "finished", FINISHED, f"finished ({reason}) after round {last}"
         if self.node_exit is not None:
             colour = RED if self.node_exit else ""
@@ -202,6 +229,9 @@ class DashboardApp(App[int]):
             return "paused", YELLOW, "paused: p to resume"
         if st.start is None and not st.rounds:
             return "waiting…", "", "waiting for metrics…"
+        relay_problem = relay_unreachable(st.latest)
+        if relay_problem:
+            return "running", YELLOW, f"running · relay {relay_problem}"
         return "running", GREEN, "running"
 
     def refresh_all(self) -> None:
@@ -211,9 +241,9 @@ class DashboardApp(App[int]):
         st = self.state
         word, colour, sentence = self.status()
         node, model = st.identity("node_id"), st.identity("model")
-        self.title = "ftis-edge" + (f" · {F.text(node, 32)}" if node else "")
+        self.title = "ftis-edge" + (f" · {fmt.text(node, 32)}" if node else "")
         # the state first: a narrow header cuts the end of the line
-        self.sub_title = sentence + (f" · {F.text(model, 40)} {F.text(st.identity('trainable'))}"
+        self.sub_title = sentence + (f" · {fmt.text(model, 40)} {fmt.text(st.identity('trainable'))}"
                                      if model else "")
         self.query_one(Headline).update_from(st, word, colour)
         for panel in self.query(MetricPanel):
@@ -227,14 +257,13 @@ class DashboardApp(App[int]):
 
     def _wire_chunks(self) -> list[Content]:
         latest = self.state.latest
-        oom_total = sum(F.as_number(r.get("memory/oom_retries")) or 0 for r in self.state.rounds)
-        return [field("wire out", f"{F.num(latest.get('wire/bytes_per_token_out'), 2)} B/tok"),
-                field("in", f"{F.num(latest.get('wire/bytes_per_token_in'), 2)} B/tok"),
-                field("tokens", F.integer(latest.get("gen/tokens"))),
-                field("sync", F.seconds(latest.get("time/sync_s"))),
-                field("peer wait", F.seconds(latest.get("time/peer_wait_s"))),
-                field("micro-batch", F.integer(latest.get("micro_batch"))),
-                field("OOM retries", f"{int(oom_total)} total")]
+        return [field("wire out", f"{fmt.num(latest.get('wire/bytes_per_token_out'), 2)} B/tok"),
+                field("in", f"{fmt.num(latest.get('wire/bytes_per_token_in'), 2)} B/tok"),
+                field("tokens", fmt.integer(latest.get("gen/tokens"))),
+                field("sync", fmt.seconds(latest.get("time/sync_s"))),
+                field("peer wait", fmt.seconds(latest.get("time/peer_wait_s"))),
+                field("micro-batch", fmt.integer(latest.get("micro_batch"))),
+                field("OOM retries", f"{fmt.integer(latest.get('memory/oom_retries'))} total")]  # cumulative
 
     def _refresh_config(self) -> None:
         config, source = load_config(self.run_dir, self.state.start)
@@ -249,10 +278,10 @@ class DashboardApp(App[int]):
         for name in ("node_id", "model", "backend", "trainable", "method", "collaboration",
                      "relay", "resumed_from", "tokenizer_fp", "model_fp"):
             if name in start:
-                table.add_row(Text(name, style="bold"), Text(F.text(start[name], 80)), key=name)
+                table.add_row(Text(name, style="bold"), Text(fmt.text(start[name], 80)), key=name)
         for name, value in flatten(config):
             if name not in table.rows:
-                table.add_row(Text(name), Text(F.text(value, 80)), key=name)
+                table.add_row(Text(name), Text(fmt.text(value, 80)), key=name)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         # arrows and page keys should scroll the table / log of a tab as soon as it shows
@@ -328,12 +357,24 @@ class DashboardApp(App[int]):
         tabs.active = ids[(ids.index(tabs.active) + step) % len(ids)]
 
 
+def relay_unreachable(record: dict) -> str | None:
+    """The relay client's health as the node records it each round: ``relay/state``
+    ("connected" | "unreachable" | "refused") and ``relay/reason``.
+    Returns e.g. "unreachable (connection refused)" when the relay is not connected, else None."""
+    state = record.get("relay/state")
+    if not isinstance(state, str) or state == "connected":
+        return None
+    reason = record.get("relay/reason")
+    return f"{state} ({reason})" if isinstance(reason, str) and reason else state
+
+
 def run_dashboard(run_dir: str | os.PathLike, node_process: subprocess.Popen | None = None,
-                  *, poll_interval: float = 0.5) -> int:
+                  *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None) -> int:
     """Show the dashboard until the user leaves; returns the node's exit code when it ended,
     else 0. A node process still running on return (the user pressed q twice) is the
     caller's: it has been asked to stop after its round."""
-    app = DashboardApp(run_dir, node_process=node_process, poll_interval=poll_interval)
+    app = DashboardApp(run_dir, node_process=node_process, poll_interval=poll_interval,
+                       node_stderr=node_stderr)
     app.run()
     if node_process is not None and node_process.poll() is not None:
         return node_process.returncode

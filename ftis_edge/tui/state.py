@@ -144,7 +144,7 @@ def load_config(run_dir: str | os.PathLike, start: dict | None) -> tuple[dict, s
 
 
 def flatten(config: dict, prefix: str = "") -> list[tuple[str, object]]:
-    """Nested tables as dotted keys: {"train": {"lr": 1e-5}} → [("train.lr", 1e-5)]."""
+    """Nested tables as dotted keys: {"train": {"learning_rate": 1e-5}} → [("train.learning_rate", 1e-5)]."""
     out = []
     for key, value in config.items():
         name = f"{prefix}{key}"

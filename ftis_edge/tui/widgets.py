@@ -15,7 +15,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
-from ftis_edge.tui import format as F
+from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import RunState
 
 # One colour per role, shared by a plot line and the label that names it (hex for Textual,
@@ -130,7 +130,7 @@ class Series:
     key: str
     label: str
     color: str
-    fmt: Callable[[object], str] = F.num
+    render: Callable[[object], str] = fmt.num
     mean: bool = False           # also show the mean of the last 10 rounds
     plot: bool = True            # False: a number in the stats line only
 
@@ -158,9 +158,9 @@ class MetricPanel(Vertical):
         """One chunk per series: its label in the line's colour, the latest value, the mean."""
         chunks = []
         for s in self.series:
-            parts = [(s.label + " ", s.color), (s.fmt(state.last(s.key)), "bold")]
+            parts = [(s.label + " ", s.color), (s.render(state.last(s.key)), "bold")]
             if s.mean:
-                parts += [" (", ("avg10 ", "dim"), s.fmt(state.mean_last(s.key)), ")"]
+                parts += [" (", ("avg10 ", "dim"), s.render(state.mean_last(s.key)), ")"]
             chunks.append(line(*parts))
         return chunks
 
@@ -205,14 +205,14 @@ class Headline(Grid):
             line((label, "dim"), "\n", (value, f"bold {style}".strip())))
 
     def update_from(self, state: RunState, status: str, status_style: str) -> None:
-        self.show("round", F.integer(state.last_round))
-        self.show("reward", f"{F.num(state.last('reward/own'), 2)}/"
-                            f"{F.num(state.mean_last('reward/own'), 2)}", OWN)
-        self.show("accuracy", F.pct(state.last("accuracy/own")))
-        self.show("filtered", F.pct(state.last("filter/dropped_frac")))
-        self.show("speed", F.integer(state.last("gen/tok_s")))
+        self.show("round", fmt.integer(state.last_round))
+        self.show("reward", f"{fmt.num(state.last('reward/own'), 2)}/"
+                            f"{fmt.num(state.mean_last('reward/own'), 2)}", OWN)
+        self.show("accuracy", fmt.pct(state.last("accuracy/own")))
+        self.show("filtered", fmt.pct(state.last("filter/dropped_frac")))
+        self.show("speed", fmt.integer(state.last("gen/tok_s")))
         active, quarantined = state.peer_counts()
-        peers = (f"{active}" + (f" +{quarantined}q" if quarantined else "")) if state.rounds else F.MISSING
+        peers = (f"{active}" + (f" +{quarantined}q" if quarantined else "")) if state.rounds else fmt.MISSING
         self.show("peers", peers, RED if quarantined else "")
         self.show("relay", *relay_short(state))
         self.show("state", status, status_style)
@@ -224,11 +224,11 @@ def relay_short(state: RunState) -> tuple[str, str]:
         return "off", ""                               # the start record says: no relay
     connected = state.latest.get("relay/connected")
     if connected is True:
-        ms = F.as_number(state.latest.get("relay/latency_ms"))
+        ms = fmt.as_number(state.latest.get("relay/latency_ms"))
         return ("ok" if ms is None else f"ok {ms:.0f}ms"), GREEN
     if connected is False:
         return "down", RED
-    return F.MISSING, ""
+    return fmt.MISSING, ""
 
 
 def relay_chunks(state: RunState) -> list[Content]:
@@ -238,17 +238,16 @@ def relay_chunks(state: RunState) -> list[Content]:
         return [Content.styled("relay and intake: no rounds yet", "dim")]
     address = state.identity("relay")
     connected = latest.get("relay/connected")
-    status = {True: ("connected", GREEN), False: ("disconnected", RED)}.get(connected, (F.MISSING, ""))
-    replayed_total = sum(F.as_number(r.get("relay/replayed")) or 0 for r in state.rounds)
+    status = {True: ("connected", GREEN), False: ("disconnected", RED)}.get(connected, (fmt.MISSING, ""))
     return [
-        line(("relay ", "dim"), (F.text(address) if address else "none", "bold")),
-        line(status), field("latency", f"{F.num(latest.get('relay/latency_ms'), 1)} ms"),
-        field("replayed", f"{F.integer(latest.get('relay/replayed'))} ({int(replayed_total)} total)"),
+        line(("relay ", "dim"), (fmt.text(address) if address else "none", "bold")),
+        line(status), field("latency", f"{fmt.num(latest.get('relay/latency_ms'), 1)} ms"),
+        field("replayed", f"{fmt.integer(latest.get('relay/replayed'))} since the node started"),  # cumulative
         BREAK,
-        field("intake this round: groups", F.integer(latest.get("peers/groups_received"))),
-        field("samples used", F.integer(latest.get("peers/samples_used"))),
-        field("rejected", F.integer(latest.get("peers/rejected"))),
-        field("stale", F.integer(latest.get("peers/stale"))),
+        field("intake this round: groups", fmt.integer(latest.get("peers/groups_received"))),
+        field("samples used", fmt.integer(latest.get("peers/samples_used"))),
+        field("rejected", fmt.integer(latest.get("peers/rejected"))),
+        field("stale", fmt.integer(latest.get("peers/stale"))),
     ]
 
 
@@ -267,16 +266,16 @@ class PeersTable(DataTable):
 
     @staticmethod
     def cells(node: str, peer: dict, now: float | None) -> dict[str, Text]:
-        seen = F.as_number(peer.get("last_seen"))
+        seen = fmt.as_number(peer.get("last_seen"))
         values = {
-            "node": F.text(node, 24), "model": F.text(peer.get("model"), 28),
-            "tokenizer": F.text(peer.get("tokenizer"), 16),
-            "last_seen": F.age(now - seen) if now is not None and seen is not None else F.MISSING,
-            "sent": F.integer(peer.get("sent")), "accepted": F.integer(peer.get("accepted")),
-            "rejected": F.integer(peer.get("rejected")),
-            "acceptance_rate": F.pct(peer.get("acceptance_rate")),
-            "kl_mean": F.num(peer.get("kl_mean"), 4),
-            "quarantined": F.yes_no(peer.get("quarantined")),
+            "node": fmt.text(node, 24), "model": fmt.text(peer.get("model"), 28),
+            "tokenizer": fmt.text(peer.get("tokenizer"), 16),
+            "last_seen": fmt.age(now - seen) if now is not None and seen is not None else fmt.MISSING,
+            "sent": fmt.integer(peer.get("sent")), "accepted": fmt.integer(peer.get("accepted")),
+            "rejected": fmt.integer(peer.get("rejected")),
+            "acceptance_rate": fmt.pct(peer.get("acceptance_rate")),
+            "kl_mean": fmt.num(peer.get("kl_mean"), 4),
+            "quarantined": fmt.yes_no(peer.get("quarantined")),
         }
         quarantined = peer.get("quarantined") is True
         right = {"sent", "accepted", "rejected", "acceptance_rate", "kl_mean", "last_seen"}
@@ -309,13 +308,20 @@ def peer_detail(node: str | None, peer: dict | None) -> list[Content]:
         return [Content.styled("no peers yet", "dim")]
     reasons = peer.get("rejected_by_reason")
     if isinstance(reasons, dict) and reasons:
-        why = ", ".join(f"{F.text(k, 24)} {F.integer(v)}" for k, v in reasons.items())
+        why = ", ".join(f"{fmt.text(k, 24)} {fmt.integer(v)}" for k, v in reasons.items())
     else:
         why = "none"
-    return [Content.styled(F.text(node, 24), "bold"), field("rejected:", why),
-            field("timeouts", F.integer(peer.get("grader_timeouts"))),
-            field("IS w", F.num(peer.get("is_weight_mean"))),
-            field("filtered", F.pct(peer.get("filter_rate")))]
+    chunks = [Content.styled(fmt.text(node, 24), "bold"), field("rejected:", why),
+              field("timeouts", fmt.integer(peer.get("grader_timeouts"))),
+              field("IS w", fmt.num(peer.get("is_weight_mean"))),
+              field("filtered", fmt.pct(peer.get("filter_rate")))]
+    # why intake stopped trusting it (intake.PeerBook), and a model / tokenizer swap mid-run
+    if peer.get("quarantined") is True:
+        chunks.append(line(("quarantined: ", "bold " + RED), fmt.text(peer.get("quarantine_reason") or "yes", 80)))
+    if fmt.as_number(peer.get("fingerprint_changes")):
+        chunks.append(field(f"fingerprint changed {fmt.integer(peer.get('fingerprint_changes'))}x:",
+                            fmt.text(peer.get("fingerprint_change"), 80)))
+    return chunks
 
 
 HELP = [

@@ -1,0 +1,48 @@
+"""Write the generated docs: docs/metrics.md, docs/trl.md and the README's config table.
+
+    python docs/make_docs.py          # rewrite them
+    python docs/make_docs.py --check  # exit 1 if any is out of date (tests/test_metrics.py checks too)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ftis_edge.config import reference_table  # noqa: E402
+from ftis_edge.metric_keys import render_metrics_doc, render_trl_doc  # noqa: E402
+
+README_START = "| key | default | meaning |"
+
+
+def readme_with_table(readme: str) -> str:
+    """The README with its config table (from `| key | default | meaning |` to the next blank line) regenerated."""
+    head, sep, rest = readme.partition(README_START)
+    if not sep:
+        raise SystemExit("README.md: config table header not found")
+    _, blank, tail = rest.partition("\n\n")
+    return head + reference_table() + blank + tail
+
+
+def generated() -> dict[Path, str]:
+    return {ROOT / "docs" / "metrics.md": render_metrics_doc(),
+            ROOT / "docs" / "trl.md": render_trl_doc(),
+            ROOT / "README.md": readme_with_table((ROOT / "README.md").read_text(encoding="utf-8"))}
+
+
+def main(argv: list[str]) -> int:
+    stale = [p for p, text in generated().items() if not p.exists() or p.read_text(encoding="utf-8") != text]
+    if "--check" in argv:
+        for p in stale:
+            print(f"{p.relative_to(ROOT)} is out of date: run python docs/make_docs.py")
+        return 1 if stale else 0
+    for p, text in generated().items():
+        p.write_text(text, encoding="utf-8")
+    print("wrote " + ", ".join(str(p.relative_to(ROOT)) for p in generated()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

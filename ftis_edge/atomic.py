@@ -1,0 +1,86 @@
+"""Write-temp-then-rename, the one way this package publishes a file or a directory.
+
+A reader (the dashboard, another node sharing ~/.cache/ftis-edge) sees the old version or the
+new one, never half of one; after a SIGKILL only a hidden ``.NAME.*.tmp`` is left behind.
+The temporary sits beside the target (same file system, so the rename is atomic).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def _fsync(path: Path) -> None:
+    if os.name == "nt" and path.is_dir():
+        return            # Windows cannot open a directory to fsync it (nor needs to)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str | os.PathLike, write: Callable[[Path], object], *, durable: bool = False) -> Path:
+    """``write(tmp)`` writes a temporary file, which then replaces ``path``.
+
+    durable: fsync the file and its directory (a checkpoint must survive a power cut)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        if durable:
+            _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync(path.parent)
+    return path
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, *, durable: bool = False) -> Path:
+    return write_file(path, lambda tmp: tmp.write_bytes(data), durable=durable)
+
+
+def write_text(path: str | os.PathLike, text: str, *, durable: bool = False) -> Path:
+    return write_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), durable=durable)
+
+
+def write_dir(path: str | os.PathLike, write: Callable[[Path], object], *, keep_existing: bool = False,
+              durable: bool = False) -> Path:
+    """``write(tmp)`` fills a fresh temporary directory, which then becomes ``path``.
+
+    keep_existing: when ``path`` already exists (another process won the race to build the same
+    cache entry) theirs is kept and ours discarded; otherwise ``path`` is replaced.
+    durable: fsync every file, then the parent directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        write(tmp)
+        if durable:
+            for f in tmp.rglob("*"):
+                if f.is_file():
+                    _fsync(f)
+        if path.exists() and not keep_existing:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        try:
+            os.replace(tmp, path)        # onto an empty directory it succeeds, onto a full one it fails
+        except OSError:
+            if keep_existing and path.is_dir() and any(path.iterdir()):
+                shutil.rmtree(tmp, ignore_errors=True)
+                return path
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if durable:
+        _fsync(path.parent)
+    return path

@@ -1,0 +1,604 @@
+"""A relay client that moves raw rollout messages: acked publishing, deduplicated receiving,
+heartbeats, recovery from a relay restart, back-off on `busy` / `rate_limited`, and a health
+state that says when the relay is unreachable or refuses us (docs/relay.md).
+
+It depends on `relay.protocol` only, so federation bridges and load tools run it without the
+node. The node's `ftis_edge.swarm.SwarmClient` adds the codec on top.
+
+All network I/O happens on one background thread that owns the ZeroMQ socket; callers only
+touch thread-safe queues, so a training loop never blocks on the network.
+
+Delivery guarantee across a relay restart: the relay has an epoch (a random id per run).
+The client keeps every acknowledged rollout for `keep_acked_s`; when it sees a new epoch it
+says HELLO again, re-subscribes from the start of the new relay's buffer and re-publishes
+what it kept. Receivers drop duplicates by rollout id, so each accepted rollout is
+delivered exactly once while publisher and subscriber stay up.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import orjson
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from relay import protocol as P
+from relay.keys import ClientKeys
+from relay.waker import Waker
+
+log = logging.getLogger(__name__)       # relay.client: a node routes it into node.log (ftis_edge.logs)
+
+CONNECTING, CONNECTED, UNREACHABLE, REFUSED = "connecting", "connected", "unreachable", "refused"
+_MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                   | zmq.EVENT_DISCONNECTED)
+
+
+@dataclass
+class Delivery:
+    """One raw rollout message that arrived from a peer through the relay."""
+
+    sender: str                 # node id as attested by the relay
+    rollout_id: str
+    payload: bytes
+    seq: int = 0
+    topic: str = ""
+    received_at: float = field(default_factory=time.time)
+    attrs_json: bytes = b""
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload)
+
+    @property
+    def attrs(self) -> dict:
+        """{task, tok, via: [relay epochs it crossed]} as the publisher and relays tagged it."""
+        try:
+            a = orjson.loads(self.attrs_json) if self.attrs_json else {}
+        except orjson.JSONDecodeError:
+            a = {}
+        return a if isinstance(a, dict) else {}
+
+
+@dataclass
+class _Outgoing:
+    rollout_id: bytes
+    payload: bytes
+    attrs: bytes = b""          # PUB's optional 4th frame: JSON {origin, task, tok}
+    attempts: int = 0
+    last_sent: float = 0.0
+    not_before: float = 0.0     # busy / rate-limit back-off
+
+
+class RelayClient:
+    """Publish raw rollout messages to a relay topic and receive the other nodes' messages.
+
+    budget_k > 0 asks the relay for at most budget_k rollouts per budget_window_s, chosen
+    fairly across publishers among fresh ones; 0 asks for everything. `filters` (e.g.
+    {"task": ["gsm8k"]}) limits deliveries to rollouts published with matching attributes.
+    """
+
+    def __init__(self, address: str, *, swarm: str, node_id: str, keys: ClientKeys | None = None,
+                 ack_timeout_s: float = 2.0, heartbeat_s: float = 1.0, dead_after_s: float = 4.0,
+                 keep_acked_s: float = 300.0, keep_acked_max: int = 4096,
+                 inbox_max: int = 10_000, dedup_max: int = 200_000,
+                 max_message_bytes: int = P.MAX_ROLLOUT_BYTES, subscribe: bool = True,
+                 budget_k: int = 0, budget_window_s: float = 10.0, filters: dict | None = None,
+                 warn_every_s: float = 30.0):
+        if not swarm or len(swarm.encode()) > P.MAX_TOPIC_LEN:
+            raise ValueError(f"swarm name must be 1..{P.MAX_TOPIC_LEN} bytes")
+        if not node_id or len(node_id.encode()) > P.MAX_NODE_ID_LEN:
+            raise ValueError(f"node_id must be 1..{P.MAX_NODE_ID_LEN} bytes")
+        if budget_k < 0 or budget_window_s <= 0:
+            raise ValueError("budget_k must be >= 0 (0 = everything) and budget_window_s > 0")
+        self.address, self.swarm, self.node_id = address, swarm, node_id
+        self.keys = keys
+        self.ack_timeout_s, self.heartbeat_s, self.dead_after_s = ack_timeout_s, heartbeat_s, dead_after_s
+        self.keep_acked_s, self.keep_acked_max = keep_acked_s, keep_acked_max
+        self.max_message_bytes = max_message_bytes
+        self.subscribe = subscribe                      # False: publish only
+        self.budget_k, self.budget_window_s = budget_k, budget_window_s
+        self.filters = {k: sorted(v) for k, v in (filters or {}).items() if v}
+        self.warn_every_s = warn_every_s
+        self._topic = swarm.encode()
+        self._outbox: queue.SimpleQueue[_Outgoing] = queue.SimpleQueue()
+        self._inbox: collections.deque = collections.deque(maxlen=inbox_max)
+        self._inbox_cv = threading.Condition()
+        self._lock = threading.Lock()                  # guards counters, peers and health below
+        self._pending: dict[bytes, _Outgoing] = {}     # I/O thread only
+        self._next_retry = 0.0                         # earliest time a pending rollout is due
+        self._busy_until = 0.0                         # the relay said `busy`: send nothing before
+        self._resubscribe = False                      # set_budget() asked for a new SUB
+        self._node_b = node_id.encode()
+        self._epoch_b = b""                            # the relay's epoch as bytes (DELIVER carries it)
+        self._burst = collections.Counter()            # I/O thread: one recv burst's counters ...
+        self._burst_senders = collections.Counter()
+        self._burst_items: list = []                   # ... and items, published by _flush()
+        self._burst_t = 0.0
+        self._acked: collections.OrderedDict[bytes, tuple[float, bytes, bytes]] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._dedup_max = dedup_max
+        self._stats = collections.Counter()
+        self._nacked = collections.Counter()
+        self._peers: dict[str, dict] = {}
+        self._epoch: str | None = None
+        self._last_seq = 0
+        self._replay_until = 0
+        self._connected = False
+        self._health = {"state": CONNECTING, "reason": "", "since": time.time()}
+        self._last_warned = 0.0
+        self._latency_ms: float | None = None
+        self._last_heard = 0.0
+        self._started_at = 0.0
+        self._stop = threading.Event()
+        # publish() writes a byte here so the I/O thread wakes at once instead of finishing
+        # its poll timeout (a pipe or, on Windows, a socket pair: safe from any thread; zmq
+        # sockets are not).
+        self._waker = Waker()
+        self._thread: threading.Thread | None = None
+        self._ctx: zmq.Context | None = None
+        self._n_pending = 0
+
+    # -------------------------------------------------------------- public API
+    def start(self):
+        """Connect and start the background I/O thread (returns self)."""
+        if self._thread is None:
+            self._ctx = zmq.Context()
+            self._started_at = time.monotonic()
+            self._thread = threading.Thread(target=self._run, name=f"swarm-{self.node_id}", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the I/O thread and close the socket (unacked rollouts are abandoned)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        self._waker.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def publish_bytes(self, payload: bytes, origin: str | None = None, *,
+                      task: str | None = None, tok: str | None = None, via: list | None = None) -> None:
+        """Queue an encoded rollout; it is sent and retried in the background until ACKed.
+
+        `task` / `tok` tag it for subscribers' filters. `origin` (federation bridges only)
+        names the node that sent it first; the relay accepts it only from trusted bridges."""
+        if self._waker.closed:
+            raise RuntimeError("client is closed")
+        rollout_id = P.peek_rollout(payload, self.max_message_bytes).rollout_id
+        attrs = {k: v for k, v in (("origin", origin), ("task", task), ("tok", tok), ("via", via)) if v}
+        with self._lock:
+            self._n_pending += 1
+            self._stats["published"] += 1
+        self._outbox.put(_Outgoing(rollout_id.encode(), payload, orjson.dumps(attrs) if attrs else b""))
+        self._waker.wake()
+
+    def poll(self, max_items: int | None = None, timeout_s: float = 0.0) -> list:
+        """Messages received since the last call (waits up to timeout_s for the first one)."""
+        with self._inbox_cv:
+            if not self._inbox and timeout_s > 0:
+                self._inbox_cv.wait(timeout_s)
+            out = []
+            while self._inbox and (max_items is None or len(out) < max_items):
+                out.append(self._inbox.popleft())
+            return out
+
+    def set_budget(self, budget_k: int, budget_window_s: float | None = None) -> None:
+        """Change the delivery budget (0 = everything), e.g. to the measured round time; the
+        I/O thread sends the relay a new SUB."""
+        if budget_k < 0 or (budget_window_s is not None and budget_window_s <= 0):
+            raise ValueError("budget_k must be >= 0 and budget_window_s > 0")
+        self.budget_k = budget_k
+        if budget_window_s is not None:
+            self.budget_window_s = budget_window_s
+        self._resubscribe = True
+        if not self._waker.closed:
+            self._waker.wake()
+
+    def pending(self) -> int:
+        """Published and not yet acknowledged (nor refused for good)."""
+        with self._lock:
+            return self._n_pending
+
+    def health(self) -> dict:
+        """{"state": connecting | connected | unreachable | refused, "reason": one line,
+        "since": unix time the state began, "relay": address}."""
+        with self._lock:
+            return {**self._health, "relay": self.address}
+
+    def stats(self) -> dict:
+        """Connection state, relay epoch, heartbeat latency and counters (see docs/relay.md)."""
+        with self._lock:
+            return {
+                "connected": self._connected, "relay_epoch": self._epoch,
+                "latency_ms": self._latency_ms, "pending": self._n_pending,
+                "health": self._health["state"],
+                **{k: self._stats.get(k, 0) for k in (
+                    "published", "acked", "sent", "resent", "republished", "received",
+                    "duplicates", "replayed", "decode_errors", "gaps", "bytes_out", "bytes_in",
+                    "relay_restarts", "inbox_dropped")},
+                "nacked": dict(self._nacked),
+            }
+
+    def peers(self) -> list[dict]:
+        """Nodes seen in the relay's peer list (all its clients) or through their rollouts,
+        with last_seen (unix s) and the number of rollouts received from each."""
+        with self._lock:
+            return [dict(node_id=k, **v) for k, v in sorted(self._peers.items())]
+
+    # -------------------------------------------------------------- what a delivery becomes
+    def _make_item(self, sender: str, rid: bytes, payload: bytes, seq: int, topic: bytes, now: float,
+                   attrs: bytes):
+        """Turn an accepted delivery into an inbox item; subclasses decode here (I/O thread).
+        Returns (item, error_or_None)."""
+        return Delivery(sender, rid.decode(errors="replace"), payload, seq,
+                        topic.decode(errors="replace"), now, attrs), None
+
+    @property
+    def relay_epoch(self) -> str | None:
+        return self._epoch
+
+    # -------------------------------------------------------------- health
+    def _set_health(self, state: str, reason: str = "") -> None:
+        with self._lock:
+            h = self._health
+            if h["state"] == state and h["reason"] == reason:
+                return
+            self._health = {"state": state, "reason": reason, "since": time.time()}
+            self._connected = state == CONNECTED
+        if state == CONNECTED:
+            log.info("connected to relay %s as %s", self.address, self.node_id)
+        elif state in (UNREACHABLE, REFUSED):
+            self._last_warned = time.monotonic()
+            log.warning("relay %s %s: %s", self.address, state, reason)
+
+    def _warn_while_down(self, now: float) -> None:
+        h = self._health
+        if h["state"] in (UNREACHABLE, REFUSED) and now - self._last_warned >= self.warn_every_s:
+            self._last_warned = now
+            log.warning("relay %s still %s for %.0f s: %s (training alone meanwhile)",
+                        self.address, h["state"], time.time() - h["since"], h["reason"])
+
+    def _on_monitor(self, mon: zmq.Socket) -> None:
+        while True:
+            try:
+                ev = recv_monitor_message(mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = ev["event"]
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._set_health(REFUSED, f"the relay refused this node's key (ZAP status {ev['value']}); "
+                                          "ask the operator to add its NAME.key to the relay's --allow dir")
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL or (
+                    kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self._health["state"] != CONNECTED):
+                self._set_health(REFUSED, "handshake failed: the relay needs CURVE keys (swarm.client_keys, "
+                                          "swarm.server_key)" if self.keys is None else
+                                 "CURVE handshake failed: wrong swarm.server_key, or the relay runs without CURVE")
+            elif kind == zmq.EVENT_DISCONNECTED and self._health["state"] == CONNECTED:
+                self._set_health(UNREACHABLE, "connection lost; reconnecting")
+
+    # -------------------------------------------------------------- I/O thread
+    def _socket(self) -> zmq.Socket:
+        s = self._ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVHWM, 10_000)
+        s.setsockopt(zmq.SNDHWM, 10_000)
+        s.setsockopt(zmq.RECONNECT_IVL, 100)
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        s.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + P.FRAME_SLACK)
+        if self.keys is not None:
+            self.keys.apply(s)
+        s.connect(self.address)
+        return s
+
+    def _run(self) -> None:
+        sock = self._socket()
+        mon = sock.get_monitor_socket(_MONITOR_EVENTS)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(mon, zmq.POLLIN)
+        poller.register(self._waker.fileno(), zmq.POLLIN)
+        try:
+            self._hello(sock)
+            next_ping = next_hello = 0.0
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_ping:
+                    next_ping = now + self.heartbeat_s
+                    self._send(sock, [P.PING, orjson.dumps({"t": time.time()})])
+                    self._check_silence(now)
+                    if not self._connected and (self._health["state"] != REFUSED or now >= next_hello):
+                        self._hello(sock)      # harmless if it is merely slow
+                        next_hello = now + 10.0   # a refused node asks again every 10 s only
+                    self._warn_while_down(now)
+                if self._resubscribe and self._connected:
+                    self._resubscribe = False
+                    self._subscribe(sock)
+                self._drain_outbox(sock, now)
+                if now >= self._next_retry:
+                    self._retry(sock, now)
+                events = dict(poller.poll(50))
+                if self._waker.fileno() in events:
+                    self._waker.drain()
+                if mon in events:
+                    self._on_monitor(mon)
+                if sock in events:
+                    self._burst_t = time.time()
+                    for _ in range(1000):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        try:
+                            self._on_message(sock, frames)
+                        except Exception:       # a bad frame must not kill the client
+                            log.exception("bad message from relay")
+                self._flush()
+        finally:
+            try:
+                self._send(sock, [P.BYE])
+            finally:
+                sock.disable_monitor()
+                mon.close(0)
+                sock.close(0)
+
+    def _check_silence(self, now: float) -> None:
+        state = self._health["state"]
+        heard = self._last_heard or self._started_at
+        if now - heard <= self.dead_after_s:
+            return
+        if state == CONNECTED:
+            self._set_health(UNREACHABLE, f"relay silent for {now - heard:.1f} s")
+        elif state == CONNECTING:
+            self._set_health(UNREACHABLE, f"no answer from the relay for {now - heard:.0f} s "
+                                          "(is it running, and is the address right?)")
+
+    def _send(self, sock: zmq.Socket, frames: list[bytes]) -> bool:
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def _hello(self, sock: zmq.Socket) -> None:
+        self._send(sock, [P.HELLO, orjson.dumps({"node_id": self.node_id, "protocol": P.RELAY_PROTOCOL})])
+
+    def _subscribe(self, sock: zmq.Socket) -> None:
+        if not self.subscribe:
+            return
+        req = {"epoch": self._epoch, "last_seq": self._last_seq}
+        if self.budget_k:
+            req["budget"] = {"k": self.budget_k, "window_s": self.budget_window_s}
+        if self.filters:
+            req["filters"] = self.filters
+        self._send(sock, [P.SUB, self._topic, orjson.dumps(req)])
+
+    def _drain_outbox(self, sock: zmq.Socket, now: float) -> None:
+        send_now = self._connected and now >= self._busy_until
+        while True:
+            try:
+                out = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            if out.rollout_id in self._pending:      # the same rollout published twice
+                with self._lock:
+                    self._n_pending -= 1
+                continue
+            self._pending[out.rollout_id] = out
+            # Once one cannot go out, the rest wait for _retry too, which sends in publish order.
+            send_now = send_now and self._transmit(sock, out, now)
+            if not send_now:
+                self._next_retry = min(self._next_retry, max(now, self._busy_until))
+
+    def _transmit(self, sock: zmq.Socket, out: _Outgoing, now: float) -> bool:
+        frames = [P.PUB, self._topic, out.payload] + ([out.attrs] if out.attrs else [])
+        if not self._send(sock, frames):
+            return False
+        out.attempts += 1
+        out.last_sent = now
+        self._burst["sent" if out.attempts == 1 else "resent"] += 1
+        self._burst["bytes_out"] += len(out.payload)
+        return True
+
+    def _retry(self, sock: zmq.Socket, now: float) -> None:
+        """(Re)send what is due; remember when the next pending rollout falls due so the
+        loop does not scan the whole pending set on every turn."""
+        if not self._connected:
+            self._next_retry = now + 0.05
+            return
+        if now < self._busy_until:
+            self._next_retry = self._busy_until
+            return
+        nxt = now + self.ack_timeout_s
+        for out in list(self._pending.values()):
+            due = max(out.not_before, out.last_sent + self.ack_timeout_s) if out.attempts else out.not_before
+            if now >= due:
+                if not self._transmit(sock, out, now):
+                    nxt = now + 0.01                  # our own pipe is full: try again soon
+                    break
+                due = now + self.ack_timeout_s
+            nxt = min(nxt, due)
+        self._next_retry = nxt
+
+    def _on_message(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+        now = time.monotonic()
+        self._last_heard = now
+        kind = frames[0]
+        if kind == P.DELIVER and len(frames) == 2:
+            self._on_deliver(frames)
+        elif kind == P.ACK and len(frames) == 4:
+            out = self._pending.pop(frames[1], None)
+            if out is not None:
+                self._acked[frames[1]] = (now, out.payload, out.attrs)
+                self._trim_acked(now)
+                self._burst["acked"] += 1             # _flush also lowers the pending count
+        elif kind == P.NACK and len(frames) in (3, 4):
+            detail = {}
+            if len(frames) == 4:
+                try:
+                    detail = orjson.loads(frames[3])
+                except orjson.JSONDecodeError:
+                    pass
+            self._on_nack(sock, frames[1], frames[2].decode(errors="replace"),
+                          detail if isinstance(detail, dict) else {}, now)
+        elif kind == P.PONG and len(frames) == 2:
+            obj = orjson.loads(frames[1])
+            if isinstance(obj.get("t"), (int, float)):
+                with self._lock:
+                    self._latency_ms = round((time.time() - obj["t"]) * 1000, 3)
+            if self._check_epoch(sock, obj.get("epoch")) or not obj.get("known"):
+                if self._health["state"] != REFUSED:
+                    self._hello(sock)          # a relay that does not know us yet
+            for node in obj.get("peers") or []:
+                if isinstance(node, str) and node != self.node_id:
+                    self._touch_peer(node)
+        elif kind == P.WELCOME and len(frames) == 2:
+            obj = orjson.loads(frames[1])
+            self._check_epoch(sock, obj.get("epoch"))
+            self._set_health(CONNECTED)
+            self._subscribe(sock)
+            self._retry(sock, now)
+        elif kind == P.SUBOK and len(frames) == 3:
+            obj = orjson.loads(frames[2])
+            if obj.get("epoch") == self._epoch and isinstance(obj.get("next_seq"), int):
+                self._replay_until = obj["next_seq"] - 1   # deliveries up to here were buffered
+
+    def _check_epoch(self, sock: zmq.Socket, epoch) -> bool:
+        """Adopt the relay's epoch; True when it changed (the caller registers again)."""
+        if not isinstance(epoch, str) or epoch == self._epoch:
+            return False
+        restarted = self._epoch is not None
+        self._epoch = epoch
+        self._epoch_b = epoch.encode()
+        self._last_seq = 0
+        if restarted:
+            # A new relay instance: it knows nothing of us. Register again and re-publish
+            # what the old one acknowledged (receivers drop the copies they already have).
+            log.warning("relay restarted (epoch %s): re-publishing %d acked rollouts", epoch, len(self._acked))
+            with self._lock:
+                self._stats["relay_restarts"] += 1
+                self._connected = False
+            now = time.monotonic()
+            self._trim_acked(now)
+            for rid, (_, payload, attrs) in self._acked.items():
+                if rid not in self._pending:
+                    self._pending[rid] = _Outgoing(rid, payload, attrs)
+                    with self._lock:
+                        self._n_pending += 1
+                        self._stats["republished"] += 1
+            self._acked.clear()
+            self._next_retry = now
+        return True
+
+    def _trim_acked(self, now: float) -> None:
+        while self._acked and (len(self._acked) > self.keep_acked_max or
+                               now - next(iter(self._acked.values()))[0] > self.keep_acked_s):
+            self._acked.popitem(last=False)
+
+    def _on_nack(self, sock: zmq.Socket, rid: bytes, reason: str, detail: dict, now: float) -> None:
+        if reason == P.HELLO_FIRST:
+            # The relay does not know us (it restarted, or forgot us): register again; the
+            # rollout stays pending and is re-sent after the WELCOME.
+            with self._lock:
+                self._connected = False
+            self._hello(sock)
+            return
+        with self._lock:
+            self._nacked[reason] += 1
+        if not rid and reason in P.REFUSED_AT_HELLO:
+            self._set_health(REFUSED, f"the relay refused HELLO as {self.node_id!r}: {reason}"
+                                      + (f" ({detail['detail']})" if detail.get("detail") else ""))
+            return
+        out = self._pending.get(rid)
+        if out is None:
+            return
+        if reason in P.RETRY_LATER:
+            wait = detail.get("retry_after_s")
+            if not isinstance(wait, (int, float)) or not 0 < wait <= 60:
+                wait = min(0.2 * 2 ** min(out.attempts, 5), 5.0)
+            # jitter so that publishers told to wait together do not come back together
+            out.not_before = now + wait * random.uniform(1.0, 1.5)
+            out.last_sent = 0.0
+            out.attempts = max(out.attempts, 1)
+            if reason == "busy":          # the whole relay is behind, not just this rollout
+                self._busy_until = max(self._busy_until, now + wait)
+            self._next_retry = min(self._next_retry, out.not_before)
+            return
+        del self._pending[rid]        # refused for good: counted, not retried
+        with self._lock:
+            self._n_pending -= 1
+
+    def _on_deliver(self, frames: list[bytes]) -> None:
+        """Dedup and convert one delivery; counters and the inbox are updated once per burst
+        of messages (_flush): per-delivery locking and wake-ups dominated the client's cost."""
+        try:
+            seq, topic, epoch, sender_b, rid, attrs, payload = P.unpack_deliver(frames[1])
+        except ValueError:
+            return
+        b = self._burst
+        b["bytes_in"] += len(payload)
+        if epoch == self._epoch_b:
+            if self._last_seq and seq > self._last_seq + 1 and not self.budget_k:
+                b["gaps"] += seq - self._last_seq - 1
+            if seq > self._last_seq:
+                self._last_seq = seq
+        if rid in self._seen or sender_b == self._node_b:
+            b["duplicates"] += sender_b != self._node_b
+            return
+        self._seen[rid] = None
+        if len(self._seen) > self._dedup_max:
+            self._seen.popitem(last=False)
+        sender = sender_b.decode(errors="replace")
+        item, error = self._make_item(sender, rid, payload, seq, topic, self._burst_t, attrs)
+        b["received"] += 1
+        b["decode_errors"] += error is not None
+        b["replayed"] += seq <= self._replay_until
+        self._burst_senders[sender] += 1
+        self._burst_items.append(item)
+
+    def _flush(self) -> None:
+        """Publish what a burst of messages produced: counters, peers, inbox (one lock each)."""
+        if not (self._burst or self._burst_items):
+            return
+        now = self._burst_t
+        with self._lock:
+            self._n_pending -= self._burst["acked"]
+            self._stats.update(self._burst)
+            for sender, n in self._burst_senders.items():
+                p = self._peers.get(sender)
+                if p is None:
+                    p = self._peers[sender] = {"last_seen": now, "rollouts": 0}
+                p["last_seen"] = now
+                p["rollouts"] += n
+        self._burst.clear()
+        self._burst_senders.clear()
+        if self._burst_items:
+            with self._inbox_cv:
+                room = self._inbox.maxlen - len(self._inbox)
+                dropped = max(0, len(self._burst_items) - room)   # the node is not polling: oldest go
+                self._inbox.extend(self._burst_items)
+                self._inbox_cv.notify_all()
+            if dropped:
+                with self._lock:
+                    self._stats["inbox_dropped"] += dropped
+            self._burst_items = []
+
+    def _touch_peer(self, node: str) -> None:
+        with self._lock:
+            p = self._peers.setdefault(node, {"last_seen": 0.0, "rollouts": 0})
+            p["last_seen"] = time.time()

@@ -1,0 +1,45 @@
+"""Write-temp-then-rename (ftis_edge.atomic): the old version or the new one, never half."""
+from __future__ import annotations
+
+import pytest
+
+from ftis_edge import atomic, checkpoint
+
+
+def leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_write_file_replaces_and_a_failed_write_keeps_the_old_file(tmp_path):
+    path = tmp_path / "sub" / "a.json"
+    atomic.write_text(path, "old")
+    atomic.write_bytes(path, b"new", durable=True)
+    assert path.read_bytes() == b"new"
+
+    def half_then_crash(tmp):
+        tmp.write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic.write_file(path, half_then_crash)
+    assert path.read_text() == "new" and leftovers(path.parent) == []
+
+
+def test_write_dir_replaces_or_keeps_the_winner_of_a_race(tmp_path):
+    target = tmp_path / "cache-entry"
+    atomic.write_dir(target, lambda d: (d / "x").write_text("1"))
+    atomic.write_dir(target, lambda d: (d / "y").write_text("2"), durable=True)
+    assert sorted(p.name for p in target.iterdir()) == ["y"]           # replaced
+    atomic.write_dir(target, lambda d: (d / "z").write_text("3"), keep_existing=True)
+    assert sorted(p.name for p in target.iterdir()) == ["y"]           # the existing one won
+    with pytest.raises(ValueError):
+        atomic.write_dir(tmp_path / "other", lambda d: (_ for _ in ()).throw(ValueError("bad")))
+    assert not (tmp_path / "other").exists() and leftovers(tmp_path) == []
+
+
+def test_checkpoints_keep_the_last_two_complete_rounds(tmp_path):
+    for r in (1, 2, 3):
+        checkpoint.save(tmp_path, r, {"round": r})
+    assert checkpoint.complete(tmp_path) == [2, 3]
+    assert checkpoint.load_latest(tmp_path) == {"round": 3}
+    assert leftovers(tmp_path / "checkpoints") == []

@@ -1,0 +1,123 @@
+"""Checkpoints and the run directory between runs: verified loads, fallback to an older
+checkpoint, one-line failures, fresh starts that inherit nothing (real files, real torch.save)."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from ftis_edge import checkpoint, rundir
+from ftis_edge.checkpoint import CheckpointError
+from ftis_edge.errors import FtisError
+
+
+def _state(round_: int) -> dict:
+    return {"round": round_, "learner": {"w": torch.full((64, 64), float(round_))}, "rng": {"python": None}}
+
+
+def _save(run, *rounds):
+    for r in rounds:
+        checkpoint.save(run, r, _state(r))
+
+
+def test_save_writes_a_manifest_and_keeps_the_newest_two(tmp_path):
+    _save(tmp_path, 1, 2, 3)
+    assert checkpoint.complete(tmp_path) == [2, 3]
+    manifest = json.loads((tmp_path / "checkpoints" / "round-000003" / "manifest.json").read_text())
+    assert manifest["round"] == 3
+    assert manifest["bytes"] == (tmp_path / "checkpoints" / "round-000003" / "state.pt").stat().st_size
+    state = checkpoint.load_latest(tmp_path)
+    assert state["round"] == 3 and torch.equal(state["learner"]["w"], torch.full((64, 64), 3.0))
+
+
+def test_no_checkpoint_at_all_is_none(tmp_path):
+    assert checkpoint.load_latest(tmp_path) is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "flip", "no-manifest-truncated"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_older_one_with_a_warning(tmp_path, caplog, damage):
+    _save(tmp_path, 4, 5)
+    newest = tmp_path / "checkpoints" / "round-000005"
+    data = (newest / "state.pt").read_bytes()
+    if damage == "truncate":
+        (newest / "state.pt").write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        (newest / "state.pt").write_bytes(b"")
+    elif damage == "flip":                   # same size, one byte changed: only the checksum sees it
+        i = len(data) // 2
+        (newest / "state.pt").write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:])
+    else:                                    # a checkpoint from before manifests: the load test sees it
+        (newest / "manifest.json").unlink()
+        (newest / "state.pt").write_bytes(data[: len(data) // 2])
+    with caplog.at_level(logging.WARNING, logger="ftis_edge.checkpoint"):
+        state = checkpoint.load_latest(tmp_path)
+    assert state["round"] == 4
+    text = caplog.text
+    assert "round-000005 is unusable" in text and "older checkpoint of round 4" in text
+
+
+def test_every_checkpoint_damaged_is_one_line_naming_each(tmp_path):
+    _save(tmp_path, 1, 2)
+    (tmp_path / "checkpoints" / "round-000002" / "state.pt").write_bytes(b"")
+    p1 = tmp_path / "checkpoints" / "round-000001" / "state.pt"
+    p1.write_bytes(p1.read_bytes()[:100])
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.load_latest(tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and isinstance(e.value, FtisError)
+    assert "round-000002: state.pt is empty" in msg and "round-000001" in msg and "truncated" in msg
+
+
+def test_a_legacy_checkpoint_without_manifest_still_loads(tmp_path):
+    _save(tmp_path, 3)
+    (tmp_path / "checkpoints" / "round-000003" / "manifest.json").unlink()
+    assert checkpoint.load_latest(tmp_path)["round"] == 3
+
+
+def test_resume_without_a_checkpoint_is_an_error_unless_fresh_is_allowed(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(CheckpointError, match="stopped before its first checkpoint.*--resume-or-fresh"):
+        rundir.check_resumable(tmp_path, fresh_if_missing=False)
+    assert rundir.check_resumable(tmp_path, fresh_if_missing=True) is False
+    _save(tmp_path, 1)
+    assert rundir.check_resumable(tmp_path, fresh_if_missing=False) is True
+
+
+def test_a_fresh_start_inherits_no_checkpoints_adapters_or_metrics_and_a_resume_no_adapters(tmp_path):
+    _save(tmp_path, 7)
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter-v000009.gguf").write_bytes(b"GGUF stale")
+    for name in ("metrics.jsonl", "control.json", "node.log"):
+        (tmp_path / name).write_text("old\n")
+    rundir.prepare_resume(tmp_path)
+    assert not (tmp_path / "adapter").exists() and checkpoint.complete(tmp_path) == [7]
+    rundir.prepare_fresh(tmp_path)
+    assert checkpoint.complete(tmp_path) == []
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "control.json").exists()
+    assert (tmp_path / "node.log").read_text() == "old\n"       # diagnostics of the old run stay
+
+
+def test_stop_summary_says_where_things_are(tmp_path):
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter-v000003.gguf").write_bytes(b"GGUF")
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"type":"start"}\n{"type":"round","round":3}\n{"type":"stop","round":3,"reason":"user"}\n')
+    line = rundir.stop_summary(tmp_path, config="node.toml")
+    assert line.startswith(f"stopped after round 3 (user) — run dir {tmp_path}")
+    assert f"resume with: ftis-edge start node.toml --run-dir {tmp_path} --resume" in line
+    assert "adapter-v000003.gguf" in line and "\n" not in line
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"type":"round","round":2}\n{"type":"stop","round":2,"reason":"error","error":"model x: boom"}\n')
+    assert rundir.stop_summary(tmp_path).startswith("failed after round 2: model x: boom — traceback in")
+
+
+def test_last_error_line_reads_only_this_runs_part(tmp_path):
+    path = tmp_path / "node.stderr"
+    path.write_text("ftis-edge: error: an older run's failure\n")
+    offset = path.stat().st_size
+    assert rundir.last_error_line(path, offset) is None
+    with open(path, "a") as fh:
+        fh.write("some warning\nftis-edge: error: model 'x': not found\n")
+    assert rundir.last_error_line(path, offset) == "model 'x': not found"

@@ -1,0 +1,93 @@
+"""`ftis-edge demo --headless`: a relay and heterogeneous nodes on loopback, end to end (real
+processes, the real models); the node choice and configs without running anything."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ftis_edge import checkpoint, config, demo
+from ftis_edge.metrics import read_metrics
+from procs import ROOT
+
+
+def test_demo_nodes_are_valid_heterogeneous_configs(tmp_path):
+    paths = [demo.node_config(n, tmp_path, "tcp://127.0.0.1:5555", rounds=3, threads=1, max_wait_s=5.0)
+             for n in demo.nodes()]
+    cfgs = [config.load(p) for p in paths]
+    assert [c.node_id for c in cfgs] == ["lora-llama", "full-hf", "gemma"]
+    assert {(c.model.spec, c.model.backend, c.train.trainable) for c in cfgs} == {
+        ("smollm2-135m", "auto", "lora"), ("smollm2-135m", "hf", "full"), ("gemma3-270m", "auto", "lora")}
+    assert all(c.mode == "vertical" and c.node.rounds == 3 and c.run_path == tmp_path / c.node_id for c in cfgs)
+
+
+def test_demo_leaves_out_what_the_machine_cannot_run_and_says_why(monkeypatch):
+    monkeypatch.setattr(demo, "available_memory", lambda: 9 * demo.GB)
+    chosen, notes = demo.choose(demo.nodes(), 3)
+    assert [n.name for n in chosen] == ["lora-llama", "full-hf"]
+    assert len(notes) == 1 and "gemma left out" in notes[0] and "9.0 GB of memory free" in notes[0]
+    monkeypatch.setattr(demo, "available_memory", lambda: None)      # unknown: trust the user
+    assert len(demo.choose(demo.nodes(), 3)[0]) == 3
+    assert [n.name for n in demo.choose(demo.nodes(), 2)[0]] == ["lora-llama", "full-hf"]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(2400)
+def test_demo_headless_runs_a_swarm_end_to_end(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "demo", "--headless", "--rounds", "1",
+                        "--dir", str(tmp_path / "demo")], cwd=ROOT, capture_output=True, text=True, timeout=2300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    names = [line.split(":")[0] for line in r.stdout.splitlines() if " rounds (" in line]
+    assert len(names) >= 2 and names[:2] == ["lora-llama", "full-hf"], r.stdout
+    for name in names:
+        run = tmp_path / "demo" / name
+        records = read_metrics(run)
+        rounds = [x for x in records if x.get("type") == "round"]
+        assert len(rounds) == 1 and records[-1]["type"] == "stop" and records[-1]["reason"] == "steps"
+        assert checkpoint.complete(run) == [1]
+        others = set(names) - {name}
+        # every other node's groups reached this one and were accepted (peers/ in the record)
+        assert others <= set(rounds[0]["peers"]), (name, rounds[0]["peers"])
+        assert all(rounds[0]["peers"][o]["accepted"] >= 1 for o in others)
+    assert "watch any of them again with: ftis-edge watch" in r.stdout
+
+
+@pytest.mark.model
+@pytest.mark.timeout(3000)
+async def test_demo_dashboard_shows_the_other_node_and_q_stops_them_all(tmp_path):
+    """The demo's dashboard mode under Textual's pilot: the first node's dashboard lists the
+    other node in its Peers tab; q stops every node after its round, each with a checkpoint."""
+    import time
+
+    from ftis_edge.tui import DashboardApp
+    from ftis_edge.tui.widgets import PeersTable
+
+    chosen, _ = demo.choose(demo.nodes(), 2)
+    swarm = demo.Swarm(tmp_path / "demo", chosen, rounds=100, threads=1, max_wait_s=20.0)
+    first = chosen[0]
+    try:
+        app = DashboardApp(tmp_path / "demo" / first.name, node_process=first.proc, node_stderr=first.stderr,
+                           poll_interval=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            deadline = time.monotonic() + 2400
+            while "full-hf" not in app.state.peers:
+                assert app.failure is None, app.failure
+                assert time.monotonic() < deadline, "the other node never showed up"
+                await pilot.pause(1.0)
+            await pilot.press("5")                     # the Peers tab
+            await pilot.pause(0.5)
+            assert "full-hf" in [k.value for k in app.query_one(PeersTable).rows]
+            await pilot.press("q")
+            while app.return_code is None:
+                assert time.monotonic() < deadline + 600, "the node did not stop after q"
+                await pilot.pause(1.0)
+        assert app.return_code == 0
+        swarm.stop()                                   # what `ftis-edge demo` does after the dashboard
+    finally:
+        swarm.close()
+    assert not swarm.failed()
+    for n in chosen:
+        stop = read_metrics(tmp_path / "demo" / n.name)[-1]
+        assert stop["type"] == "stop" and stop["reason"] == "user", (n.name, stop)
+        assert checkpoint.complete(tmp_path / "demo" / n.name)[-1] == stop["round"] >= 1

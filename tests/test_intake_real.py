@@ -1,0 +1,74 @@
+"""Honest rollouts from real SmolLM2 generations pass the intake's ids-to-text check, with both
+backends: completions stopped by EOS, cut by the token limit mid-word and mid-character, and
+ones that sampled a control token mid-completion."""
+from __future__ import annotations
+
+import pytest
+
+from ftis_edge.generate.base import SamplerSettings
+from ftis_edge.intake import Intake, PeerBook, ids_decoder
+from ftis_edge.swarm import Received
+from ftis_edge.tasks import get_task
+from ftis_edge.wire import Rollout, WireCompletion, decode, encode
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from ftis_edge.models import resolve_model
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module", params=["llamacpp", "hf"])
+def generator(request, smol):
+    if request.param == "llamacpp":
+        from ftis_edge.generate.llamacpp import LlamaCppGenerator
+        return LlamaCppGenerator.from_bundle(smol, "f16", n_ctx=512, max_group=8, n_threads=2)
+    from ftis_edge.generate.hf import HFGenerator
+    return HFGenerator.from_bundle(smol, device="cpu", n_ctx=512)
+
+
+def _groups(smol, generator):
+    """(prompt ids, max_new_tokens, seed) cases chosen to hit every honest edge case."""
+    task = get_task("arith")
+    cases = []
+    for k, p in zip(range(2), task.prompts(seed=1)):
+        ids = smol.encode(smol.render_prompt(task.messages(p.question)))
+        cases += [(ids, 7, k), (ids, 48, k)]                  # cut mid-word; mostly stopped
+    japanese = [{"role": "user", "content": "Write the Japanese word for thank you, in Japanese characters."}]
+    ids = smol.encode(smol.render_prompt(japanese))
+    cases += [(ids, n, 5) for n in range(1, 9)]               # cut inside a multi-byte character
+    closed = smol.tokenizer().apply_chat_template(japanese + [{"role": "assistant", "content": "ありがとう"}],
+                                                  tokenize=False)
+    ids = smol.encode(closed)                                 # the model tends to open a new turn
+    cases += [(ids, 6, s) for s in range(3)]                  # ... with <|im_start|>, not a stop token
+    for ids, n, seed in cases:
+        yield generator.generate(ids, 8, SamplerSettings(temperature=1.0, max_new_tokens=n, seed=seed))
+
+
+def test_honest_generations_pass_the_ids_to_text_check(smol, generator):
+    task = get_task("arith")
+    tok = smol.tokenizer()
+    intake = Intake(task=task, swarm="s", my_node_id="me", my_tokenizer_fp=smol.tokenizer_fingerprint,
+                    vocab_size=smol.vocab_size, book=PeerBook(), decode=ids_decoder(tok),
+                    stop_ids=smol.eos_token_ids)
+    prompt = next(task.prompts(seed=3))
+    control = set(tok.all_special_ids) - set(smol.eos_token_ids)
+    seen = {"stop": 0, "length": 0, "cut_character": 0, "control_token": 0}
+    n_groups = 0
+    for comps in _groups(smol, generator):
+        wire = [WireCompletion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text, reward=0.0,
+                               finish_reason=c.finish_reason) for c in comps]
+        for c in comps:
+            seen[c.finish_reason] += 1
+            seen["cut_character"] += c.text.endswith("\ufffd")
+            seen["control_token"] += any(t in control for t in c.token_ids)
+        r = Rollout(node_id="peer", swarm="s", task="arith", prompt_id=prompt.id, completions=wire,
+                    vocab_size=smol.vocab_size, model_fp=smol.fingerprint,
+                    tokenizer_fp=smol.tokenizer_fingerprint, temperature=1.0)
+        intake.receive([Received(rollout=decode(encode(r)), sender="peer", nbytes=1)], current_round=1)
+        n_groups += 1
+    book = intake.book.snapshot()["peer"]
+    assert book["rejected_by_reason"] == {} and book["accepted"] == n_groups, book
+    assert all(seen.values()), seen                           # every edge case was really exercised

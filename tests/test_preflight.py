@@ -1,0 +1,91 @@
+"""Start-up cross-checks: config vs the real model's metadata and tokenizer, one line each,
+before any weights load."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ftis_edge import preflight
+from ftis_edge.config import ConfigError, from_dict
+from ftis_edge.models import resolve_model
+from ftis_edge.tasks import get_task
+from procs import ROOT
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def arith():
+    return get_task("arith")
+
+
+def test_the_default_node_passes(smol, arith):
+    preflight.check(from_dict({}), smol, arith)
+
+
+def test_max_completion_length_beyond_the_llamacpp_context_names_the_key_and_the_room_left(smol, arith):
+    cfg = from_dict({"task": {"max_completion_length": 4000}})
+    with pytest.raises(ConfigError) as e:
+        preflight.check(cfg, smol, arith)
+    msg = str(e.value)
+    assert msg.startswith("task.max_completion_length: 4000 new tokens after a ")
+    assert f"the llama.cpp context of {preflight.llamacpp_context()} tokens" in msg and "use at most" in msg
+    room = int(msg.split("use at most ")[1].split()[0])
+    preflight.check(from_dict({"task": {"max_completion_length": room}}), smol, arith)     # exactly fits
+    # the HF backend is bounded by the model's trained context (8192 for SmolLM2) instead
+    preflight.check(from_dict({"task": {"max_completion_length": 4000}, "model": {"backend": "hf"}}), smol, arith)
+
+
+def test_lora_targets_the_gguf_writer_does_not_know(smol, arith):
+    cfg = from_dict({"train": {"lora_targets": ["q_proj", "qkv_proj"]}})
+    with pytest.raises(ConfigError, match=r"^train.lora_targets: 'qkv_proj' cannot be written as a llama.cpp"):
+        preflight.check(cfg, smol, arith)
+    cfg = from_dict({"train": {"lora_targets": ["query"]}, "model": {"backend": "hf"}})
+    with pytest.raises(ConfigError, match=r"^train.lora_targets: llama has no 'query' layer"):
+        preflight.check(cfg, smol, arith)
+    # full fine-tuning has no targets to check
+    preflight.check(from_dict({"train": {"lora_targets": ["query"], "trainable": "full"}}), smol, arith)
+
+
+def test_an_hf_only_model_on_the_llamacpp_backend(smol, arith):
+    hf = resolve_model(str(smol.hf_dir()))
+    with pytest.raises(ConfigError, match=r'^model.backend: .* is an HF model without a GGUF file.*"hf"'):
+        preflight.check(from_dict({"model": {"spec": str(smol.hf_dir())}}), hf, arith)
+    preflight.check(from_dict({"model": {"spec": str(smol.hf_dir()), "backend": "hf"}}), hf, arith)
+
+
+def test_a_bad_hub_id_and_a_bad_setting_fail_the_cli_in_one_line(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    path = tmp_path / "node.toml"
+    path.write_text(f'[node]\nrun_dir = "{tmp_path}/run"\n[model]\nspec = "nobody-xyz/no-such-model"\n')
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(path), "--headless"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("ftis-edge: error: model 'nobody-xyz/no-such-model': not in the local HF cache")
+    path.write_text(f'[node]\nrun_dir = "{tmp_path}/run2"\n[task]\nmax_completion_length = 30000\n')
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(path), "--headless"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("ftis-edge: error: task.max_completion_length: 30000 new tokens")
+
+
+def test_auto_engines_on_this_machine():
+    from ftis_edge import devices
+    import torch
+    device = devices.pick_device("auto")
+    assert device == ("cuda" if torch.cuda.is_available() else "cpu") or device == "mps"
+    # a GPU learner with a CPU-only llama.cpp generates with HF, and says why in one line
+    if not devices.llamacpp_has_gpu():
+        backend, why = devices.pick_backend("auto", "cuda")
+        assert backend == "hf" and "CPU-only" in why and "\n" not in why
+    assert devices.pick_backend("auto", "cpu") == ("llamacpp", None)
+    assert devices.pick_backend("hf", "cpu") == ("hf", None)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="^model.device: cuda, but torch sees no CUDA GPU"):
+            devices.pick_device("cuda")

@@ -1,0 +1,124 @@
+"""Issue 17 on one relay: delivery budgets (K per window, fair across publishers, filters) and
+honest ACKs under overload (NACK busy instead of skipping what was ACKed)."""
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+import zmq
+
+from relay import protocol as P
+from relay.client import RelayClient
+from procs import RelayProc
+from test_relay_boundary import raw_rollout
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def relay():
+    procs = []
+
+    def make(*args):
+        r = RelayProc(*args)
+        procs.append(r)
+        r.wait_ready()
+        return r
+    yield make
+    for r in procs:
+        if r.proc.poll() is None:
+            r.proc.kill()
+            r.proc.wait()
+
+
+def _connected(*cs) -> None:
+    deadline = time.time() + 10
+    while not all(c.stats()["connected"] for c in cs):
+        assert time.time() < deadline, [c.health() for c in cs]
+        time.sleep(0.02)
+
+
+def _drain(c: RelayClient, until, timeout_s: float) -> list:
+    got, deadline = [], time.time() + timeout_s
+    while time.time() < deadline and not until(got):
+        got += c.poll(timeout_s=0.05)
+    return got
+
+
+def test_budget_k_per_window_fair_across_publishers_and_filtered(relay):
+    r = relay("--rate", "0", "--rate-mb", "0")
+    greedy = RelayClient(r.address, swarm="s", node_id="greedy", subscribe=False).start()
+    calm = [RelayClient(r.address, swarm="s", node_id=f"calm{i}", subscribe=False).start() for i in range(2)]
+    budget = RelayClient(r.address, swarm="s", node_id="budget", budget_k=4, budget_window_s=3.0).start()
+    everything = RelayClient(r.address, swarm="s", node_id="all").start()
+    math_only = RelayClient(r.address, swarm="s", node_id="math", filters={"task": ["math500"]}).start()
+    clients = [greedy, *calm, budget, everything, math_only]
+    try:
+        _connected(*clients)
+        time.sleep(0.3)
+        for i in range(40):                                   # the greedy one publishes 20x more
+            greedy.publish_bytes(raw_rollout(f"g{i}"), task="gsm8k")
+        for c in calm:
+            c.publish_bytes(raw_rollout(f"{c.node_id}-0"), task="gsm8k")
+            c.publish_bytes(raw_rollout(f"{c.node_id}-1"), task="math500")
+        t0 = time.time()
+        first = _drain(budget, lambda g: len(g) >= 4, 2.5)
+        assert time.time() - t0 < 2.9
+        time.sleep(max(0.0, 2.5 - (time.time() - t0)))
+        first += budget.poll()
+        senders = [d.sender for d in first]
+        assert len(first) == 4, senders                        # K per window, no more
+        assert senders.count("greedy") <= 2 and {"calm0", "calm1"} <= set(senders), senders
+        second = _drain(budget, lambda g: len(g) >= 4, 4.0)    # the next window: K more, fresh ones
+        assert 1 <= len(second) <= 4 and not {d.rollout_id for d in first} & {d.rollout_id for d in second}
+        got_all = _drain(everything, lambda g: len(g) >= 44, 5)
+        assert len(got_all) == 44                               # "everything" is still possible
+        got_math = _drain(math_only, lambda g: len(g) >= 2, 3)
+        time.sleep(0.3)
+        got_math += math_only.poll()
+        assert sorted(d.rollout_id for d in got_math) == ["calm0-1", "calm1-1"]
+        peers = {p["node_id"]: p for p in r.stats()["peers"]}
+        assert peers["budget"]["out_msgs"] == len(first) + len(second)   # egress is K per window
+        assert peers["budget"]["budget"] == {"s": {"k": 4, "window_s": 3.0}}
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_overload_turns_into_busy_not_skips(relay):
+    """A 50-rollout replay buffer, two publishers flat out, one subscriber that keeps up and one
+    that never reads. Old relay: ACK everything, evict, the reading subscriber skips. Now: every
+    ACKed rollout reaches the reading subscriber; the overload shows as NACK busy, which the
+    clients back off from, and the stuck subscriber stops holding the buffer after --slow-after."""
+    r = relay("--rate", "0", "--rate-mb", "0", "--replay", "50", "--slow-after", "1", "--sndhwm", "100",
+              "--peer-timeout", "300")       # the stuck one never pings: keep it
+    pubs = [RelayClient(r.address, swarm="s", node_id=f"p{i}", subscribe=False).start() for i in range(2)]
+    sub = RelayClient(r.address, swarm="s", node_id="reader").start()
+    stuck = zmq.Context.instance().socket(zmq.DEALER)
+    stuck.setsockopt(zmq.LINGER, 0)
+    stuck.setsockopt(zmq.RCVHWM, 1)
+    stuck.connect(r.address)
+    try:
+        _connected(*pubs, sub)
+        stuck.send_multipart([P.HELLO, orjson.dumps({"node_id": "stuck", "protocol": P.RELAY_PROTOCOL})])
+        stuck.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
+        time.sleep(0.3)
+        n = 1500
+        body = b"x" * 3000
+        for i in range(n):
+            for p in pubs:
+                p.publish_bytes(raw_rollout(f"{p.node_id}-{i}", body))
+        got = _drain(sub, lambda g: len(g) >= 2 * n, 60)
+        assert all(p.pending() == 0 for p in pubs), [p.stats() for p in pubs]
+        assert len(got) == 2 * n and len({d.rollout_id for d in got}) == 2 * n
+        s = r.stats()
+        assert s["rejected"].get("busy", 0) > 0, s["rejected"]
+        reader = [p for p in s["peers"] if p["node_id"] == "reader"][0]
+        assert reader["skipped"] == 0 and sub.stats()["gaps"] == 0
+        assert sum(p.stats()["nacked"].get("busy", 0) for p in pubs) > 0
+        assert [p for p in s["peers"] if p["node_id"] == "stuck"][0]["skipped"] > 0   # slow: not holding
+    finally:
+        stuck.close(0)
+        for c in (*pubs, sub):
+            c.close()

@@ -1,0 +1,178 @@
+"""Federation across three relays (issue 17): a line A-B-C and a triangle A-B-C-A of real relay
+processes joined by real `ftis-relay bridge` processes, with nodes on each relay."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+
+from ftis_edge.swarm import SwarmClient
+from procs import ROOT, RelayProc
+from test_relay import make_rollout
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Bridge:
+    def __init__(self, name: str, a: RelayProc, b: RelayProc):
+        self.name, self.a, self.b = name, a, b
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "relay", "bridge", "--swarm", "s", "--node-id", self.name,
+                                      self.a.address, self.b.address, "--log-level", "INFO"],
+                                     cwd=ROOT, stderr=subprocess.PIPE, text=True)
+
+    def stop(self) -> dict:
+        """SIGTERM; returns the bridge's final counters from its log."""
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=15)
+        assert self.proc.returncode == 0, err[-2000:]
+        line = [ln for ln in err.splitlines() if "bridge stopped:" in ln][-1]
+        return orjson.loads(line.split("bridge stopped:", 1)[1])
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+@pytest.fixture
+def net():
+    procs = {"relays": [], "bridges": [], "clients": []}
+
+    def relays(n: int):
+        rs = [RelayProc("--trust-bridge", "ab", "--trust-bridge", "bc", "--trust-bridge", "ca") for _ in range(n)]
+        for r in rs:
+            r.wait_ready()
+        procs["relays"] += rs
+        return rs
+
+    def bridge(name, a, b):
+        br = Bridge(name, a, b)
+        procs["bridges"].append(br)
+        return br
+
+    def client(r, name, **kw):
+        c = SwarmClient(r.address, swarm="s", node_id=name, **kw).start()
+        procs["clients"].append(c)
+        return c
+    yield relays, bridge, client
+    for c in procs["clients"]:
+        c.close()
+    for b in procs["bridges"]:
+        if b.proc.poll() is None:
+            b.kill()
+    for r in procs["relays"]:
+        if r.proc.poll() is None:
+            r.proc.kill()
+            r.proc.wait()
+
+
+def _bridged(r: RelayProc, *names: str) -> bool:
+    peers = {p["node_id"] for p in r.stats()["peers"] if p["topics"]}
+    return set(names) <= peers
+
+
+def _wait(cond, timeout_s: float) -> bool:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def _exchange(clients: dict, per_node: int, timeout_s: float = 40) -> tuple[dict, dict]:
+    sent = {}
+    for n, c in clients.items():
+        for _ in range(per_node):
+            ro = make_rollout(n, n=2, tokens=16)
+            sent[ro.rollout_id] = n
+            c.publish(ro)
+    want = {n: {rid for rid, s in sent.items() if s != n} for n in clients}
+    got = {n: [] for n in clients}
+    _wait(lambda: [got[n].extend(c.poll()) for n, c in clients.items()] and
+          all({x.rollout_id for x in got[n]} >= want[n] for n in clients), timeout_s)
+    time.sleep(1.0)                         # anything late would be a duplicate
+    for n, c in clients.items():
+        got[n] += c.poll()
+    return sent, got
+
+
+def _assert_exactly_once(sent: dict, got: dict, clients: dict) -> None:
+    for n, items in got.items():
+        ids = [x.rollout_id for x in items]
+        assert sorted(ids) == sorted(rid for rid, s in sent.items() if s != n), (n, len(ids))
+        assert all(x.error is None and x.sender == sent[x.rollout_id] for x in items)   # original senders
+        assert clients[n].stats()["duplicates"] == 0, (n, clients[n].stats())
+
+
+@pytest.mark.parametrize("shape", ["line", "triangle"])
+def test_three_relays_exactly_once_no_loops(net, shape):
+    relays, bridge, client = net
+    a, b, c = relays(3)
+    bridges = [bridge("ab", a, b), bridge("bc", b, c)] + ([bridge("ca", c, a)] if shape == "triangle" else [])
+    clients = {"a1": client(a, "a1"), "a2": client(a, "a2"), "b1": client(b, "b1"), "c1": client(c, "c1")}
+    assert _wait(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
+    sent, got = _exchange(clients, per_node=5)
+    _assert_exactly_once(sent, got, clients)
+    for r in (a, b, c):
+        s = r.stats()
+        assert s["counts"]["accepted"] == len(sent)          # each relay holds each rollout once
+        assert s["rejected"].get("loop", 0) == 0             # nothing was offered back to where it had been
+    counters = [br.stop() for br in bridges]
+    if shape == "triangle":
+        # the ring offers rollouts back towards their origin; the bridges refuse to carry them
+        assert sum(cn["not_sent_back"] for cn in counters) > 0, counters
+
+
+def test_budgets_hold_across_bridges(net):
+    relays, bridge, client = net
+    a, b, c = relays(3)
+    bridge("ab", a, b)
+    bridge("bc", b, c)
+    pubs = [client(a, f"a{i}", subscribe=False) for i in range(3)] + [client(b, "b0", subscribe=False)]
+    thrifty = client(c, "thrifty", budget_k=3, budget_window_s=4.0)
+    assert _wait(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
+    time.sleep(0.5)
+    for p in pubs:
+        for _ in range(6 if p.node_id == "a0" else 2):          # a0 publishes 3x more than the others
+            p.publish(make_rollout(p.node_id, n=2, tokens=16))
+    got = []
+    _wait(lambda: got.extend(thrifty.poll()) or len(got) >= 3, 3.5)
+    time.sleep(0.3)
+    got += thrifty.poll()
+    senders = [x.sender for x in got]
+    assert len(got) == 3 and len(set(senders)) == 3, senders        # K per window, one per publisher
+    assert all(x.error is None for x in got)
+
+
+def test_a_bridge_restart_loses_nothing_acked(net):
+    relays, bridge, client = net
+    a, b, c = relays(3)
+    bridge("ab", a, b)
+    bc = bridge("bc", b, c)
+    pub = client(a, "pub", subscribe=False)
+    sub = client(c, "sub")
+    assert _wait(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
+    sent, got = [], []
+    for i in range(60):
+        ro = make_rollout("pub", n=2, tokens=16)
+        sent.append(ro.rollout_id)
+        pub.publish(ro)
+        got += sub.poll()
+        time.sleep(0.03)
+        if i == 20:
+            bc.kill()                      # mid-stream, SIGKILL: whatever it held in flight is gone
+        if i == 40:
+            bc.start()                     # a new bridge process re-reads B's replay buffer
+    assert _wait(lambda: got.extend(sub.poll()) or {x.rollout_id for x in got} >= set(sent), 40), \
+        (len({x.rollout_id for x in got}), len(sent))
+    time.sleep(1.0)
+    got += sub.poll()
+    assert pub.pending() == 0 and pub.stats()["acked"] == len(sent)
+    assert sorted(x.rollout_id for x in got) == sorted(sent)        # every ACKed rollout, exactly once

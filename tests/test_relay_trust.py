@@ -1,0 +1,246 @@
+"""Issue 13's relay holes as attacks on a real relay process: a node id bound to its CURVE key,
+rate limits a fresh id cannot reset, topic caps, refused handshakes the operator can see, and a
+client that says when the relay is unreachable or refuses it."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+import zmq
+
+from relay import protocol as P
+from relay.cli import query_stats
+from relay.client import RelayClient
+from relay.keys import ClientKeys
+from procs import ROOT, RelayProc, free_port
+from test_relay_boundary import raw_rollout
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def relay():
+    procs = []
+
+    def make(*args, keys=None, log_level="WARNING"):
+        r = RelayProc(*args, log_level=log_level)
+        procs.append(r)
+        r.wait_ready(keys)
+        return r
+    yield make
+    for r in procs:
+        if r.proc.poll() is None:
+            r.proc.kill()
+            r.proc.wait()
+
+
+def _cli(*a):
+    return subprocess.run([sys.executable, "-m", "relay", *a], cwd=ROOT, capture_output=True, text=True, timeout=20)
+
+
+@pytest.fixture
+def curve(tmp_path):
+    """A server key pair and key pairs for alice, bob, mallory (an allowed insider), bridge-1
+    and stranger; the allow dir holds every public key but the stranger's."""
+    _cli("keygen", str(tmp_path / "server"))
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    keys = {}
+    for n in ("alice", "bob", "mallory", "bridge-1", "stranger"):
+        _cli("keygen", str(tmp_path / n), "--name", n)
+        if n != "stranger":
+            (allow / f"{n}.key").write_bytes((tmp_path / n / f"{n}.key").read_bytes())
+        keys[n] = ClientKeys.load(str(tmp_path / n), str(tmp_path / "server" / "server.key"))
+    return tmp_path / "server", allow, keys
+
+
+def _dealer(address: str, keys: ClientKeys | None = None) -> zmq.Socket:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    if keys:
+        keys.apply(s)
+    s.connect(address)
+    return s
+
+
+def _hello(s: zmq.Socket, node_id: str) -> list[bytes]:
+    s.send_multipart([P.HELLO, orjson.dumps({"node_id": node_id, "protocol": P.RELAY_PROTOCOL})])
+    assert s.poll(5000), "no answer to HELLO"
+    return s.recv_multipart()
+
+
+def _replies(s: zmq.Socket, wait_ms: int = 300, n: int | None = None, timeout_s: float = 20) -> list[list[bytes]]:
+    """Replies until none comes for wait_ms (or, given n, until n came or timeout_s passed)."""
+    out, deadline = [], time.time() + timeout_s
+    while (len(out) < n and time.time() < deadline) if n is not None else True:
+        if not s.poll(wait_ms if n is None else 100):
+            if n is None:
+                break
+            continue
+        out.append(s.recv_multipart())
+    return out
+
+
+def test_curve_binds_the_node_id_to_the_key(relay, curve):
+    server, allow, keys = curve
+    r = relay("--keys", str(server), "--allow", str(allow), "--trust-bridge", "bridge-1", keys=keys["alice"])
+    mallory = _dealer(r.address, keys["mallory"])
+    try:
+        # An allowed insider cannot say HELLO as bob ...
+        reply = _hello(mallory, "bob")
+        assert reply[0] == P.NACK and reply[2] == b"identity", reply
+        assert b"mallory" in reply[3]
+        # ... so it cannot publish as bob either (it is not registered at all).
+        mallory.send_multipart([P.PUB, b"s", raw_rollout("as-bob")])
+        assert [f[2] for f in _replies(mallory)] == [P.HELLO_FIRST.encode()]
+        # As itself it is welcome, but it cannot forward "from" others: it is no trusted bridge.
+        assert _hello(mallory, "mallory")[0] == P.WELCOME
+        mallory.send_multipart([P.PUB, b"s", raw_rollout("fwd"), orjson.dumps({"origin": "alice"})])
+        assert [f[2] for f in _replies(mallory)] == [b"untrusted_bridge"]
+        # The bridge's key name is trusted; forwarding keeps the original sender.
+        bridge = _dealer(r.address, keys["bridge-1"])
+        assert _hello(bridge, "bridge-1")[0] == P.WELCOME
+        bridge.send_multipart([P.PUB, b"s", raw_rollout("fwd2"), orjson.dumps({"origin": "carol"})])
+        assert _replies(bridge)[0][0] == P.ACK
+        bridge.close(0)
+        s = r.stats(keys["alice"])
+        assert s["rejected"]["identity"] == 1 and s["identity"].startswith("key")
+        assert {p["node_id"]: p["key"] for p in s["peers"]}["mallory"] == "mallory"
+    finally:
+        mallory.close(0)
+    # The node's client says it was refused, and why.
+    c = RelayClient(r.address, swarm="s", node_id="bob", keys=keys["mallory"]).start()
+    try:
+        assert _wait(lambda: c.health()["state"] == "refused", 5), c.health()
+        assert "identity" in c.health()["reason"] and "mallory" in c.health()["reason"]
+    finally:
+        c.close()
+
+
+def test_open_relay_says_node_ids_are_claims(relay):
+    r = relay()
+    s = _dealer(r.address)
+    try:
+        w = _hello(s, "anyone")
+        assert w[0] == P.WELCOME and orjson.loads(w[1])["identity"] == "claimed"
+        assert r.stats()["identity"].startswith("claimed")
+        out = _cli("status", "--connect", r.address)
+        assert "identity: claimed" in out.stdout
+    finally:
+        s.close(0)
+
+
+def test_refused_handshakes_are_counted_logged_and_explained(relay, curve):
+    server, allow, keys = curve
+    r = relay("--keys", str(server), "--allow", str(allow), keys=keys["alice"], log_level="INFO")
+    plain = _dealer(r.address)                     # no CURVE at all
+    stranger = _dealer(r.address, keys["stranger"])  # a key the relay does not know
+    no_keys = lambda f: f.get("no_curve", 0) + f.get("aborted", 0)   # which side sees it first is a race
+    assert _wait(lambda: (f := r.stats(keys["alice"])["refused_handshakes"]).get("unknown_key", 0) >= 1
+                 and no_keys(f) >= 1, 10), r.stats(keys["alice"])["refused_handshakes"]
+    plain.close(0)
+    stranger.close(0)
+    out = _cli("status", "--connect", r.address, "--timeout", "1")
+    assert out.returncode == 1 and "may need keys" in out.stderr, out.stderr
+    out = _cli("status", "--connect", r.address, "--timeout", "1", "--keys", str(server.parent / "stranger"),
+               "--server-key", str(server / "server.key"))
+    assert out.returncode == 1 and "refused this key" in out.stderr, out.stderr
+    r.proc.terminate()
+    log = r.proc.communicate(timeout=10)[0]
+    assert "INFO refused CURVE handshake from 127.0.0.1" in log, log
+    assert "INFO refused handshake" in log and "no CURVE keys" in log or "INFO handshake aborted" in log, log
+
+
+def _wait(cond, timeout_s: float) -> bool:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def test_client_health_unreachable_refused_connected(relay, curve, caplog):
+    server, allow, keys = curve
+    caplog.set_level(logging.WARNING, logger="ftis.swarm")
+    nobody = RelayClient(f"tcp://127.0.0.1:{free_port()}", swarm="s", node_id="n", dead_after_s=0.5,
+                         warn_every_s=0.5).start()
+    r = relay("--keys", str(server), "--allow", str(allow), keys=keys["alice"])
+    nokeys = RelayClient(r.address, swarm="s", node_id="n2").start()
+    stranger = RelayClient(r.address, swarm="s", node_id="stranger", keys=keys["stranger"]).start()
+    alice = RelayClient(r.address, swarm="s", node_id="alice", keys=keys["alice"]).start()
+    try:
+        assert _wait(lambda: nobody.health()["state"] == "unreachable", 5), nobody.health()
+        assert "no answer" in nobody.health()["reason"]
+        assert _wait(lambda: nokeys.health()["state"] == "refused", 5), nokeys.health()
+        assert "needs CURVE keys" in nokeys.health()["reason"]
+        assert _wait(lambda: stranger.health()["state"] == "refused", 5), stranger.health()
+        assert "refused this node's key" in stranger.health()["reason"]
+        assert _wait(lambda: alice.health()["state"] == "connected", 5), alice.health()
+        h = alice.health()
+        assert h["relay"] == r.address and h["since"] <= time.time()
+        time.sleep(1.2)     # the warning repeats while the relay stays unreachable
+        warnings = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+        assert sum("still unreachable" in w for w in warnings) >= 1, warnings
+        assert any("refused" in w and "n2" not in w for w in warnings)
+        r.kill()            # a relay that goes away: connected -> unreachable
+        assert _wait(lambda: alice.health()["state"] == "unreachable", 8), alice.health()
+    finally:
+        for c in (nobody, nokeys, stranger, alice):
+            c.close()
+
+
+def test_a_fresh_node_id_does_not_reset_the_rate_limit(relay):
+    """The issue's attack: one connection says HELLO with a new id every 150 PUBs. Old relay:
+    1,500 of 1,500 accepted in 3 s (limit 50/s, burst 200)."""
+    r = relay()
+    s = _dealer(r.address)
+    try:
+        acked = 0
+        t0 = time.time()
+        for k in range(10):
+            assert _hello(s, f"sybil-{k}")[0] == P.WELCOME
+            for i in range(150):
+                s.send_multipart([P.PUB, b"s", raw_rollout(f"r{k}-{i}")])
+            acked += sum(f[0] == P.ACK for f in _replies(s, n=150))
+        dt = time.time() - t0
+        assert acked <= 200 + 50 * dt + 5, (acked, dt)
+        assert r.stats()["rejected"]["rate_limited"] >= 1500 - acked - 5
+    finally:
+        s.close(0)
+
+
+def test_topic_caps_per_connection_and_in_total(relay):
+    r = relay("--max-topics", "6", "--max-topics-per-peer", "4")
+    s1, s2 = _dealer(r.address), _dealer(r.address)
+    try:
+        _hello(s1, "greedy")
+        _hello(s2, "greedy-2")
+        for i in range(2000):
+            s1.send_multipart([P.SUB, f"t{i}".encode(), orjson.dumps({"epoch": None, "last_seq": 0})])
+        got = _replies(s1, n=2000)
+        assert sum(f[0] == P.SUBOK for f in got) == 4
+        assert sum(f[0] == P.NACK and f[2] == b"too_many_topics" for f in got) == 1996
+        for i in range(10):
+            s2.send_multipart([P.PUB, f"u{i}".encode(), raw_rollout(f"u{i}")])
+        got = _replies(s2, n=10)
+        assert sum(f[0] == P.ACK for f in got) == 2          # 6 in total
+        assert len(r.stats()["topics"]) == 6
+    finally:
+        s1.close(0)
+        s2.close(0)
+
+
+def test_identity_flood_loses_nothing_acked(tmp_path):
+    """benchmarks/attack_flood.py, small: 100 identities on one open relay, each with its own
+    connection, flood flat out while a legitimate publisher -> subscriber pair runs."""
+    out = subprocess.run([sys.executable, "benchmarks/attack_flood.py", "--identities", "100", "--seconds", "4",
+                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = orjson.loads(out.stdout.strip().splitlines()[-1])
+    assert res["legit_acked"] >= 10 and res["legit_lost"] == 0, res
+    assert res["flood_accepted"] < res["flood_sent"], res

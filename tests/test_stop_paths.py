@@ -1,0 +1,119 @@
+"""Every way a node stops leaves a checkpoint of its last round (real node processes, the real
+SmolLM2): q, q while paused, Ctrl-C, SIGTERM; a damaged newest checkpoint falls back to the
+older one. (The end of a run: test_node.test_default_node_alone_writes_metrics_checkpoints_and_adapter.)"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ftis_edge import checkpoint
+from ftis_edge.metrics import read_metrics, write_control
+from procs import ROOT
+from test_node import rounds_of, wait_for, write_config
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(1200)]
+
+SMALL = dict(node={"rounds": 50, "checkpoint_every": 1000},
+             task={"prompts_per_round": 1, "num_generations": 2, "max_completion_length": 16})
+
+
+def start(cfg, *args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def ended(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def n_rounds(run) -> int:
+    return len(rounds_of(run))
+
+
+def starts(run) -> list[int]:
+    return [i for i, r in enumerate(read_metrics(run)) if r.get("type") == "start"]
+
+
+def this_run(run) -> list[dict]:
+    """Records since the newest start record (a resumed node appends to the old file)."""
+    return read_metrics(run)[starts(run)[-1]:]
+
+
+def resume_and_wait_for_a_round(cfg, run) -> subprocess.Popen:
+    before = len(starts(run))
+    p = start(cfg, "--resume")
+    try:
+        wait_for(lambda: len(starts(run)) > before and any(r.get("type") == "round" for r in this_run(run)),
+                 600, "a round after resuming")
+    except BaseException:
+        p.kill()
+        raise
+    return p
+
+
+def stopped_with_checkpoint(run, reason: str) -> int:
+    """The stop record's round has a verified checkpoint; returns that round."""
+    stop = read_metrics(run)[-1]
+    assert stop["type"] == "stop" and stop["reason"] == reason, stop
+    assert checkpoint.complete(run)[-1] == stop["round"] > 0
+    assert checkpoint.load_round(run, stop["round"])["round"] == stop["round"]
+    return stop["round"]
+
+
+def test_every_stop_path_writes_a_checkpoint_and_a_damaged_one_falls_back(tmp_path):
+    cfg = write_config(tmp_path, "stops", **SMALL)
+    run = tmp_path / "stops"
+
+    # q: the dashboard writes control.json {"stop": true} while a round runs
+    p = start(cfg)
+    try:
+        wait_for(lambda: n_rounds(run) >= 1, 600, "round 1")
+        write_control(run, stop=True)
+        ended(p)
+    finally:
+        p.kill()
+    r1 = stopped_with_checkpoint(run, "user")
+
+    # q while paused: pause after a round, then stop while the node waits
+    p = resume_and_wait_for_a_round(cfg, run)
+    try:
+        write_control(run, pause=True)
+        wait_for(lambda: "paused" in (run / "node.log").read_text(), 600, "the node to pause")
+        write_control(run, stop=True)
+        out = ended(p)
+    finally:
+        p.kill()
+    r2 = stopped_with_checkpoint(run, "user")
+    assert r2 > r1, out[-2000:]
+
+    # a truncated newest checkpoint: resume falls back to the older one, with a warning; Ctrl-C
+    state = run / "checkpoints" / f"round-{r2:06d}" / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    p = resume_and_wait_for_a_round(cfg, run)
+    try:
+        assert this_run(run)[0]["resumed_from"] == r1
+        p.send_signal(signal.SIGINT)
+        out = ended(p)
+    finally:
+        p.kill()
+    assert f"round-{r2:06d} is unusable" in out and "truncated" in out
+    r3 = stopped_with_checkpoint(run, "signal")
+    assert r3 >= r1 + 1
+
+    # SIGTERM (a service manager stopping the node)
+    p = resume_and_wait_for_a_round(cfg, run)
+    try:
+        p.send_signal(signal.SIGTERM)
+        ended(p)
+    finally:
+        p.kill()
+    assert stopped_with_checkpoint(run, "signal") > r3
+    # a resume replaces the adapters: only the current run's files remain
+    names = sorted(f.name for f in (run / "adapter").glob("*.gguf"))
+    versions = [int(n.split("-v")[1].split(".")[0]) for n in names]
+    assert versions and max(versions) <= read_metrics(run)[-1]["round"], names
