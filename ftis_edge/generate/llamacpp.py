@@ -287,6 +287,36 @@ class LlamaCppGenerator(SamplingGenerator):
             self.n_ctx = _round_up(tokens_per_sequence)
             self._new_context()
 
+    def _decode_step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+        for j, (s, t, pos) in enumerate(zip(slots, tokens, positions)):
+            self._put(j, t, pos, (s,), True)
+        self._decode(len(slots))
+        logits = self._logits_buf[:len(slots)]
+        for j in range(len(slots)):
+            logits[j] = self._row(j)
+        return logits
+
+    def _completion_logits(self, ids: list[int], completions: list[list[int]]) -> list[np.ndarray]:
+        """Batched prefill, ``max_group`` completions at a time: the prompt once, then every
+        completion token except the last (they predict the next token)."""
+        out: list[np.ndarray] = []
+        for start in range(0, len(completions), self.max_group):
+            group = completions[start:start + self.max_group]
+            self.llama.llama_memory_clear(self._mem, True)
+            first = self._prefill(ids, range(len(group)))
+            entries = [(s, j) for s, c in enumerate(group) for j in range(len(c) - 1)]
+            rows: dict[tuple[int, int], np.ndarray] = {}
+            for begin in range(0, len(entries), self.n_batch):
+                chunk = entries[begin:begin + self.n_batch]
+                for i, (s, j) in enumerate(chunk):
+                    self._put(i, group[s][j], len(ids) + j, (s,), True)
+                self._decode(len(chunk))
+                for i, key in enumerate(chunk):
+                    rows[key] = self._row(i).copy()
+            out += [np.stack([first] + [rows[(s, j)] for j in range(len(c) - 1)])
+                    for s, c in enumerate(group)]
+        return out
+
     # ------------------------------------------------------------------ text
     def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
         """llama.cpp's own tokenizer (used to check parity with the HF tokenizer)."""
