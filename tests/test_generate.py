@@ -241,7 +241,8 @@ def test_logprobs_are_those_of_the_processed_distribution(backend, request, prom
             ref = _torch_reference(raw, s.temperature, s.top_k, s.top_p)
             expect = ref[np.arange(len(c.token_ids)), c.token_ids]
             assert np.isfinite(expect).all()                    # never sampled a truncated token
-            assert np.abs(np.asarray(c.logprobs) - expect).max() < 1e-6
+            # llama.cpp: the numpy sampler (float64); HF: the torch sampler on the device (float32)
+            assert np.abs(np.asarray(c.logprobs) - expect).max() < (1e-6 if backend == "llama_f16" else 1e-5)
             raw_lsm = torch.log_softmax(torch.tensor(raw, dtype=torch.float64), -1).numpy()
             raw_lp = raw_lsm[np.arange(len(c.token_ids)), c.token_ids]
             assert not np.allclose(raw_lp, c.logprobs, atol=1e-3)   # temperature really applied
