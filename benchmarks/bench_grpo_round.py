@@ -77,40 +77,18 @@ def build_ftis(run_dir: Path, threads: int, max_new_tokens: int, train_all: bool
     node.build()
     node.sync.sync(node.learner.version)
     if train_all:
-        node._build_batch = lambda own, peers: (_all_completions(own), 0)
+        _train_every_group()
     if not share_prompts:
         node.learner.share_prompts = False
     return node
 
 
-def _all_completions(own):
+def _train_every_group():
     """--train-all: every completion goes into the step, as in TRL (a group whose rewards are all
-    equal gets advantage 0: forwarded and back-propagated, no gradient)."""
-    import torch
-    from ftis_edge.learner import TrainSample
-    from ftis_edge.objective import group_advantages
-    out = []
-    for g in own:
-        adv = group_advantages(torch.tensor(g.rewards, dtype=torch.float32)).tolist()
-        out += [TrainSample(g.prompt_ids, list(c.token_ids), list(c.logprobs), None, a, source="own")
-                for c, a in zip(g.completions, adv)]
-    return out
-
-
-def round_prompts(node, round_no: int):
-    node.round = round_no
-    return node._round_prompts()
-
-
-def ftis_round(node, round_no: int) -> dict:
-    node.round = round_no
-    t0 = time.perf_counter()
-    rec = node.run_round()
-    wall = time.perf_counter() - t0
-    n = rec.get("gen/tokens") or 0
-    return {"wall_s": wall, "gen_s": rec["time/gen_s"], "train_s": rec["time/train_s"],
-            "sync_s": rec["time/sync_s"], "tokens": n, "mean_len": rec.get("completions/mean_length"),
-            "reward": rec.get("reward/own"), "samples": rec.get("samples/own", 0)}
+    equal gets advantage 0 instead of being skipped: forwarded and back-propagated, no gradient)."""
+    from ftis_edge import batch
+    rule = batch.advantages
+    batch.advantages = lambda rewards, scale: rule(rewards, scale) or [0.0] * len(rewards)
 
 
 # --------------------------------------------------------------------------- TRL side
