@@ -91,6 +91,22 @@ def _train_every_group():
     batch.advantages = lambda rewards, scale: rule(rewards, scale) or [0.0] * len(rewards)
 
 
+def round_prompts(node, round_no: int):
+    node.round = round_no
+    return node._round_prompts()
+
+
+def ftis_round(node, round_no: int) -> dict:
+    node.round = round_no
+    t0 = time.perf_counter()
+    rec = node.run_round()
+    wall = time.perf_counter() - t0
+    n = rec.get("gen/tokens") or 0
+    return {"wall_s": wall, "gen_s": rec["time/gen_s"], "train_s": rec["time/train_s"],
+            "sync_s": rec["time/sync_s"], "tokens": n, "mean_len": rec.get("completions/mean_length"),
+            "reward": rec.get("reward/own"), "samples": rec.get("samples/own", 0)}
+
+
 # --------------------------------------------------------------------------- TRL side
 
 class TrlSide:
