@@ -22,13 +22,15 @@ from ftis_edge import wire
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "real_rollouts.json"
 
 
-def fixture_rollouts(path: Path = FIXTURE, with_prompt_ids: bool = False) -> list[wire.Rollout]:
+def fixture_rollouts(path: Path = FIXTURE, with_prompt_ids: bool = False,
+                     with_token_bytes: bool = True) -> list[wire.Rollout]:
     """One Rollout per group of the fixture, with realistic header strings."""
     fx = json.loads(Path(path).read_text())
     out = []
     for i, g in enumerate(fx["groups"]):
         comps = [wire.WireCompletion(c["token_ids"], c["logprobs"], c["text"],
-                                     reward=float(i % 2), finish_reason=c["finish_reason"])
+                                     reward=float(i % 2), finish_reason=c["finish_reason"],
+                                     token_bytes=c.get("token_bytes") if with_token_bytes else None)
                  for c in g["completions"]]
         out.append(wire.Rollout(
             node_id="node-7f3a2c", swarm="gsm8k-smollm2", task=g["task"], prompt_id=g["prompt_id"],
@@ -55,11 +57,13 @@ def main() -> None:
     print(f"{'naive int32 id + fp32 logp':<34}{8.0:>9.3f}{1.0:>8.2f}{0.0:>13.2e}{'':>8}{'':>8}")
     print(f"{'naive + raw text':<34}{8.0 + text_bytes / n_tok:>9.3f}"
           f"{(8.0 + text_bytes / n_tok) / 8:>8.2f}{0.0:>13.2e}{'':>8}{'':>8}")
-    for label, codec, with_prompt in [("ftis wire, codec none", "none", False),
-                                      ("ftis wire, zlib", "zlib", False),
-                                      ("ftis wire, lzma (default)", "lzma", False),
-                                      ("ftis wire, lzma + prompt ids", "lzma", True)]:
-        rs = fixture_rollouts(Path(args.fixture), with_prompt_ids=with_prompt)
+    for label, codec, with_prompt, with_bytes in [
+            ("ftis wire, codec none", "none", False, True),
+            ("ftis wire, zlib", "zlib", False, True),
+            ("ftis wire, lzma (default)", "lzma", False, True),
+            ("ftis wire, lzma, no token bytes", "lzma", False, False),
+            ("ftis wire, lzma + prompt ids", "lzma", True, True)]:
+        rs = fixture_rollouts(Path(args.fixture), with_prompt_ids=with_prompt, with_token_bytes=with_bytes)
         total, err = 0, 0.0
         t_enc = t_dec = 0.0
         for r in rs:

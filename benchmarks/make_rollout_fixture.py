@@ -4,6 +4,7 @@ The fast wire tests and the wire benchmark use this file, so they measure real t
 real text and real behaviour log-probs without loading a model.
 
     .venv/bin/python benchmarks/make_rollout_fixture.py [--out tests/data/real_rollouts.json]
+    .venv/bin/python benchmarks/make_rollout_fixture.py --add-token-bytes   # update in place
 
 Sampling is done here in numpy from softmax(raw logits) at T = 1 (no truncation), so each
 recorded log-prob is exactly the log-prob of the sampled token under the sampling
@@ -71,8 +72,15 @@ def sample_group(llm, prompt_ids: list[int], n: int, max_new: int, rng: np.rando
             llm.eval([tok])
         text = llm.detokenize([t for t in ids if t != eos]).decode("utf-8", errors="replace")
         group.append({"token_ids": ids, "logprobs": [round(x, 6) for x in lps], "text": text,
-                      "finish_reason": finish})
+                      "finish_reason": finish, "token_bytes": token_bytes(llm, ids, text, eos)})
     return group
+
+
+def token_bytes(llm, ids: list[int], text: str, eos: int) -> list[int] | None:
+    """Bytes of `text` each token spells (llama.cpp's piece of each token; EOS spells none),
+    or None when they do not add up to the text (a completion cut inside a character)."""
+    lens = [0 if t == eos else len(llm.detokenize([t])) for t in ids]
+    return lens if sum(lens) == len(text.encode("utf-8")) else None
 
 
 def main() -> None:
@@ -83,11 +91,23 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--add-token-bytes", action="store_true",
+                    help="only add each completion's token_bytes to the existing --out file")
     args = ap.parse_args()
 
     from llama_cpp import Llama  # imported here: the rest of the project never needs it for this
 
     path = smollm2_path()
+    if args.add_token_bytes:
+        out = Path(args.out)
+        fixture = json.loads(out.read_text())
+        llm = Llama(model_path=path, vocab_only=True, verbose=False)
+        for g in fixture["groups"]:
+            for c in g["completions"]:
+                c["token_bytes"] = token_bytes(llm, c["token_ids"], c["text"], fixture["eos_id"])
+        out.write_text(json.dumps(fixture, separators=(",", ":"), ensure_ascii=False))
+        print(f"added token_bytes to {out}")
+        return
     llm = Llama(model_path=path, n_ctx=1024, n_threads=2, logits_all=True, verbose=False)
     eos = llm.token_eos()
     rng = np.random.default_rng(args.seed)

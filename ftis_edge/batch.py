@@ -13,7 +13,9 @@ depends on the collaboration mode:
   group, normalised over the union.
 
 Peer completions enter token level when the peer's tokenizer is ours; otherwise their text is
-re-tokenized locally and weighted at sequence level (docs/ftis.md, cross-tokenizer).
+re-tokenized locally and weighted per span between the byte offsets both tokenizations share
+(``cross_tokenizer_level = "span"``, align.py), or per sequence (the option, and the fallback
+when the tokens cannot be placed on the text) — docs/ftis.md, cross-tokenizer.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from .align import TokenBytes, span_alignment
 from .learner import TrainSample
 from .objective import group_advantages
 
@@ -48,6 +51,8 @@ class LocalTokenizer:
     text_ids: Callable[[str], list[int]]        # plain text → our ids, no special tokens
     eos_token_id: int | None                    # appended when the peer's completion stopped
     max_completion_length: int                  # the node's completion cap (task.max_completion_length)
+    token_bytes: TokenBytes | None = None       # our tokens' bytes (None: we cannot place them: sequence level)
+    cross_tokenizer_level: str = "span"         # train.cross_tokenizer_level: "span" | "sequence"
 
     def retokenize(self, text: str, *, finished: bool) -> list[int]:
         """A peer's completion text in our tokenizer (no BOS; our EOS when the peer stopped)."""
@@ -89,7 +94,8 @@ def own_samples(g: OwnGroup, adv: Sequence[float]) -> list[TrainSample]:
 
 def peer_samples(p, adv: Sequence[float], local: LocalTokenizer) -> list[TrainSample]:
     """A peer group's samples (``intake.PeerGroup``): token level when the tokenizer matches,
-    else re-tokenized locally and weighted at sequence level."""
+    else re-tokenized locally and weighted per span (when both sides' tokens can be placed on
+    the text) or per sequence."""
     prompt_ids = local.prompt_ids(p.prompt)
     node = p.rollout.node_id
     out = []
@@ -100,9 +106,14 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer) -> list[TrainSa
                                    advantage=a, source=node))
         else:
             ids = local.retokenize(c.text, finished=c.finish_reason == "stop")
+            spans = None
+            if local.cross_tokenizer_level == "span" and local.token_bytes is not None:
+                spans = span_alignment(ids, local.token_bytes, c.text, getattr(c, "token_bytes", None), c.logprobs)
             out.append(TrainSample(prompt_ids=prompt_ids, completion_ids=ids, gen_logprobs=None,
                                    gen_logprob_sum=float(np.sum(c.logprobs)), advantage=a,
-                                   sequence_level=True, source=node))
+                                   sequence_level=spans is None, source=node,
+                                   span_ids=None if spans is None else spans[0],
+                                   gen_span_logprobs=None if spans is None else spans[1]))
     return out
 
 

@@ -80,6 +80,8 @@ class TrainSection:
                                 trl="scale_rewards")
     normalize: str = _opt("all", "divide the loss by all samples or by the kept ones (authors' code)",
                           choices=("all", "kept"))
+    cross_tokenizer_level: str = _opt("span", "IS weights for peers with another tokenizer: per span between "
+                                      "shared byte boundaries, or one per sequence", choices=("span", "sequence"))
 
 
 @dataclass

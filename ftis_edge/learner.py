@@ -49,6 +49,14 @@ class TrainSample:
     advantage: float
     sequence_level: bool = False
     source: str = "own"                # node id of the generator ("own" for ours)
+    # span level (cross-tokenizer, align.py): span index of each completion token, and the
+    # generator's summed log-prob of each span; both set -> the sample is span-level
+    span_ids: list[int] | None = None
+    gen_span_logprobs: list[float] | None = None
+
+    @property
+    def level(self) -> str:
+        return "span" if self.span_ids is not None else "sequence" if self.sequence_level else "token"
 
 
 # Rows of [tokens, vocab] logits materialised at once when computing log-probs.
@@ -150,7 +158,18 @@ class Learner:
                 raise LearnerError(f"sample {i}: token id out of range [0, {self.vocab_size})")
             if not math.isfinite(s.advantage):
                 raise LearnerError(f"sample {i}: advantage is not finite ({s.advantage})")
-            if s.gen_logprobs is None:
+            if (s.span_ids is None) != (s.gen_span_logprobs is None):
+                raise LearnerError(f"sample {i}: span level needs both span_ids and gen_span_logprobs")
+            if s.span_ids is not None:
+                n_spans = len(s.gen_span_logprobs)
+                if len(s.span_ids) != len(s.completion_ids):
+                    raise LearnerError(f"sample {i}: {len(s.span_ids)} span_ids for {len(s.completion_ids)} "
+                                       "completion tokens")
+                if min(s.span_ids) < 0 or max(s.span_ids) >= n_spans:
+                    raise LearnerError(f"sample {i}: span ids must lie in [0, {n_spans})")
+                if not all(math.isfinite(x) and x <= 1e-3 for x in s.gen_span_logprobs):
+                    raise LearnerError(f"sample {i}: gen_span_logprobs must be finite log-probabilities (<= 0)")
+            elif s.gen_logprobs is None:
                 if s.gen_logprob_sum is None:
                     raise LearnerError(f"sample {i}: needs gen_logprobs or gen_logprob_sum")
                 if not s.sequence_level:
@@ -281,22 +300,32 @@ class Learner:
     # ----------------------------------------------------------------- the step
     def _objective_inputs(self, samples: Sequence[TrainSample], T: int):
         gen = torch.zeros(len(samples), T)
+        S = max((len(s.gen_span_logprobs) for s in samples if s.span_ids is not None), default=0)
+        span_ids = torch.zeros(len(samples), T, dtype=torch.long)
+        gen_span = torch.full((len(samples), max(S, 1)), float("nan"))   # padding: never read
         for b, s in enumerate(samples):
             if s.gen_logprobs is not None:
                 gen[b, :len(s.gen_logprobs)] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
-        gen_sum = torch.tensor([s.gen_logprob_sum if s.gen_logprob_sum is not None else float(sum(s.gen_logprobs))
+            if s.span_ids is not None:
+                span_ids[b, :len(s.span_ids)] = torch.tensor(s.span_ids, dtype=torch.long)
+                gen_span[b, :len(s.gen_span_logprobs)] = torch.tensor(s.gen_span_logprobs, dtype=torch.float32)
+        gen_sum = torch.tensor([s.gen_logprob_sum if s.gen_logprob_sum is not None
+                                else float(sum(s.gen_logprobs or s.gen_span_logprobs or []))
                                 for s in samples], dtype=torch.float32)
         adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-        seq_level = torch.tensor([s.sequence_level for s in samples], dtype=torch.bool)
+        from ftis_edge.objective import LEVELS
+        names = [s.level for s in samples]
+        level = names[0] if len(set(names)) == 1 else torch.tensor([LEVELS.index(n) for n in names],
+                                                                   device=self.device)
         dev = self.device
-        return gen.to(dev), gen_sum.to(dev), adv.to(dev), seq_level.to(dev)
+        return gen.to(dev), gen_sum.to(dev), adv.to(dev), level, span_ids.to(dev), gen_span.to(dev)
 
     def compute_gradients(self, samples: Sequence[TrainSample], **objective_kwargs) -> dict:
         """Forward + backward over the whole batch, micro-batch by micro-batch; leaves the full-batch
         gradient in ``p.grad`` (no optimiser step) and returns the aggregated stats.
 
         ``objective_kwargs`` go to ``ftis_loss`` (method, C, eps, kl_threshold, normalize, ...); ``level``
-        defaults to each sample's own ``sequence_level`` flag. With normalize="kept" the micro-batch losses
+        defaults to each sample's own level (``TrainSample.level``: token, sequence or span). With normalize="kept" the micro-batch losses
         are computed over all N and the gradient is rescaled by N / kept once the kept count is known.
         When every advantage is zero nothing is back-propagated (stats["no_signal"] = 1).
         Raises LearnerOOM (gradients cleared) when memory runs out.
@@ -304,7 +333,7 @@ class Learner:
         from ftis_edge.objective import ftis_loss
 
         self._check(samples)
-        for key in ("num_samples", "gen_logp_sum"):
+        for key in ("num_samples", "gen_logp_sum", "span_ids", "gen_span_logp"):
             if key in objective_kwargs:
                 raise LearnerError(f"{key} is set by the learner, not by the caller")
         normalize = objective_kwargs.pop("normalize", "all")
@@ -333,11 +362,12 @@ class Learner:
                         logp, mask = self._shared_micro_batch(batch, live, uses)
                     else:
                         logp, mask = self._logprobs_unshared(batch)
-                    gen, gen_sum, adv, seq_level = self._objective_inputs(batch, logp.shape[1])
-                    level = level_override if level_override is not None else (
-                        "sequence" if bool(seq_level.all()) else "token" if not bool(seq_level.any()) else seq_level)
+                    gen, gen_sum, adv, level, span_ids, gen_span = self._objective_inputs(batch, logp.shape[1])
+                    if level_override is not None:
+                        level = level_override
                     loss, st = ftis_loss(logp, gen, adv, mask, level=level, normalize="all", num_samples=N,
-                                         gen_logp_sum=gen_sum, **objective_kwargs)
+                                         gen_logp_sum=gen_sum, span_ids=span_ids, gen_span_logp=gen_span,
+                                         **objective_kwargs)
                     if not no_signal:
                         loss.backward()
                     for k, v in st.pop("per_sample").items():   # back to the caller's sample order
@@ -425,6 +455,8 @@ class Learner:
             for n, p in own.items():
                 p.copy_(state["trainable"][n].to(p.device, p.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:   # the configured lr wins (a resumed run may change it)
+            group["lr"] = self.lr
         self.version = int(state["version"])
 
     def save_adapter(self, directory) -> Path:
@@ -460,6 +492,8 @@ def aggregate_stats(parts: list[tuple[int, dict]], per_sample: dict[str, torch.T
             out[k] = max((v for _, _, v in vals if not math.isnan(v)), default=float("nan"))
         elif rule == metric_keys.TOKEN_MEAN:
             out[k] = _weighted_mean([(t, v) for _, t, v in vals])
+        elif rule == metric_keys.SPAN_MEAN:
+            out[k] = _weighted_mean([(st.get("spans", 0.0), float(st[k])) for _, st in parts if k in st])
         else:     # MEAN; FRACTION and PER_SAMPLE start from it and are made exact below
             out[k] = _weighted_mean([(n, v) for n, _, v in vals])
     N = out.get("samples") or 0.0

@@ -14,14 +14,16 @@ from dataclasses import dataclass
 SUM = "sum"                  # counts, and the loss (each micro-batch's part is already /N)
 MEAN = "mean"                # mean weighted by the micro-batch's sample count
 TOKEN_MEAN = "token_mean"    # mean weighted by the micro-batch's token count
+SPAN_MEAN = "span_mean"      # mean weighted by the micro-batch's span count (stat "spans")
 MAX = "max"
 FRACTION = "fraction"        # exactly: the summed count ``of`` / the summed samples
 PER_SAMPLE = "per_sample"    # recomputed exactly from the step's per-sample tensors
 # Not combined over micro-batches: written once.
 STEP = "step"                # by the learner, once per step
 ROUND = "round"              # by the node, once per round
-MICRO_BATCH_RULES = (SUM, MEAN, TOKEN_MEAN, MAX, FRACTION, PER_SAMPLE)
-RULE_TEXT = {SUM: "sum", MEAN: "mean over samples", TOKEN_MEAN: "mean over tokens", MAX: "max",
+MICRO_BATCH_RULES = (SUM, MEAN, TOKEN_MEAN, SPAN_MEAN, MAX, FRACTION, PER_SAMPLE)
+RULE_TEXT = {SUM: "sum", MEAN: "mean over samples", TOKEN_MEAN: "mean over tokens",
+             SPAN_MEAN: "mean over spans", MAX: "max",
              FRACTION: "count ÷ samples", PER_SAMPLE: "exact, from per-sample values",
              STEP: "once per step", ROUND: "once per round"}
 
@@ -62,6 +64,9 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("peers/samples_used", "peer samples in the batch", ROUND),
         _m("samples/empty", "samples with no completion tokens", SUM),
         _m("samples/sequence_level", "cross-tokenizer samples (one IS weight per sequence)", SUM),
+        _m("samples/span_level", "cross-tokenizer samples weighted per span between shared byte boundaries",
+           SUM),
+        _m("spans", "spans of the span-level samples", SUM),
         _m("tokens", "completion tokens in the batch", SUM),
     ],
     "Objective (F-TIS step)": [
@@ -85,6 +90,8 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("kl/max", "largest per-sample k3 KL", MAX),
         _m("sampling/sampling_logp_difference/mean", "mean per-token abs(ℓ − g) over token-level samples",
            TOKEN_MEAN, trl="sampling/sampling_logp_difference/mean"),
+        _m("sampling/span_logp_difference/mean", "mean per-span abs(L_k − G_k) over span-level samples "
+           "(learner's vs generator's log-prob of the span's bytes)", SPAN_MEAN),
         _m("clip_ratio/region_mean", "fraction of tokens where the PPO clip is active (tis, vis, f-vis)",
            TOKEN_MEAN, trl="clip_ratio/region_mean"),
     ],

@@ -207,10 +207,12 @@ class Node:
         cfg, b = self.cfg, self.bundle
         horizontal = cfg.mode == "horizontal"
         nbytes = ntok = 0
+        tb = self._token_bytes()
         for g in groups:
             comps = [WireCompletion(token_ids=np.asarray(c.token_ids, dtype=np.int64),
                                     logprobs=np.asarray(c.logprobs, dtype=np.float32),
-                                    text=c.text, reward=r, finish_reason=c.finish_reason)
+                                    text=c.text, reward=r, finish_reason=c.finish_reason,
+                                    token_bytes=None if tb is None else tb.lengths(c.token_ids, c.text))
                      for c, r in zip(g.completions, g.rewards)]
             rollout = Rollout(
                 rollout_id=uuid.uuid4().hex, node_id=self.node_id, swarm=cfg.swarm.name,
@@ -226,6 +228,19 @@ class Node:
             ntok += sum(len(c.token_ids) for c in comps)
             self.swarm.publish_bytes(data, task=rollout.task, tok=rollout.tokenizer_fp)   # tags: filters
         return {"wire/bytes_per_token_out": nbytes / ntok if ntok else None}
+
+    def _token_bytes(self):
+        """Our tokenizer's per-token bytes (align.TokenBytes), built once; None if unsupported:
+        our rollouts then carry no byte lengths and other tokenizers weight them per sequence."""
+        if not hasattr(self, "_tb"):
+            from .align import AlignError, TokenBytes
+            try:
+                self._tb = TokenBytes(self.bundle.tokenizer())
+            except AlignError as err:
+                log.warning("no token byte lengths on the wire (%s): peers with another tokenizer "
+                            "will weight our samples per sequence", err)
+                self._tb = None
+        return self._tb
 
     def _collect_peers(self, own_group_ids: set[str] | None) -> tuple[list[PeerGroup], dict]:
         """Wait (bounded) for peer groups; a slow or absent peer never stalls the node."""
@@ -260,7 +275,8 @@ class Node:
             prompt_ids=lambda prompt: b.encode(b.render_prompt(self.task.messages(prompt.question))),
             text_ids=lambda text: b.tokenizer()(text, add_special_tokens=False, split_special_tokens=True)["input_ids"],
             eos_token_id=b.eos_token_ids[0] if b.eos_token_ids else None,
-            max_completion_length=self.cfg.task.max_completion_length)
+            max_completion_length=self.cfg.task.max_completion_length,
+            token_bytes=self._token_bytes(), cross_tokenizer_level=self.cfg.train.cross_tokenizer_level)
 
     def _train(self, samples) -> dict:
         from .learner import LearnerOOM

@@ -5,7 +5,8 @@ bfloat16 inputs, always computed in float32. The math is in docs/ftis.md:
 
     L = (1/N) Σ_i (1/|a_i|) Σ_t term_{i,t}
 
-with one of five per-token terms (nois, vis, tis, f-tis, f-vis). Masked (padding) positions
+with one of five per-token terms (nois, vis, tis, f-tis, f-vis), at one of three levels
+(token; span and sequence for peers with another tokenizer). Masked (padding) positions
 may hold garbage, NaN or -inf: they are replaced with ``torch.where`` before any arithmetic,
 so they never change the loss or its gradient.
 """
@@ -19,7 +20,7 @@ import torch
 from .errors import FtisError
 
 METHODS = ("nois", "vis", "tis", "f-tis", "f-vis")
-LEVELS = ("token", "sequence")
+LEVELS = ("token", "sequence", "span")   # an int level tensor holds indices into this
 NORMALIZE = ("all", "kept")
 ADVANTAGE_SCALES = ("std", "none")
 
@@ -107,7 +108,61 @@ def _check_logp(values: torch.Tensor, where: torch.Tensor, name: str, tol) -> No
             f"{name} must be log-probabilities (<= 0) inside the mask; got {_first_bad(bad, values)}")
 
 
-def _prepare(logp, gen_logp, mask, advantages=None, level="token", gen_logp_sum=None):
+def _level_codes(level, B: int, dev) -> torch.Tensor:
+    """level -> int64 [B] of indices into LEVELS (0 token, 1 sequence, 2 span)."""
+    if isinstance(level, str):
+        if level not in LEVELS:
+            raise ObjectiveError(f"unknown level {level!r}; expected one of {LEVELS} or a tensor [B]")
+        return torch.full((B,), LEVELS.index(level), dtype=torch.long, device=dev)
+    if isinstance(level, torch.Tensor):
+        if tuple(level.shape) != (B,) or level.is_floating_point() or level.is_complex():
+            raise ObjectiveError(f"level tensor must be bool (True = sequence) or int (indices into {LEVELS}) "
+                                 f"of shape {(B,)}, got {level.dtype} {tuple(level.shape)}")
+        if level.dtype == torch.bool:
+            return level.to(dev).long()
+        if bool(((level < 0) | (level >= len(LEVELS))).any()):
+            raise ObjectiveError(f"level codes must index {LEVELS}, got {level.tolist()}")
+        return level.to(dev).long()
+    raise ObjectiveError(f"level must be one of {LEVELS} or a tensor [B], got {type(level).__name__}")
+
+
+def _prepare_spans(span_ids, gen_span_logp, span_tok: torch.Tensor, l: torch.Tensor):
+    """Span-level inputs: (sid [B,T] long, G [B,S] float32, n_k [B,S] learner tokens per span).
+
+    Only the positions of span rows inside the mask are read; a span no such token refers to
+    is ignored (its G is 0 and n_k is 0)."""
+    B, T = span_tok.shape
+    dev = l.device
+    if not bool(span_tok.any()):
+        z = torch.zeros(B, 1, device=dev)
+        return torch.zeros(B, T, dtype=torch.long, device=dev), z, z
+    if span_ids is None or gen_span_logp is None:
+        raise ObjectiveError("span-level samples need span_ids [B, T] and gen_span_logp [B, S]")
+    span_ids = _tensor(span_ids, "span_ids").to(dev)
+    gen_span_logp = _tensor(gen_span_logp, "gen_span_logp").to(dev)
+    if tuple(span_ids.shape) != (B, T) or span_ids.is_floating_point() or span_ids.dtype == torch.bool:
+        raise ObjectiveError(f"span_ids must be an integer tensor of logp's shape {(B, T)}, got "
+                             f"{span_ids.dtype} {tuple(span_ids.shape)}")
+    if gen_span_logp.dim() != 2 or gen_span_logp.shape[0] != B or not gen_span_logp.is_floating_point():
+        raise ObjectiveError(f"gen_span_logp must be a float tensor [B, S] with B = {B}, got "
+                             f"{gen_span_logp.dtype} {tuple(gen_span_logp.shape)}")
+    S = gen_span_logp.shape[1]
+    if S == 0:
+        gen_span_logp = torch.zeros(B, 1, device=dev)   # no span: nothing may refer to one
+    bad = span_tok & ((span_ids < 0) | (span_ids >= S))
+    if bool(bad.any()):
+        raise ObjectiveError(f"span_ids must lie in [0, {S}) inside the mask; got {_first_bad(bad, span_ids)}")
+    sid = torch.where(span_tok, span_ids.long(), 0)
+    n_k = torch.zeros(B, max(S, 1), device=dev).scatter_add(1, sid, span_tok.float())
+    used = n_k > 0
+    tol = LOGP_TOLERANCE * n_k.clamp(min=1)       # a span's log-prob is a sum of a few tokens'
+    _check_logp(gen_span_logp.detach(), used, "gen_span_logp", tol)
+    G = torch.where(used, gen_span_logp.detach().float(), 0.0)
+    return sid, G, n_k
+
+
+def _prepare(logp, gen_logp, mask, advantages=None, level="token", gen_logp_sum=None,
+             span_ids=None, gen_span_logp=None):
     """Validate and convert. Returns a dict of float32 tensors on logp's device, padding zeroed."""
     logp = _tensor(logp, "logp")
     gen_logp = _tensor(gen_logp, "gen_logp")
@@ -132,28 +187,19 @@ def _prepare(logp, gen_logp, mask, advantages=None, level="token", gen_logp_sum=
             raise ObjectiveError(f"mask must hold only 0/1 (or bool), found {_first_bad((mask != 0) & (mask != 1), mask)}")
         mask = mask != 0
 
-    # which samples are sequence-level (cross-tokenizer)
-    if isinstance(level, str):
-        if level not in LEVELS:
-            raise ObjectiveError(f"unknown level {level!r}; expected one of {LEVELS} or a bool tensor [B]")
-        seq = torch.full((B,), level == "sequence", dtype=torch.bool, device=dev)
-    elif isinstance(level, torch.Tensor):
-        if level.dtype != torch.bool or tuple(level.shape) != (B,):
-            raise ObjectiveError(f"level tensor must be bool of shape {(B,)}, got {level.dtype} {tuple(level.shape)}")
-        seq = level.to(dev)
-    else:
-        raise ObjectiveError(f"level must be 'token', 'sequence' or a bool tensor [B], got {type(level).__name__}")
+    code = _level_codes(level, B, dev)
+    seq, span = code == 1, code == 2                   # sequence-level / span-level rows
 
     n = mask.sum(-1)                                   # |a_i| (int)
     _check_logp(logp, mask, "logp", LOGP_TOLERANCE)
     l = torch.where(mask, logp.float(), 0.0)           # keeps the graph; padding → 0, grad 0
 
     # per-token generator values are needed for token-level rows, and for sequence-level
-    # rows only when no gen_logp_sum is given (then gen_sum = Σ_t g)
+    # rows only when no gen_logp_sum is given (then gen_sum = Σ_t g); never for span rows
     if gen_logp_sum is None:
-        need_g = mask
+        need_g = mask & ~span[:, None]
     else:
-        need_g = mask & ~seq[:, None]
+        need_g = mask & (code == 0)[:, None]
     _check_logp(gen_logp, need_g, "gen_logp", LOGP_TOLERANCE)
     g = torch.where(need_g, gen_logp.detach().float(), 0.0)
 
@@ -168,7 +214,9 @@ def _prepare(logp, gen_logp, mask, advantages=None, level="token", gen_logp_sum=
         _check_logp(gen_logp_sum.detach(), seq, "gen_logp_sum", tol)
         gsum = torch.where(seq, gen_logp_sum.detach().float(), 0.0)
 
-    out = dict(l=l, g=g, gsum=gsum, mask=mask, seq=seq, n=n, B=B)
+    sid, G, n_k = _prepare_spans(span_ids, gen_span_logp, mask & span[:, None], l)
+
+    out = dict(l=l, g=g, gsum=gsum, mask=mask, seq=seq, span=span, sid=sid, G=G, n_k=n_k, n=n, B=B)
     if advantages is not None:
         advantages = _tensor(advantages, "advantages").to(dev)
         if tuple(advantages.shape) != (B,):
@@ -211,7 +259,8 @@ def kl_k3(logp: torch.Tensor, gen_logp: torch.Tensor, mask: torch.Tensor) -> tor
 
 def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: float = 2.0,
               eps: float = 0.2, kl_threshold: float = 5.0, level="token", normalize: str = "all",
-              num_samples: int | None = None, gen_logp_sum: torch.Tensor | None = None):
+              num_samples: int | None = None, gen_logp_sum: torch.Tensor | None = None,
+              span_ids: torch.Tensor | None = None, gen_span_logp: torch.Tensor | None = None):
     """The GRPO loss with off-policy correction; returns (loss, stats).
 
     logp        [B,T] learner log-probs ℓ of the sampled tokens (with grad), float32/bf16.
@@ -221,36 +270,47 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
     method      nois | vis | tis | f-tis | f-vis (docs/ftis.md; f- = with the KL filter).
     C, eps      truncation of the IS weight; PPO clip range.
     kl_threshold  g of the filter: drop iff Â_i <= 0 and KL_i > g (f- methods only).
-    level       "token", "sequence" (cross-tokenizer: one weight per sequence), or a bool
-                tensor [B] marking the sequence-level samples of a mixed batch.
+    level       "token", "sequence" (cross-tokenizer: one weight per sequence), "span"
+                (cross-tokenizer: one weight per span between shared byte boundaries), or a
+                tensor [B] for a mixed batch: bool (True = sequence level) or int (indices
+                into LEVELS: 0 token, 1 sequence, 2 span).
     normalize   "all": divide by N = B; "kept": by the samples the filter kept (non-empty).
     num_samples overrides that divisor, so micro-batch losses sum to the full-batch loss
                 (pass the full batch's B, or its total kept count with normalize="kept").
     gen_logp_sum [B] generator log-prob of each sequence-level sample's text (its own
                 tokenization); if None, Σ_t gen_logp over the mask.
+    span_ids    [B,T] int: span index of each learner token (span rows only; see align.py).
+    gen_span_logp [B,S] generator log-prob of each span (sum of the peer's own tokens in it).
 
     A sample with no tokens contributes 0 (reported as stats["samples/empty"]).
     stats: python floats named as in docs/ftis.md, plus stats["per_sample"] (detached [B]
-    tensors: kl, is_weight, dropped, advantage, tokens, sequence_level).
+    tensors: kl, is_weight, dropped, advantage, tokens, sequence_level, span_level).
     """
     _check_options(method, C, eps, kl_threshold, normalize, num_samples)
-    b = _prepare(logp, gen_logp, mask, advantages, level, gen_logp_sum)
+    b = _prepare(logp, gen_logp, mask, advantages, level, gen_logp_sum, span_ids, gen_span_logp)
     l, g, gsum, m, seq, n, A, B = b["l"], b["g"], b["gsum"], b["mask"], b["seq"], b["n"], b["A"], b["B"]
+    span, sid, G, n_k = b["span"], b["sid"], b["G"], b["n_k"]
     n_f = n.clamp(min=1).to(torch.float32)
     empty = n == 0
-    seq_t = seq[:, None]
+    seq_t, span_t = seq[:, None], span[:, None]
 
     # ---- no-grad quantities: IS weight, KL score, filter decision
     with torch.no_grad():
         ls = l.detach()
         lsum = ls.sum(-1)
-        # log(π_θ/π_gen): per token, or the whole sequence's for sequence-level samples
-        log_w = torch.where(seq_t, (lsum - gsum)[:, None], ls - g)
+        # span level: log(π_θ/π_gen) of each span's bytes, L_k − G_k, read back onto its tokens
+        L_k = torch.zeros_like(G).scatter_add(1, sid, torch.where(m & span_t, ls, 0.0))
+        span_lr = L_k - G                                      # [B, S]; 0 where no token refers
+        tok_span_lr = span_lr.gather(1, sid)                   # [B, T]
+        # log(π_θ/π_gen): per token, per span, or the whole sequence's
+        tok_lr = torch.where(span_t, tok_span_lr, ls - g)
+        log_w = torch.where(seq_t, (lsum - gsum)[:, None], tok_lr)
         raw_w = torch.exp(log_w.clamp(max=math.log(C) + 1.0))  # capped just above C: no inf
         weight = raw_w.clamp(max=C)                            # min(exp(sg(ℓ) − g), C)
         truncated = m & (raw_w >= C)
 
-        kl_tok = torch.where(m, _k3(g - ls), 0.0).sum(-1) / n_f
+        # token level: mean of per-token k3; span level: each token carries its span's k3
+        kl_tok = torch.where(m, _k3(-tok_lr), 0.0).sum(-1) / n_f
         # sequence level: k3 of the per-token mean log-ratio (the raw sum's k3 explodes with length)
         kl_seq = _k3((gsum - lsum) / n_f)
         kl = torch.where(empty, 0.0, torch.where(seq, kl_seq, kl_tok))
@@ -273,7 +333,9 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
         term = -weight * torch.minimum(R * a, R.clamp(1 - eps, 1 + eps) * a)
         clip_active = m & (((a > 0) & (R > 1 + eps)) | ((a < 0) & (R < 1 - eps)))
     else:  # vis: ρ = exp(ℓ − sg(g)); sequence level: per-token geometric mean (GSPO-style)
-        log_rho = torch.where(seq_t, ((l.sum(-1) - gsum) / n_f)[:, None], l - g)
+        # span level: value = the span's ratio, gradient ρ_k ∇ℓ_t (so ρ_k ∇L_k per span, counted once)
+        log_rho = torch.where(seq_t, ((l.sum(-1) - gsum) / n_f)[:, None],
+                              torch.where(span_t, l - ls + tok_span_lr, l - g))
         rho = torch.exp(log_rho.clamp(-VIS_LOG_RATIO_CLAMP, VIS_LOG_RATIO_CLAMP))
         term = -torch.minimum(rho * a, rho.clamp(1 - eps, 1 + eps) * a)
         clip_active = m & (((a > 0) & (rho > 1 + eps)) | ((a < 0) & (rho < 1 - eps)))
@@ -295,12 +357,12 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
     loss = per_sample.sum() / max(N, 1)
 
     stats = _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, truncated,
-                   ls, g, clip_active)
+                   ls, g, clip_active, span, span_lr, n_k)
     return loss, stats
 
 
 def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, truncated,
-           ls, g, clip_active) -> dict:
+           ls, g, clip_active, span, span_lr, n_k) -> dict:
     """Reporting numbers (floats; NaN where there is nothing to measure, stored as null)."""
     nan = float("nan")
     with torch.no_grad():
@@ -310,7 +372,9 @@ def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, 
         w_sample = torch.where(m, weight, 0.0).sum(-1) / n_f
         w_ne = w_sample[nonempty].double()
         kl_ne = kl[nonempty]
-        tok_rows = m & ~seq[:, None]
+        tok_rows = m & ~seq[:, None] & ~span[:, None]
+        spans_used = (n_k > 0) & span[:, None]
+        n_spans = int(spans_used.sum())
         n_tok = int(tok_rows.sum())
         ess = nan
         if w_ne.numel():
@@ -322,6 +386,8 @@ def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, 
             "tokens": float(tokens),
             "samples/empty": float(empty.sum()),
             "samples/sequence_level": float(seq.sum()),
+            "samples/span_level": float(span.sum()),
+            "spans": float(n_spans),
             "filter/dropped": float(dropped.sum()),
             "filter/dropped_frac": float(dropped.sum()) / B,
             "filter/kept": float((~dropped & nonempty).sum()),
@@ -337,6 +403,8 @@ def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, 
             "kl/max": float(kl_ne.max()) if kl_ne.numel() else nan,
             "sampling/sampling_logp_difference/mean": float(torch.where(tok_rows, (ls - g).abs(), 0.0).sum()) / n_tok
             if n_tok else nan,
+            "sampling/span_logp_difference/mean": float(torch.where(spans_used, span_lr.abs(), 0.0).sum())
+            / n_spans if n_spans else nan,
             "clip_ratio/region_mean": float(clip_active.sum()) / tokens if tokens else nan,
         }
         stats["per_sample"] = {
@@ -346,5 +414,6 @@ def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, 
             "advantage": adv.detach().clone(),
             "tokens": n.detach().clone(),
             "sequence_level": seq.detach().clone(),
+            "span_level": span.detach().clone(),
         }
     return stats

@@ -4,7 +4,7 @@ One message = ONE node's completions for ONE prompt (a whole GRPO group in verti
 or this node's part of a shared group in horizontal mode), so the header cost is shared by
 the whole group.
 
-Layout (protocol 1)::
+Layout (protocol 2; protocol 1 had no token byte lengths)::
 
     prefix (uncompressed, read by the relay without decompressing anything)
       b"FTR"            magic
@@ -16,18 +16,26 @@ Layout (protocol 1)::
     payload = codec(body)
     body
       u32 header_len, binary header (names, fingerprints, sampler, per-completion lengths,
-          text byte lengths, claimed rewards, finish reasons; see _pack_header)
+          text byte lengths, claimed rewards, has-token-bytes flags, finish reasons; see
+          _pack_header)
       prompt ids   (optional) W-byte little-endian unsigned ints, W = bytes for vocab_size
-      token ids    all completions concatenated, W-byte little-endian
       log-probs    q = round(-logp * 1024) as uint16, byte-planar (low bytes, high bytes);
                    q >= 65535 is written as 65535 and its true value follows as uint32
+      tokens       all completions concatenated, one record per token: the id, W-byte
+                   little-endian, then for completions flagged in the header one u8: how
+                   many bytes of the text the token spells (a completion's tokens add up to
+                   its text's UTF-8 length; an EOS token spells 0 bytes). A receiver with
+                   another tokenizer places the peer's tokens on the text with them
+                   (align.py) and weights spans instead of whole sequences.
       text         UTF-8 of all completions concatenated
 
 Why: byte planes put the near-constant high bytes together, which the compressor squeezes
 to almost nothing; fixed-point log-probs with step 1/1024 have error <= 4.9e-4 nats and
 most sampled tokens are near 0 nats, so their high byte is 0. Measured on real SmolLM2
 rollouts (benchmarks/bench_wire.py): ~4.5 B/token with lzma including text and header,
-against 8 B/token for int32 id + fp32 log-prob without any text.
+against 8 B/token for int32 id + fp32 log-prob without any text. The token byte lengths
+add ~0.25 B/token: next to its id, a token's length repeats with the id, so the compressor
+gets most of them from earlier matches (a separate section of lengths cost ~0.37).
 
 `decode` validates everything and raises only `WireError` (a ValueError with `.reason`).
 """
@@ -51,6 +59,7 @@ MAGIC = _P.ROLLOUT_MAGIC
 LOGPROB_SCALE = 1024          # fixed-point step 1/1024 nat -> max error 0.5/1024 = 4.9e-4
 LOGPROB_TOLERANCE = 1e-6      # positive log-probs up to this are rounding noise, stored as 0
 MIN_LOGPROB = -1.0e4          # anything lower is not a sampled token's log-prob
+MAX_TOKEN_BYTES = 255         # a token byte length travels as one u8
 _ESCAPE = 0xFFFF
 _MAX_Q = int(-MIN_LOGPROB * LOGPROB_SCALE)
 
@@ -97,17 +106,25 @@ DEFAULT_LIMITS = WireLimits()
 
 @dataclass
 class WireCompletion:
-    """One sampled completion: token ids, their behaviour log-probs, text, claimed reward."""
+    """One sampled completion: token ids, their behaviour log-probs, text, claimed reward.
+
+    token_bytes (optional): bytes of `text` each token spells, summing to len(text as UTF-8);
+    None when the sender could not place its tokens on the text (receivers with another
+    tokenizer then fall back to one sequence-level weight).
+    """
 
     token_ids: np.ndarray           # int, in [0, vocab_size)
     logprobs: np.ndarray            # float32, <= 0, one per token
     text: str
     reward: float                   # claimed by the sender; receivers re-score
     finish_reason: str = "length"   # "stop" | "length"
+    token_bytes: np.ndarray | None = None   # int, in [0, MAX_TOKEN_BYTES], one per token
 
     def __post_init__(self):
         self.token_ids = np.asarray(self.token_ids, dtype=np.int64)
         self.logprobs = np.asarray(self.logprobs, dtype=np.float32)
+        if self.token_bytes is not None:
+            self.token_bytes = np.asarray(self.token_bytes)   # dtype checked by encode: no silent casts
 
     @property
     def num_tokens(self) -> int:
@@ -189,6 +206,14 @@ def _packed_ids(values: np.ndarray, width: int) -> bytes:
     """Token ids as `width`-byte little-endian ints, interleaved (measured: compresses
     better than byte planes for ids, since repeated id runs stay contiguous)."""
     b = np.ascontiguousarray(values, dtype="<u4").view(np.uint8).reshape(-1, 4)[:, :width]
+    return np.ascontiguousarray(b).tobytes()
+
+
+def _packed_tokens(ids: np.ndarray, width: int, token_bytes: np.ndarray | None) -> bytes:
+    """One completion's token records: the id (`width` bytes), then its byte length (u8) if any."""
+    b = np.ascontiguousarray(ids, dtype="<u4").view(np.uint8).reshape(-1, 4)[:, :width]
+    if token_bytes is not None:
+        b = np.concatenate([b, np.asarray(token_bytes, dtype=np.uint8)[:, None]], axis=1)
     return np.ascontiguousarray(b).tobytes()
 
 
@@ -280,7 +305,8 @@ def _pack_header(h: dict) -> bytes:
     parts += [_pack_str(h[k]) for k in _STR_FIELDS]
     try:
         parts.append(_NUMS.pack(*(h[k] for k in _NUM_FIELDS)))
-        parts.append(struct.pack(f"<{n}I{n}I{n}d", *h["lengths"], *h["text_bytes"], *h["rewards"]))
+        parts.append(struct.pack(f"<{n}I{n}I{n}d{n}B", *h["lengths"], *h["text_bytes"], *h["rewards"],
+                                 *h["has_bytes"]))
     except struct.error as e:
         raise WireError("bad_value", f"header number out of range: {e}") from None
     parts += [_pack_str(f) for f in h["finish"]]
@@ -292,15 +318,29 @@ def _unpack_header(buf: bytes) -> dict:
     (n,) = struct.unpack("<H", r.take(2))
     h = {k: r.string(k) for k in _STR_FIELDS}
     h.update(zip(_NUM_FIELDS, _NUMS.unpack(r.take(_NUMS.size))))
-    arrays = struct.unpack(f"<{n}I{n}I{n}d", r.take(16 * n))
-    h["lengths"], h["text_bytes"], h["rewards"] = (list(arrays[:n]), list(arrays[n:2 * n]),
-                                                   list(arrays[2 * n:]))
+    arrays = struct.unpack(f"<{n}I{n}I{n}d{n}B", r.take(17 * n))
+    h["lengths"], h["text_bytes"], h["rewards"], h["has_bytes"] = (
+        list(arrays[:n]), list(arrays[n:2 * n]), list(arrays[2 * n:3 * n]), list(arrays[3 * n:]))
     h["finish"] = [r.string(f"finish[{i}]") for i in range(n)]
     if r.off != len(buf):
         raise WireError("length_mismatch", f"header has {len(buf) - r.off} trailing bytes")
     return h
 
 # ---------------------------------------------------------------- encode
+
+def _checked_token_bytes(i: int, token_bytes, shape, text_len: int) -> np.ndarray:
+    """A completion's token byte lengths as uint8; WireError unless they add up to its text."""
+    tb = np.asarray(token_bytes)
+    if tb.shape != shape or (tb.size and not np.issubdtype(tb.dtype, np.integer)):
+        raise WireError("length_mismatch", f"completion {i}: token_bytes {tb.shape} {tb.dtype} "
+                                           f"for {shape} token ids")
+    if tb.size and (tb.min() < 0 or tb.max() > MAX_TOKEN_BYTES):
+        raise WireError("bad_value", f"completion {i}: token byte length outside [0, {MAX_TOKEN_BYTES}]")
+    if int(tb.sum()) != text_len:
+        raise WireError("length_mismatch", f"completion {i}: token byte lengths add up to "
+                                           f"{int(tb.sum())}, its text is {text_len} bytes")
+    return tb.astype(np.uint8)
+
 
 def quantize_logprobs(logprobs: np.ndarray) -> np.ndarray:
     """Log-probs -> fixed-point q = round(-logp * 1024) (uint32); WireError on bad values."""
@@ -325,8 +365,8 @@ def encode(rollout: Rollout, *, codec: str = DEFAULT_CODEC,
     if not rid or not rid.isascii() or not rid.isprintable():
         raise WireError("bad_header", "rollout_id must be 1..64 printable ASCII chars")
 
-    ids_parts, q_parts, texts = [], [], []
-    lengths, text_lens = [], []
+    ids_parts, q_parts, texts, byte_parts = [], [], [], []
+    lengths, text_lens, has_bytes = [], [], []
     for i, c in enumerate(r.completions):
         ids = np.asarray(c.token_ids)
         if ids.ndim != 1 or np.asarray(c.logprobs).shape != ids.shape:
@@ -334,12 +374,15 @@ def encode(rollout: Rollout, *, codec: str = DEFAULT_CODEC,
                                                f"{np.asarray(c.logprobs).shape} log-probs")
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             raise WireError("id_out_of_range", f"completion {i}: token id outside [0, {vocab})")
-        ids_parts.append(ids.astype(np.uint32))
+        ids_parts.append(ids)
         q_parts.append(quantize_logprobs(c.logprobs))
         t = c.text.encode("utf-8")
         texts.append(t)
         lengths.append(int(ids.size))
         text_lens.append(len(t))
+        has_bytes.append(int(c.token_bytes is not None))
+        byte_parts.append(None if c.token_bytes is None
+                          else _checked_token_bytes(i, c.token_bytes, ids.shape, len(t)))
     prompt = None if r.prompt_ids is None else np.asarray(r.prompt_ids, dtype=np.int64)
     if prompt is not None and prompt.size and (prompt.min() < 0 or prompt.max() >= vocab):
         raise WireError("id_out_of_range", f"prompt token id outside [0, {vocab})")
@@ -355,6 +398,7 @@ def encode(rollout: Rollout, *, codec: str = DEFAULT_CODEC,
         "lengths": lengths, "text_bytes": text_lens,
         "rewards": [float(c.reward) for c in r.completions],
         "finish": [c.finish_reason for c in r.completions],
+        "has_bytes": has_bytes,
     }
     all_q = np.concatenate(q_parts) if q_parts else np.zeros(0, np.uint32)
     escapes = all_q[all_q >= _ESCAPE]
@@ -364,9 +408,8 @@ def encode(rollout: Rollout, *, codec: str = DEFAULT_CODEC,
     parts = [_U32.pack(len(hbytes)), hbytes]
     if prompt is not None:
         parts.append(_packed_ids(prompt, width))
-    all_ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint32)
     parts += [_planar(np.minimum(all_q, _ESCAPE), 2), escapes.astype("<u4").tobytes(),
-              _packed_ids(all_ids, width), *texts]
+              *(_packed_tokens(ids, width, tb) for ids, tb in zip(ids_parts, byte_parts)), *texts]
     body = b"".join(parts)
     if codec == "zlib":
         payload = zlib.compress(body, 9)
@@ -438,7 +481,7 @@ def _validate_fields(h: dict, limits: WireLimits) -> None:
     _check_float("sent_at", h.get("sent_at"), 0.0, 1e11)
     _check_int("n_prompt", h.get("n_prompt"), -1, limits.max_prompt_tokens)
     _check_int("n_escape", h.get("n_escape"), 0, 1 << 40)
-    lists = {k: h.get(k) for k in ("lengths", "text_bytes", "rewards", "finish")}
+    lists = {k: h.get(k) for k in ("lengths", "text_bytes", "rewards", "finish", "has_bytes")}
     for k, v in lists.items():
         if not isinstance(v, list):
             raise WireError("bad_header", f"{k} must be a list")
@@ -457,6 +500,7 @@ def _validate_fields(h: dict, limits: WireLimits) -> None:
         _check_int(f"text_bytes[{i}]", lists["text_bytes"][i], 0, limits.max_text_bytes)
         _check_float(f"rewards[{i}]", lists["rewards"][i], -1e6, 1e6)
         _check_str(f"finish[{i}]", lists["finish"][i], 32)
+        _check_int(f"has_bytes[{i}]", lists["has_bytes"][i], 0, 1)
 
 
 def _decode(data: bytes, limits: WireLimits) -> Rollout:
@@ -479,7 +523,8 @@ def _decode(data: bytes, limits: WireLimits) -> Rollout:
     n_prompt = max(h["n_prompt"], 0)
     n_esc = h["n_escape"]
     text_total = sum(h["text_bytes"])
-    expected = 4 + hlen + width * (n_prompt + n_tok) + 2 * n_tok + 4 * n_esc + text_total
+    n_bytes = sum(ln for ln, has in zip(lengths, h["has_bytes"]) if has)
+    expected = 4 + hlen + width * (n_prompt + n_tok) + 2 * n_tok + 4 * n_esc + n_bytes + text_total
     if expected != len(body):
         raise WireError("length_mismatch", f"header describes {expected} body bytes, got {len(body)}")
     off = 4 + hlen
@@ -502,8 +547,21 @@ def _decode(data: bytes, limits: WireLimits) -> Rollout:
                                            f"{-_ESCAPE / LOGPROB_SCALE:.2f}]")
         q[esc_mask] = esc
     off += 4 * n_esc
-    ids = _unpacked_ids(body[off:off + width * n_tok], n_tok, width)
-    off += width * n_tok
+    id_parts, token_bytes = [], []
+    for i, (ln, has) in enumerate(zip(lengths, h["has_bytes"])):
+        rec = width + has
+        records = np.frombuffer(body[off:off + rec * ln], dtype=np.uint8).reshape(ln, rec)
+        off += rec * ln
+        id_parts.append(_unpacked_ids(np.ascontiguousarray(records[:, :width]).tobytes(), ln, width))
+        if not has:
+            token_bytes.append(None)
+            continue
+        tb = records[:, width].astype(np.int64)
+        if int(tb.sum()) != h["text_bytes"][i]:
+            raise WireError("length_mismatch", f"completion {i}: token byte lengths add up to "
+                                               f"{int(tb.sum())}, its text is {h['text_bytes'][i]} bytes")
+        token_bytes.append(tb)
+    ids = np.concatenate(id_parts) if id_parts else np.zeros(0, np.uint32)
     if n_tok and int(ids.max()) >= vocab:
         raise WireError("id_out_of_range", f"token id {int(ids.max())} >= vocab_size {vocab}")
     logprobs = (-q.astype(np.float64) / LOGPROB_SCALE).astype(np.float32)
@@ -520,7 +578,7 @@ def _decode(data: bytes, limits: WireLimits) -> Rollout:
         completions.append(WireCompletion(
             token_ids=ids[tok_off:tok_off + ln].astype(np.int64),
             logprobs=logprobs[tok_off:tok_off + ln], text=text,
-            reward=float(h["rewards"][i]), finish_reason=h["finish"][i]))
+            reward=float(h["rewards"][i]), finish_reason=h["finish"][i], token_bytes=token_bytes[i]))
         tok_off += ln
     return Rollout(
         rollout_id=p.rollout_id, node_id=h["node_id"], swarm=h["swarm"], task=h["task"],

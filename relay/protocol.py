@@ -49,7 +49,7 @@ REFUSED_AT_HELLO = frozenset({IDENTITY, "too_many_peers", "bad_version", "bad_he
 # Written by ftis_edge.wire.encode, read by the relay without decompressing anything:
 #   b"FTR" | u8 protocol | u8 codec | u8 id kind | u8 id len | rollout id | u32 body length
 ROLLOUT_MAGIC = b"FTR"
-ROLLOUT_VERSION = 1
+ROLLOUT_VERSION = 2          # 2: token byte lengths in the body (wire.py); 1 is refused
 ROLLOUT_CODECS = {"none": 0, "zlib": 1, "lzma": 2}
 _CODEC_NAMES = {v: k for k, v in ROLLOUT_CODECS.items()}
 PREFIX_FIXED = struct.Struct("<3sBBBB")     # magic, protocol, codec, id kind, id length

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from ftis_edge.align import TokenBytes
 from ftis_edge.batch import (OWN, LocalTokenizer, OwnGroup, advantages, build_batch, peer_usage)
 from ftis_edge.generate.base import Completion
 from ftis_edge.intake import PeerGroup, PeerStats
@@ -105,6 +106,38 @@ def test_other_tokenizer_peers_are_retokenized_at_sequence_level():
     assert len(long) == 12 and EOS not in long
     no_eos = LocalTokenizer(TOK.prompt_ids, TOK.ids, eos_token_id=None, max_completion_length=3)
     assert no_eos.retokenize("ab", finished=True) == TOK.ids("ab")
+
+
+def char_token_bytes() -> TokenBytes:
+    """CharTokenizer's per-token bytes: each printable ASCII id spells its character; 0-2 nothing."""
+    tb = TokenBytes.__new__(TokenBytes)
+    tb.table = [b""] * 256
+    for o in range(32, 127):
+        tb.table[o % 250 + 3] = bytes([o])
+    tb.special = frozenset({0, 1, EOS})
+    return tb
+
+
+def test_other_tokenizer_peers_with_token_bytes_are_weighted_per_span():
+    p = peer_group("gemma", 5, [1.0, 0.0], same_tokenizer=False, texts=["hello", "hi"])
+    c0, c1 = p.rollout.completions
+    c0.token_bytes = np.array([2, 3])        # the peer's tokens: "he" "llo" (then it stopped)
+    c1.token_bytes = None                    # sent without byte lengths: sequence level
+    local = LocalTokenizer(TOK.prompt_ids, TOK.ids, EOS, max_completion_length=3, token_bytes=char_token_bytes())
+    stopped, cut = build_batch([], [p], mode="vertical", scale="none", local=local).samples
+    # ours: h e l l o EOS; shared byte boundaries {2, 5}: spans "he" | "llo" (+ our EOS)
+    assert stopped.level == "span" and stopped.span_ids == [0, 0, 1, 1, 1, 1]
+    assert stopped.gen_span_logprobs == pytest.approx([-0.25, -0.75])
+    assert stopped.completion_ids == TOK.ids("hello") + [EOS] and stopped.gen_logprob_sum == pytest.approx(-1.0)
+    assert cut.level == "sequence" and cut.span_ids is None
+    # the option: sequence level for everyone
+    seq = LocalTokenizer(TOK.prompt_ids, TOK.ids, EOS, 3, token_bytes=char_token_bytes(),
+                         cross_tokenizer_level="sequence")
+    assert [s.level for s in build_batch([], [p], mode="vertical", scale="none", local=seq).samples] == \
+        ["sequence", "sequence"]
+    # a re-tokenization cut at max_completion_length * 4 ids no longer spells the text: fallback
+    c0.text, c0.token_bytes = "x" * 20, np.array([10, 10])
+    assert build_batch([], [p], mode="vertical", scale="none", local=local).samples[0].level == "sequence"
 
 
 def test_horizontal_batch_merges_peer_parts_of_the_same_group():

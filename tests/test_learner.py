@@ -48,6 +48,14 @@ def test_aggregate_stats_makes_fractions_exact_and_refuses_unregistered_stats():
         aggregate_stats([(1, {"samples": 1.0, "grad_norm": 0.5})], {})
 
 
+def test_aggregate_stats_weights_span_mismatch_by_spans():
+    parts = [(2, {"samples": 2.0, "spans": 3.0, "sampling/span_logp_difference/mean": 1.0}),
+             (2, {"samples": 2.0, "spans": 1.0, "sampling/span_logp_difference/mean": 5.0}),
+             (1, {"samples": 1.0, "spans": 0.0, "sampling/span_logp_difference/mean": float("nan")})]
+    out = aggregate_stats(parts, {})
+    assert out["spans"] == 4 and out["sampling/span_logp_difference/mean"] == pytest.approx((3 * 1.0 + 5.0) / 4)
+
+
 def test_learner_rejects_a_directory_without_a_model(tmp_path):
     with pytest.raises(LearnerError, match="config.json"):
         Learner(tmp_path)
@@ -246,7 +254,12 @@ def test_state_dict_round_trip_restores_weights_and_optimiser(lora, encoded):
             assert torch.equal(restored[k]["exp_avg_sq"], st["exp_avg_sq"])
         lora.step(batch)                       # the same second step again: same Adam moments, same result
         assert all(torch.equal(w, after_two[n]) for n, w in _trainable(lora).items())
+        lora.lr = 0.0                          # resumed with lr 0 (a frozen expert): the config's lr wins
+        lora.load_state_dict(saved)
+        lora.step(batch)
+        assert all(torch.equal(w, after_one[n]) for n, w in _trainable(lora).items())
     finally:
+        lora.lr = 1e-3
         lora.load_state_dict(snapshot)
 
 
@@ -302,6 +315,33 @@ def test_mixed_token_and_sequence_level_batch_steps(lora, encoded):
         assert stats["per_sample"]["sequence_level"].tolist() == [False, False, True]
     finally:
         lora.load_state_dict(snapshot)
+
+
+@pytest.mark.model
+def test_span_level_sample_with_one_token_spans_equals_its_token_level_twin(lora, encoded):
+    batch = _on_policy(lora, encoded, [1.0, -1.0, 0.5])
+    batch[2] = TrainSample(batch[2].prompt_ids, batch[2].completion_ids, None,
+                           float(sum(batch[2].gen_logprobs)) - 0.3, 0.5, sequence_level=True, source="peer")
+    s = batch[1]
+    twin = TrainSample(s.prompt_ids, s.completion_ids, None, None, s.advantage, source="peer",
+                       span_ids=list(range(len(s.completion_ids))), gen_span_logprobs=list(s.gen_logprobs))
+    grads = []
+    for b in (batch, [batch[0], twin, batch[2]]):
+        lora.micro_batch = 2                      # token + span rows share a micro-batch, or not
+        stats = lora.compute_gradients(b, method="f-tis", kl_threshold=0.5)
+        grads.append([p.grad.clone() for p in lora.trainable_state().values()])
+    lora.micro_batch = 4
+    lora.optimizer.zero_grad(set_to_none=True)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+    assert stats["samples/span_level"] == 1 and stats["samples/sequence_level"] == 1
+    assert stats["per_sample"]["span_level"].tolist() == [False, True, False]
+    assert stats["spans"] == len(s.completion_ids) and stats["sampling/span_logp_difference/mean"] < 1e-4
+    with pytest.raises(LearnerError, match="span ids must lie"):
+        lora.logprobs([TrainSample(s.prompt_ids, s.completion_ids, None, None, 1.0, span_ids=[0] * len(
+            s.completion_ids), gen_span_logprobs=[])])
+    with pytest.raises(LearnerError, match="both span_ids"):
+        lora.logprobs([TrainSample(s.prompt_ids, s.completion_ids, None, None, 1.0, span_ids=[0])])
 
 
 @pytest.mark.model

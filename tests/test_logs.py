@@ -7,7 +7,7 @@ import time
 
 import zmq
 
-from ftis_edge import swarm
+from relay import client
 from ftis_edge.logs import round_line, setup_logging
 from relay.waker import Waker
 
@@ -20,8 +20,9 @@ def _flush():
 def test_module_loggers_reach_node_log_and_tracebacks_stay_out_of_the_console(tmp_path, capsys):
     setup_logging(tmp_path, console=True)
     try:
-        assert swarm.log.name == "ftis_edge.swarm"
-        swarm.log.warning("relay restarted (epoch abc): re-publishing 3 acked rollouts")
+        # the relay client lives beside the package (relay.client); its warnings are the node's too
+        assert client.log.name == "relay.client"
+        client.log.warning("relay restarted (epoch abc): re-publishing 3 acked rollouts")
         try:
             raise RuntimeError("boom")
         except RuntimeError:
@@ -35,9 +36,10 @@ def test_module_loggers_reach_node_log_and_tracebacks_stay_out_of_the_console(tm
         assert "relay restarted" in console and "failed: boom" in console
         assert "Traceback" not in console and "file only" not in console
     finally:
-        for h in list(logging.getLogger("ftis_edge").handlers):
-            logging.getLogger("ftis_edge").removeHandler(h)
-            h.close()
+        for name in ("ftis_edge", "relay"):
+            for h in list(logging.getLogger(name).handlers):
+                logging.getLogger(name).removeHandler(h)
+                h.close()
 
 
 def test_round_line_names_accuracy_speed_peers_and_a_skipped_step():

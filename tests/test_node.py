@@ -193,9 +193,14 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     smol, gemma = rounds_of(tmp_path / "smol")[0], rounds_of(tmp_path / "gemma")[0]
     assert smol["peers"]["gemma"]["accepted"] == 2 and gemma["peers"]["smol"]["accepted"] == 2
     assert smol["peers"]["gemma"]["tokenizer"] != gemma["peers"]["smol"]["tokenizer"]
-    # Peer samples from the other tokenizer are trained at sequence level (when a group had signal).
+    # Peer samples from the other tokenizer are trained per span (train.cross_tokenizer_level =
+    # "span", the default): the wire carried their token byte lengths; a completion whose tokens
+    # cannot be placed on its text falls back to the sequence level (when a group had signal).
     for rec in (smol, gemma):
-        assert rec.get("samples/sequence_level", 0) == rec["peers/samples_used"]
+        assert rec.get("samples/span_level", 0) + rec.get("samples/sequence_level", 0) == rec["peers/samples_used"]
+    if smol["peers/samples_used"] + gemma["peers/samples_used"]:
+        assert smol.get("samples/span_level", 0) + gemma.get("samples/span_level", 0) > 0
+    assert all(r["wire/bytes_per_token_out"] for r in (smol, gemma))
 
 
 def test_horizontal_mode_merges_parts_of_the_same_groups(tmp_path):

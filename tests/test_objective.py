@@ -182,6 +182,115 @@ def test_hand_values_sequence_level():
     assert loss.item() == approx((-1.5 * w[0] + 0.5 * w[1]) / 2)
 
 
+# --------------------------------------------------------------------------- span level
+# Sample 0's two learner tokens form one span whose bytes the peer gave −2.2 (as the sequence
+# test above); sample 1's tokens are split [0 | 1 1], the peer's span sums are −0.1 and −3.5.
+SPAN_IDS = [[0, 0, -7], [0, 1, 1]]         # −7 sits on padding: never read
+SPAN_G = [[-2.2, NAN], [-0.1, -3.5]]        # sample 0 has one span: the second slot is padding
+# L_k − G_k: sample 0: −3 + 2.2 = −0.8; sample 1: −0.5 + 0.1 = −0.4, −4 + 3.5 = −0.5
+
+
+def span_call(method, **kw):
+    logp = torch.tensor(L, requires_grad=True)
+    loss, stats = ftis_loss(logp, torch.full((2, 3), NAN), torch.tensor(ADV), torch.tensor(M),
+                            method=method, level="span", span_ids=torch.tensor(SPAN_IDS),
+                            gen_span_logp=torch.tensor(SPAN_G), **kw)
+    (grad,) = torch.autograd.grad(loss, logp)
+    return loss.item(), grad, stats
+
+
+def test_hand_values_span_level():
+    w0, w10, w11 = E(-0.8), E(-0.4), E(-0.5)
+    loss, grad, s = span_call("tis")
+    assert loss == approx((0.5 * (-1.5) * (w0 + w0) + (0.5 / 3) * (w10 + w11 + w11)) / 2)
+    assert_values(grad, [[-1.5 * w0 / 2 / 2] * 2 + [0.0], [0.5 * w10 / 3 / 2, 0.5 * w11 / 3 / 2,
+                                                           0.5 * w11 / 3 / 2]])
+    kl = [k3(0.8), (k3(0.4) + 2 * k3(0.5)) / 3]     # each token carries its span's k3(G_k − L_k)
+    assert s["per_sample"]["kl"].tolist() == approx(kl)
+    assert s["per_sample"]["is_weight"].tolist() == approx([w0, (w10 + 2 * w11) / 3])
+    assert s["per_sample"]["span_level"].tolist() == [True, True]
+    assert (s["samples/span_level"], s["spans"]) == (2.0, 3.0)
+    assert s["sampling/span_logp_difference/mean"] == approx((0.8 + 0.4 + 0.5) / 3)
+    assert math.isnan(s["sampling/sampling_logp_difference/mean"])
+    # the filter sees the span k3: sample 1 (Â < 0) is dropped at g = 0.1 < 0.1298, kept at 0.2
+    _, _, s = span_call("f-tis", kl_threshold=0.1)
+    assert s["per_sample"]["dropped"].tolist() == [False, True]
+    _, _, s = span_call("f-tis", kl_threshold=0.2)
+    assert s["per_sample"]["dropped"].tolist() == [False, False]
+
+
+def test_vis_span_level_hand_values_and_gradient():
+    # sample 0 (Â > 0): ρ = e^−0.8 inside; sample 1 (Â < 0): e^−0.4, e^−0.5 < 0.8 clipped → term 0.4
+    loss, grad, s = span_call("vis")
+    assert loss == approx((-1.5 * E(-0.8) + 0.4) / 2)
+    # each token's gradient is −Â ρ_k / |a| / N: the span's ratio, counted once per token
+    assert_values(grad, [[-1.5 * E(-0.8) / 2 / 2] * 2 + [0.0], [0.0] * 3])
+    assert s["clip_ratio/region_mean"] == approx(3 / 5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_token_spans_equal_token_level(method):
+    logp, gen_logp, adv, mask = rand_batch(B=6, seed=11, spread=1.5)
+    B, T = logp.shape
+    tok = loss_and_grad(logp, gen_logp, adv, mask, method=method, kl_threshold=0.3)
+    span = loss_and_grad(logp, torch.full((B, T), NAN), adv, mask, method=method, kl_threshold=0.3,
+                         level="span", span_ids=torch.arange(T).repeat(B, 1),
+                         gen_span_logp=torch.where(mask, gen_logp, NAN))
+    assert torch.allclose(tok[0], span[0], atol=1e-6)
+    assert torch.allclose(tok[1], span[1], atol=1e-7)
+    for key in ("kl", "is_weight", "dropped"):
+        assert torch.allclose(tok[2]["per_sample"][key].float(), span[2]["per_sample"][key].float(), atol=1e-6)
+    assert span[2]["sampling/span_logp_difference/mean"] == approx(tok[2]["sampling/sampling_logp_difference/mean"])
+
+
+@pytest.mark.parametrize("method", ["nois", "tis"])
+def test_one_span_per_sample_has_the_sequence_weight(method):
+    # one span over the whole completion: the same weight and gradient as the sequence level
+    # (the k3 differs by design: the span's k3 of the sum vs the sequence's k3 of the mean)
+    logp, gen_logp, adv, mask = rand_batch(B=5, seed=12, spread=0.3)
+    gsum = torch.where(mask, gen_logp, 0.0).sum(-1)
+    B, T = logp.shape
+    seq = loss_and_grad(logp, gen_logp, adv, mask, method=method, level="sequence", gen_logp_sum=gsum)
+    span = loss_and_grad(logp, gen_logp, adv, mask, method=method, level="span",
+                         span_ids=torch.zeros(B, T, dtype=torch.long), gen_span_logp=gsum[:, None])
+    assert torch.allclose(seq[0], span[0], atol=1e-6)
+    assert torch.allclose(seq[1], span[1], atol=1e-7)
+    assert torch.allclose(seq[2]["per_sample"]["is_weight"], span[2]["per_sample"]["is_weight"], atol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_mixed_three_levels_equal_sum_of_separate_calls(method):
+    logp, gen_logp, adv, mask = rand_batch(B=6, seed=13, spread=1.0)
+    B, T = logp.shape
+    code = torch.tensor([0, 2, 1, 2, 0, 1])
+    span_ids = (torch.arange(T) // 2).repeat(B, 1)                   # pairs of tokens
+    gen_span = torch.zeros(B, (T + 1) // 2).scatter_add(1, span_ids, torch.where(mask, gen_logp, 0.0)) - 0.2
+    gsum = torch.where(mask, gen_logp, 0.0).sum(-1) - 0.3
+    kw = dict(method=method, kl_threshold=0.3, gen_logp_sum=gsum, span_ids=span_ids, gen_span_logp=gen_span)
+    mixed = loss_and_grad(logp, torch.where((code == 0)[:, None], gen_logp, NAN), adv, mask, level=code, **kw)
+    total = torch.zeros(())
+    for lv, name in enumerate(("token", "sequence", "span")):
+        r = code == lv
+        part = loss_and_grad(logp[r], gen_logp[r], adv[r], mask[r], method=method, kl_threshold=0.3,
+                             level=name, gen_logp_sum=gsum[r], span_ids=span_ids[r],
+                             gen_span_logp=gen_span[r], num_samples=B)
+        total = total + part[0]
+        assert torch.allclose(mixed[1][r], part[1], atol=1e-7)
+    assert torch.allclose(mixed[0], total, atol=1e-6)
+    assert (mixed[2]["samples/sequence_level"], mixed[2]["samples/span_level"]) == (2.0, 2.0)
+
+
+def test_span_padding_garbage_is_ignored():
+    loss, grad, _ = span_call("f-tis", kl_threshold=0.1)
+    logp = torch.tensor(L, requires_grad=True)
+    ids = torch.tensor(SPAN_IDS)
+    ids[0, 2] = 10 ** 6                                  # out of range, but on padding
+    ref, _ = ftis_loss(logp, torch.full((2, 3), INF), torch.tensor(ADV), torch.tensor(M), method="f-tis",
+                       kl_threshold=0.1, level="span", span_ids=ids,
+                       gen_span_logp=torch.tensor([[-2.2, INF, 5.0], [-0.1, -3.5, NAN]]))
+    assert ref.item() == approx(loss)
+
+
 # --------------------------------------------------------------------------- gradients
 
 def test_tis_gradient_is_analytic():
@@ -454,7 +563,20 @@ def _good():
     (dict(method="tis2"), "unknown method"),
     (dict(method="nis"), "unknown method"),
     (dict(level="seq"), "unknown level"),
-    (dict(level=torch.tensor([1, 0])), "bool"),
+    (dict(level=torch.tensor([1.0, 0.0])), "bool"),
+    (dict(level=torch.tensor([3, 0])), "level codes"),
+    (dict(level="span"), "span_ids"),
+    (dict(level="span", span_ids=torch.tensor([[0, 0, 0], [0, 1, 2]]), gen_span_logp=torch.zeros(2, 2)),
+     r"span_ids must lie in \[0, 2\)"),
+    (dict(level="span", span_ids=torch.zeros(2, 3), gen_span_logp=torch.zeros(2, 1)), "integer tensor"),
+    (dict(level="span", span_ids=torch.zeros(2, 2, dtype=torch.long), gen_span_logp=torch.zeros(2, 1)),
+     "integer tensor"),
+    (dict(level="span", span_ids=torch.zeros(2, 3, dtype=torch.long), gen_span_logp=torch.zeros(2)),
+     "gen_span_logp must be a float tensor"),
+    (dict(level="span", span_ids=torch.tensor([[0, 1, 0], [0, 0, 0]]),
+          gen_span_logp=torch.tensor([[-1.0, NAN], [-1.0, NAN]])), "gen_span_logp has a non-finite"),
+    (dict(level="span", span_ids=torch.zeros(2, 3, dtype=torch.long),
+          gen_span_logp=torch.tensor([[-1.0], [0.5]])), "gen_span_logp must be log"),
     (dict(level=torch.tensor([True])), "bool"),
     (dict(normalize="mean"), "unknown normalize"),
     (dict(C=0.0), "C"),
@@ -522,3 +644,28 @@ def test_properties(batch, method, normalize, kl_threshold, pad):
                                       torch.cat([mask, zeros], 1), **kw)
     torch.testing.assert_close(loss_p, loss, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad_p[:, :T], grad, rtol=1e-6, atol=1e-7)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=batches(), method=st.sampled_from(METHODS), kl_threshold=st.sampled_from([0.0, 0.5, INF]),
+       cuts=st.lists(st.booleans(), min_size=6, max_size=6), gen_shift=st.floats(-3.0, 0.0))
+def test_span_level_properties(batch, method, kl_threshold, cuts, gen_shift):
+    logp, gen_logp, adv, mask, _ = batch
+    B, T = logp.shape
+    # monotone span ids: a new span starts wherever cuts[t] is True (spans of 1..T tokens)
+    starts = torch.tensor([False] + cuts[1:T])
+    span_ids = torch.cumsum(starts.long(), 0).repeat(B, 1)
+    S = int(span_ids.max()) + 1
+    gen_span = torch.zeros(B, S).scatter_add(1, span_ids, torch.where(mask, gen_logp, 0.0)) + gen_shift
+    kw = dict(method=method, kl_threshold=kl_threshold, level="span", span_ids=span_ids, gen_span_logp=gen_span)
+    loss, grad, s = loss_and_grad(logp, gen_logp, adv, mask, **kw)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert not s["per_sample"]["dropped"][adv > 0].any()
+    assert (s["per_sample"]["is_weight"] <= 2.0 + 1e-6).all() and (s["per_sample"]["kl"] >= 0).all()
+    # garbage on padding (log-probs, span ids, unused span slots) changes nothing
+    junk_ids = torch.where(mask, span_ids, 10 ** 6)
+    loss_p, grad_p, _ = loss_and_grad(torch.where(mask, logp, NAN), torch.full((B, T), NAN), adv, mask,
+                                      **{**kw, "span_ids": junk_ids,
+                                         "gen_span_logp": torch.cat([gen_span, torch.full((B, 2), NAN)], 1)})
+    torch.testing.assert_close(loss_p, loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad_p, grad, rtol=1e-6, atol=1e-7)

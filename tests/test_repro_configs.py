@@ -14,10 +14,15 @@ import batches  # noqa: E402
 import run  # noqa: E402
 
 
-@pytest.mark.parametrize("name", sorted(batches.BATCHES))
+PEER_BATCHES = sorted(n for n, b in batches.BATCHES.items() if not isinstance(b, batches.SwarmBatch))
+SWARM_BATCHES = sorted(n for n, b in batches.BATCHES.items() if isinstance(b, batches.SwarmBatch))
+ADDR = "tcp://127.0.0.1:5555"
+
+
+@pytest.mark.parametrize("name", PEER_BATCHES)
 def test_every_batch_writes_valid_configs(name, tmp_path):
     batch = batches.BATCHES[name]
-    cfgs = run.receiver_configs(batch, 0, 8, tmp_path, "tcp://127.0.0.1:5555", f"repro-{name}-s0")
+    cfgs = run.receiver_configs(batch, 0, 8, tmp_path, ADDR, f"repro-{name}-s0")
     assert set(cfgs) == set(batch.receivers)
     loaded = {n: config.load(run.write_config(c, tmp_path / f"{n}.toml")) for n, c in cfgs.items()}
     # Paired design: every receiver sees the same prompts and sampling seeds and never shares.
@@ -26,6 +31,57 @@ def test_every_batch_writes_valid_configs(name, tmp_path):
     for n, c in loaded.items():
         assert c.mode == ("alone" if n == "alone" else batch.collaboration)
         assert c.train.trainable == "lora" and c.model.spec == "smollm2-135m"
+    peer = config.load(run.write_config(run.peer_config(batch, 0, 8, tmp_path, ADDR, "s"), tmp_path / "peer.toml"))
+    assert peer.swarm.share and peer.swarm.relay == ADDR and peer.node.seed == 1000
+
+
+@pytest.mark.parametrize("name", SWARM_BATCHES)
+def test_swarm_batches_pair_each_node_with_itself_alone(name, tmp_path):
+    batch = batches.BATCHES[name]
+    cfgs = run.receiver_configs(batch, 2, None, tmp_path, ADDR, f"repro-{name}-s2")
+    loaded = {n: config.load(run.write_config(c, tmp_path / f"{n}.toml")) for n, c in cfgs.items()}
+    assert len(loaded) == 2 * batch.k
+    for i in range(batch.k):
+        sw, al = loaded[f"swarm-{i}"], loaded[f"alone-{i}"]
+        assert (sw.node_id, sw.node.seed) == (al.node_id, al.node.seed) == (f"node-{i}", 200 + i)
+        assert sw.swarm.share and sw.mode == batch.collaboration and sw.swarm.relay == ADDR
+        assert al.mode == "alone" and not al.swarm.share
+        # equal own compute: the same prompts per round, group size, tokens and rounds
+        assert (sw.task, sw.node.rounds) == (al.task, al.node.rounds) == (al.task, batch.rounds)
+        # a node takes every group the other K - 1 nodes share each round
+        assert sw.swarm.max_peer_groups == (batch.k - 1) * sw.task.prompts_per_round
+    assert len({c.node_id for c in loaded.values()}) == batch.k
+
+
+@pytest.mark.parametrize("name", sorted(n for n, b in batches.BATCHES.items() if getattr(b, "expert", None)))
+def test_expert_batches_train_the_expert_first_then_share_it(name, tmp_path):
+    batch = batches.BATCHES[name]
+    ex = batch.expert
+    exp = config.load(run.write_config(run.expert_config(ex, tmp_path / "e", batch.settings), tmp_path / "e.toml"))
+    assert exp.mode == "alone" and exp.node.rounds == ex.rounds >= 40 and exp.node.checkpoint_every == 1
+    peer = config.load(run.write_config(run.peer_config(batch, 1, None, tmp_path, ADDR, "s"), tmp_path / "p.toml"))
+    # the peer continues the expert's run: same model and trainable mode, rounds counted on from it
+    assert (peer.model.spec, peer.train.trainable) == (exp.model.spec, exp.train.trainable)
+    assert peer.node.rounds == ex.rounds + batch.rounds + 5 and peer.swarm.share
+    assert peer.train.learning_rate == (0.0 if ex.frozen else exp.train.learning_rate)
+    assert peer.task == exp.task                        # it shares groups of the receivers' size
+    # a pilot shortens both phases from the command line
+    short = run.peer_config(batch, 1, 3, tmp_path, ADDR, "s", expert_rounds=4)
+    assert short["node"]["rounds"] == 4 + 3 + 5
+
+
+@pytest.mark.parametrize("name", sorted(n for n, b in batches.BATCHES.items() if getattr(b, "settings", None)))
+def test_issue18_batches_resume_every_round_and_evaluate_200_prompts(name, tmp_path):
+    batch = batches.BATCHES[name]
+    cfg = next(iter(run.receiver_configs(batch, 0, None, tmp_path, ADDR, "s").values()))
+    assert cfg["node"]["checkpoint_every"] == 1 and cfg["node"]["rounds"] == batch.rounds
+    assert run.eval_limit(batch, None) >= 200 and run.eval_limit(batch, 30) == 30
+
+
+def test_gemma_expert_compares_span_and_sequence_weights():
+    recv = batches.BATCHES["expert-gemma"].receivers
+    assert recv["f-tis-span"]["train"]["cross_tokenizer_level"] == "span"
+    assert recv["f-tis-seq"]["train"]["cross_tokenizer_level"] == "sequence"
 
 
 def test_the_sweep_has_paper_thresholds_and_one_below():
@@ -36,3 +92,22 @@ def test_the_sweep_has_paper_thresholds_and_one_below():
 
 def test_merge_is_deep_and_later_wins():
     assert batches.merge({"a": {"x": 1, "y": 2}}, {"a": {"y": 3}, "b": 4}) == {"a": {"x": 1, "y": 3}, "b": 4}
+
+
+def test_value_table_pairs_swarm_nodes_with_their_isolated_twins():
+    import analyze
+
+    def run(rewards, acc):
+        return {"rounds": [{"reward/own": r, "gen/tokens": 100} for r in rewards],
+                "evals": {"id": {"accuracy": acc}, "ood": {"accuracy": acc / 2}}}
+    # node 0 in the swarm reaches its twin's final running mean (0.3) after 3 rounds, the twin
+    # alone after 6: 2x fewer own tokens; node 1 never reaches it
+    data = {"swarm4": {"swarm-0": {0: run([0.3, 0.3, 0.3, 0.5, 0.5, 0.5], 0.6)},
+                       "alone-0": {0: run([0.0, 0.0, 0.6, 0.2, 0.5, 0.5], 0.5)},
+                       "swarm-1": {0: run([0.0] * 6, 0.4)},
+                       "alone-1": {0: run([0.1] * 6, 0.5)}}}
+    rows = analyze.table_value(data)
+    assert len(rows) == 3
+    cells = [c.strip() for c in rows[2].split("|")[1:-1]]
+    assert cells[:3] == ["swarm4", "swarm − alone", "2"]
+    assert cells[7] == "1/2" and cells[8].startswith("2.00")

@@ -20,13 +20,15 @@ from ftis_edge.wire import Rollout, WireCompletion, WireError
 FIXTURE = Path(__file__).parent / "data" / "real_rollouts.json"
 
 
-def real_rollouts(with_prompt_ids: bool = False) -> list[Rollout]:
+def real_rollouts(with_prompt_ids: bool = False, with_token_bytes: bool = True) -> list[Rollout]:
     """One Rollout per group of the committed fixture (benchmarks/make_rollout_fixture.py)."""
     fx = json.loads(FIXTURE.read_text())
     out = []
     for i, g in enumerate(fx["groups"]):
         comps = [WireCompletion(c["token_ids"], c["logprobs"], c["text"], reward=float(i % 2),
-                                finish_reason=c["finish_reason"]) for c in g["completions"]]
+                                finish_reason=c["finish_reason"],
+                                token_bytes=c["token_bytes"] if with_token_bytes else None)
+                 for c in g["completions"]]
         out.append(Rollout(
             node_id="node-7f3a2c", swarm="gsm8k-smollm2", task=g["task"], prompt_id=g["prompt_id"],
             completions=comps, group_id=uuid.uuid4().hex, round=123, adapter_version=122,
@@ -54,23 +56,51 @@ def assert_same(a: Rollout, b: Rollout) -> None:
         assert np.array_equal(x.token_ids, y.token_ids)
         assert np.abs(x.logprobs.astype(np.float64) - y.logprobs).max(initial=0) <= 5e-4
         assert (x.text, x.reward, x.finish_reason) == (y.text, y.reward, y.finish_reason)
+        assert (x.token_bytes is None) == (y.token_bytes is None)
+        if x.token_bytes is not None:
+            assert y.token_bytes.tolist() == x.token_bytes.tolist()
         assert y.logprobs.dtype == np.float32 and np.all(y.logprobs <= 0)
 
 
 @pytest.mark.parametrize("codec", ["lzma", "zlib", "none"])
-def test_round_trip_on_real_rollouts(codec):
-    for r in real_rollouts(with_prompt_ids=True):
+@pytest.mark.parametrize("with_token_bytes", [True, False])
+def test_round_trip_on_real_rollouts(codec, with_token_bytes):
+    for r in real_rollouts(with_prompt_ids=True, with_token_bytes=with_token_bytes):
         back = wire.decode(wire.encode(r, codec=codec))
         assert_same(r, back)
         assert back.prompt_ids == r.prompt_ids and back.num_tokens == r.num_tokens
 
 
-def test_size_on_real_rollouts_is_at_most_4_5_bytes_per_token():
+def test_token_bytes_place_the_tokens_on_the_text():
     rs = real_rollouts()
+    c = wire.decode(wire.encode(rs[0])).completions[0]
+    ends = np.cumsum(c.token_bytes)
+    assert ends[-1] == len(c.text.encode())
+    # every token's bytes, cut out of the text at its offsets, are its own piece of the text
+    raw = c.text.encode()
+    assert b"".join(raw[a:b] for a, b in zip(np.r_[0, ends[:-1]], ends)) == raw
+    mixed = small(completions=[WireCompletion([1, 2, 3], [-0.5, -0.1, -1.0], "a b", 1.0, "stop", [1, 2, 0]),
+                               WireCompletion([4], [-1.0], "d", 0.0, "length")])
+    back = wire.decode(wire.encode(mixed))
+    assert back.completions[0].token_bytes.tolist() == [1, 2, 0] and back.completions[1].token_bytes is None
+
+
+def test_token_bytes_cost_at_most_half_a_byte_per_token():
+    with_b = [len(wire.encode(r)) for r in real_rollouts(with_token_bytes=True)]
+    without = [len(wire.encode(r)) for r in real_rollouts(with_token_bytes=False)]
+    n_tok = sum(r.num_tokens for r in real_rollouts())
+    cost = (sum(with_b) - sum(without)) / n_tok
+    assert 0.0 < cost <= 0.5, f"{cost:.3f} B/token"
+
+
+def test_size_on_real_rollouts_is_at_most_4_5_bytes_per_token_plus_token_bytes():
+    rs = real_rollouts(with_token_bytes=False)
     n_tok = sum(r.num_tokens for r in rs)
     assert n_tok > 3000
     nbytes = sum(len(wire.encode(r)) for r in rs)
     assert nbytes / n_tok <= 4.5, f"{nbytes / n_tok:.3f} B/token"
+    with_bytes = sum(len(wire.encode(r)) for r in real_rollouts())
+    assert with_bytes / n_tok <= 4.5 + 0.3, f"{with_bytes / n_tok:.3f} B/token with token bytes"
     err = max(float(np.abs(c.logprobs.astype(np.float64) - d.logprobs).max())
               for r in rs for c, d in zip(r.completions, wire.decode(wire.encode(r)).completions))
     assert 1e-4 < err <= 0.5 / wire.LOGPROB_SCALE <= 5e-4     # the quantiser is really used
@@ -132,12 +162,35 @@ def test_encode_rejects_bad_rollouts():
     assert reason(lambda: wire.encode(small(), limits=wire.WireLimits(max_message_bytes=50))) == "too_large"
 
 
+def test_token_bytes_are_validated_on_both_sides():
+    def one(tb, text="a b"):
+        return small(completions=[WireCompletion([1, 2, 3], [-0.5, -0.1, -1.0], text, 1.0, "stop", tb)])
+    assert reason(lambda: wire.encode(one([1, 1, 0]))) == "length_mismatch"       # 2 bytes for a 3-byte text
+    assert reason(lambda: wire.encode(one([1, 2]))) == "length_mismatch"          # one length short
+    assert reason(lambda: wire.encode(one([1.0, 2.0, 0.0]))) == "length_mismatch"  # not integers
+    assert reason(lambda: wire.encode(one([-1, 4, 0]))) == "bad_value"
+    assert reason(lambda: wire.encode(one([300, 0, 0], "x" * 300))) == "bad_value"   # > 255: one u8
+    good = wire.encode(one([1, 2, 0]), codec="none")
+    # the receiver checks the sum too: a forged length that still fits the body is rejected
+    body_at = wire.peek(good).payload_offset
+    records = bytes([1, 1, 2, 2, 3, 0])              # (id, byte length) per token, vocab 100: 1-byte ids
+    tb_at = good.index(records, body_at)
+    forged = good[:tb_at] + bytes([1, 1, 2, 1, 3, 0]) + good[tb_at + 6:]
+    assert reason(lambda: wire.decode(forged)) == "length_mismatch"
+    # a flag that claims token bytes the body does not hold
+    flag = repack(wire.encode(small()), edit_header=lambda h: {**h, "has_bytes": [1, 0]})
+    assert reason(lambda: wire.decode(flag)) == "length_mismatch"
+    bad_flag = repack(wire.encode(small()), edit_header=lambda h: {**h, "has_bytes": [2, 0]})
+    assert reason(lambda: wire.decode(bad_flag)) == "bad_value"
+
+
 def test_decode_reasons():
     good = wire.encode(small())
     assert reason(lambda: wire.decode(good[:5])) == "truncated"
     assert reason(lambda: wire.decode(good[:-3])) == "decompress"
     assert reason(lambda: wire.decode(b"XYZ" + good[3:])) == "bad_header"
-    assert reason(lambda: wire.decode(repack(good, version=2))) == "bad_version"
+    assert reason(lambda: wire.decode(repack(good, version=wire.PROTOCOL_VERSION + 1))) == "bad_version"
+    assert reason(lambda: wire.decode(repack(good, version=1))) == "bad_version"   # no token bytes
     assert reason(lambda: wire.decode(good, wire.WireLimits(max_message_bytes=10))) == "too_large"
     assert reason(lambda: wire.decode("text")) == "bad_header"
     # the body is longer than the declared length (a decompression bomb in miniature)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from batches import BATCHES  # noqa: E402
+from batches import BATCHES, SwarmBatch  # noqa: E402
 from experiments.summarize_run import mean_se as _mean_se  # noqa: E402
 from ftis_edge.metrics import read_metrics  # noqa: E402
 from run import EVAL_SETS, completed  # noqa: E402
@@ -157,7 +157,7 @@ def table_paired(data: dict) -> list[str]:
     lines = ["| batch | receiver − reference | seeds | Δ reward/own last 3 | Δ eval ID | Δ eval OOD |",
              "|---|---|---|---|---|---|"]
     isolated = data.get("methods", {}).get("alone", {})
-    for batch, recv in data.items():
+    for batch, recv in ((b, r) for b, r in data.items() if not getattr(BATCHES[b], "settings", None)):
         # Every receiver of seed s shares prompts, sampling seeds and LoRA init with the isolated
         # receiver of seed s (methods batch), so that is the reference everywhere.
         for name, seeds in recv.items():
@@ -219,6 +219,44 @@ def table_sweep(data: dict) -> list[str]:
             f"{fmt(p.get('kl_mean') or 0.0, float('nan'), 4)} | {fmt(final_reward(run), float('nan'))} | "
             f"{fmt(run['evals'].get('id', {}).get('accuracy', float('nan')), float('nan'))} | "
             f"{fmt(run['evals'].get('ood', {}).get('accuracy', float('nan')), float('nan'))} |")
+    return lines
+
+
+def value_pairs(batch_name: str, recv: dict) -> list[tuple[str, str]]:
+    """(collaborative run, its isolated reference) pairs within one issue-18 batch."""
+    if isinstance(BATCHES[batch_name], SwarmBatch):
+        return [(n, "alone-" + n.split("-", 1)[1]) for n in recv if n.startswith("swarm-")]
+    return [(n, "alone") for n in recv if n != "alone"]
+
+
+def table_value(data: dict) -> list[str]:
+    """Issue 18: each collaborative run minus its isolated twin (same batch, same seed; in a swarm
+    batch node i vs node i alone), and own tokens to reach the twin's final running-mean reward."""
+    lines = ["| batch | run − isolated twin | pairs | Δ running-mean reward (all rounds) | Δ reward/own last 3 | "
+             "Δ eval ID | Δ eval OOD | reached | speed-up in own tokens (isolated ÷ collaborative) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for batch in (b for b in data if getattr(BATCHES[b], "settings", None)):
+        recv = data[batch]
+        by_kind: dict[str, list[tuple[dict, dict]]] = {}
+        for run_name, ref_name in value_pairs(batch, recv):
+            kind = run_name.split("-")[0] if isinstance(BATCHES[batch], SwarmBatch) else run_name
+            for s, run in recv[run_name].items():
+                if s in recv.get(ref_name, {}):
+                    by_kind.setdefault(kind, []).append((run, recv[ref_name][s]))
+        for kind, pairs in by_kind.items():
+            d_rm = mean_se([running_mean_final(a) - running_mean_final(b) for a, b in pairs])
+            d_r = mean_se([final_reward(a) - final_reward(b) for a, b in pairs])
+            d_e = {w: mean_se([a["evals"][w]["accuracy"] - b["evals"][w]["accuracy"] for a, b in pairs
+                               if w in a["evals"] and w in b["evals"]]) for w in ("id", "ood")}
+            speed, reached = [], 0
+            for a, b in pairs:
+                target = running_mean_final(b)
+                t_a, t_b = tokens_to_reach(a, target), tokens_to_reach(b, target)
+                if t_a is not None and t_b:
+                    reached += 1
+                    speed.append(t_b / t_a)
+            lines.append(f"| {batch} | {kind} − alone | {len(pairs)} | {fmt(*d_rm)} | {fmt(*d_r)} | "
+                         f"{fmt(*d_e['id'])} | {fmt(*d_e['ood'])} | {reached}/{len(pairs)} | {fmt(*mean_se(speed), 2)} |")
     return lines
 
 
@@ -348,6 +386,8 @@ def main() -> int:
     print("\n".join(table_efficiency(data)))
     print("\n### KL-threshold sweep (f-tis, the methods peer, seed 0)\n")
     print("\n".join(table_sweep(data)))
+    print("\n### Does joining help? (issue 18 batches: paired with the isolated twin)\n")
+    print("\n".join(table_value(data)))
     args.plots.mkdir(parents=True, exist_ok=True)
     written = plot_rewards(data, args.plots) + [plot_evals(data, base, args.plots)]
     sweep = plot_sweep(data, args.plots)

@@ -12,7 +12,7 @@ methods, which is what makes a 3-seed comparison on a 2-core CPU meaningful at a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Shared by every node: the smallest setting in which the default node still learns in ~10 rounds.
 COMMON = {
@@ -52,12 +52,47 @@ def merge(*parts: dict) -> dict:
 
 
 @dataclass
+class Expert:
+    """A peer trained alone first (once, seed 0, in OUT/experts/NAME), then sharing: every seed
+    of its batch starts its peer from a copy of the expert's last checkpoint."""
+    name: str
+    config: dict                        # overrides of COMMON (model, train)
+    rounds: int = 40
+    frozen: bool = True                 # share with lr 0 (a fixed stream), or keep learning
+
+
+@dataclass
 class Batch:
     name: str
     about: str
     peer: dict
     receivers: dict[str, dict]          # receiver name -> overrides of RECEIVER
     collaboration: str = "vertical"
+    expert: Expert | None = None        # the peer is this expert (peer = its config then)
+    settings: dict = field(default_factory=dict)   # overrides of COMMON for every node of the batch
+    eval_limit: int | None = None       # prompts per eval set (None: the runner's --eval-limit)
+    rounds: int | None = None           # receivers' rounds (None: the runner's --rounds)
+
+
+@dataclass
+class SwarmBatch:
+    """K fresh nodes that all share and learn from each other (`swarm-i`), against the same K
+    nodes alone (`alone-i`: same node id and seed, so the same prompts and sampling seeds)."""
+    name: str
+    about: str
+    k: int
+    node: dict                          # overrides of RECEIVER for the swarm nodes (method, ...)
+    collaboration: str = "vertical"
+    settings: dict = field(default_factory=dict)
+    eval_limit: int | None = None
+    rounds: int | None = None
+
+    @property
+    def receivers(self) -> dict[str, dict]:
+        """Every node the batch trains and evaluates, by run-directory name."""
+        alone = {"swarm": {"collaboration": "alone", "share": False}}
+        return {**{f"swarm-{i}": self.node for i in range(self.k)},
+                **{f"alone-{i}": merge(self.node, alone) for i in range(self.k)}}
 
 
 def _method(m: str, **train) -> dict:
@@ -111,3 +146,49 @@ BATCHES = {
         receivers={"f-tis": _method("f-tis", kl_threshold=5.0)},
     ),
 }
+
+
+# ---------------------------------------------------------------- issue 18: does joining help?
+# Plan and power estimate: docs/results.md, "Does joining the swarm help? (plan)". Every node of
+# these batches checkpoints every round, so a stopped batch resumes losing at most one round.
+VALUE = {
+    "node": {"checkpoint_every": 1},
+    "task": {"prompts_per_round": 4, "num_generations": 8, "max_completion_length": 64},
+    "train": {"kl_threshold": 5.0},
+}
+VALUE_EVAL = 200                        # held-out greedy prompts per eval set (ID and OOD)
+VALUE_ROUNDS = 24                       # receivers' rounds (the pilot confirms the curve flattens)
+SMOL_EXPERT = Expert("smol-lora-40", {"model": {"spec": "smollm2-135m", "backend": "llamacpp", "precision": "f16"},
+                                      "train": {"trainable": "lora", "learning_rate": 2e-4}}, rounds=40)
+GEMMA_EXPERT = Expert("gemma-lora-40", GEMMA_LORA, rounds=40)
+# The expert shares as much per round as a receiver generates: its 4 groups.
+EXPERT_RECEIVER = {"swarm": {"max_peer_groups": 4}}
+
+BATCHES.update({
+    "expert-smol": Batch(
+        "expert-smol",
+        "expertise: a SmolLM2 node trained alone for 40 rounds first, then frozen and sharing; fresh "
+        "receivers learn alone / nois / f-tis from it",
+        peer=SMOL_EXPERT.config, expert=SMOL_EXPERT, settings=VALUE, eval_limit=VALUE_EVAL, rounds=VALUE_ROUNDS,
+        receivers={"alone": {"swarm": {"collaboration": "alone"}},
+                   "nois": merge(EXPERT_RECEIVER, _method("nois")),
+                   "f-tis": merge(EXPERT_RECEIVER, _method("f-tis"))},
+    ),
+    "expert-gemma": Batch(
+        "expert-gemma",
+        "the same with a Gemma 3 270M expert (other tokenizer): f-tis with span-aligned weights vs "
+        "sequence-level weights vs nois vs alone",
+        peer=GEMMA_EXPERT.config, expert=GEMMA_EXPERT, settings=VALUE, eval_limit=VALUE_EVAL, rounds=VALUE_ROUNDS,
+        receivers={"alone": {"swarm": {"collaboration": "alone"}},
+                   "nois": merge(EXPERT_RECEIVER, _method("nois")),
+                   "f-tis-span": merge(EXPERT_RECEIVER, _method("f-tis", cross_tokenizer_level="span")),
+                   "f-tis-seq": merge(EXPERT_RECEIVER, _method("f-tis", cross_tokenizer_level="sequence"))},
+    ),
+    "swarm4": SwarmBatch(
+        "swarm4",
+        "symmetric swarm: 4 fresh SmolLM2 nodes (different seeds) that all share and learn from each other "
+        "with f-tis, against the same 4 nodes alone; equal own compute per node",
+        k=4, node=merge(_method("f-tis"), {"swarm": {"share": True, "max_peer_groups": 12, "max_wait_s": 120.0}}),
+        settings=VALUE, eval_limit=VALUE_EVAL, rounds=VALUE_ROUNDS,
+    ),
+})

@@ -5,13 +5,21 @@
 
 Layout: OUT/BATCH/sSEED/{peer,RECEIVER}/ are ordinary run directories (metrics.jsonl, node.log,
 adapter/), plus eval-id.json / eval-ood.json per receiver. A finished receiver (stop record +
-both evals) is skipped, so an interrupted sweep resumes where it stopped. Every node uses one
-thread: a batch is 3–9 processes sharing the CPU, and the peer sets the pace.
+both evals) is skipped, and an unfinished node with a checkpoint is restarted with --resume
+(the issue-18 batches checkpoint every round: a stopped batch loses at most one round), so an
+interrupted sweep resumes where it stopped. Every node uses one thread: a batch is 3–9
+processes sharing the CPU, and the peer sets the pace.
+
+Batches with an expert (batches.Expert) first train the expert alone, once, in
+OUT/experts/NAME; each seed's peer then starts from a copy of the expert's run (its last
+checkpoint) and shares, frozen (lr 0) or still learning. Swarm batches (batches.SwarmBatch)
+run K nodes that all share and learn from each other, and the same K nodes alone.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from batches import BATCHES, COMMON, PEER, RECEIVER, merge  # noqa: E402
+from batches import BATCHES, COMMON, PEER, RECEIVER, SwarmBatch, merge  # noqa: E402
 from ftis_edge import config as cfgmod  # noqa: E402
 from ftis_edge.metrics import read_metrics  # noqa: E402
 
@@ -56,21 +64,90 @@ def finished(run_dir: Path) -> bool:
 
 def receiver_configs(batch, seed: int, rounds: int, out: Path, addr: str, swarm: str) -> dict[str, dict]:
     cfgs = {}
+    rounds = batch_rounds(batch, rounds)
     for name, over in batch.receivers.items():
         alone = over.get("swarm", {}).get("collaboration") == "alone"
         # One node id and seed for every receiver: same prompts, same sampling seeds, same LoRA
-        # init — a paired comparison in which only the compared setting differs.
-        cfgs[name] = merge(COMMON, RECEIVER, {
-            "node": {"id": "learner", "seed": seed, "rounds": rounds, "run_dir": str(out / name)},
+        # init — a paired comparison in which only the compared setting differs. In a swarm
+        # batch, swarm-i and alone-i share node-i's id and seed; the K nodes differ.
+        node_id, node_seed = "learner", seed
+        if isinstance(batch, SwarmBatch):
+            i = int(name.rsplit("-", 1)[1])
+            node_id, node_seed = f"node-{i}", seed * 100 + i
+        cfgs[name] = merge(COMMON, getattr(batch, "settings", {}), RECEIVER, {
+            "node": {"id": node_id, "seed": node_seed, "rounds": rounds, "run_dir": str(out / name)},
             "swarm": {"relay": "" if alone else addr, "name": swarm, "collaboration": batch.collaboration},
         }, over)
     return cfgs
 
 
-def start_node(cfg_path: Path, log_path: Path) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "ftis-edge"), "start", str(cfg_path), "--headless", "--overwrite"],
-                            stdout=log_path.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
+DEFAULT_ROUNDS = 8
+
+
+def batch_rounds(batch, rounds: int | None) -> int:
+    """--rounds if given (a pilot), else the batch's own rounds, else DEFAULT_ROUNDS."""
+    return rounds or getattr(batch, "rounds", None) or DEFAULT_ROUNDS
+
+
+def expert_config(expert, out: Path, settings: dict, rounds: int | None = None) -> dict:
+    """The expert's training run: alone, seed 0, checkpointing every round."""
+    return merge(COMMON, settings, expert.config, {
+        "node": {"id": f"expert-{expert.name}", "seed": 0, "rounds": rounds or expert.rounds,
+                 "checkpoint_every": 1, "run_dir": str(out)},
+        "swarm": {"collaboration": "alone", "relay": "", "share": False}})
+
+
+def peer_config(batch, seed: int, rounds: int | None, out: Path, addr: str, swarm: str,
+                expert_rounds: int | None = None) -> dict:
+    """The sharing peer of one seed: the batch's peer, or its expert continued from its checkpoint."""
+    extra_rounds = batch_rounds(batch, rounds) + 5        # the peer outlasts the receivers
+    cfg = merge(COMMON, getattr(batch, "settings", {}), batch.peer, PEER, {
+        "node": {"id": "peer", "seed": 1000 + seed, "rounds": extra_rounds, "run_dir": str(out / "peer")},
+        "swarm": {"relay": addr, "name": swarm, "collaboration": batch.collaboration}})
+    expert = getattr(batch, "expert", None)
+    if expert is not None:
+        cfg["node"]["rounds"] = (expert_rounds or expert.rounds) + extra_rounds
+        if expert.frozen:
+            cfg["train"]["learning_rate"] = 0.0   # the config's lr wins over the checkpoint's on resume
+    return cfg
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return any((run_dir / "checkpoints").glob("round-*/state.pt"))
+
+
+def start_node(cfg_path: Path, log_path: Path, run_dir: Path | None = None) -> subprocess.Popen:
+    """Start a node: --resume from its last checkpoint if it has one, else a fresh run."""
+    resume = run_dir is not None and has_checkpoint(run_dir)
+    return subprocess.Popen([str(BIN / "ftis-edge"), "start", str(cfg_path), "--headless",
+                             "--resume" if resume else "--overwrite"],
+                            stdout=log_path.open("a" if resume else "w"), stderr=subprocess.STDOUT, cwd=ROOT,
                             start_new_session=True)
+
+
+def train_expert(expert, out: Path, settings: dict, timeout_s: float, rounds: int | None = None) -> bool:
+    """Train the expert alone once (resumable); True when it has done all its rounds."""
+    if finished(out):
+        return True
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"[expert {expert.name}] training alone ({rounds or expert.rounds} rounds)", flush=True)
+    proc = start_node(write_config(expert_config(expert, out, settings, rounds), out.parent / f"{expert.name}.toml"),
+                      out.parent / f"{expert.name}.out", out)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        stop(proc)
+    return finished(out)
+
+
+def seed_peer_from_expert(expert_dir: Path, peer_dir: Path) -> None:
+    """The peer of one seed continues the expert's run (copied once; later restarts resume it)."""
+    if not has_checkpoint(peer_dir):
+        if peer_dir.exists():
+            shutil.rmtree(peer_dir)
+        shutil.copytree(expert_dir, peer_dir)
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
@@ -84,27 +161,33 @@ def stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
         proc.wait()
 
 
-def train(batch, seed: int, rounds: int, out: Path, timeout_s: float) -> None:
+def train(batch, seed: int, rounds: int | None, out: Path, timeout_s: float, experts: Path | None = None,
+          expert_rounds: int | None = None) -> None:
     port = free_port()
     addr, swarm = f"tcp://127.0.0.1:{port}", f"repro-{batch.name}-s{seed}"
     cfgs = receiver_configs(batch, seed, rounds, out, addr, swarm)
     todo = {n: c for n, c in cfgs.items() if not finished(out / n)}
     if not todo:
         return
-    print(f"[{batch.name} s{seed}] training {', '.join(todo)} ({rounds} rounds)", flush=True)
+    expert = getattr(batch, "expert", None)
+    if expert is not None:
+        expert_dir = (experts or out.parent.parent / "experts") / expert.name
+        if not train_expert(expert, expert_dir, batch.settings, timeout_s, expert_rounds):
+            print(f"[expert {expert.name}] not finished: see {expert_dir}; rerun to resume", flush=True)
+            return
+        seed_peer_from_expert(expert_dir, out / "peer")
+    print(f"[{batch.name} s{seed}] training {', '.join(todo)} ({batch_rounds(batch, rounds)} rounds)", flush=True)
     relay = subprocess.Popen([str(BIN / "ftis-relay"), "--bind", addr], stdout=(out / "relay.out").open("w"),
                              stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     procs = {}
     try:
         time.sleep(1.0)
-        if any(c["swarm"]["relay"] for c in todo.values()):     # only isolated receivers left: no peer
-            peer_cfg = merge(COMMON, batch.peer, PEER, {
-                # The peer outlasts the receivers (it is stopped when they are done).
-                "node": {"id": "peer", "seed": 1000 + seed, "rounds": rounds + 5, "run_dir": str(out / "peer")},
-                "swarm": {"relay": addr, "name": swarm, "collaboration": batch.collaboration}})
-            procs["peer"] = start_node(write_config(peer_cfg, out / "peer.toml"), out / "peer.out")
+        # only isolated receivers left, or a swarm batch (its nodes are each other's peers): no peer
+        if not isinstance(batch, SwarmBatch) and any(c["swarm"]["relay"] for c in todo.values()):
+            peer_cfg = peer_config(batch, seed, rounds, out, addr, swarm, expert_rounds)
+            procs["peer"] = start_node(write_config(peer_cfg, out / "peer.toml"), out / "peer.out", out / "peer")
         for name, c in todo.items():
-            procs[name] = start_node(write_config(c, out / f"{name}.toml"), out / f"{name}.out")
+            procs[name] = start_node(write_config(c, out / f"{name}.toml"), out / f"{name}.out", out / name)
         deadline = time.time() + timeout_s
         while time.time() < deadline and any(p.poll() is None for n, p in procs.items() if n != "peer"):
             time.sleep(2.0)
@@ -146,6 +229,16 @@ def run_evals(jobs: list[tuple[list[str], Path]], parallel: int = 2) -> None:
                     print(f"eval failed ({p.returncode}): see {log}", flush=True)
 
 
+def eval_limit(batch, override: int | None) -> int:
+    return override or getattr(batch, "eval_limit", None) or 24
+
+
+def evaluated_prompts(path: Path) -> int:
+    """Prompts in an eval json (0 if there is none): a base eval smaller than needed is redone."""
+    import json
+    return len(json.loads(path.read_text()).get("items", [])) if path.exists() else 0
+
+
 def eval_jobs(batch, seed: int, out: Path, limit: int) -> list:
     jobs = []
     for name in batch.receivers:
@@ -164,8 +257,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("batches", nargs="*", help=f"any of: {', '.join(BATCHES)}")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--eval-limit", type=int, default=24, help="prompts per eval set")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help=f"receivers' rounds (default: the batch's own, else {DEFAULT_ROUNDS}); set it for a pilot")
+    ap.add_argument("--expert-rounds", type=int, default=None, help="override the experts' training rounds (pilot)")
+    ap.add_argument("--eval-limit", type=int, default=None,
+                    help="prompts per eval set (default: the batch's own, else 24)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "repro")
     ap.add_argument("--timeout-min", type=float, default=60.0, help="per batch and seed")
     ap.add_argument("--sweep-seeds", type=int, nargs="*", default=[0], help="seeds the `sweep` batch runs")
@@ -181,8 +277,9 @@ def main() -> int:
         ap.error(f"unknown batch {', '.join(unknown)}; choose from {', '.join(BATCHES)}")
     base = args.out / "base"
     base.mkdir(parents=True, exist_ok=True)
-    run_evals([(eval_cmd(None, w, args.eval_limit, "f16", base / f"eval-{w}.json"), base / f"eval-{w}.out")
-               for w in EVAL_SETS if not (base / f"eval-{w}.json").exists()])
+    limit = max(eval_limit(BATCHES[b], args.eval_limit) for b in args.batches)
+    run_evals([(eval_cmd(None, w, limit, "f16", base / f"eval-{w}.json"), base / f"eval-{w}.out")
+               for w in EVAL_SETS if evaluated_prompts(base / f"eval-{w}.json") < limit])
     for seed in args.seeds:
         for name in args.batches:
             if name == "sweep" and seed not in args.sweep_seeds:
@@ -190,9 +287,9 @@ def main() -> int:
             batch, out = BATCHES[name], args.out / name / f"s{seed}"
             out.mkdir(parents=True, exist_ok=True)
             t0 = time.time()
-            train(batch, seed, args.rounds, out, args.timeout_min * 60)
+            train(batch, seed, args.rounds, out, args.timeout_min * 60, args.out / "experts", args.expert_rounds)
             if not args.no_eval:
-                run_evals(eval_jobs(batch, seed, out, args.eval_limit))
+                run_evals(eval_jobs(batch, seed, out, eval_limit(batch, args.eval_limit)))
             print(f"[{name} s{seed}] done in {time.time() - t0:.0f} s", flush=True)
     return 0
 
