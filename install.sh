@@ -124,6 +124,17 @@ else
 fi
 
 # --- llama-cpp-python: build once, keep the wheel ------------------------------
+# The source distribution is fetched once: the wheel is built from it, and llama.cpp's own
+# HF -> GGUF converter (convert_hf_to_gguf.py + conversion/ + gguf-py/) is kept from it.
+SDIST="$CACHE/sdist/llama_cpp_python-$LLAMA_VERSION.tar.gz"
+fetch_sdist() {
+  [ -f "$SDIST" ] && return 0
+  say "downloading the llama-cpp-python $LLAMA_VERSION source distribution"
+  mkdir -p "$CACHE/sdist"
+  "${PIP[@]}" download -q --no-deps --no-binary :all: -d "$CACHE/sdist.tmp" "llama-cpp-python==$LLAMA_VERSION" \
+    || die "could not download the llama-cpp-python $LLAMA_VERSION source distribution"
+  mv "$CACHE/sdist.tmp"/llama_cpp_python-"$LLAMA_VERSION".tar.gz "$SDIST" && rm -rf "$CACHE/sdist.tmp"
+}
 WHEELS="$CACHE/wheels/llama-cpp-python-$LLAMA_VERSION-$FLAVOUR-$(echo "$CMAKE_FLAGS" | sha256 | cut -c1-8)"
 if "$VPY" -c "import llama_cpp, sys; sys.exit(0 if llama_cpp.__version__ == '$LLAMA_VERSION' else 1)" >/dev/null 2>&1 \
    && [ -f "$VENV/.ftis-llama-flavour" ] && [ "$(cat "$VENV/.ftis-llama-flavour")" = "$WHEELS" ]; then
@@ -138,8 +149,9 @@ else
     say "building llama-cpp-python $LLAMA_VERSION ($FLAVOUR) — about 6 min on 2 cores, once"
     mkdir -p "$WHEELS"
     # --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and could hand back a native build.
+    fetch_sdist
     CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(ncpu)}" \
-      "${PIP[@]}" wheel --no-deps --no-cache-dir -w "$WHEELS.tmp" "llama-cpp-python==$LLAMA_VERSION" \
+      "${PIP[@]}" wheel --no-deps --no-cache-dir -w "$WHEELS.tmp" "$SDIST" \
       || die "llama-cpp-python build failed (see the compiler output above)"
     mv "$WHEELS.tmp"/llama_cpp_python-*.whl "$WHEELS"/ && rmdir "$WHEELS.tmp"
   else
@@ -149,6 +161,22 @@ else
   "${PIP[@]}" install -q numpy typing-extensions diskcache jinja2
   echo "$WHEELS" > "$VENV/.ftis-llama-flavour"
 fi
+
+# --- llama.cpp's HF -> GGUF converter (ftis_edge.gguf_io.converter_dir) ------------------
+CONVERTER="$CACHE/llama.cpp-convert-$LLAMA_VERSION"
+if [ -f "$CONVERTER/convert_hf_to_gguf.py" ]; then
+  say "llama.cpp converter already in $CONVERTER"
+else
+  fetch_sdist
+  say "keeping llama.cpp's convert_hf_to_gguf.py + gguf-py in $CONVERTER"
+  rm -rf "$CONVERTER.tmp" && mkdir -p "$CONVERTER.tmp"
+  SRC="llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp"
+  tar xzf "$SDIST" -C "$CONVERTER.tmp" --strip-components=3 \
+    "$SRC/convert_hf_to_gguf.py" "$SRC/conversion" "$SRC/gguf-py" "$SRC/LICENSE" \
+    || die "the llama-cpp-python source distribution has no convert_hf_to_gguf.py"
+  rm -rf "$CONVERTER" && mv "$CONVERTER.tmp" "$CONVERTER"
+fi
+rm -f "$SDIST"      # 77 MB; the wheel and the converter are all we keep from it
 
 # --- ftis-edge itself + the default model ----------------------------------------
 WANT=()

@@ -58,7 +58,8 @@ LR, MICRO_BATCH, SEED = 1e-4, 8, 0
 
 # --------------------------------------------------------------------------- ftis-edge side
 
-def build_ftis(run_dir: Path, threads: int, max_new_tokens: int):
+def build_ftis(run_dir: Path, threads: int, max_new_tokens: int, train_all: bool = False,
+               share_prompts: bool = True):
     """A real alone-mode node, built and synced as ``Node.run()`` does before its first round."""
     from ftis_edge.config import from_dict
     from ftis_edge.node import Node
@@ -75,7 +76,19 @@ def build_ftis(run_dir: Path, threads: int, max_new_tokens: int):
     node = Node(cfg, console_log=False)
     node.build()
     node.sync.sync(node.learner.version)
+    if train_all:
+        _train_every_group()
+    if not share_prompts:
+        node.learner.share_prompts = False
     return node
+
+
+def _train_every_group():
+    """--train-all: every completion goes into the step, as in TRL (a group whose rewards are all
+    equal gets advantage 0 instead of being skipped: forwarded and back-propagated, no gradient)."""
+    from ftis_edge import batch
+    rule = batch.advantages
+    batch.advantages = lambda rewards, scale: rule(rewards, scale) or [0.0] * len(rewards)
 
 
 def round_prompts(node, round_no: int):
@@ -218,7 +231,9 @@ def markdown(res: dict) -> str:
     a = res["args"]
     lines = [f"### One GRPO round: ftis-edge vs TRL GRPOTrainer "
              f"(SmolLM2-135M, LoRA r=8, {PROMPTS} prompts x G={G}, <= {a['max_new_tokens']} new tokens, "
-             f"{a['threads']} threads)", "",
+             f"{a['threads']} threads"
+             + ("; ftis-edge trains every completion (--train-all)" if a.get("train_all") else "")
+             + ("; learner without prompt sharing (--unshared)" if a.get("unshared") else "") + ")", "",
              "| rep | ftis-edge s | gen / train / sync s | tokens (mean len) | trained | reward "
              "| TRL s | gen / reward / rest s | tokens (mean len) | trained | reward | ftis / TRL |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -250,6 +265,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="1 rep, 32 new tokens (smoke test)")
+    ap.add_argument("--train-all", action="store_true",
+                    help="equal work: ftis-edge trains every completion, also groups without reward signal")
+    ap.add_argument("--unshared", action="store_true",
+                    help="the learner's old path: one full prompt + completion sequence per sample")
     ap.add_argument("--json", help="also write the results here (updated after every repetition)")
     ap.add_argument("--render", metavar="JSON", help="only print the table of a saved --json file")
     args = ap.parse_args()
@@ -296,7 +315,7 @@ def _run(args, tmp: Path, load_before: float) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    node = build_ftis(tmp / "node", args.threads, args.max_new_tokens)
+    node = build_ftis(tmp / "node", args.threads, args.max_new_tokens, args.train_all, not args.unshared)
     build_ftis_s = time.perf_counter() - t0
     progress(f"ftis-edge node built in {build_ftis_s:.1f} s")
     t0 = time.perf_counter()

@@ -7,7 +7,10 @@ on the quantized base and on the F16 re-export, and compare per-token log-probs 
 without the llama q/k permutation, merged F16/F32 exports (LoRA folded in; after a full fine-tuning
 step), and hot-swap times.
 
-Run: .venv/bin/python benchmarks/sync_agreement.py [--skip-gemma]
+Any supported model spec works (``--model``, repeatable: an alias, a .gguf, an HF directory or hub id;
+an HF model is converted once with llama.cpp's converter and its "quantized" base is Q8_0).
+
+Run: .venv/bin/python benchmarks/sync_agreement.py [--skip-gemma] [--model SPEC ...]
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ftis_edge.generate.base import SamplerSettings  # noqa: E402
 from ftis_edge.generate.llamacpp import LlamaCppGenerator  # noqa: E402
 from ftis_edge.learner import Learner, TrainSample  # noqa: E402
-from ftis_edge.models import resolve_model  # noqa: E402
+from ftis_edge.gguf_io import arch_layout  # noqa: E402
+from ftis_edge.models import ModelError, resolve_model  # noqa: E402
 from ftis_edge.sync import export_merged_gguf, write_gguf_lora  # noqa: E402
 
 PROMPTS = ["Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:",
@@ -87,26 +91,30 @@ def row(name, agr, effect_corr=None):
 
 def bench_model(spec: str, out: Path, lines: list[str], *, full: bool) -> None:
     bundle = resolve_model(spec)
+    bundle.require_supported()
     t = time.time()
-    hf_dir, f16 = bundle.hf_dir(), bundle.f16_gguf()
+    hf_dir, f16, quantized = bundle.hf_dir(), bundle.f16_gguf(), bundle.generator_gguf("quantized")
     print(f"[{spec}] conversion cache ready in {time.time() - t:.1f} s", file=sys.stderr)
-    learner = Learner(hf_dir, trainable="lora", lr=1e-3, seed=0)
+    learner = Learner(hf_dir, trainable="lora", lr=1e-3, seed=0,
+                      lora_targets=bundle.lora_targets(("q_proj", "k_proj", "v_proj", "o_proj")))
     # gemma's wider q/k/v projections amplify the same LoRA noise ~5x: smaller std, similar effect size
     perturb_lora(learner, std=0.05 if bundle.arch == "llama" else 0.02)
     kw = dict(n_ctx=256, max_group=4, n_threads=2)
     gen_f16 = LlamaCppGenerator(f16, eos_token_ids=bundle.eos_token_ids, **kw)
-    adapter = write_gguf_lora(learner.model, out / f"{spec}-pre.gguf", arch=bundle.arch,
+    adapter = write_gguf_lora(learner.model, out / "pre.gguf", arch=bundle.arch,
                               n_head=bundle.n_head, n_head_kv=bundle.n_head_kv)
     gen_f16.set_adapter(adapter, 0)
     prompts = PROMPTS if bundle.arch == "llama" else [p.replace("Question: ", "") for p in PROMPTS[:1]]
     samples = sample_completions(gen_f16, bundle, prompts=prompts)
     stats = real_step(learner, samples)
     t0 = time.perf_counter()
-    adapter = write_gguf_lora(learner.model, out / f"{spec}-v1.gguf", arch=bundle.arch,
+    adapter = write_gguf_lora(learner.model, out / "v1.gguf", arch=bundle.arch,
                               n_head=bundle.n_head, n_head_kv=bundle.n_head_kv)
     write_s = time.perf_counter() - t0
-    noperm = write_gguf_lora(learner.model, out / f"{spec}-noperm.gguf", arch=bundle.arch,
-                             n_head=bundle.n_head, n_head_kv=bundle.n_head_kv, permute=False)
+    permutes = arch_layout(bundle.arch).permute_qk
+    wrong_label = "WITHOUT q/k permutation" if permutes else "WITH llama's q/k permutation (wrong layout)"
+    noperm = write_gguf_lora(learner.model, out / "wrong-layout.gguf", arch=bundle.arch,
+                             n_head=bundle.n_head, n_head_kv=bundle.n_head_kv, permute=not permutes)
     hf_lora = hf_scores(learner, samples)
     with learner.model.disable_adapter():
         hf_base = hf_scores(learner, samples)
@@ -114,7 +122,7 @@ def bench_model(spec: str, out: Path, lines: list[str], *, full: bool) -> None:
     lines.append(f"| **{spec}** ({bundle.arch}, {sum(len(s.completion_ids) for s in samples)} tokens; "
                  f"HF adapter effect mean abs {np.abs(np.concatenate(effect_hf)).mean():.3f} nats; "
                  f"step loss {stats['loss']:.3f}) | | | | | |")
-    gen_q = LlamaCppGenerator(bundle.gguf_path, eos_token_ids=bundle.eos_token_ids, **kw)
+    gen_q = LlamaCppGenerator(quantized, eos_token_ids=bundle.eos_token_ids, **kw)
     swap_ms = []
     for label, gen in (("quantized", gen_q), ("F16", gen_f16)):
         gen.set_adapter(None, 0)
@@ -126,10 +134,10 @@ def bench_model(spec: str, out: Path, lines: list[str], *, full: bool) -> None:
         with_ad = cpp_scores(gen, samples)
         lines.append(row(f"{label} base + adapter vs HF + LoRA", agreement(with_ad, hf_lora),
                          corr([a - b for a, b in zip(with_ad, base)], effect_hf)))
-        if bundle.arch == "llama":
+        if "q_proj" in bundle.lora_targets(["q_proj"]):      # phi3 has no separate q/k to permute
             gen.set_adapter(noperm, 1)
             wrong = cpp_scores(gen, samples)
-            lines.append(row(f"{label} base + adapter WITHOUT q/k permutation", agreement(wrong, hf_lora),
+            lines.append(row(f"{label} base + adapter {wrong_label}", agreement(wrong, hf_lora),
                              corr([a - b for a, b in zip(wrong, base)], effect_hf)))
         gen.set_adapter(None, 0)
         restored = cpp_scores(gen, samples)
@@ -139,7 +147,7 @@ def bench_model(spec: str, out: Path, lines: list[str], *, full: bool) -> None:
                  f"{', '.join(f'{x:.1f}' for x in swap_ms)} ms (quantized, F16) | | | | | |")
     # merged export of the LoRA policy (the "exact" mode; checks name mapping, q/k permutation, gemma norms)
     t0 = time.perf_counter()
-    merged = export_merged_gguf(learner.model, bundle.gguf_path, out / f"{spec}-merged-lora.gguf")
+    merged = export_merged_gguf(learner.model, bundle.base_gguf(), out / "merged-lora.gguf")
     export_s = time.perf_counter() - t0
     gen_f16.reload(merged, 1)
     lines.append(row("merged F16 export of base + LoRA vs HF + LoRA", agreement(cpp_scores(gen_f16, samples), hf_lora)))
@@ -154,7 +162,7 @@ def bench_model(spec: str, out: Path, lines: list[str], *, full: bool) -> None:
         effect = np.abs(np.concatenate(after) - np.concatenate(before)).mean()
         for dtype in ("f16", "f32"):
             t0 = time.perf_counter()
-            merged = export_merged_gguf(full_l.model, bundle.gguf_path, out / f"{spec}-merged.gguf", dtype=dtype)
+            merged = export_merged_gguf(full_l.model, bundle.base_gguf(), out / "merged.gguf", dtype=dtype)
             export_s = time.perf_counter() - t0
             gen_f16.reload(merged, 1)
             merged_scores = cpp_scores(gen_f16, samples)
@@ -171,14 +179,20 @@ def bench_model(spec: str, out: Path, lines: list[str], *, full: bool) -> None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-gemma", action="store_true")
+    ap.add_argument("--model", action="append", default=None,
+                    help="model spec to measure (repeatable; default smollm2-135m and gemma3-270m)")
+    ap.add_argument("--no-full", action="store_true", help="skip the full fine-tuning rows")
     args = ap.parse_args()
     torch.set_num_threads(2)
     lines = ["| comparison (per-token log-probs, nats) | mean abs | p99 | max | ratio outside [0.8, 1.2] "
              "| corr of adapter effect |", "|---|---|---|---|---|---|"]
-    with tempfile.TemporaryDirectory() as tmp:
-        bench_model("smollm2-135m", Path(tmp), lines, full=True)
-        if not args.skip_gemma:
-            bench_model("gemma3-270m", Path(tmp), lines, full=False)
+    specs = args.model or ["smollm2-135m"] + ([] if args.skip_gemma else ["gemma3-270m"])
+    for spec in specs:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                bench_model(spec, Path(tmp), lines, full=not args.no_full and spec != "gemma3-270m")
+            except ModelError as e:
+                sys.exit(f"sync_agreement: {e}")
     print("\n".join(lines))
 
 

@@ -6,6 +6,7 @@ The temporary sits beside the target (same file system, so the rename is atomic)
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -84,3 +85,12 @@ def write_dir(path: str | os.PathLike, write: Callable[[Path], object], *, keep_
     if durable:
         _fsync(path.parent)
     return path
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks (what a published file is checked against)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -77,14 +77,6 @@ def complete(run_dir: Path) -> list[int]:
                   if (m := _NAME.match(p.name)) and (p / STATE).exists())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _load(path: Path) -> dict:
     import torch
     state = torch.load(path, map_location="cpu", weights_only=False)
@@ -112,7 +104,7 @@ def load_round(run_dir: Path, round_: int) -> dict:
         if size != manifest.get("bytes"):
             raise CheckpointError(f"{ckpt.name}: {STATE} has {size} bytes, {manifest.get('bytes')} were written "
                                   f"(truncated?)")
-        if _sha256(path) != manifest.get("sha256"):
+        if atomic.sha256_of(path) != manifest.get("sha256"):
             raise CheckpointError(f"{ckpt.name}: {STATE} does not match its checksum (corrupted)")
     try:
         state = _load(path)

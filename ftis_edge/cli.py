@@ -1,4 +1,4 @@
-"""`ftis-edge` — start · init · eval · watch · demo.
+"""`ftis-edge` — start · init · eval · watch · demo · export.
 
 Errors a user can cause (bad config, missing file, unknown model: every ``FtisError``) print
 one line and exit 2; any other failure prints one line and exits 1, with the traceback in the
@@ -161,6 +161,14 @@ def _add_eval(sub) -> None:
     p.set_defaults(func=evaluate.run)
 
 
+def _add_export(sub) -> None:
+    from . import export
+    p = sub.add_parser("export", help="a run's weights as PEFT, GGUF (+ quantized), Ollama Modelfile, model card",
+                       description=export.__doc__.splitlines()[0])
+    export.add_arguments(p)
+    p.set_defaults(func=export.run)
+
+
 def _add_watch(sub) -> None:
     from .tui import watch
     p = sub.add_parser("watch", help="open the dashboard on a running or finished run directory")
@@ -187,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_watch(sub)
     _add_demo(sub)
+    _add_export(sub)
     return parser
 
 

@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grade-timeout", type=float, default=5.0,
                         help="seconds to grade one completion (own outputs: generous; default 5)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for generation")
+    parser.add_argument("--batch", type=int, default=16,
+                        help="prompts decoded together (llamacpp; their shared prefix is decoded once; "
+                             "1 = one prompt at a time; default 16)")
     parser.add_argument("--json", dest="json_out", default=None, help="write the results to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -129,6 +132,8 @@ def _check_args(args) -> None:
         raise EvalError(f"--samples must be >= 1, got {args.samples}")
     if args.samples > 1 and args.temperature == 0:
         raise EvalError("--samples > 1 needs --temperature > 0 (greedy gives the same answer every time)")
+    if args.batch < 1:
+        raise EvalError(f"--batch must be >= 1, got {args.batch}")
     if args.max_new_tokens < 1:
         raise EvalError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.temperature >= 0 or not math.isfinite(args.temperature):
@@ -168,12 +173,22 @@ def _build_task(args):
         raise EvalError(str(e)) from None
 
 
-def _build_generator(args, bundle):
+def _fitting_batch(args, bundle, per_sequence: int) -> int:
+    """--batch, lowered so that the sequences decoded together fit the model's trained context
+    (llama.cpp's unified cache holds them all: no n_ctx_seq > n_ctx_train)."""
+    trained = bundle.n_ctx_train or 0
+    if trained <= 0:
+        return args.batch
+    return max(1, min(args.batch, trained // (per_sequence * args.samples)))
+
+
+def _build_generator(args, bundle, longest_prompt: int, batch: int):
     from .generate.base import GenerationError, GeneratorOptions
     from .generate.registry import create_generator
 
+    # the context follows the eval: its longest prompt + the completion budget, per sequence
     options = GeneratorOptions(precision=args.precision, threads=args.threads or min(os.cpu_count() or 1, 8),
-                               n_ctx=2048 + args.max_new_tokens, max_group=args.samples,
+                               n_ctx=longest_prompt + args.max_new_tokens, max_group=args.samples * batch,
                                adapter=args.adapter)
     try:
         return create_generator(args.backend, bundle, options)
@@ -197,9 +212,25 @@ def evaluate(args, console=None) -> dict:
     prompts = task.eval_prompts(args.limit)
     if not prompts:
         raise EvalError(f"task {args.task} has no eval prompts")
+    from .export import ExportError, is_run_dir, run_weights
+    if args.model and is_run_dir(args.model):      # a node's run directory: its newest weights
+        if args.adapter:
+            raise EvalError("--model RUN_DIR already names the run's adapter; drop --adapter")
+        if args.backend != "llamacpp":
+            raise EvalError("--model RUN_DIR evaluates the run's GGUF weights on llamacpp; for --backend hf, "
+                            "`ftis-edge export RUN_DIR` and pass --adapter RUN_DIR/export/peft")
+        try:
+            args.model, args.adapter = run_weights(args.model)
+        except ExportError as e:
+            raise EvalError(str(e)) from None
+        if args.adapter is None:
+            args.precision = "quantized"      # a merged model: use the file as written (F32)
     try:
         bundle = resolve_model(args.model)
-        gen = _build_generator(args, bundle)
+        all_ids = [bundle.encode(bundle.render_prompt(task.messages(p.question))) for p in prompts]
+        longest = max(len(ids) for ids in all_ids)
+        batch = _fitting_batch(args, bundle, longest + args.max_new_tokens)
+        gen = _build_generator(args, bundle, longest, batch)
     except ModelError as e:
         raise EvalError(str(e)) from None
     warm_up()
@@ -213,27 +244,33 @@ def evaluate(args, console=None) -> dict:
                TimeElapsedColumn()]
     with Progress(*columns, console=console, disable=args.quiet, transient=False) as bar:
         job = bar.add_task(f"{args.task}", total=len(prompts), tok_s=0.0, acc=0.0)
-        for i, p in enumerate(prompts):
-            ids = bundle.encode(bundle.render_prompt(task.messages(p.question)))
-            sampler = SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                      max_new_tokens=args.max_new_tokens, seed=args.seed + i)
+        for start in range(0, len(prompts), batch):
+            chunk = range(start, min(start + batch, len(prompts)))
+            samplers = [SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                        max_new_tokens=args.max_new_tokens, seed=args.seed + i) for i in chunk]
             g0 = time.perf_counter()
             try:
-                completions = gen.generate(ids, args.samples, sampler)
+                if batch == 1:
+                    groups = [gen.generate(all_ids[i], args.samples, s) for i, s in zip(chunk, samplers)]
+                else:
+                    groups = gen.generate_many([all_ids[i] for i in chunk], args.samples, samplers)
             except GenerationError as e:
-                raise EvalError(f"{p.id}: {e}") from None
+                where = prompts[start].id if len(chunk) == 1 else f"{prompts[start].id}..{prompts[chunk[-1]].id}"
+                raise EvalError(f"{where}: {e}") from None
             gen_seconds += time.perf_counter() - g0
-            for c in completions:
-                value, b = task.reward(c.text, p.reference)
-                gen_tokens += len(c.token_ids)
-                items.append({"id": p.id, "level": p.meta.get("level") if args.task == "arith" else None,
-                              "reference": p.reference, "answer": b["answer"], "reward": value,
-                              "format_ok": b["format_ok"], "correct": b["correct"],
-                              "timed_out": b["timed_out"], "reason": b["reason"],
-                              "tokens": len(c.token_ids), "finish_reason": c.finish_reason,
-                              "text": c.text})
+            for i, completions in zip(chunk, groups):
+                p = prompts[i]
+                for c in completions:
+                    value, b = task.reward(c.text, p.reference)
+                    gen_tokens += len(c.token_ids)
+                    items.append({"id": p.id, "level": p.meta.get("level") if args.task == "arith" else None,
+                                  "reference": p.reference, "answer": b["answer"], "reward": value,
+                                  "format_ok": b["format_ok"], "correct": b["correct"],
+                                  "timed_out": b["timed_out"], "reason": b["reason"],
+                                  "tokens": len(c.token_ids), "finish_reason": c.finish_reason,
+                                  "text": c.text})
             acc = sum(it["reward"] >= 1.0 for it in items) / len(items)
-            bar.update(job, advance=1, tok_s=gen_tokens / max(gen_seconds, 1e-9), acc=acc)
+            bar.update(job, advance=len(chunk), tok_s=gen_tokens / max(gen_seconds, 1e-9), acc=acc)
     gen.close()
     summary = summarize(items, gen_seconds)
     summary["tok_s"] = gen_tokens / max(gen_seconds, 1e-9)

@@ -1,14 +1,18 @@
 """The PyTorch policy that learns: LoRA (peft) or full fine-tuning, per-token log-probs, one F-TIS step.
 
 ``Learner.step(samples)`` runs one optimiser step over a whole batch of ``TrainSample``s. The batch is
-split into length-sorted micro-batches; each one calls ``objective.ftis_loss`` with ``num_samples`` = the
-whole batch size, so the accumulated gradient equals the full-batch gradient. Log-probs are computed
-only at completion positions, a chunk of rows at a time under activation checkpointing, so the
-[tokens, vocab] logits (49k / 262k columns) never all live in memory at once.
+split into micro-batches; each one calls ``objective.ftis_loss`` with ``num_samples`` = the whole batch
+size, so the accumulated gradient equals the full-batch gradient. Each distinct prompt runs through the
+model once and its KV cache serves every completion that shares it (``shared_prompt``); with
+``share_prompts=False`` (or gradient checkpointing, which drops HF caches) every sample is a full
+prompt + completion sequence, as before. Log-probs are computed only at completion positions, a chunk
+of rows at a time under activation checkpointing, so the [tokens, vocab] logits (49k / 262k columns)
+never all live in memory at once.
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -18,8 +22,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from . import metric_keys
-
 from .errors import FtisError
+from .shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
+                            run_prompt)
 
 
 class LearnerError(FtisError, ValueError):
@@ -84,7 +89,8 @@ class Learner:
                  lora_targets: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
                  lr: float | None = None, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
                  micro_batch: int = 4, device: str | torch.device | None = None, seed: int = 0,
-                 gradient_checkpointing: bool = False, dtype: torch.dtype | None = None):
+                 gradient_checkpointing: bool = False, dtype: torch.dtype | None = None,
+                 share_prompts: bool = True):
         from transformers import AutoModelForCausalLM
 
         if trainable not in ("lora", "full"):
@@ -96,6 +102,8 @@ class Learner:
         self.micro_batch = micro_batch
         self.grad_clip = grad_clip
         self.seed = seed
+        # HF layers drop the KV cache under gradient checkpointing: the prompt cannot be shared then.
+        self.share_prompts = share_prompts and not gradient_checkpointing
         self.version = 0
         self.hf_dir = _resolve_hf_dir(bundle_or_hf_dir)
         # bf16 autocast on CUDA only; CPU stays fp32 (bf16 matmuls are slow and noisy there).
@@ -203,40 +211,91 @@ class Learner:
                 out.append(chunk_logp(h, weight, t))
         return torch.cat(out)
 
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                              enabled=self.autocast_dtype is not None)
+
     def logprobs(self, samples: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-completion-token log-probs under the current weights, with grad: ([B, T], mask [B, T]).
 
         Row b holds sample b's completion tokens left-aligned; T is the longest completion.
+        Each distinct prompt is run once (unless ``share_prompts`` is off).
         """
         self._check(samples)
+        if not self.share_prompts:
+            return self._logprobs_unshared(samples)
+        decoder = self._hf_model.get_decoder()
+        states = {}
+        with self._autocast():
+            for s in samples:
+                key = prompt_key(s.prompt_ids)
+                if key not in states:
+                    states[key] = run_prompt(decoder, s.prompt_ids, self.device)
+        return self._logprobs_on_prompts(samples, states)
+
+    def _logprobs_on_prompts(self, samples: Sequence[TrainSample], states: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of the completions on top of their prompts' states (``shared_prompt.PromptState``).
+
+        Rows run in length buckets (``length_buckets``): completions of very different lengths are
+        not all padded to the longest one.
+        """
+        order = sorted(range(len(samples)), key=lambda b: len(samples[b].completion_ids))
+        decoder = self._hf_model.get_decoder()
+        parts = []
+        for bucket in length_buckets([len(samples[b].completion_ids) for b in order]):
+            idx = [order[i] for i in bucket]
+            rows = [(states[prompt_key(samples[b].prompt_ids)], samples[b].completion_ids) for b in idx]
+            with self._autocast():
+                hidden = completion_hidden(decoder, rows, self.device)
+            parts.append(self._picked_logprobs([samples[b] for b in idx], idx, hidden, [0] * len(idx)))
+        return self._assemble(samples, parts)
+
+    def _picked_logprobs(self, samples, rows_out: list[int], hidden: torch.Tensor, first_col: list[int]):
+        """Log-probs of each completion token of ``samples[i]`` from ``hidden[i, first_col[i] + j]``;
+        returns (flat log-probs, their output rows ``rows_out[i]``, their positions j)."""
+        rows, cols, out_rows, pos, targets = [], [], [], [], []
+        for i, s in enumerate(samples):
+            C = len(s.completion_ids)
+            rows += [i] * C
+            out_rows += [rows_out[i]] * C
+            cols += range(first_col[i], first_col[i] + C)
+            pos += range(C)
+            targets += s.completion_ids
+        dev = self.device
+        rows_t, cols_t = torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)
+        flat = self._token_logprobs(hidden[rows_t, cols_t], torch.tensor(targets, device=dev))
+        return flat, out_rows, pos
+
+    def _assemble(self, samples, parts) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, T] log-probs, mask) from ``_picked_logprobs`` parts."""
+        dev = self.device
+        flat = torch.cat([f for f, _, _ in parts])
+        rows_t = torch.tensor([r for _, rows, _ in parts for r in rows], device=dev)
+        pos_t = torch.tensor([j for _, _, pos in parts for j in pos], device=dev)
+        B, T = len(samples), max(len(s.completion_ids) for s in samples)
+        logp = torch.zeros(B, T, device=dev, dtype=flat.dtype).index_put((rows_t, pos_t), flat)
+        mask = torch.zeros(B, T, device=dev, dtype=torch.bool)
+        mask[rows_t, pos_t] = True
+        return logp, mask
+
+    def _logprobs_unshared(self, samples: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference path: every sample a full right-padded prompt + completion sequence."""
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
         B, L = len(samples), max(lengths)
         input_ids = torch.zeros(B, L, dtype=torch.long)
         attention = torch.zeros(B, L, dtype=torch.long)
-        rows, cols, targets = [], [], []
         for b, s in enumerate(samples):
             seq = list(s.prompt_ids) + list(s.completion_ids)
             input_ids[b, :len(seq)] = torch.tensor(seq)
             attention[b, :len(seq)] = 1
-            P, C = len(s.prompt_ids), len(s.completion_ids)
-            rows += [b] * C
-            cols += range(P - 1, P + C - 1)  # the hidden state before each completion token predicts it
-            targets += s.completion_ids
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                            enabled=self.autocast_dtype is not None):
+        with self._autocast():
             # The decoder alone: the LM head is applied below only at completion positions.
             hidden = self._hf_model.get_decoder()(input_ids=input_ids, attention_mask=attention,
                                                   use_cache=False).last_hidden_state
-        rows_t = torch.tensor(rows, device=self.device)
-        cols_t = torch.tensor(cols, device=self.device)
-        flat = self._token_logprobs(hidden[rows_t, cols_t], torch.tensor(targets, device=self.device))
-        T = max(len(s.completion_ids) for s in samples)
-        pos = torch.tensor([j for s in samples for j in range(len(s.completion_ids))], device=self.device)
-        logp = torch.zeros(B, T, device=self.device, dtype=flat.dtype).index_put((rows_t, pos), flat)
-        mask = torch.zeros(B, T, device=self.device, dtype=torch.bool)
-        mask[rows_t, pos] = True
-        return logp, mask
+        # the hidden state before each completion token predicts it
+        part = self._picked_logprobs(samples, list(range(B)), hidden, [len(s.prompt_ids) - 1 for s in samples])
+        return self._assemble(samples, [part])
 
     # ----------------------------------------------------------------- the step
     def _objective_inputs(self, samples: Sequence[TrainSample], T: int):
@@ -283,9 +342,14 @@ class Learner:
         level_override = objective_kwargs.pop("level", None)
         N = len(samples)
         no_signal = all(s.advantage == 0 for s in samples)
-        # Sorting by length keeps similar lengths together: less padding per micro-batch.
-        order = sorted(range(N), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
-        chunks = [order[i:i + self.micro_batch] for i in range(0, N, self.micro_batch)]
+        if self.share_prompts:   # each prompt's samples together: its forward serves them all
+            chunks = plan_micro_batches([s.prompt_ids for s in samples],
+                                        [len(s.completion_ids) for s in samples], self.micro_batch)
+        else:                    # sorting by length keeps similar lengths together: less padding
+            order = sorted(range(N), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
+            chunks = [order[i:i + self.micro_batch] for i in range(0, N, self.micro_batch)]
+        uses = Counter(prompt_key(s.prompt_ids) for s in samples)
+        live: dict[tuple[int, ...], PromptPass] = {}   # prompts whose samples are not all done yet
 
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[int, dict]] = []
@@ -294,7 +358,10 @@ class Learner:
             with torch.set_grad_enabled(not no_signal):
                 for idx in chunks:
                     batch = [samples[i] for i in idx]
-                    logp, mask = self.logprobs(batch)
+                    if self.share_prompts:
+                        logp, mask = self._shared_micro_batch(batch, live, uses)
+                    else:
+                        logp, mask = self._logprobs_unshared(batch)
                     gen, gen_sum, adv, level, span_ids, gen_span = self._objective_inputs(batch, logp.shape[1])
                     if level_override is not None:
                         level = level_override
@@ -309,7 +376,10 @@ class Learner:
                         per_sample[k][torch.tensor(idx)] = v.detach().cpu()
                     parts.append((len(idx), st))
                     del logp, mask, loss
+                    for key in [k for k, p in live.items() if p.remaining == 0]:
+                        live.pop(key).finish()   # the prompt's gradient: the sum over its samples
         except Exception as err:  # noqa: BLE001 - re-raised typed when it is an OOM
+            live.clear()
             self.optimizer.zero_grad(set_to_none=True)
             if _is_oom(err):
                 if torch.cuda.is_available():
@@ -328,6 +398,17 @@ class Learner:
         stats["no_signal"] = 1.0 if no_signal else 0.0
         stats["per_sample"] = per_sample
         return stats
+
+    def _shared_micro_batch(self, batch, live: dict, uses: Counter):
+        """Log-probs of one micro-batch on shared prompt passes (started here when first needed)."""
+        decoder = self._hf_model.get_decoder()
+        for s in batch:
+            key = prompt_key(s.prompt_ids)
+            if key not in live:
+                with self._autocast():
+                    live[key] = PromptPass(decoder, s.prompt_ids, self.device, remaining=uses[key])
+            live[key].remaining -= 1
+        return self._logprobs_on_prompts(batch, {k: p.leaves for k, p in live.items()})
 
     def step(self, samples: Sequence[TrainSample], **objective_kwargs) -> dict:
         """One optimiser step on the whole batch (``compute_gradients`` + clip + Adam); returns its stats.

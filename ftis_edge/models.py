@@ -21,6 +21,7 @@ Everything expensive is lazy and cached under ``cache_dir()``::
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -31,18 +32,14 @@ import threading
 import time
 from pathlib import Path
 
+from .gguf_io import (ARCH_LAYOUTS, SUPPORTED, GGUFError, check_gguf_file, convert_hf_to_gguf, export_f16_gguf, gguf_arch_of,
+                      llama3_rope_parameters, lora_targets_for, quantize_gguf, read_gguf_field, read_gguf_metadata)
 from . import atomic
 from .errors import FtisError
 from .paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 ALIASES = ("smollm2-135m", "gemma3-270m")
-GGUF_MAGIC = b"GGUF"
-
-# Control tokens that llama.cpp also treats as end-of-generation; used when the GGUF metadata
-# names only one eos id (SmolLM2: <|im_end|> is eos, <|endoftext|> also ends a sequence).
-_END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<eos>", "</s>")
-
 # Prompt format for base models whose GGUF has no chat template (Gemma 3 270M).
 PLAIN_ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
@@ -52,14 +49,6 @@ class ModelError(FtisError):
 
 
 # --------------------------------------------------------------------------- small utilities
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _file_key(path: Path) -> str:
     st = path.stat()
@@ -93,7 +82,7 @@ def file_sha256(path: str | os.PathLike) -> str:
     key = "sha256:" + _file_key(path)
     rec = _index_get(key)
     if rec is None:
-        rec = {"sha256": _sha256_file(path)}
+        rec = {"sha256": atomic.sha256_of(path)}
         _index_put(key, rec)
     return rec["sha256"]
 
@@ -119,14 +108,10 @@ def tokenizer_fingerprint_of(tokenizer) -> str:
 # --------------------------------------------------------------------------- GGUF metadata
 
 def _check_gguf_file(path: Path, spec: str) -> None:
-    if not path.exists():
-        raise ModelError(f"model {spec!r}: file not found: {path}")
-    if not path.is_file():
-        raise ModelError(f"model {spec!r}: not a file: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelError(f"model {spec!r}: {path} is not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
+    try:
+        check_gguf_file(path)
+    except GGUFError as e:
+        raise ModelError(f"model {spec!r}: {e}") from None
 
 
 def _gguf_record(path: Path, spec: str) -> dict:
@@ -135,49 +120,13 @@ def _gguf_record(path: Path, spec: str) -> dict:
     rec = _index_get(key)
     if rec is not None:
         return rec
-    import gguf
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
-        raise ModelError(f"model {spec!r}: cannot parse GGUF file {path}: {e}") from None
-    fields = reader.fields
-
-    def get(name, default=None):
-        f = fields.get(name)
-        return default if f is None else f.contents()
-
-    arch = get("general.architecture")
-    if arch is None:
-        raise ModelError(f"model {spec!r}: GGUF file {path} has no general.architecture")
-    tokens = get("tokenizer.ggml.tokens")
-    if not tokens:
-        raise ModelError(f"model {spec!r}: GGUF file {path} has no tokenizer (tokenizer.ggml.tokens)")
-    types = get("tokenizer.ggml.token_type") or [0] * len(tokens)
-    bos = get("tokenizer.ggml.bos_token_id")
-    eos = get("tokenizer.ggml.eos_token_id")
-    eog = [i for i in (eos, get("tokenizer.ggml.eot_token_id"), get("tokenizer.ggml.eom_token_id")) if i is not None]
-    for i, (tok, typ) in enumerate(zip(tokens, types)):
-        if tok in _END_OF_TURN_TEXTS and typ == 3 and i not in eog:   # control tokens only
-            eog.append(i)
-    n_head = get(f"{arch}.attention.head_count")
-    rec = {
-        "sha256": file_sha256(path),
-        "arch": arch,
-        "name": get("general.name") or path.stem,
-        "vocab_size": len(tokens),
-        "n_layer": get(f"{arch}.block_count"),
-        "n_head": n_head,
-        "n_head_kv": get(f"{arch}.attention.head_count_kv", n_head),
-        "n_ctx_train": get(f"{arch}.context_length"),
-        "bos_token_id": bos,
-        "eos_token_ids": eog,
-        "add_bos": bool(get("tokenizer.ggml.add_bos_token", False)),
-        "chat_template": get("tokenizer.chat_template"),
-        "tokenizer_fingerprint": tokenizer_fingerprint_from_tokens(list(tokens), bos, eos),
-        "file_type": get("general.file_type"),
-        "tokenizer_model": get("tokenizer.ggml.model"),
-        "tokenizer_pre": get("tokenizer.ggml.pre"),
-    }
+        meta = read_gguf_metadata(path)
+    except GGUFError as e:
+        raise ModelError(f"model {spec!r}: {e}") from None
+    tokens, eos = meta.pop("tokens"), meta.pop("eos_token_id")
+    rec = {"sha256": file_sha256(path), **meta,
+           "tokenizer_fingerprint": tokenizer_fingerprint_from_tokens(tokens, meta["bos_token_id"], eos)}
     _index_put(key, rec)
     return rec
 
@@ -323,8 +272,10 @@ class ModelBundle:
                     if i is not None and i not in eos:
                         eos.append(int(i))
         n_head = text_cfg.get("num_attention_heads")
+        model_type = text_cfg.get("model_type") or cfg.get("model_type")
         return {
-            "arch": text_cfg.get("model_type") or cfg.get("model_type"),
+            "arch": gguf_arch_of(model_type) or model_type,     # llama.cpp's name (mistral -> llama)
+            "hf_model_type": model_type,
             "name": self._hf_path.name if Path(self.spec).expanduser().is_dir() else self.spec,
             "vocab_size": text_cfg.get("vocab_size"),
             "n_layer": text_cfg.get("num_hidden_layers"),
@@ -345,6 +296,16 @@ class ModelBundle:
     n_head_kv = property(lambda self: self.record["n_head_kv"])
     n_ctx_train = property(lambda self: self.record["n_ctx_train"])
     eos_token_ids = property(lambda self: list(self.record["eos_token_ids"]))
+
+    def require_supported(self) -> None:
+        """Refuse, at start-up, an architecture the GGUF bridge (adapters, exports) does not handle."""
+        if self.arch not in ARCH_LAYOUTS:
+            raise ModelError(f"model {self.spec!r}: architecture {self.arch!r} is not supported; "
+                             f"supported: {SUPPORTED}")
+
+    def lora_targets(self, targets) -> list[str]:
+        """LoRA target module names for this architecture (phi3 fuses q/k/v and gate/up)."""
+        return lora_targets_for(self.arch, targets)
 
     @property
     def fingerprint(self) -> str:
@@ -367,12 +328,6 @@ class ModelBundle:
     def _conv_root(self) -> Path:
         return cache_dir() / "converted"
 
-    def _require_gguf(self, what: str) -> Path:
-        if self.gguf_path is None:
-            raise ModelError(f"model {self.spec!r}: {what} needs a GGUF file; this is an HF-only model "
-                             f"(convert it with llama.cpp's convert_hf_to_gguf.py first)")
-        return self.gguf_path
-
     # ---- tokenizer
     def tokenizer(self):
         """HF tokenizer; from a GGUF the first load is slow (5-22 s), then it reloads from the cache."""
@@ -386,7 +341,8 @@ class ModelBundle:
         if (cached / "tokenizer_config.json").is_file():
             self._tokenizer = AutoTokenizer.from_pretrained(cached)
             return self._tokenizer
-        tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
+        with slow_step(f"reading the tokenizer of {self.gguf_path.name} (once)"):
+            tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
         _match_llamacpp_pretokenizer(tok, self._gguf_pre())
         atomic.write_dir(cached, tok.save_pretrained, keep_existing=True)
         self._tokenizer = AutoTokenizer.from_pretrained(cached)   # the same object kind as later runs
@@ -395,9 +351,7 @@ class ModelBundle:
     def _gguf_pre(self) -> str | None:
         rec = self.record
         if "tokenizer_pre" not in rec:      # index entry written by an older version: re-read
-            import gguf
-            field = gguf.GGUFReader(self.gguf_path).fields.get("tokenizer.ggml.pre")
-            rec["tokenizer_pre"] = field.contents() if field is not None else None
+            rec["tokenizer_pre"] = read_gguf_field(self.gguf_path, "tokenizer.ggml.pre")
         return rec["tokenizer_pre"]
 
     def render_prompt(self, messages: list[dict]) -> str:
@@ -439,15 +393,10 @@ class ModelBundle:
         target = self._conv_root() / self.fingerprint
         if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
             return target
-        import torch
-        from transformers import AutoModelForCausalLM
         t0 = time.time()
-        model = AutoModelForCausalLM.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name,
-                                                     dtype=torch.float32)
-        # transformers attaches a GGUF "quantizer" that refuses save_pretrained; the weights are plain fp32.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+        with slow_step(f"loading {self.gguf_path.name} into PyTorch (once; cached by its hash)"):
+            model = gguf_to_pytorch(self.gguf_path)
+
         def fill(tmp: Path) -> None:
             model.save_pretrained(tmp)
             self.tokenizer().save_pretrained(tmp)
@@ -457,20 +406,69 @@ class ModelBundle:
         return target
 
     def f16_gguf(self) -> Path:
-        """F16 re-export of the dequantized GGUF weights (1-D tensors stay F32), cached by GGUF hash."""
-        src = self._require_gguf("f16_gguf()")
+        """F16 GGUF, cached by the weights' hash: the dequantized GGUF re-exported (1-D tensors stay
+        F32), or for an HF model llama.cpp's own converter run once on its directory."""
+        if self.gguf_path is None:
+            return self._converted_gguf("f16")
         target = self._conv_root() / f"{self.fingerprint}.f16.gguf"
         if target.is_file():
             return target
-        return atomic.write_file(target, lambda tmp: export_f16_gguf(src, tmp))
+        with slow_step(f"re-exporting {self.gguf_path.name} as F16 (once)"):
+            return export_f16_gguf(self.gguf_path, target)      # written to a temp name, renamed into place
+
+    def _converted_gguf(self, kind: str) -> Path:
+        """An HF model as GGUF: F16 by llama.cpp's converter, q8_0 / q4_k_m quantized from that F16."""
+        self.require_supported()
+        target = self._conv_root() / f"{self.fingerprint}.hf.{kind}.gguf"
+        if target.is_file():
+            return target
+        try:
+            if kind == "f16":
+                with slow_step(f"converting {self.name} to GGUF F16 with llama.cpp's converter (once)"):
+                    return convert_hf_to_gguf(self._hf_path, target, outtype="f16")
+            src = self._converted_gguf("f16")
+            with slow_step(f"quantizing {self.name} to {kind} (once)"):
+                return quantize_gguf(src, target, kind)
+        except GGUFError as e:
+            raise ModelError(f"model {self.spec!r}: {e}") from None
+
+    def base_gguf(self) -> Path:
+        """The GGUF whose layout and metadata merged exports copy: the model's own, or its F16 conversion."""
+        return self.gguf_path if self.gguf_path is not None else self.f16_gguf()
 
     def generator_gguf(self, precision: str = "f16") -> Path:
         """The GGUF a llama.cpp generator should load: "quantized" (as shipped) or "f16"."""
         if precision == "quantized":
-            return self._require_gguf("generator_gguf('quantized')")
+            if self.gguf_path is None:      # an HF model: quantized once from its F16 conversion
+                return self._converted_gguf("q8_0")
+            return self.gguf_path
         if precision == "f16":
             return self.f16_gguf()
         raise ModelError(f"generator precision must be 'quantized' or 'f16', got {precision!r}")
+
+
+def gguf_to_pytorch(gguf_path):
+    """A float32 transformers model from a GGUF (dequantized), with what transformers' loader misses."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf_path = Path(gguf_path)
+    arch = read_gguf_field(gguf_path, "general.architecture")
+    head_dim = read_gguf_field(gguf_path, f"{arch}.attention.key_length")
+    # transformers' loader does not read the head size (qwen3 defaults to 128 whatever the GGUF says)
+    extra = {"head_dim": int(head_dim)} if head_dim else {}
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
+                                                 **extra)
+    rope = llama3_rope_parameters(gguf_path)     # Llama 3.x: transformers drops its rope scaling
+    if rope is not None:
+        model.config.rope_parameters = rope
+        rotary = model.model.rotary_emb                     # the live model too, not only the saved config
+        model.model.rotary_emb = type(rotary)(model.config)
+    # transformers attaches a GGUF "quantizer" that refuses save_pretrained; the weights are plain fp32.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model
 
 
 # llama.cpp pre-tokenizer types that split every digit before the GPT-2 regex (llama-vocab.cpp).
@@ -488,37 +486,20 @@ def _match_llamacpp_pretokenizer(tok, pre: str | None) -> None:
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
 
 
-def copy_gguf_metadata(reader, writer) -> None:
-    """Copy a GGUF's key/values to a writer, except those the writer sets itself (architecture,
-    file type) and the quantization version, which no longer holds for re-exported tensors."""
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type",
-                                                "general.quantization_version"):
-            continue
-        writer.add_key_value(name, field.contents(), field.types[0],
-                             sub_type=field.types[-1] if len(field.types) > 1 else None)
+@contextlib.contextmanager
+def slow_step(what: str):
+    """A live progress line (spinner + elapsed time) on stderr for a slow one-off step, then one
+    summary line; the same line goes to the log."""
+    import logging
 
-
-def export_f16_gguf(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Write an F16 GGUF of the dequantized tensors of ``src`` with all of its metadata."""
-    import gguf
-    import numpy as np
-
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(dst), arch)
-    copy_gguf_metadata(reader, writer)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    for t in reader.tensors:
-        data = gguf.dequantize(t.data, t.tensor_type)
-        shape = tuple(int(x) for x in reversed(t.shape))   # GGUF lists ne0 first; numpy wants it last
-        data = np.asarray(data, dtype=np.float32).reshape(shape)
-        data = data.astype(np.float16) if data.ndim >= 2 else data
-        writer.add_tensor(t.name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    from rich.console import Console
+    console = Console(stderr=True)
+    t0 = time.time()
+    logging.getLogger("ftis_edge.models").info("%s ...", what)
+    with console.status(f"{what} ...", spinner="dots"):
+        yield
+    console.print(f"[green]✓[/] {what}: {time.time() - t0:.1f} s", highlight=False)
+    logging.getLogger("ftis_edge.models").info("%s: %.1f s", what, time.time() - t0)
 
 
 __all__ = ["ModelBundle", "ModelError", "resolve_model", "export_f16_gguf", "file_sha256",

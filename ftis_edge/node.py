@@ -75,6 +75,7 @@ class Node:
         torch.set_num_threads(threads)
         t0 = time.time()
         self.bundle = resolve_model(cfg.model.spec)
+        self.bundle.require_supported()     # an unsupported architecture fails here, not in a round
         task_opts = {"reward": cfg.task.reward, "timeout_s": cfg.task.reward_timeout_s,
                      "few_shot": cfg.task.few_shot, "require_think": cfg.task.require_think}
         if cfg.task.path:
@@ -90,7 +91,8 @@ class Node:
         self.learner = Learner(
             self.bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
-            lora_targets=tuple(cfg.train.lora_targets), lr=cfg.train.learning_rate,
+            lora_targets=tuple(self.bundle.lora_targets(cfg.train.lora_targets)),
+            lr=cfg.train.learning_rate,
             grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
         self.generator = create_generator(cfg.model.backend, self.bundle, GeneratorOptions(
             precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),

@@ -17,8 +17,9 @@ DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 KNOWN_ARCHS = ("llama", "gemma3", "gemma2", "gemma", "mistral", "qwen2", "qwen3")
 
 
-def llamacpp_context() -> int:
-    """Tokens per sequence of the llama.cpp generator (its constructor's ``n_ctx``)."""
+def llamacpp_context() -> int | None:
+    """Tokens per sequence of the llama.cpp generator (its constructor's ``n_ctx``); None: the node's
+    generator sizes its context by the task and grows it, so only the model's trained context limits."""
     from .generate.llamacpp import LlamaCppGenerator
     return inspect.signature(LlamaCppGenerator.__init__).parameters["n_ctx"].default
 
@@ -50,7 +51,7 @@ def check_lora_targets(cfg: Config, bundle) -> None:
 def check_lengths(cfg: Config, bundle, task) -> None:
     """The longest prompt of the first round + max_new_tokens must fit the generator's context."""
     limits = []
-    if cfg.model.backend != "hf":
+    if cfg.model.backend != "hf" and llamacpp_context():
         limits.append((llamacpp_context(), "the llama.cpp context"))
     if bundle.n_ctx_train:
         limits.append((int(bundle.n_ctx_train), "the model's trained context"))

@@ -58,6 +58,7 @@ def test_summary_counts_groups_and_levels():
     (["--task", "arith", "--precision", "q8"], "unknown precision"),
     (["--task", "arith", "--limit", "0"], "--limit must be >= 1"),
     (["--task", "arith", "--few-shot", "5"], "few_shot must be an integer"),
+    (["--task", "arith", "--batch", "0"], "--batch must be >= 1"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
     assert evaluate.run(parse(*argv, "--quiet")) == 2
@@ -101,3 +102,13 @@ def test_eval_runs_end_to_end_on_five_gsm8k_questions(tmp_path):
     again = evaluate.evaluate(parse("--task", "gsm8k", "--limit", "2", "--max-new-tokens", "48",
                                     "--threads", "2", "--quiet"))
     assert [it["text"] for it in again["items"]] == [it["text"] for it in r["items"][:2]]
+
+
+@pytest.mark.model
+def test_batched_eval_gives_the_answers_of_one_prompt_at_a_time():
+    """--batch decodes several prompts together on llama.cpp (the few-shot prefix once): the same
+    greedy completions, token for token, as one prompt at a time."""
+    runs = {b: evaluate.evaluate(parse("--task", "arith", "--limit", "6", "--max-new-tokens", "48",
+                                       "--threads", "2", "--quiet", "--batch", str(b))) for b in (1, 4)}
+    assert [it["text"] for it in runs[4]["items"]] == [it["text"] for it in runs[1]["items"]]
+    assert len(runs[4]["items"]) == 6 and len({it["text"] for it in runs[4]["items"]}) > 1

@@ -158,8 +158,12 @@ def test_hf_dir_spec(smol):
     assert hf.fingerprint == resolve_model(str(smol.hf_dir())).fingerprint
     assert hf.tokenizer_fingerprint == smol.tokenizer_fingerprint     # same vocab, other source
     assert 2 in hf.eos_token_ids
-    with pytest.raises(ModelError, match="needs a GGUF"):
-        hf.f16_gguf()
+    # llamacpp backend on an HF model: converted once by llama.cpp's converter, cached by the weights' hash
+    f16 = hf.f16_gguf()
+    assert f16.name == f"{hf.fingerprint}.hf.f16.gguf" and hf.base_gguf() == f16
+    assert resolve_model(str(f16)).arch == "llama" and resolve_model(str(f16)).vocab_size == 49152
+    t0 = time.time()
+    assert resolve_model(str(smol.hf_dir())).generator_gguf("f16") == f16 and time.time() - t0 < 5
 
 
 @pytest.mark.model

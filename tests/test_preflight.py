@@ -29,16 +29,18 @@ def test_the_default_node_passes(smol, arith):
     preflight.check(from_dict({}), smol, arith)
 
 
-def test_max_completion_length_beyond_the_llamacpp_context_names_the_key_and_the_room_left(smol, arith):
-    cfg = from_dict({"task": {"max_completion_length": 4000}})
+def test_max_completion_length_beyond_the_trained_context_names_the_key_and_the_room_left(smol, arith):
+    assert preflight.llamacpp_context() is None        # the node's llama.cpp context grows with the task
+    cfg = from_dict({"task": {"max_completion_length": 9000}})
     with pytest.raises(ConfigError) as e:
         preflight.check(cfg, smol, arith)
     msg = str(e.value)
-    assert msg.startswith("task.max_completion_length: 4000 new tokens after a ")
-    assert f"the llama.cpp context of {preflight.llamacpp_context()} tokens" in msg and "use at most" in msg
+    assert msg.startswith("task.max_completion_length: 9000 new tokens after a ")
+    assert "the model's trained context of 8192 tokens" in msg and "use at most" in msg
     room = int(msg.split("use at most ")[1].split()[0])
     preflight.check(from_dict({"task": {"max_completion_length": room}}), smol, arith)     # exactly fits
-    # the HF backend is bounded by the model's trained context (8192 for SmolLM2) instead
+    # no fixed 2048-token llama.cpp context any more: 4000 new tokens fit on both backends
+    preflight.check(from_dict({"task": {"max_completion_length": 4000}}), smol, arith)
     preflight.check(from_dict({"task": {"max_completion_length": 4000}, "model": {"backend": "hf"}}), smol, arith)
 
 

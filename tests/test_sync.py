@@ -219,13 +219,15 @@ def test_weight_sync_hot_swaps_fast_and_removal_restores_the_base_exactly(smol, 
         assert info["sync/apply_s"] < 0.05, info
         assert info["sync/write_s"] < 1.0 and info["sync/bytes"] > 100_000
     assert gen.adapter_version == 3 and gen.adapter_path == infos[-1]["sync/path"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-v000002.gguf", "adapter-v000003.gguf"]
+    names = ["adapter-v000002.gguf", "adapter-v000003.gguf", "latest.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    assert (tmp_path / "latest.gguf").read_bytes() == (tmp_path / "adapter-v000003.gguf").read_bytes()
     # Rounds without an optimiser step sync the same version: nothing is written or deleted
     # (two in a row used to delete the adapter in use).
     for _ in range(3):
         again = sync.sync(version=3)
         assert again["sync/bytes"] == 0 and again["sync/path"] == infos[-1]["sync/path"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-v000002.gguf", "adapter-v000003.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
     synced = _cpp_scores(gen, smol.samples)        # same weights as the v1 adapter file: same numbers
     assert all(np.array_equal(a, b) for a, b in zip(synced, smol.cpp["f16", "lora"]))
     t0 = time.perf_counter()
@@ -240,8 +242,9 @@ def test_weight_sync_is_a_no_op_for_the_hf_backend(smol, tmp_path):
     from ftis_edge.generate.hf import HFGenerator
     gen = HFGenerator(smol.learner.model, smol.bundle.tokenizer())
     info = WeightSync.from_bundle(smol.learner, gen, smol.bundle, tmp_path).sync(version=7)
-    assert info["sync/mode"] == "none" and info["sync/bytes"] == 0
-    assert list(tmp_path.iterdir()) == [] and gen.adapter_version == 7
+    assert info["sync/mode"] == "none" and info["sync/bytes"] == 0 and gen.adapter_version == 7
+    # nothing for the generator, but a stable latest.gguf for people (eval, export)
+    assert [p.name for p in tmp_path.iterdir()] == ["latest.gguf"]
 
 
 @pytest.mark.model

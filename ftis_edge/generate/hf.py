@@ -1,8 +1,10 @@
 """The PyTorch / transformers backend: the backend steps of loop.py on an HF causal LM.
 
 The prompt is prefilled once and the KV cache is repeated for the n sequences; finished sequences
-are dropped from the batch (``Cache.batch_select_indices``). Sampling, log-probs and stops are
-loop.py's, so the log-prob contract and the seeding are identical across backends.
+are dropped from the batch (``Cache.batch_select_indices``). Stops are loop.py's; sampling runs in
+torch on the model's device (torch_sampling.py: the numpy sampler's distribution and exact log-prob
+of the sampled token, float32), so on a GPU only the sampled ids and log-probs reach the host at each
+step, never the [n, vocab] logits. bf16 autocast on GPUs that support it.
 
 The model may be the learner's live (peft-wrapped) policy: generation runs under no_grad in
 eval mode and restores train mode afterwards. There is therefore nothing to sync for this
@@ -96,7 +98,9 @@ class HFGenerator(SamplingGenerator):
         self.adapter_version = version
 
     def sync_weights(self, exporter, version: int) -> dict:
-        """Nothing to write: the model is the learner's policy itself; record the version."""
+        """Nothing to load: the model is the learner's policy itself; record the version (and
+        let ``exporter`` keep a person's copy of a LoRA adapter)."""
+        exporter.keep_latest(version)
         self.set_adapter(None, version)
         return {"sync/mode": "none", "sync/version": version, "sync/write_s": 0.0, "sync/apply_s": 0.0,
                 "sync/bytes": 0}
@@ -110,12 +114,24 @@ class HFGenerator(SamplingGenerator):
         was_training = self.model.training
         self.model.eval()
         try:
-            with self.torch.no_grad():
+            with self.torch.no_grad(), self._autocast():
                 yield
         finally:
             self._cache = None                  # the KV cache is per group: free it between calls
             if was_training:
                 self.model.train()
+
+    def _autocast(self):
+        """bf16 matmuls on a GPU that has them (the sampler still works in float32)."""
+        torch = self.torch
+        if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _rng(self, seed):
+        """Sampling happens in torch on the model's device: a torch generator there."""
+        from .torch_sampling import device_generator
+        return device_generator(self.device, seed)
 
     def _batch_size(self, n: int) -> int:
         return self.batch_size or n
@@ -127,7 +143,7 @@ class HFGenerator(SamplingGenerator):
         if k > 1:
             self._cache.batch_repeat_interleave(k)
         self._slots = list(range(k))
-        return res.logits[0, -1].float().cpu().numpy()
+        return res.logits[0, -1]               # stays on the device: sampled there (loop._sample)
 
     def _decode_step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
         torch = self.torch
@@ -136,9 +152,9 @@ class HFGenerator(SamplingGenerator):
             self._cache.batch_select_indices(torch.tensor([row[s] for s in slots], device=self.device))
         self._slots = list(slots)
         step_ids = torch.tensor([[t] for t in tokens], device=self.device)
-        res = self.model(input_ids=step_ids, use_cache=True, **{self._cache_kw: self._cache})
+        res = self.model(input_ids=step_ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: self._cache})
         self._cache = _cache_of(res)
-        return res.logits[:, -1].float().cpu().numpy()
+        return res.logits[:, -1]
 
     def _completion_logits(self, ids: list[int], completions: list[list[int]]) -> list[np.ndarray]:
         """One right-padded batched forward of prompt + completion."""

@@ -25,6 +25,7 @@ from .base import GenerationError, GeneratorOptions
 from .loop import SamplingGenerator
 
 _BACKEND_READY = False
+GROWABLE_START = 512      # tokens per sequence a growable context starts with (prompt + completion)
 
 
 def _llama():
@@ -41,21 +42,26 @@ class LlamaCppGenerator(SamplingGenerator):
     """A llama.cpp model + context that samples groups of completions (see module doc).
 
     ``n_ctx`` is the per-sequence context: prompt + max_new_tokens must fit in it. The unified KV
-    cache holds ``n_ctx * max_group`` cells so that a full group always fits.
+    cache holds ``n_ctx * max_group`` cells so that a full group always fits. Without ``n_ctx`` the
+    context starts at 512 tokens per sequence and grows to the longest request seen, so it follows
+    the task (G x (prompt + max new tokens)) instead of a fixed 2048 per sequence.
     """
 
     backend = "llamacpp"
 
-    def __init__(self, gguf_path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int | None = None,
+    def __init__(self, gguf_path: str | os.PathLike, *, n_ctx: int | None = None, n_threads: int | None = None,
                  n_batch: int = 512, max_group: int = 16, eos_token_ids: Sequence[int] | None = None,
                  verbose: bool = False):
         super().__init__()
         self.llama = _llama()
         from llama_cpp import _logger
         _logger.set_verbose(verbose)
-        if max_group < 1 or n_ctx < 8 or n_batch < 1:
+        if max_group < 1 or (n_ctx is not None and n_ctx < 8) or n_batch < 1:
             raise GenerationError(f"bad generator sizes: n_ctx={n_ctx}, n_batch={n_batch}, max_group={max_group}")
-        self.n_ctx = n_ctx
+        # n_ctx given: a fixed budget per sequence (overflow is an error); None: start small and
+        # grow to what the requests need (the node's default: the context follows the task)
+        self._growable = n_ctx is None
+        self.n_ctx = n_ctx or GROWABLE_START
         self.n_batch = n_batch
         self.max_group = max_group
         self.n_threads = n_threads or os.cpu_count() or 1
@@ -99,6 +105,29 @@ class LlamaCppGenerator(SamplingGenerator):
         model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not model:
             raise GenerationError(f"llama.cpp could not load {path}")
+        self._model, self.gguf_path = model, path
+        try:
+            self._new_context()
+        except GenerationError:
+            ll.llama_model_free(model)
+            self._model = None
+            raise
+        self._vocab = ll.llama_model_get_vocab(model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+        if self._eos_override is not None:
+            self.eos_token_ids = list(self._eos_override)
+        else:
+            self.eos_token_ids = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)]
+        self._logits_buf = np.empty((self.max_group, self.n_vocab), dtype=np.float32)
+
+    def _new_context(self) -> None:
+        """(Re)create the context: ``n_ctx`` cells per sequence for ``max_group`` sequences, in one
+        unified KV cache (a prompt shared by a group is stored once). Sized by the task, not a fixed
+        2048 per sequence, so the cache stays small and within the model's trained context."""
+        ll = self.llama
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None
         cparams = ll.llama_context_default_params()
         cparams.n_ctx = self.n_ctx * self.max_group
         cparams.n_batch = self.n_batch
@@ -106,20 +135,17 @@ class LlamaCppGenerator(SamplingGenerator):
         cparams.n_seq_max = self.max_group
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
-        cparams.kv_unified = True          # one cache shared by the group: the prompt is stored once
-        ctx = ll.llama_init_from_model(model, cparams)
+        cparams.kv_unified = True
+        ctx = ll.llama_init_from_model(self._model, cparams)
         if not ctx:
-            ll.llama_model_free(model)
-            raise GenerationError(f"llama.cpp could not create a context for {path} (n_ctx={cparams.n_ctx})")
-        self._model, self._ctx, self.gguf_path = model, ctx, path
-        self._vocab = ll.llama_model_get_vocab(model)
-        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+            raise GenerationError(f"llama.cpp could not create a context for {self.gguf_path} "
+                                  f"(n_ctx={cparams.n_ctx})")
+        self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
-        if self._eos_override is not None:
-            self.eos_token_ids = list(self._eos_override)
-        else:
-            self.eos_token_ids = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)]
-        self._logits_buf = np.empty((self.max_group, self.n_vocab), dtype=np.float32)
+        if self._adapter:                     # an adapter is applied per context
+            arr = (ll.llama_adapter_lora_p_ctypes * 1)(self._adapter)
+            if ll.llama_set_adapters_lora(ctx, arr, 1, (ctypes.c_float * 1)(self.adapter_scale)) != 0:
+                raise GenerationError(f"could not re-apply the LoRA adapter {self.adapter_path}")
 
     def _free(self) -> None:
         ll = self.llama
@@ -228,6 +254,39 @@ class LlamaCppGenerator(SamplingGenerator):
         self.llama.llama_memory_clear(self._mem, True)
         return self._prefill(ids, range(k))
 
+    def _prefill_many(self, prompts: list[list[int]], k: int) -> list[np.ndarray]:
+        """Start k sequences on each prompt (slots p*k .. p*k+k-1): the prompts' common prefix (the
+        system text and few-shot examples of an eval) is decoded once for all of them, then every
+        prompt's own tail, all in as few ``llama_decode`` calls as the batch size allows."""
+        self.llama.llama_memory_clear(self._mem, True)
+        shared = _common_prefix(prompts)
+        shared = min(shared, min(len(p) for p in prompts) - 1)   # every prompt keeps a token of its own
+        entries = [(t, i, tuple(range(len(prompts) * k)), False) for i, t in enumerate(prompts[0][:shared])]
+        last_of = {}
+        for p, ids in enumerate(prompts):
+            seqs = tuple(range(p * k, (p + 1) * k))
+            for i in range(shared, len(ids)):
+                if i == len(ids) - 1:
+                    last_of[p] = len(entries)
+                entries.append((ids[i], i, seqs, i == len(ids) - 1))
+        rows: dict[int, np.ndarray] = {}
+        for start in range(0, len(entries), self.n_batch):
+            chunk = entries[start:start + self.n_batch]
+            for j, (t, pos, seqs, want) in enumerate(chunk):
+                self._put(j, t, pos, seqs, want)
+            self._decode(len(chunk))
+            for j, (_, _, _, want) in enumerate(chunk):
+                if want:
+                    rows[start + j] = self._row(j).copy()
+        return [rows[last_of[p]] for p in range(len(prompts))]
+
+    def _fit_context(self, tokens_per_sequence: int, n: int) -> None:
+        """Grow the context when a request needs more per sequence than it holds (rare: the caller
+        sizes it from the task); the model and the adapter stay loaded."""
+        if self._growable and tokens_per_sequence > self.n_ctx:
+            self.n_ctx = _round_up(tokens_per_sequence)
+            self._new_context()
+
     def _decode_step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
         for j, (s, t, pos) in enumerate(zip(slots, tokens, positions)):
             self._put(j, t, pos, (s,), True)
@@ -280,3 +339,18 @@ class LlamaCppGenerator(SamplingGenerator):
             n = self.llama.llama_token_to_piece(self._vocab, int(t), buf, len(buf), 0, special)
             pieces += buf.raw[:max(n, 0)]
         return pieces.decode("utf-8", errors="replace")
+
+
+def _common_prefix(prompts: list[list[int]]) -> int:
+    """Length of the longest token prefix all prompts share."""
+    first = prompts[0]
+    n = min(len(p) for p in prompts)
+    for i in range(n):
+        t = first[i]
+        if any(p[i] != t for p in prompts):
+            return i
+    return n
+
+
+def _round_up(n: int, step: int = 64) -> int:
+    return -(-n // step) * step

@@ -80,8 +80,9 @@ class SamplingGenerator:
         check_sampler(sampler)
         if n < 1:
             raise GenerationError(f"n must be >= 1, got {n}")
+        self._fit_context(len(prompt_ids) + sampler.max_new_tokens, n)
         ids = check_prompt(prompt_ids, self.n_vocab, sampler.max_new_tokens, self.n_ctx)
-        rng = np.random.default_rng(sampler.seed)
+        rng = self._rng(sampler.seed)
         stop = frozenset(() if ignore_eos else self.eos_token_ids)
         t0 = time.perf_counter()
         self.last_logits = []
@@ -96,40 +97,105 @@ class SamplingGenerator:
                       "prompt_tokens": len(ids), "n": n}
         return out
 
-    def _sample_batch(self, ids: list[int], k: int, sampler: SamplerSettings, rng: np.random.Generator,
+    def _sample_batch(self, ids: list[int], k: int, sampler: SamplerSettings, rng,
                       stop: frozenset) -> list[Completion]:
         first = self._prefill_group(ids, k)
-        logits = np.repeat(first[None], k, axis=0)        # every sequence starts from the same row
-        tokens: list[list[int]] = [[] for _ in range(k)]
-        logps: list[list[float]] = [[] for _ in range(k)]
-        finish = ["length"] * k
-        raw: list[list[np.ndarray]] = [[] for _ in range(k)]
-        live = list(range(k))
+        return self._decode_rows([ids], [first], k, [sampler], [rng], stop)[0]
+
+    def _decode_rows(self, prompts: list[list[int]], firsts: list, k: int, samplers: list[SamplerSettings],
+                     rngs: list, stop: frozenset) -> list[list[Completion]]:
+        """Decode k sequences per prompt until each stops; slot p * k + j is prompt p's j-th sequence.
+
+        ``firsts[p]`` is the logits row after prompt p. Each prompt samples its rows with its own
+        sampler and generator, in slot order, so several prompts decoded together give exactly the
+        tokens each would get alone (for the same logits).
+        """
+        n_slots = len(prompts) * k
+        owner = [s // k for s in range(n_slots)]
+        tokens: list[list[int]] = [[] for _ in range(n_slots)]
+        logps: list[list[float]] = [[] for _ in range(n_slots)]
+        finish = ["length"] * n_slots
+        raw: list[list[np.ndarray]] = [[] for _ in range(n_slots)]
+        live = list(range(n_slots))
+        logits = None                         # rows of the live slots, in slot order
         while True:
-            if self.record_logits:
+            if logits is None:                # every sequence of a prompt starts from the same row
+                rows_of = {p: _repeat_rows(firsts[p], k) for p in range(len(prompts))}
+            else:
+                rows_of = {}
                 for r, s in enumerate(live):
-                    raw[s].append(np.array(logits[r]))
-            picked, picked_lp = sample_tokens(logits, sampler, rng)
+                    rows_of.setdefault(owner[s], []).append(r)
+                rows_of = {p: logits[r[0]:r[-1] + 1] for p, r in rows_of.items()}   # contiguous per prompt
             still = []
-            for s, t, lp in zip(live, picked.tolist(), picked_lp.tolist()):
-                tokens[s].append(t)
-                logps[s].append(lp)
-                if t in stop:
-                    finish[s] = "stop"
-                elif len(tokens[s]) < sampler.max_new_tokens:
-                    still.append(s)
+            for p, block in rows_of.items():
+                slots = [s for s in live if owner[s] == p]
+                if self.record_logits:
+                    for r, s in enumerate(slots):
+                        raw[s].append(_host_row(block[r]))
+                picked, picked_lp = _sample(block, samplers[p], rngs[p])
+                for s, t, lp in zip(slots, picked, picked_lp):
+                    tokens[s].append(t)
+                    logps[s].append(lp)
+                    if t in stop:
+                        finish[s] = "stop"
+                    elif len(tokens[s]) < samplers[p].max_new_tokens:
+                        still.append(s)
             if not still:
                 break
             live = still
             logits = self._decode_step(live, [tokens[s][-1] for s in live],
-                                       [len(ids) + len(tokens[s]) - 1 for s in live])
+                                       [len(prompts[owner[s]]) + len(tokens[s]) - 1 for s in live])
         if self.record_logits:
             self.last_logits += [np.stack(r) for r in raw]
         eos = set(self.eos_token_ids)
-        settings = sampler.as_dict()
-        return [Completion(token_ids=tokens[s], logprobs=logps[s],
-                           text=self.detokenize([t for t in tokens[s] if t not in eos]),
-                           finish_reason=finish[s], sampler=dict(settings)) for s in range(k)]
+        return [[Completion(token_ids=tokens[s], logprobs=logps[s],
+                            text=self.detokenize([t for t in tokens[s] if t not in eos]),
+                            finish_reason=finish[s], sampler=dict(samplers[p].as_dict()))
+                 for s in range(p * k, (p + 1) * k)] for p in range(len(prompts))]
+
+    # ------------------------------------------------------------------ many prompts at once
+    def generate_many(self, prompts: Sequence[Sequence[int]], n: int,
+                      samplers: Sequence[SamplerSettings]) -> list[list[Completion]]:
+        """``n`` completions of each prompt (``samplers[i]`` for prompt i): the same completions as
+        ``generate`` one prompt at a time. Backends with ``_prefill_many`` (llama.cpp) decode up to
+        ``_batch_size`` sequences of several prompts together, their shared prefix decoded once."""
+        if len(prompts) != len(samplers):
+            raise GenerationError(f"{len(prompts)} prompts but {len(samplers)} sampler settings")
+        per_wave = self._batch_size(n) // n if self._prefill_many is not None else 0
+        if per_wave < 2:
+            return [self.generate(p, n, s) for p, s in zip(prompts, samplers)]
+        for s in samplers:
+            check_sampler(s)
+        ids = []
+        for p, s in zip(prompts, samplers):
+            self._fit_context(len(p) + s.max_new_tokens, n)
+            ids.append(check_prompt(p, self.n_vocab, s.max_new_tokens, self.n_ctx))
+        t0 = time.perf_counter()
+        self.last_logits = []
+        out: list[list[Completion]] = []
+        with self._inference():
+            for start in range(0, len(ids), per_wave):
+                wave = ids[start:start + per_wave]
+                firsts = self._prefill_many(wave, n)
+                out += self._decode_rows(wave, firsts, n, list(samplers[start:start + per_wave]),
+                                         [self._rng(s.seed) for s in samplers[start:start + per_wave]],
+                                         frozenset(self.eos_token_ids))
+        seconds = time.perf_counter() - t0
+        n_tokens = sum(len(c.token_ids) for group in out for c in group)
+        self.stats = {"tokens": n_tokens, "seconds": seconds, "tok_s": n_tokens / max(seconds, 1e-9),
+                      "prompt_tokens": sum(len(p) for p in ids), "n": n * len(ids)}
+        return out
+
+    # a backend that can start sequences of several prompts at once sets this to a method
+    # ``_prefill_many(prompts, k) -> [logits row after each prompt]`` (prompt p's sequences: slots p*k..)
+    _prefill_many = None
+
+    def _fit_context(self, tokens_per_sequence: int, n: int) -> None:
+        """Make room for ``n`` sequences of this many tokens when the backend sizes its context."""
+
+    def _rng(self, seed: int | None):
+        """The random generator of one ``generate`` call (numpy; the HF backend: torch, on its device)."""
+        return np.random.default_rng(seed)
 
     # ------------------------------------------------------------------ scoring
     def score(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]],
@@ -146,3 +212,25 @@ class SamplingGenerator:
         with self._inference():
             rows = self._completion_logits(ids, comps)
         return [token_logprobs(r, c, temperature, top_k, top_p) if c else np.zeros(0) for r, c in zip(rows, comps)]
+
+
+def _sample(logits, sampler: SamplerSettings, rng) -> tuple[list[int], list[float]]:
+    """Sample one token per row: numpy logits with the numpy sampler; torch logits (the HF backend)
+    with the torch sampler, on their device; only the ids and log-probs come back to the host."""
+    if isinstance(rng, np.random.Generator):
+        picked, lp = sample_tokens(np.asarray(logits), sampler, rng)
+        return picked.tolist(), lp.tolist()
+    from .torch_sampling import sample_tokens_torch
+    picked, lp = sample_tokens_torch(logits, sampler, rng)
+    return picked.tolist(), lp.double().tolist()
+
+
+def _repeat_rows(row, k: int):
+    """k copies of one logits row: a numpy array or a torch tensor (a view, no copy)."""
+    if isinstance(row, np.ndarray):
+        return np.repeat(row[None], k, axis=0)
+    return row[None].expand(k, -1)
+
+
+def _host_row(row) -> np.ndarray:
+    return np.array(row) if isinstance(row, np.ndarray) else row.float().cpu().numpy()

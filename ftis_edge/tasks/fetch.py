@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from .. import atomic
 from ..paths import user_data_dir
 
 # (hub dataset, config, split) -> file under the data folder; fields as the tasks read them
@@ -23,20 +22,10 @@ SOURCES = [
 
 
 def write_jsonl(rows, path: Path) -> int:
-    """Rows as JSON Lines at ``path`` (write + rename); returns how many."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(dict(row), ensure_ascii=False) + "\n")
-                n += 1
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return n
+    """Rows as JSON Lines at ``path`` (written whole, then renamed into place); returns how many."""
+    lines = [json.dumps(dict(row), ensure_ascii=False) + "\n" for row in rows]
+    atomic.write_text(path, "".join(lines))
+    return len(lines)
 
 
 def fetch(dest: Path, *, force: bool = False) -> list[str]:

@@ -1,0 +1,77 @@
+"""`ftis-edge eval` batched (several prompts decoded together on llama.cpp, their shared system /
+few-shot prefix decoded once) vs one prompt at a time, side by side in one process.
+
+Both runs are the real ``evaluate()`` of ``ftis-edge eval --task arith --limit 48`` (greedy, the
+default settings) on the same generator settings, alternating sequential / batched ``--reps`` times;
+the answers are checked identical.
+
+Run:  .venv/bin/python benchmarks/bench_eval_batch.py [--limit 48] [--batch 16] [--reps 1] [--threads 2] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def run_eval(limit: int, batch: int, threads: int, max_new_tokens: int) -> tuple[float, dict]:
+    from ftis_edge import evaluate
+    parser = argparse.ArgumentParser()
+    evaluate.add_arguments(parser)
+    args = parser.parse_args(["--task", "arith", "--limit", str(limit), "--batch", str(batch), "--quiet",
+                              "--threads", str(threads), "--max-new-tokens", str(max_new_tokens)])
+    t0 = time.perf_counter()
+    result = evaluate.evaluate(args)
+    return time.perf_counter() - t0, result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=48)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=256, help="eval's default")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    load_before = os.getloadavg()[0]
+    times: dict[int, list[float]] = {1: [], args.batch: []}
+    results = {}
+    for r in range(args.reps):
+        for b in ((1, args.batch) if r % 2 == 0 else (args.batch, 1)):
+            seconds, results[b] = run_eval(args.limit, b, args.threads, args.max_new_tokens)
+            times[b].append(seconds)
+            print(f"[{time.strftime('%H:%M:%S')}] batch {b}: {seconds:.1f} s, accuracy "
+                  f"{results[b]['accuracy']:.3f}", file=sys.stderr, flush=True)
+    seq, bat = results[1]["items"], results[args.batch]["items"]
+    same = [a["text"] for a in seq] == [b["text"] for b in bat]
+    t_seq, t_bat = statistics.median(times[1]), statistics.median(times[args.batch])
+    tokens = sum(it["tokens"] for it in seq)
+    lines = [f"### `ftis-edge eval --task arith --limit {args.limit}`: batched (--batch {args.batch}) vs one "
+             f"prompt at a time ({args.threads} threads, llama.cpp F16, greedy, <= {args.max_new_tokens} new tokens)", "",
+             "| run | wall s (median of %d) | generation s | tok/s | accuracy |" % args.reps, "|---|---|---|---|---|",
+             f"| one prompt at a time | {t_seq:.1f} | {results[1]['seconds']:.1f} | {results[1]['tok_s']:.0f} "
+             f"| {results[1]['accuracy']:.3f} |",
+             f"| batched | {t_bat:.1f} | {results[args.batch]['seconds']:.1f} | {results[args.batch]['tok_s']:.0f} "
+             f"| {results[args.batch]['accuracy']:.3f} |", "",
+             f"**Batched: {t_seq / t_bat:.2f}x faster** (wall); identical answers: {same} "
+             f"({len(seq)} completions, {tokens} tokens). Load average (1 min) before / after: "
+             f"{load_before:.2f} / {os.getloadavg()[0]:.2f}."]
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "times": {str(k): v for k, v in times.items()},
+                                               "identical": same, "speedup": t_seq / t_bat,
+                                               "summary": {str(k): {kk: v for kk, v in r.items() if kk != "items"}
+                                                           for k, r in results.items()}}, indent=1, default=str))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

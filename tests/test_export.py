@@ -1,0 +1,185 @@
+"""`ftis-edge export` and `ftis-edge eval --model RUN_DIR` on real short runs of each backend.
+
+A node runs 1 round (2 prompts x 4 completions) with SmolLM2; then the export's PEFT adapter gives
+the learner's log-probs, its merged GGUF agrees with PyTorch, and the exported quantized GGUF loaded
+in plain llama-cpp-python gets the same held-out eval as the node's own weights.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from procs import ROOT
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_export_and_eval_refuse_what_is_not_a_trained_run_in_one_line(tmp_path):
+    r = _cli("export", str(tmp_path / "nope"))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "not a run directory" in r.stderr
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("[node]\nid = \"x\"\n")
+    r = _cli("export", str(run), "--eval-limit", "0")
+    assert r.returncode == 2 and "no checkpoint yet" in r.stderr and r.stderr.strip().count("\n") == 0
+    r = _cli("eval", "--model", str(run), "--task", "arith", "--limit", "1")
+    assert r.returncode == 2 and "no adapter/latest.gguf yet" in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_modelfile_chat_formats():
+    from ftis_edge.export import _TEMPLATES, chat_format
+    assert chat_format("{{ '<|im_start|>' + message['role'] }}") == "chatml"
+    assert chat_format("<start_of_turn>user") == "gemma"
+    assert chat_format("<|start_header_id|>") == "llama3" and chat_format("<|user|>") == "phi3"
+    assert chat_format(None) == "plain"
+    # the plain format is ModelBundle.render_prompt's, so an Ollama prompt is the prompt we trained on
+    assert _TEMPLATES["plain"][0].replace("{{ if .System }}System: {{ .System }}\n\n{{ end }}", "System: S\n\n") \
+        .replace("{{ .Prompt }}", "Q").replace("{{ .Response }}", "") == "System: S\n\nUser: Q\n\nAssistant:"
+
+EVAL_N = 12
+
+
+def _run(tmp_path: Path, node_id: str, **sections) -> Path:
+    cfg = {"node": {"id": node_id, "run_dir": str(tmp_path / "{id}"), "rounds": 1, "checkpoint_every": 1},
+           "model": {"threads": 1}, "train": {"micro_batch": 8},
+           "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"}}
+    for s, v in sections.items():
+        cfg.setdefault(s, {}).update(v)
+    lines = []
+    for s, values in cfg.items():
+        lines.append(f"[{s}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    path = tmp_path / f"{node_id}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(path), "--headless"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    return tmp_path / node_id
+
+
+def _batch(bundle):
+    """A fixed batch: two prompts with fixed completions."""
+    from ftis_edge.learner import TrainSample
+    out = []
+    for q, a in (("What is 3 + 4?", "<answer>7</answer>"), ("What is 12 - 5?", "The answer is <answer>7</answer>")):
+        ids = bundle.encode(bundle.render_prompt([{"role": "user", "content": q}]))
+        comp = bundle.tokenizer()(a, add_special_tokens=False).input_ids
+        out.append(TrainSample(ids, comp, [0.0] * len(comp), None, 0.0))
+    return out
+
+
+def _plain_llama_cpp_eval(gguf: Path, bundle, task, prompts, max_tokens: int) -> list[float]:
+    """Greedy answers from llama-cpp-python's high-level API only (nothing of ftis-edge's generator)."""
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=2048, n_threads=1, verbose=False)
+    rewards = []
+    for p in prompts:
+        ids = bundle.encode(bundle.render_prompt(task.messages(p.question)))
+        out = llm.create_completion(ids, max_tokens=max_tokens, temperature=0.0, top_k=1)
+        rewards.append(task.reward(out["choices"][0]["text"], p.reference)[0])
+    del llm
+    return rewards
+
+
+@pytest.mark.model
+@pytest.mark.timeout(3600)
+def test_export_of_a_llamacpp_lora_run(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from ftis_edge import evaluate
+    from ftis_edge.export import _learner_from_checkpoint, export_run, load_run_config
+    from ftis_edge.models import resolve_model
+    from ftis_edge.tasks import get_task
+
+    run = _run(tmp_path, "lora")
+    latest = run / "adapter" / "latest.gguf"
+    assert latest.is_file(), "the node keeps a stable adapter/latest.gguf"
+
+    # eval --model RUN_DIR: the run's newest weights (base + latest.gguf)
+    p = argparse.ArgumentParser()
+    evaluate.add_arguments(p)
+    node_eval = evaluate.evaluate(p.parse_args(["--model", str(run), "--task", "arith", "--limit", str(EVAL_N),
+                                                "--max-new-tokens", "40", "--quiet", "--threads", "1"]))
+    assert node_eval["adapter"] == str(latest)
+
+    info = export_run(run, tmp_path / "out", quant="q8_0", eval_limit=EVAL_N, threads=1, log=lambda *_: None)
+    out = tmp_path / "out"
+    for name in ("peft/adapter_config.json", "peft/adapter_model.safetensors", "adapter.gguf", "model-f16.gguf",
+                 "model-q8_0.gguf", "Modelfile", "README.md", "export.json"):
+        assert (out / name).is_file(), name
+    modelfile = (out / "Modelfile").read_text()
+    assert modelfile.startswith("FROM ./model-q8_0.gguf") and 'PARAMETER stop "<|im_end|>"' in modelfile
+    assert "<|im_start|>assistant" in modelfile
+    card = (out / "README.md").read_text()
+    assert info["base_fingerprint"] in card and "95%" in card and info["rounds"] == 1
+    assert info["eval"]["after"]["n"] == EVAL_N
+
+    # the PEFT directory gives the learner's log-probs
+    cfg = load_run_config(run)
+    bundle = resolve_model(cfg.model.spec)
+    learner, _ = _learner_from_checkpoint(run, cfg, bundle)
+    batch = _batch(bundle)
+    with torch.no_grad():
+        ref, mask = learner.logprobs(batch)
+        base = AutoModelForCausalLM.from_pretrained(bundle.hf_dir(), dtype=torch.float32)
+        peft = PeftModel.from_pretrained(base, str(out / "peft"))
+        learner.model = peft                      # the same log-prob code on the loaded model
+        got, _ = learner.logprobs(batch)
+    assert float((ref - got)[mask].abs().max()) <= 1e-5
+
+    # the exported quantized GGUF in plain llama-cpp-python: the node's held-out eval, within noise
+    task = get_task("arith", few_shot=cfg.task.few_shot)
+    prompts = task.eval_prompts(EVAL_N)
+    plain = _plain_llama_cpp_eval(out / "model-q8_0.gguf", bundle, task, prompts, 40)
+    node = [it["reward"] for it in node_eval["items"]]
+    assert len(plain) == len(node) == EVAL_N
+    acc_plain, acc_node = np.mean([r >= 1 for r in plain]), np.mean([r >= 1 for r in node])
+    same = np.mean([(a >= 1) == (b >= 1) for a, b in zip(plain, node)])
+    print(f"\nheld-out arith n={EVAL_N}: node {acc_node:.3f}, exported q8_0 in plain llama-cpp-python "
+          f"{acc_plain:.3f}, same verdict on {same:.0%}; card before {info['eval']['before']['accuracy']:.3f} "
+          f"after {info['eval']['after']['accuracy']:.3f}")
+    assert same >= 0.8 and abs(acc_plain - acc_node) <= 0.15
+
+
+@pytest.mark.model
+@pytest.mark.timeout(3600)
+def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from ftis_edge.export import _learner_from_checkpoint, export_run, load_run_config
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    from ftis_edge.models import resolve_model
+
+    run = _run(tmp_path, "full", model={"backend": "hf", "threads": 1}, train={"trainable": "full", "learning_rate": 2e-5})
+    info = export_run(run, None, quant="q8_0", eval_limit=0, log=lambda *_: None)
+    out = run / "export"
+    assert sorted(info["files"]) == ["f16", "hf", "q8_0"] and (out / "hf" / "config.json").is_file()
+    cfg = load_run_config(run)
+    bundle = resolve_model(cfg.model.spec)
+    learner, _ = _learner_from_checkpoint(run, cfg, bundle)
+    batch = _batch(bundle)
+    with torch.no_grad():
+        ref, mask = learner.logprobs(batch)
+        learner.model = AutoModelForCausalLM.from_pretrained(out / "hf", dtype=torch.float32)
+        got, _ = learner.logprobs(batch)
+    assert float((ref - got)[mask].abs().max()) <= 1e-5
+    # the merged GGUFs load in llama.cpp and score like the learner. F16 rounds part of a full fine-tuning
+    # step away (docs/bridge.md: ~0.03); Q8_0 of SmolLM2 measured 0.12 on these 17 forced tokens even
+    # without training (the shipped Q4_1: 0.07), so its bar is looser.
+    for name, bar in (("model-f16.gguf", 0.05), ("model-q8_0.gguf", 0.25)):
+        gen = LlamaCppGenerator(out / name, eos_token_ids=bundle.eos_token_ids, n_ctx=512, max_group=1, n_threads=1)
+        cpp = np.concatenate([gen.score(s.prompt_ids, [s.completion_ids])[0] for s in batch])
+        gen.close()
+        err = float(np.abs(cpp - ref[mask].numpy()).mean())
+        print(f"\nHF full fine-tuning export: {name} vs learner {err:.4f} nats/token")
+        assert err < bar, (name, err)
