@@ -147,6 +147,7 @@ class RelayClient:
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context | None = None
         self._n_pending = 0
+        self._n_unsent = 0                             # I/O thread: pending, never sent yet
 
     # -------------------------------------------------------------- public API
     def start(self):
@@ -350,9 +351,9 @@ class RelayClient:
                 if self._resubscribe and self._connected:
                     self._resubscribe = False
                     self._subscribe(sock)
-                self._drain_outbox(sock, now)
-                if now >= self._next_retry:
+                if now >= self._next_retry:       # what waits goes before what is new
                     self._retry(sock, now)
+                self._drain_outbox(sock, now)
                 events = dict(poller.poll(50))
                 if self._waker.fileno() in events:
                     self._waker.drain()
@@ -401,7 +402,9 @@ class RelayClient:
         self._send(sock, [P.SUB, self._topic, orjson.dumps(req)])
 
     def _drain_outbox(self, sock: zmq.Socket, now: float) -> None:
-        send_now = self._connected and now >= self._busy_until
+        # Publish order is kept: while an earlier rollout waits unsent (not connected yet,
+        # busy, a full pipe), later ones wait behind it for _retry, which sends in order.
+        send_now = self._connected and now >= self._busy_until and not self._n_unsent
         while True:
             try:
                 out = self._outbox.get_nowait()
@@ -412,6 +415,7 @@ class RelayClient:
                     self._n_pending -= 1
                 continue
             self._pending[out.rollout_id] = out
+            self._n_unsent += 1
             # Once one cannot go out, the rest wait for _retry too, which sends in publish order.
             send_now = send_now and self._transmit(sock, out, now)
             if not send_now:
@@ -421,6 +425,8 @@ class RelayClient:
         frames = [P.PUB, self._topic, out.payload] + ([out.attrs] if out.attrs else [])
         if not self._send(sock, frames):
             return False
+        if out.attempts == 0:
+            self._n_unsent -= 1
         out.attempts += 1
         out.last_sent = now
         self._burst["sent" if out.attempts == 1 else "resent"] += 1
@@ -485,6 +491,7 @@ class RelayClient:
         elif kind == P.ACK and len(frames) == 4:
             out = self._pending.pop(frames[1], None)
             if out is not None:
+                self._n_unsent -= out.attempts == 0     # (a stray ACK of a re-published one)
                 self._acked[frames[1]] = (now, out.payload, out.attrs)
                 self._trim_acked(now)
                 self._burst["acked"] += 1             # _flush also lowers the pending count
@@ -539,6 +546,7 @@ class RelayClient:
             for rid, (_, payload, attrs) in self._acked.items():
                 if rid not in self._pending:
                     self._pending[rid] = _Outgoing(rid, payload, attrs)
+                    self._n_unsent += 1
                     with self._lock:
                         self._n_pending += 1
                         self._stats["republished"] += 1
@@ -577,7 +585,10 @@ class RelayClient:
             out.last_sent = 0.0
             out.attempts = max(out.attempts, 1)
             if reason == "busy":          # the whole relay is behind, not just this rollout
-                self._busy_until = max(self._busy_until, now + wait)
+                # one jittered time for the whole busy spell: the rollouts told to wait come
+                # back in publish order (per-rollout jitter reordered them)
+                self._busy_until = max(self._busy_until, out.not_before)
+                out.not_before = self._busy_until
             self._next_retry = min(self._next_retry, out.not_before)
             return
         del self._pending[rid]        # refused for good: counted, not retried
