@@ -114,6 +114,6 @@ def test_every_stop_path_writes_a_checkpoint_and_a_damaged_one_falls_back(tmp_pa
         p.kill()
     assert stopped_with_checkpoint(run, "signal") > r3
     # a resume replaces the adapters: only the current run's files remain
-    names = sorted(f.name for f in (run / "adapter").glob("*.gguf"))
+    names = sorted(f.name for f in (run / "adapter").glob("adapter-v*.gguf"))   # + latest.gguf, a link
     versions = [int(n.split("-v")[1].split(".")[0]) for n in names]
     assert versions and max(versions) <= read_metrics(run)[-1]["round"], names
