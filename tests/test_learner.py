@@ -203,7 +203,8 @@ def test_normalize_kept_with_micro_batches_equals_the_full_batch_loss(lora, enco
     ref = torch.cat([p.grad.flatten() for p in lora.trainable_state().values()])
     lora.optimizer.zero_grad(set_to_none=True)
     lora.micro_batch = 4
-    assert stats["loss"] == pytest.approx(float(loss), abs=1e-6)
+    # the learner shares each prompt's forward (fp32 rounding ~1e-5 nats/token, docs/benchmarks.md)
+    assert stats["loss"] == pytest.approx(float(loss), rel=1e-4)
     assert float((ours - ref).norm() / ref.norm()) < 1e-4
 
 
@@ -266,21 +267,22 @@ def test_state_dict_round_trip_restores_weights_and_optimiser(lora, encoded):
 @pytest.mark.model
 def test_oom_raises_typed_error_with_grads_cleared_then_retry_works(lora, encoded, monkeypatch):
     batch = _on_policy(lora, encoded, [1.0, -1.0, 0.5, -0.5])
-    real = lora.logprobs
+    step = "_shared_micro_batch" if lora.share_prompts else "_logprobs_unshared"   # what a micro-batch runs
+    real = getattr(lora, step)
     calls = []
 
-    def second_call_oom(samples):            # the allocator failing on the 2nd micro-batch, after a backward
+    def second_call_oom(samples, *rest):     # the allocator failing on the 2nd micro-batch, after a backward
         calls.append(len(samples))
         if len(calls) == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(samples)
+        return real(samples, *rest)
 
-    monkeypatch.setattr(lora, "logprobs", second_call_oom)
+    monkeypatch.setattr(lora, step, second_call_oom)
     lora.micro_batch = 2
     with pytest.raises(LearnerOOM, match="micro_batch=2"):
         lora.compute_gradients(batch)
     assert all(p.grad is None for p in lora.trainable_state().values())
-    monkeypatch.setattr(lora, "logprobs", real)
+    monkeypatch.setattr(lora, step, real)
     lora.micro_batch = 1
     stats = lora.compute_gradients(batch)
     assert stats["micro_batches"] == 4
