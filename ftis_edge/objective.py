@@ -76,8 +76,9 @@ def filter_dropped(advantages: torch.Tensor, kl: torch.Tensor, kl_threshold: flo
 
 
 def _k3(delta: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 = exp(δ) − δ − 1 with δ = g − ℓ (>= 0; the exponent is capped, see top)."""
-    return torch.exp(delta.clamp(max=K3_EXP_CLAMP)) - delta - 1.0
+    """Schulman's k3 = exp(δ) − δ − 1 with δ = g − ℓ (>= 0; the exponent is capped, see top).
+    Clamped at 0: for |δ| ~ 1e-7 float32 rounding can give -6e-8, which k3 never is."""
+    return (torch.exp(delta.clamp(max=K3_EXP_CLAMP)) - delta - 1.0).clamp(min=0.0)
 
 
 # --------------------------------------------------------------------------- validation
