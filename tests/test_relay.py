@@ -20,25 +20,9 @@ from ftis_edge.swarm import SwarmClient
 from relay import protocol as P
 from relay.cli import query_stats
 from relay.keys import ClientKeys
-from procs import ROOT, RelayProc, free_port
+from procs import ROOT, free_port
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture
-def relay(request):
-    procs = []
-
-    def make(*args, keys=None, port=None):
-        r = RelayProc(*args, port=port)
-        procs.append(r)
-        r.wait_ready(keys)
-        return r
-    yield make
-    for r in procs:
-        if r.proc.poll() is None:
-            r.proc.kill()
-            r.proc.wait()
 
 
 _RNG = np.random.default_rng(0)

@@ -10,26 +10,9 @@ import zmq
 
 from relay import protocol as P
 from relay.client import RelayClient
-from procs import RelayProc
 from test_relay_boundary import raw_rollout
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def relay():
-    procs = []
-
-    def make(*args):
-        r = RelayProc(*args)
-        procs.append(r)
-        r.wait_ready()
-        return r
-    yield make
-    for r in procs:
-        if r.proc.poll() is None:
-            r.proc.kill()
-            r.proc.wait()
 
 
 def _connected(*cs) -> None:

@@ -16,26 +16,10 @@ from relay import protocol as P
 from relay.cli import query_stats
 from relay.client import RelayClient
 from relay.keys import ClientKeys
-from procs import ROOT, RelayProc, free_port
+from procs import ROOT, free_port
 from test_relay_boundary import raw_rollout
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def relay():
-    procs = []
-
-    def make(*args, keys=None, log_level="WARNING"):
-        r = RelayProc(*args, log_level=log_level)
-        procs.append(r)
-        r.wait_ready(keys)
-        return r
-    yield make
-    for r in procs:
-        if r.proc.poll() is None:
-            r.proc.kill()
-            r.proc.wait()
 
 
 def _cli(*a):
