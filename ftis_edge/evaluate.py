@@ -244,33 +244,45 @@ def evaluate(args, console=None) -> dict:
                TimeElapsedColumn()]
     with Progress(*columns, console=console, disable=args.quiet, transient=False) as bar:
         job = bar.add_task(f"{args.task}", total=len(prompts), tok_s=0.0, acc=0.0)
-        for start in range(0, len(prompts), batch):
-            chunk = range(start, min(start + batch, len(prompts)))
-            samplers = [SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                        max_new_tokens=args.max_new_tokens, seed=args.seed + i) for i in chunk]
-            g0 = time.perf_counter()
-            try:
-                if batch == 1:
-                    groups = [gen.generate(all_ids[i], args.samples, s) for i, s in zip(chunk, samplers)]
-                else:
-                    groups = gen.generate_many([all_ids[i] for i in chunk], args.samples, samplers)
-            except GenerationError as e:
-                where = prompts[start].id if len(chunk) == 1 else f"{prompts[start].id}..{prompts[chunk[-1]].id}"
-                raise EvalError(f"{where}: {e}") from None
-            gen_seconds += time.perf_counter() - g0
-            for i, completions in zip(chunk, groups):
-                p = prompts[i]
-                for c in completions:
-                    value, b = task.reward(c.text, p.reference)
-                    gen_tokens += len(c.token_ids)
-                    items.append({"id": p.id, "level": p.meta.get("level") if args.task == "arith" else None,
-                                  "reference": p.reference, "answer": b["answer"], "reward": value,
-                                  "format_ok": b["format_ok"], "correct": b["correct"],
-                                  "timed_out": b["timed_out"], "reason": b["reason"],
-                                  "tokens": len(c.token_ids), "finish_reason": c.finish_reason,
-                                  "text": c.text})
+        samplers = [SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                    max_new_tokens=args.max_new_tokens, seed=args.seed + i)
+                    for i in range(len(prompts))]
+
+        grading = 0.0                     # seconds spent grading inside the generation call
+
+        def grade(i: int, completions) -> None:
+            nonlocal gen_tokens, grading
+            r0 = time.perf_counter()
+            p = prompts[i]
+            for c in completions:
+                value, b = task.reward(c.text, p.reference)
+                gen_tokens += len(c.token_ids)
+                items.append({"id": p.id, "level": p.meta.get("level") if args.task == "arith" else None,
+                              "reference": p.reference, "answer": b["answer"], "reward": value,
+                              "format_ok": b["format_ok"], "correct": b["correct"],
+                              "timed_out": b["timed_out"], "reason": b["reason"],
+                              "tokens": len(c.token_ids), "finish_reason": c.finish_reason,
+                              "text": c.text, "_order": i})
             acc = sum(it["reward"] >= 1.0 for it in items) / len(items)
-            bar.update(job, advance=len(chunk), tok_s=gen_tokens / max(gen_seconds, 1e-9), acc=acc)
+            grading += time.perf_counter() - r0
+            bar.update(job, advance=1, tok_s=gen_tokens / max(time.perf_counter() - g0 - grading, 1e-9), acc=acc)
+
+        g0 = time.perf_counter()
+        try:
+            if batch == 1:
+                for i, s in enumerate(samplers):
+                    try:
+                        grade(i, gen.generate(all_ids[i], args.samples, s))
+                    except GenerationError as e:
+                        raise EvalError(f"{prompts[i].id}: {e}") from None
+            else:          # continuous batching: `batch` sequences decode together, refilled as they end
+                try:
+                    gen.generate_many(all_ids, args.samples, samplers, on_done=grade)
+                except GenerationError as e:
+                    raise EvalError(f"{prompts[0].id}..{prompts[-1].id}: {e}") from None
+        finally:
+            gen_seconds = time.perf_counter() - g0 - grading
+    items.sort(key=lambda it: it.pop("_order"))      # the prompts' order, whatever finished first
     gen.close()
     summary = summarize(items, gen_seconds)
     summary["tok_s"] = gen_tokens / max(gen_seconds, 1e-9)

@@ -390,7 +390,8 @@ def _arith_prompts(bundle, n):
 def test_llamacpp_decodes_many_prompts_together_with_the_same_greedy_answers(bundle):
     """Several prompts in one batch (their few-shot prefix decoded once, sequence ids per prompt)
     give token for token the greedy completions of one prompt at a time."""
-    from ftis_edge.generate.llamacpp import LlamaCppGenerator, _common_prefix
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    from ftis_edge.generate.loop import _common_prefix
     prompts = _arith_prompts(bundle, 6)
     assert _common_prefix(prompts) > 100                 # system text + few-shot examples
     g = LlamaCppGenerator.from_bundle(bundle, "f16", max_group=8, n_threads=THREADS)
@@ -412,6 +413,40 @@ def test_llamacpp_decodes_many_prompts_together_with_the_same_greedy_answers(bun
         assert [len(grp) for grp in many] == [2, 2, 2] and len(g.last_logits) == 6
         for c, raw in zip(comps, g.last_logits):
             ref = _torch_reference(raw, 0.8, 0, 0.95)
+            assert np.abs(np.asarray(c.logprobs) - ref[np.arange(len(c.token_ids)), c.token_ids]).max() < 1e-6
+    finally:
+        g.close()
+
+
+@pytest.mark.model
+def test_llamacpp_refills_finished_slots_with_the_next_prompt(bundle):
+    """Continuous batching: 9 prompts through 3 slots, answers of very different lengths (each
+    prompt its own max_new_tokens), so slots are freed and refilled mid-way — still token for
+    token the greedy answers of one prompt at a time, reported once per prompt; and with 2
+    sequences per prompt in a pool of 5 (one slot always spare), every group complete."""
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    prompts = _arith_prompts(bundle, 9)
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", max_group=3, n_threads=THREADS)
+    try:
+        samplers = [SamplerSettings(temperature=0.0, max_new_tokens=4 + 7 * (i % 4), seed=i) for i in range(9)]
+        done = []
+        many = g.generate_many(prompts, 1, samplers, on_done=lambda i, c: done.append((i, len(c))))
+        assert g.stats["n"] == 9 and g.stats["tokens"] == sum(len(c.token_ids) for grp in many for c in grp)
+        alone = [g.generate(p, 1, s) for p, s in zip(prompts, samplers)]
+        assert [c.token_ids for grp in many for c in grp] == [c.token_ids for grp in alone for c in grp]
+        assert sorted(done) == [(i, 1) for i in range(9)] and [i for i, _ in done] != list(range(9))
+    finally:
+        g.close()
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", max_group=5, n_threads=THREADS)
+    try:
+        s2 = [SamplerSettings(temperature=0.9, max_new_tokens=6 + 5 * i, seed=20 + i) for i in range(4)]
+        g.record_logits = True
+        many = g.generate_many(prompts[:4], 2, s2)
+        comps = [c for grp in many for c in grp]
+        assert [len(grp) for grp in many] == [2, 2, 2, 2] and len(g.last_logits) == 8
+        for c, s, raw in zip(comps, [s for s in s2 for _ in range(2)], g.last_logits):
+            assert 1 <= len(c.token_ids) <= s.max_new_tokens and len(raw) == len(c.token_ids)
+            ref = _torch_reference(raw, 0.9, 0, 1.0)
             assert np.abs(np.asarray(c.logprobs) - ref[np.arange(len(c.token_ids)), c.token_ids]).max() < 1e-6
     finally:
         g.close()

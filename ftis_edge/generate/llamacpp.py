@@ -132,7 +132,7 @@ class LlamaCppGenerator(SamplingGenerator):
         cparams.n_ctx = self.n_ctx * self.max_group
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = self.max_group
+        cparams.n_seq_max = self.max_group + 1       # + the pool's shared-prefix keeper
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         cparams.kv_unified = True
@@ -254,31 +254,37 @@ class LlamaCppGenerator(SamplingGenerator):
         self.llama.llama_memory_clear(self._mem, True)
         return self._prefill(ids, range(k))
 
-    def _prefill_many(self, prompts: list[list[int]], k: int) -> list[np.ndarray]:
-        """Start k sequences on each prompt (slots p*k .. p*k+k-1): the prompts' common prefix (the
-        system text and few-shot examples of an eval) is decoded once for all of them, then every
-        prompt's own tail, all in as few ``llama_decode`` calls as the batch size allows."""
+    # pool steps (loop.py's continuous batching): sequence id ``max_group`` keeps the shared prefix;
+    # an entering prompt's slots are given its cells (a copy of ids, not of data, in the unified cache)
+    def _pool_start(self, prefix: list[int]) -> None:
         self.llama.llama_memory_clear(self._mem, True)
-        shared = _common_prefix(prompts)
-        shared = min(shared, min(len(p) for p in prompts) - 1)   # every prompt keeps a token of its own
-        entries = [(t, i, tuple(range(len(prompts) * k)), False) for i, t in enumerate(prompts[0][:shared])]
-        last_of = {}
-        for p, ids in enumerate(prompts):
-            seqs = tuple(range(p * k, (p + 1) * k))
-            for i in range(shared, len(ids)):
-                if i == len(ids) - 1:
-                    last_of[p] = len(entries)
-                entries.append((ids[i], i, seqs, i == len(ids) - 1))
-        rows: dict[int, np.ndarray] = {}
-        for start in range(0, len(entries), self.n_batch):
-            chunk = entries[start:start + self.n_batch]
+        if prefix:
+            self._prefill(prefix, (self.max_group,))
+
+    def _pool_step(self, feeds: list[tuple[int, int, int]], entering: list[tuple[list[int], int, list[int]]]):
+        ll = self.llama
+        entries = [(t, pos, (s,), True) for s, t, pos in feeds]
+        last_of = []
+        for tail, start, slots in entering:
+            if start:
+                for s in slots:
+                    ll.llama_memory_seq_cp(self._mem, self.max_group, s, -1, -1)
+            entries += [(t, start + i, tuple(slots), i == len(tail) - 1) for i, t in enumerate(tail)]
+            last_of.append(len(entries) - 1)
+        want_at = {i: r for r, i in enumerate(i for i, e in enumerate(entries) if e[3])}
+        rows = np.empty((len(want_at), self.n_vocab), dtype=np.float32)
+        for begin in range(0, len(entries), self.n_batch):
+            chunk = entries[begin:begin + self.n_batch]
             for j, (t, pos, seqs, want) in enumerate(chunk):
                 self._put(j, t, pos, seqs, want)
             self._decode(len(chunk))
             for j, (_, _, _, want) in enumerate(chunk):
                 if want:
-                    rows[start + j] = self._row(j).copy()
-        return [rows[last_of[p]] for p in range(len(prompts))]
+                    rows[want_at[begin + j]] = self._row(j)
+        return rows[:len(feeds)], [rows[want_at[i]] for i in last_of]
+
+    def _pool_release(self, slot: int) -> None:
+        self.llama.llama_memory_seq_rm(self._mem, slot, -1, -1)
 
     def _fit_context(self, tokens_per_sequence: int, n: int) -> None:
         """Grow the context when a request needs more per sequence than it holds (rare: the caller
@@ -339,17 +345,6 @@ class LlamaCppGenerator(SamplingGenerator):
             n = self.llama.llama_token_to_piece(self._vocab, int(t), buf, len(buf), 0, special)
             pieces += buf.raw[:max(n, 0)]
         return pieces.decode("utf-8", errors="replace")
-
-
-def _common_prefix(prompts: list[list[int]]) -> int:
-    """Length of the longest token prefix all prompts share."""
-    first = prompts[0]
-    n = min(len(p) for p in prompts)
-    for i in range(n):
-        t = first[i]
-        if any(p[i] != t for p in prompts):
-            return i
-    return n
 
 
 def _round_up(n: int, step: int = 64) -> int:

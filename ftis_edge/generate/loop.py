@@ -147,48 +147,140 @@ class SamplingGenerator:
                                        [len(prompts[owner[s]]) + len(tokens[s]) - 1 for s in live])
         if self.record_logits:
             self.last_logits += [np.stack(r) for r in raw]
-        eos = set(self.eos_token_ids)
-        return [[Completion(token_ids=tokens[s], logprobs=logps[s],
-                            text=self.detokenize([t for t in tokens[s] if t not in eos]),
-                            finish_reason=finish[s], sampler=dict(samplers[p].as_dict()))
-                 for s in range(p * k, (p + 1) * k)] for p in range(len(prompts))]
+        return [self._completions(tokens[p * k:(p + 1) * k], logps[p * k:(p + 1) * k],
+                                  finish[p * k:(p + 1) * k], samplers[p]) for p in range(len(prompts))]
 
     # ------------------------------------------------------------------ many prompts at once
-    def generate_many(self, prompts: Sequence[Sequence[int]], n: int,
-                      samplers: Sequence[SamplerSettings]) -> list[list[Completion]]:
+    def generate_many(self, prompts: Sequence[Sequence[int]], n: int, samplers: Sequence[SamplerSettings],
+                      on_done=None) -> list[list[Completion]]:
         """``n`` completions of each prompt (``samplers[i]`` for prompt i): the same completions as
-        ``generate`` one prompt at a time. Backends with ``_prefill_many`` (llama.cpp) decode up to
-        ``_batch_size`` sequences of several prompts together, their shared prefix decoded once."""
+        ``generate`` one prompt at a time. Backends with the pool steps (llama.cpp) keep up to
+        ``_batch_size(n)`` sequences of several prompts decoding together, their shared prefix
+        decoded once, and start the next prompt in a slot as soon as a sequence finishes
+        (continuous batching: a long answer no longer holds a whole wave of short ones).
+        ``on_done(i, completions)`` is called as each prompt finishes (progress bars, grading)."""
         if len(prompts) != len(samplers):
             raise GenerationError(f"{len(prompts)} prompts but {len(samplers)} sampler settings")
-        per_wave = self._batch_size(n) // n if self._prefill_many is not None else 0
-        if per_wave < 2:
-            return [self.generate(p, n, s) for p, s in zip(prompts, samplers)]
         for s in samplers:
             check_sampler(s)
+        if n < 1:
+            raise GenerationError(f"n must be >= 1, got {n}")
+        if self._pool_start is None or self._batch_size(n) // n < 2:
+            out = []
+            for i, (p, s) in enumerate(zip(prompts, samplers)):
+                out.append(self.generate(p, n, s))
+                if on_done:
+                    on_done(i, out[-1])
+            return out
         ids = []
         for p, s in zip(prompts, samplers):
             self._fit_context(len(p) + s.max_new_tokens, n)
             ids.append(check_prompt(p, self.n_vocab, s.max_new_tokens, self.n_ctx))
         t0 = time.perf_counter()
         self.last_logits = []
-        out: list[list[Completion]] = []
         with self._inference():
-            for start in range(0, len(ids), per_wave):
-                wave = ids[start:start + per_wave]
-                firsts = self._prefill_many(wave, n)
-                out += self._decode_rows(wave, firsts, n, list(samplers[start:start + per_wave]),
-                                         [self._rng(s.seed) for s in samplers[start:start + per_wave]],
-                                         frozenset(self.eos_token_ids))
+            out = self._decode_pool(ids, n, list(samplers), on_done)
         seconds = time.perf_counter() - t0
         n_tokens = sum(len(c.token_ids) for group in out for c in group)
         self.stats = {"tokens": n_tokens, "seconds": seconds, "tok_s": n_tokens / max(seconds, 1e-9),
                       "prompt_tokens": sum(len(p) for p in ids), "n": n * len(ids)}
         return out
 
-    # a backend that can start sequences of several prompts at once sets this to a method
-    # ``_prefill_many(prompts, k) -> [logits row after each prompt]`` (prompt p's sequences: slots p*k..)
-    _prefill_many = None
+    def _decode_pool(self, prompts: list[list[int]], k: int, samplers: list[SamplerSettings],
+                     on_done) -> list[list[Completion]]:
+        """Continuous batching over a pool of ``_batch_size(k)`` sequence slots.
+
+        A prompt enters when k slots are free (in prompt order); its sequence j samples from the
+        rows of its live sequences in j order with the prompt's own generator, exactly as
+        ``generate`` does, so each prompt gets the tokens it would get alone (for the same logits).
+        A finished sequence frees its slot at once. Each step is one backend call that feeds the
+        next token of every live sequence and the own tail of every entering prompt.
+        """
+        n_slots = self._batch_size(k)
+        shared = min(_common_prefix(prompts), min(len(p) for p in prompts) - 1)   # each keeps a token
+        self._pool_start(prompts[0][:shared])
+        stop = frozenset(self.eos_token_ids)
+        free = list(range(n_slots))
+        waiting = list(range(len(prompts)))[::-1]            # pop() takes the next prompt
+        slots_of: dict[int, list[int]] = {}                  # prompt -> its k slots, in j order
+        tokens: dict[int, list[list[int]]] = {}
+        logps: dict[int, list[list[float]]] = {}
+        finish: dict[int, list[str]] = {}
+        live_of: dict[int, list[int]] = {}                   # prompt -> its live j's, in order
+        rngs: dict[int, object] = {}
+        raw: dict[int, list[list]] = {}
+        results: list = [None] * len(prompts)
+        rows_of: dict[int, object] = {}                      # prompt -> logits rows of its live j's
+        while True:
+            # sample every active prompt's live sequences; collect the next feeds
+            feeds: list[tuple[int, int, int]] = []            # (slot, token, position)
+            feed_owner: list[tuple[int, int]] = []             # (prompt, j) of each feed
+            for p, block in rows_of.items():
+                live = live_of[p]
+                if self.record_logits:
+                    for r, j in enumerate(live):
+                        raw[p][j].append(_host_row(block[r]))
+                picked, picked_lp = _sample(block, samplers[p], rngs[p])
+                still = []
+                for j, t, lp in zip(live, picked, picked_lp):
+                    tokens[p][j].append(t)
+                    logps[p][j].append(lp)
+                    if t in stop:
+                        finish[p][j] = "stop"
+                    elif len(tokens[p][j]) < samplers[p].max_new_tokens:
+                        still.append(j)
+                        continue
+                    self._pool_release(slots_of[p][j])
+                    free.append(slots_of[p][j])
+                live_of[p] = still
+                for j in still:
+                    feeds.append((slots_of[p][j], tokens[p][j][-1], len(prompts[p]) + len(tokens[p][j]) - 1))
+                    feed_owner.append((p, j))
+                if not still:
+                    results[p] = self._completions(tokens[p], logps[p], finish[p], samplers[p])
+                    if on_done:
+                        on_done(p, results[p])
+            # let waiting prompts into the free slots
+            free.sort()
+            entering = []
+            while waiting and len(free) >= k:
+                p = waiting.pop()
+                slots_of[p], free = free[:k], free[k:]
+                tokens[p], logps[p] = [[] for _ in range(k)], [[] for _ in range(k)]
+                finish[p], live_of[p], raw[p] = ["length"] * k, list(range(k)), [[] for _ in range(k)]
+                rngs[p] = self._rng(samplers[p].seed)
+                entering.append(p)
+            if not feeds and not entering:
+                break
+            step_rows, first_rows = self._pool_step(
+                feeds, [(prompts[p][shared:], shared, slots_of[p]) for p in entering])
+            rows_of = {}
+            for r, (p, j) in enumerate(feed_owner):            # a prompt's feeds are contiguous
+                if p not in rows_of:
+                    rows_of[p] = step_rows[r:r + len(live_of[p])]
+            for p, first in zip(entering, first_rows):
+                rows_of[p] = _repeat_rows(first, k)
+        if self.record_logits:
+            self.last_logits = [np.stack(r) for p in range(len(prompts)) for r in raw[p]]
+        return results
+
+    def _completions(self, tokens: list[list[int]], logps: list[list[float]], finish: list[str],
+                     sampler: SamplerSettings) -> list[Completion]:
+        eos = set(self.eos_token_ids)
+        return [Completion(token_ids=t, logprobs=lp, text=self.detokenize([x for x in t if x not in eos]),
+                           finish_reason=f, sampler=dict(sampler.as_dict()))
+                for t, lp, f in zip(tokens, logps, finish)]
+
+    # A backend that can keep sequences of several prompts in one batch sets these to methods:
+    #   _pool_start(prefix_ids): forget all sequences, decode the prefix every prompt shares
+    #   _pool_step(feeds, entering) -> (rows, first_rows): one model call that feeds each
+    #       (slot, token, position) of ``feeds`` (rows: their next-token logits, in order) and
+    #       starts each (tail_ids, start_position, slots) of ``entering`` on the shared prefix +
+    #       tail (first_rows: the logits after each tail's last token)
+    #   _pool_release(slot): forget a finished sequence
+    _pool_start = None
+    _pool_step = None
+    _pool_release = None
 
     def _fit_context(self, tokens_per_sequence: int, n: int) -> None:
         """Make room for ``n`` sequences of this many tokens when the backend sizes its context."""
@@ -223,6 +315,17 @@ def _sample(logits, sampler: SamplerSettings, rng) -> tuple[list[int], list[floa
     from .torch_sampling import sample_tokens_torch
     picked, lp = sample_tokens_torch(logits, sampler, rng)
     return picked.tolist(), lp.double().tolist()
+
+
+def _common_prefix(prompts: list[list[int]]) -> int:
+    """Length of the longest token prefix all prompts share."""
+    first = prompts[0]
+    n = min(len(p) for p in prompts)
+    for i in range(n):
+        t = first[i]
+        if any(p[i] != t for p in prompts):
+            return i
+    return n
 
 
 def _repeat_rows(row, k: int):
