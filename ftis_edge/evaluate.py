@@ -58,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to grade one completion (own outputs: generous; default 5)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for generation")
     parser.add_argument("--batch", type=int, default=16,
-                        help="prompts decoded together (llamacpp; their shared prefix is decoded once; "
-                             "1 = one prompt at a time; default 16)")
+                        help="sequences decoded together (llamacpp; their shared prefix is decoded once and "
+                             "a finished answer's slot takes the next prompt; 1 = one prompt at a time; default 16)")
     parser.add_argument("--json", dest="json_out", default=None, help="write the results to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
