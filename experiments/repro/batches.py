@@ -157,7 +157,7 @@ VALUE = {
     "train": {"kl_threshold": 5.0},
 }
 VALUE_EVAL = 200                        # held-out greedy prompts per eval set (ID and OOD)
-VALUE_ROUNDS = 24                       # receivers' rounds (the pilot confirms the curve flattens)
+VALUE_ROUNDS = 16                       # receivers' rounds: the pre-registered rule (largest R <= 16 that fits ~4 h; pilot: docs/results.md)
 SMOL_EXPERT = Expert("smol-lora-40", {"model": {"spec": "smollm2-135m", "backend": "llamacpp", "precision": "f16"},
                                       "train": {"trainable": "lora", "learning_rate": 2e-4}}, rounds=40)
 GEMMA_EXPERT = Expert("gemma-lora-40", GEMMA_LORA, rounds=40)
