@@ -695,10 +695,12 @@ class RelayClient:
         b.clear()
         if items:
             with self._inbox_cv:
+                was_empty = not self._inbox
                 room = self._inbox.maxlen - len(self._inbox)
                 dropped = max(0, len(items) - room)   # the node is not polling: oldest go
                 self._inbox.extend(items)
-                self._inbox_cv.notify_all()
+                if was_empty:   # poll() waits only on an empty inbox: else nobody to wake
+                    self._inbox_cv.notify_all()
             if dropped:
                 with self._lock:
                     self._stats["inbox_dropped"] += dropped

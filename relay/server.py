@@ -860,6 +860,9 @@ class Relay:
     def _pump_budgets(self, now: float) -> None:
         """Visit the budgeted subscribers something happened to: windows that ended, gathering
         that ended, new rollouts in the index of subscribers with budget left, full pipes."""
+        timers = self._timers
+        if not (self._budget_retry or self._dirty or (timers and timers[0][0] <= now)):
+            return                                    # nothing concerns them (every loop turn asks)
         todo: dict[tuple[bytes, bytes], None] = dict.fromkeys(self._budget_retry)
         self._budget_retry = set()
         timers = self._timers
