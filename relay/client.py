@@ -422,6 +422,8 @@ class RelayClient:
     def _drain_outbox(self, sock: zmq.Socket, now: float) -> None:
         # Publish order is kept: while an earlier rollout waits unsent (not connected yet,
         # busy, a full pipe), later ones wait behind it for _retry, which sends in order.
+        if self._outbox.empty():        # most loop turns (a raised queue.Empty costs more)
+            return
         send_now = self._connected and now >= self._busy_until and not self._n_unsent
         while True:
             try:
