@@ -443,8 +443,9 @@ class RelayClient:
                 self._next_retry = min(self._next_retry, max(now, self._busy_until))
 
     def _transmit(self, sock: zmq.Socket, out: _Outgoing, now: float) -> bool:
-        # PUB topic payload [attrs], frame by frame (relay.frames: cheaper than send_multipart). A DEALER takes or refuses a
-        # message at its first frame (EAGAIN: not connected, or the pipe is full).
+        # PUB topic payload [attrs], frame by frame (relay.frames: cheaper than send_multipart).
+        # A DEALER takes or refuses a message at its first frame (EAGAIN: not connected, or
+        # the pipe is full).
         try:
             _SEND(sock, P.PUB, _MORE)
             _SEND(sock, self._topic, _MORE)
