@@ -79,12 +79,10 @@ def _relay_publisher(addr, node, n, pace_s, go, out):
     for m in msgs:
         sent[wire.peek(m).rollout_id] = time.time()
         c.publish_bytes(m)
-        while c.pending() > 200:          # the node-side window: acked flow control
-            time.sleep(0.001)
+        c.wait_pending(200)               # the node-side window: acked flow control
         if pace_s:
             time.sleep(pace_s)
-    while c.pending():
-        time.sleep(0.005)
+    c.wait_pending(0)
     c.close()
     out.put(("sent", sent, time.process_time() - cpu0))
 

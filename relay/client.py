@@ -30,6 +30,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from relay import protocol as P
+from relay.frames import LAST as _LAST, MORE as _MORE, send_frame as _SEND
 from relay.keys import ClientKeys
 from relay.waker import Waker
 
@@ -68,14 +69,17 @@ class Delivery:
         return a if isinstance(a, dict) else {}
 
 
-@dataclass
 class _Outgoing:
-    rollout_id: bytes
-    payload: bytes
-    attrs: bytes = b""          # PUB's optional 4th frame: JSON {origin, task, tok}
-    attempts: int = 0
-    last_sent: float = 0.0
-    not_before: float = 0.0     # busy / rate-limit back-off
+    """A published rollout until it is ACKed (a slotted class: one is made per publish)."""
+
+    __slots__ = ("rollout_id", "payload", "attrs", "attempts", "last_sent", "not_before")
+
+    def __init__(self, rollout_id: bytes, payload: bytes, attrs: bytes = b""):
+        self.rollout_id, self.payload = rollout_id, payload
+        self.attrs = attrs              # PUB's optional 4th frame: JSON {origin, task, tok, via}
+        self.attempts = 0
+        self.last_sent = 0.0
+        self.not_before = 0.0           # busy / rate-limit back-off
 
 
 class RelayClient:
@@ -113,6 +117,7 @@ class RelayClient:
         self._inbox: collections.deque = collections.deque(maxlen=inbox_max)
         self._inbox_cv = threading.Condition()
         self._lock = threading.Lock()                  # guards counters, peers and health below
+        self._pending_cv = threading.Condition(self._lock)   # wait_pending(): the pending count fell
         self._pending: dict[bytes, _Outgoing] = {}     # I/O thread only
         self._next_retry = 0.0                         # earliest time a pending rollout is due
         self._busy_until = 0.0                         # the relay said `busy`: send nothing before
@@ -122,6 +127,7 @@ class RelayClient:
         self._burst = collections.Counter()            # I/O thread: one recv burst's counters ...
         self._burst_items: list = []                   # ... and raw items, published by _flush()
         self._n_bytes_in = self._n_gaps = self._n_duplicates = self._n_replayed = 0   # ... and hot counters
+        self._n_sent = self._n_resent = self._n_bytes_out = self._n_acked = 0
         self._topic_names: dict[bytes, str] = {}       # poll(): decoded names, reused
         self._burst_t = 0.0
         self._acked: collections.OrderedDict[bytes, tuple[float, bytes, bytes]] = collections.OrderedDict()
@@ -185,11 +191,14 @@ class RelayClient:
         if self._waker.closed:
             raise RuntimeError("client is closed")
         rollout_id = P.peek_rollout(payload, self.max_message_bytes).rollout_id
-        attrs = {k: v for k, v in (("origin", origin), ("task", task), ("tok", tok), ("via", via)) if v}
+        attrs = b""
+        if origin or task or tok or via:
+            attrs = orjson.dumps({k: v for k, v in (("origin", origin), ("task", task), ("tok", tok),
+                                                    ("via", via)) if v})
         with self._lock:
             self._n_pending += 1
             self._stats["published"] += 1
-        self._outbox.put(_Outgoing(rollout_id.encode(), payload, orjson.dumps(attrs) if attrs else b""))
+        self._outbox.put(_Outgoing(rollout_id.encode(), payload, attrs))
         self._waker.wake()
 
     def poll(self, max_items: int | None = None, timeout_s: float = 0.0) -> list:
@@ -236,6 +245,15 @@ class RelayClient:
     def pending(self) -> int:
         """Published and not yet acknowledged (nor refused for good)."""
         with self._lock:
+            return self._n_pending
+
+    def wait_pending(self, at_most: int = 0, timeout_s: float | None = None) -> int:
+        """Block until at most `at_most` rollouts are pending (or timeout_s passed); returns
+        the pending count. A publisher's flow control without polling: the I/O thread wakes
+        waiters once per burst of ACKs (sleep-polling pending() cost a publisher more CPU
+        than publishing, profiled in bench_relay.py)."""
+        with self._pending_cv:
+            self._pending_cv.wait_for(lambda: self._n_pending <= at_most, timeout_s)
             return self._n_pending
 
     def health(self) -> dict:
@@ -404,6 +422,8 @@ class RelayClient:
     def _drain_outbox(self, sock: zmq.Socket, now: float) -> None:
         # Publish order is kept: while an earlier rollout waits unsent (not connected yet,
         # busy, a full pipe), later ones wait behind it for _retry, which sends in order.
+        if self._outbox.empty():        # most loop turns (a raised queue.Empty costs more)
+            return
         send_now = self._connected and now >= self._busy_until and not self._n_unsent
         while True:
             try:
@@ -413,6 +433,7 @@ class RelayClient:
             if out.rollout_id in self._pending:      # the same rollout published twice
                 with self._lock:
                     self._n_pending -= 1
+                    self._pending_cv.notify_all()
                 continue
             self._pending[out.rollout_id] = out
             self._n_unsent += 1
@@ -422,15 +443,27 @@ class RelayClient:
                 self._next_retry = min(self._next_retry, max(now, self._busy_until))
 
     def _transmit(self, sock: zmq.Socket, out: _Outgoing, now: float) -> bool:
-        frames = [P.PUB, self._topic, out.payload] + ([out.attrs] if out.attrs else [])
-        if not self._send(sock, frames):
+        # PUB topic payload [attrs], frame by frame (relay.frames: cheaper than send_multipart).
+        # A DEALER takes or refuses a message at its first frame (EAGAIN: not connected, or
+        # the pipe is full).
+        try:
+            _SEND(sock, P.PUB, _MORE)
+            _SEND(sock, self._topic, _MORE)
+            if out.attrs:
+                _SEND(sock, out.payload, _MORE)
+                _SEND(sock, out.attrs, _LAST)
+            else:
+                _SEND(sock, out.payload, _LAST)
+        except zmq.Again:
             return False
         if out.attempts == 0:
             self._n_unsent -= 1
+            self._n_sent += 1
+        else:
+            self._n_resent += 1
         out.attempts += 1
         out.last_sent = now
-        self._burst["sent" if out.attempts == 1 else "resent"] += 1
-        self._burst["bytes_out"] += len(out.payload)
+        self._n_bytes_out += len(out.payload)
         return True
 
     def _retry(self, sock: zmq.Socket, now: float) -> None:
@@ -458,7 +491,9 @@ class RelayClient:
         them) take a short path: no per-message clock reads or dispatch (profiled: the
         per-delivery overhead around the work was half the client's receive cost)."""
         self._burst_t = time.time()
-        recv, deliver, on_deliver = sock.recv, P.DELIVER, self._on_deliver_body
+        mono = time.monotonic()
+        recv, deliver, on_deliver, ack = sock.recv, P.DELIVER, self._on_deliver_body, P.ACK
+        pending, acked, n_acked = self._pending, self._acked, 0
         n = 0
         for n in range(1, max_msgs + 1):
             try:
@@ -473,14 +508,25 @@ class RelayClient:
                 n -= 1
                 break
             try:
-                if frames[0] == deliver and len(frames) == 2:
+                kind = frames[0]
+                if kind == deliver and len(frames) == 2:
                     on_deliver(frames[1])
+                elif kind == ack and len(frames) == 4:
+                    # ACK rollout_id seq epoch: the publisher's short path (one per rollout)
+                    out = pending.pop(frames[1], None)
+                    if out is not None:
+                        self._n_unsent -= out.attempts == 0   # (a stray ACK of a re-published one)
+                        acked[frames[1]] = (mono, out.payload, out.attrs)
+                        n_acked += 1                # _flush lowers the pending count
                 else:
                     self._on_message(sock, frames)
             except Exception:       # a bad frame must not kill the client
                 log.exception("bad message from relay")
+        if n_acked:
+            self._n_acked += n_acked
+            self._trim_acked(mono)
         if n:
-            self._last_heard = time.monotonic()
+            self._last_heard = mono
 
     def _on_message(self, sock: zmq.Socket, frames: list[bytes]) -> None:
         now = time.monotonic()
@@ -488,13 +534,6 @@ class RelayClient:
         kind = frames[0]
         if kind == P.DELIVER and len(frames) == 2:
             self._on_deliver_body(frames[1])
-        elif kind == P.ACK and len(frames) == 4:
-            out = self._pending.pop(frames[1], None)
-            if out is not None:
-                self._n_unsent -= out.attempts == 0     # (a stray ACK of a re-published one)
-                self._acked[frames[1]] = (now, out.payload, out.attrs)
-                self._trim_acked(now)
-                self._burst["acked"] += 1             # _flush also lowers the pending count
         elif kind == P.NACK and len(frames) in (3, 4):
             detail = {}
             if len(frames) == 4:
@@ -594,6 +633,7 @@ class RelayClient:
         del self._pending[rid]        # refused for good: counted, not retried
         with self._lock:
             self._n_pending -= 1
+            self._pending_cv.notify_all()
 
     def _on_deliver_body(self, body: bytes) -> None:
         """Dedup one delivery and queue it raw: counters are plain ints, and the inbox item
@@ -624,10 +664,16 @@ class RelayClient:
     def _flush(self) -> None:
         """Publish what a burst of messages produced: counters, peers, inbox (one lock each)."""
         items = self._burst_items
-        if not (self._burst or items or self._n_bytes_in):
+        if not (self._burst or items or self._n_bytes_in or self._n_bytes_out or self._n_acked):
             return
         now = self._burst_t
         b = self._burst
+        if self._n_bytes_out or self._n_acked:
+            b["sent"] += self._n_sent
+            b["resent"] += self._n_resent
+            b["bytes_out"] += self._n_bytes_out
+            b["acked"] += self._n_acked
+            self._n_sent = self._n_resent = self._n_bytes_out = self._n_acked = 0
         if self._n_bytes_in:
             b["bytes_in"] += self._n_bytes_in
             b["gaps"] += self._n_gaps
@@ -637,7 +683,9 @@ class RelayClient:
             self._n_bytes_in = self._n_gaps = self._n_duplicates = self._n_replayed = 0
         senders = collections.Counter(map(_first, items)) if items else {}
         with self._lock:
-            self._n_pending -= b["acked"]
+            if b["acked"]:
+                self._n_pending -= b["acked"]
+                self._pending_cv.notify_all()
             self._stats.update(b)
             peers = self._peers
             for sender_b, n in senders.items():
@@ -650,10 +698,12 @@ class RelayClient:
         b.clear()
         if items:
             with self._inbox_cv:
+                was_empty = not self._inbox
                 room = self._inbox.maxlen - len(self._inbox)
                 dropped = max(0, len(items) - room)   # the node is not polling: oldest go
                 self._inbox.extend(items)
-                self._inbox_cv.notify_all()
+                if was_empty:   # poll() waits only on an empty inbox: else nobody to wake
+                    self._inbox_cv.notify_all()
             if dropped:
                 with self._lock:
                     self._stats["inbox_dropped"] += dropped

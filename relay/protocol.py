@@ -22,7 +22,7 @@ client -> relay                         relay -> client
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 HELLO, WELCOME, SUB, PUB, ACK, NACK = b"HELLO", b"WELCOME", b"SUB", b"PUB", b"ACK", b"NACK"
 DELIVER, PING, PONG, STATS, BYE = b"DELIVER", b"PING", b"PONG", b"STATS", b"BYE"
@@ -65,9 +65,10 @@ class PrefixError(ValueError):
         self.message = message
 
 
-@dataclass(frozen=True)
-class RolloutPrefix:
-    """What the relay reads from a rollout message."""
+class RolloutPrefix(NamedTuple):
+    """What the relay reads from a rollout message (a named tuple: it is made for every
+    message a client publishes or the relay accepts, and a frozen dataclass's init was a
+    third of peek_rollout's cost)."""
 
     protocol: int
     codec: str
@@ -121,11 +122,9 @@ def pack_deliver(seq: int, topic: bytes, epoch: bytes, sender: bytes, rollout_id
     """The DELIVER body, built once per rollout at the relay (one frame fewer per delivery:
     sends are the relay's main cost): u64 seq, four (u8 length, bytes) strings (topic, epoch,
     sender, rollout id), (u16 length, bytes) attrs JSON, then the rollout."""
-    parts = [SEQ.pack(seq)]
-    for b in (topic, epoch, sender, rollout_id):
-        parts += [bytes((len(b),)), b]
-    parts += [len(attrs).to_bytes(2, "little"), attrs, payload]
-    return b"".join(parts)
+    return b"".join((SEQ.pack(seq), bytes((len(topic),)), topic, bytes((len(epoch),)), epoch,
+                     bytes((len(sender),)), sender, bytes((len(rollout_id),)), rollout_id,
+                     len(attrs).to_bytes(2, "little"), attrs, payload))
 
 
 def unpack_deliver(body: bytes) -> tuple[int, bytes, bytes, bytes, bytes, bytes, bytes]:

@@ -35,10 +35,9 @@ import orjson
 import zmq
 
 from relay import protocol as P
+from relay.frames import LAST as _LAST, MORE as _MORE, send_frame
 
 log = logging.getLogger("ftis-relay")
-_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
-_LAST = int(zmq.NOBLOCK)
 
 
 @dataclass
@@ -90,7 +89,7 @@ class TokenBucket:
         return False
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     seq: int
     rollout_id: bytes
@@ -291,6 +290,7 @@ class Relay:
         if hint:
             raise ValueError(hint)
         self.epoch = os.urandom(8).hex().encode()
+        self._epoch_s = self.epoch.decode()
         self.started = time.time()
         self.ctx = zmq.Context()
         self.auth: _Auth | None = None
@@ -382,7 +382,15 @@ class Relay:
 
     def _recv(self) -> tuple[list[bytes], str | None, str]:
         if not self.curve:
-            return self.sock.recv_multipart(zmq.NOBLOCK), None, ""
+            # frame by frame: recv_multipart asks getsockopt(RCVMORE) per frame, which
+            # builds an enum each time; Frame.more does not
+            recv = self.sock.recv
+            f = recv(zmq.NOBLOCK, copy=False)
+            frames = [f.bytes]
+            while f.more:
+                f = recv(zmq.NOBLOCK, copy=False)
+                frames.append(f.bytes)
+            return frames, None, ""
         # On CURVE the key's name travels as the message's User-Id (set by our ZAP handler).
         frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
         user_id = address = None
@@ -434,7 +442,7 @@ class Relay:
         if peer is not None:
             peer.last_seen = time.monotonic()
             peer.in_msgs += 1
-            peer.in_bytes += sum(len(f) for f in args)
+            peer.in_bytes += sum(map(len, args))
         if kind == P.PUB:
             self._on_pub(rid, peer, args)
         elif kind == P.PING:
@@ -630,7 +638,7 @@ class Relay:
                 return
             sender = attrs.pop("origin").encode()
         via = attrs.get("via", [])
-        if self.epoch.decode() in via:        # it was here already: a federation loop
+        if self._epoch_s in via:              # it was here already: a federation loop
             self._nack(rid, peer, b"", "loop")
             return
         if len(payload) > self.cfg.max_message_bytes:
@@ -667,7 +675,7 @@ class Relay:
         if not topic.room_for(len(payload)):
             self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
             return
-        via.append(self.epoch.decode())
+        via.append(self._epoch_s)
         attrs["via"] = via
         seq = topic.append(rollout_id, rid, sender, payload, orjson.dumps(attrs), attrs.get("task"),
                            attrs.get("tok"), now)
@@ -690,15 +698,15 @@ class Relay:
     def _send(self, rid: bytes, frames: list[bytes]) -> bool:
         """Non-blocking send; False when the client's pipe is full or it is gone.
 
-        Frame by frame with plain-int flags: send_multipart's per-frame enum arithmetic was
-        a third of the relay's CPU time in profiles. With ROUTER_MANDATORY a full pipe
-        raises EAGAIN on the routing-id frame, before anything is queued."""
-        send = self.sock.send
+        Frame by frame through relay.frames.send_frame: send_multipart's per-frame enum
+        arithmetic was a third of the relay's CPU time in profiles. With ROUTER_MANDATORY a
+        full pipe raises EAGAIN on the routing-id frame, before anything is queued."""
+        sock = self.sock
         try:
-            send(rid, _MORE)
+            send_frame(sock, rid, _MORE)
             for f in frames[:-1]:
-                send(f, _MORE)
-            send(frames[-1], _LAST)
+                send_frame(sock, f, _MORE)
+            send_frame(sock, frames[-1], _LAST)
             return True
         except zmq.Again:
             return False
@@ -757,16 +765,12 @@ class Relay:
         for topic in self.topics.values():
             self._update_hold(topic, now)
 
-    def _wants(self, peer: Peer, topic: Topic, e: Entry) -> bool:
-        if e.sender == peer.node_id or e.sender_rid == peer.rid:   # never echo back
-            return False
-        f = peer.filters.get(topic.name)
-        # An untagged rollout passes (a publisher that does not tag is not filtered out; the
-        # receiver validates every field anyway); a tagged one must match.
-        if f is not None and ((e.task is not None and "task" in f and e.task not in f["task"])
-                              or (e.tok is not None and "tok" in f and e.tok not in f["tok"])):
-            return False
-        return True
+    @staticmethod
+    def _passes(f: dict, e: Entry) -> bool:
+        """A subscriber's filters: an untagged rollout passes (a publisher that does not tag
+        is not filtered out; the receiver validates every field anyway); a tagged one must match."""
+        return not ((e.task is not None and "task" in f and e.task not in f["task"])
+                    or (e.tok is not None and "tok" in f and e.tok not in f["tok"]))
 
     def _deliver(self, peer: Peer, e: Entry, now: float) -> bool:
         if not self._send(peer.rid, [P.DELIVER, e.body]):
@@ -781,21 +785,54 @@ class Relay:
         return True
 
     def _pump(self, peer: Peer, topic: Topic, now: float) -> None:
-        cur = peer.cursors.get(topic.name, topic.next_seq)
+        """Send an everything-subscriber what its cursor has not reached, up to pump_batch.
+
+        The relay's per-delivery path, so it is one tight loop: three frame sends (routing
+        id, DELIVER, the prebuilt body) and no per-delivery calls, dict updates or counters
+        (they are added once per pump); what _deliver does for one budgeted delivery."""
+        name = topic.name
+        end = topic.next_seq
+        cur = peer.cursors.get(name, end)
+        if cur >= end:
+            return
         if cur < topic.first_seq:           # fell behind the replay buffer (it was slow, not holding)
             peer.skipped += topic.first_seq - cur
             self.counts["skipped_slow"] += topic.first_seq - cur
             cur = topic.first_seq
-        sent = 0
-        entries = topic.entries
-        while cur < topic.next_seq and sent < self.cfg.pump_batch:
-            e = entries[cur]
-            if self._wants(peer, topic, e):
-                if not self._deliver(peer, e, now):
-                    break
-                sent += 1
-            cur += 1
-        peer.cursors[topic.name] = cur
+        entries, batch, f = topic.entries, self.cfg.pump_batch, peer.filters.get(name)
+        node_id, rid, sock, deliver, passes = peer.node_id, peer.rid, self.sock, P.DELIVER, self._passes
+        sent = nbytes = 0
+        blocked = gone = False
+        try:
+            while cur < end and sent < batch:
+                e = entries[cur]
+                # never echo back (to the publisher, or a bridge to where it came from)
+                if e.sender != node_id and e.sender_rid != rid and (f is None or passes(f, e)):
+                    send_frame(sock, rid, _MORE)    # EAGAIN here when the pipe is full
+                    send_frame(sock, deliver, _MORE)
+                    send_frame(sock, e.body, _LAST)
+                    sent += 1
+                    nbytes += e.size
+                cur += 1
+        except zmq.Again:
+            blocked = True
+        except zmq.ZMQError as ex:
+            if ex.errno != zmq.EHOSTUNREACH:
+                raise
+            blocked = gone = True
+        peer.cursors[name] = cur
+        if sent:
+            peer.out_msgs += sent
+            peer.out_bytes += nbytes
+            self.delivered += sent
+            self.delivered_bytes += nbytes
+        if blocked:
+            if peer.blocked_since is None:
+                peer.blocked_since = now
+            if gone:
+                self._drop_peer(rid)
+        elif sent:
+            peer.blocked_since = None
 
     # -------------------------------------------------------------- budgets
     def _timer(self, due: float, rid: bytes, topic: bytes) -> None:
@@ -823,6 +860,9 @@ class Relay:
     def _pump_budgets(self, now: float) -> None:
         """Visit the budgeted subscribers something happened to: windows that ended, gathering
         that ended, new rollouts in the index of subscribers with budget left, full pipes."""
+        timers = self._timers
+        if not (self._budget_retry or self._dirty or (timers and timers[0][0] <= now)):
+            return                                    # nothing concerns them (every loop turn asks)
         todo: dict[tuple[bytes, bytes], None] = dict.fromkeys(self._budget_retry)
         self._budget_retry = set()
         timers = self._timers

@@ -89,6 +89,25 @@ def test_three_clients_each_receive_the_others_exactly_once(relay):
             c.close()
 
 
+def test_wait_pending_blocks_until_the_relay_acks(relay):
+    """wait_pending() (a publisher's flow control) blocks while rollouts await their ACK and
+    returns once the relay has acknowledged them, without polling."""
+    port = free_port()
+    c = SwarmClient(f"tcp://127.0.0.1:{port}", swarm="s", node_id="alice", subscribe=False).start()
+    try:
+        for _ in range(3):
+            c.publish(make_rollout("alice"))
+        t0 = time.monotonic()
+        assert c.wait_pending(0, timeout_s=0.3) == 3          # no relay yet: it times out
+        assert time.monotonic() - t0 >= 0.25
+        assert c.wait_pending(3, timeout_s=5.0) == 3          # already true: returns at once
+        relay(port=port)
+        assert c.wait_pending(0, timeout_s=15.0) == 0
+        assert c.stats()["acked"] == 3 and c.pending() == 0
+    finally:
+        c.close()
+
+
 def test_curve_refuses_unknown_keys(relay, tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "relay", *a], cwd=ROOT, check=True,
                                     capture_output=True, text=True)
