@@ -24,6 +24,7 @@ from ftis_edge.metrics import read_metrics  # noqa: E402
 from run import EVAL_SETS, completed  # noqa: E402
 
 SWEEP = [("f-tis-g0.05", 0.05), ("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g200", 200)]
+PREFIX = "repro"  # plot file names: PREFIX-BATCH-reward.png, PREFIX-eval.png
 LAST = 3          # "final reward" = mean reward/own over the last LAST rounds
 
 
@@ -104,9 +105,21 @@ def peer_mean(run: dict, key: str) -> float | None:
 
 
 def peer_stats(run: dict) -> dict:
-    """Cumulative per-peer stats from the last round (filter rate over peer samples only)."""
+    """Cumulative per-peer stats from the last round (filter rate over peer samples only): the
+    peer named "peer", or in a swarm every peer's, weighted by the samples each contributed."""
     peers = run["rounds"][-1].get("peers") or {}
-    return peers.get("peer") or {}
+    if "peer" in peers or not peers:
+        return peers.get("peer") or {}
+    used = {name: p.get("samples_used") or 0 for name, p in peers.items()}
+    total = sum(used.values())
+    if not total:
+        return {}
+    out = {}
+    for key in ("filter_rate", "is_weight_mean", "kl_mean"):
+        vals = [(p.get(key), used[name]) for name, p in peers.items() if p.get(key) is not None]
+        if vals:
+            out[key] = sum(v * w for v, w in vals) / max(sum(w for _, w in vals), 1)
+    return out
 
 
 def running_mean_final(run: dict) -> float:
@@ -256,7 +269,8 @@ def table_value(data: dict) -> list[str]:
                     reached += 1
                     speed.append(t_b / t_a)
             lines.append(f"| {batch} | {kind} − alone | {len(pairs)} | {fmt(*d_rm)} | {fmt(*d_r)} | "
-                         f"{fmt(*d_e['id'])} | {fmt(*d_e['ood'])} | {reached}/{len(pairs)} | {fmt(*mean_se(speed), 2)} |")
+                         f"{fmt(*d_e['id'])} | {fmt(*d_e['ood'])} | {reached}/{len(pairs)} | {fmt(*mean_se(speed), 2)}"
+                         f"{' (' + ', '.join(f'{x:.2f}' for x in speed) + ')' if len(speed) > 1 else ''} |")
     return lines
 
 
@@ -300,7 +314,7 @@ def plot_rewards(data: dict, out: Path) -> list[Path]:
         axes[1].legend(fontsize=7)
         fig.suptitle(f"{batch}: {BATCHES[batch].about}", fontsize=7, wrap=True)
         fig.tight_layout()
-        path = out / f"repro-{batch}-reward.png"
+        path = out / f"{PREFIX}-{batch}-reward.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
@@ -338,7 +352,7 @@ def plot_evals(data: dict, base: dict, out: Path) -> Path:
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    path = out / "repro-eval.png"
+    path = out / f"{PREFIX}-eval.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -365,7 +379,7 @@ def plot_sweep(data: dict, out: Path) -> Path | None:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = out / "repro-kl-sweep.png"
+    path = out / f"{PREFIX}-kl-sweep.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -375,7 +389,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "repro")
     ap.add_argument("--plots", type=Path, default=ROOT / "docs" / "img")
+    ap.add_argument("--prefix", default="repro", help="plot file names start with this (value runs: value)")
     args = ap.parse_args()
+    global PREFIX
+    PREFIX = args.prefix
     data = load_all(args.runs)
     base = base_accuracy(args.runs, data)
     print("### Outcomes (mean ± SE over seeds)\n")
