@@ -62,11 +62,11 @@ def test_generated_docs_are_up_to_date():
 
 def test_every_registered_metric_is_documented_once_with_a_known_rule():
     doc = mk.render_metrics_doc()
-    for name, m in mk.METRICS.items():
+    for name, key in mk.METRICS.items():
         assert doc.count(f"| `{name}` |") == 1, name
-        assert m.rule in mk.RULE_TEXT and m.meaning
-        if m.rule == mk.FRACTION:
-            assert mk.METRICS[m.of].rule == mk.SUM, name
+        assert key.rule in mk.RULE_TEXT and key.meaning
+        if key.rule == mk.FRACTION:
+            assert mk.METRICS[key.of].rule == mk.SUM, name
     assert sum(len(ms) for ms in mk.SECTIONS.values()) == len(mk.METRICS)      # no name twice
     for old, (new, _) in mk.RENAMED_METRICS.items():
         assert old not in mk.METRICS and new in mk.METRICS, old

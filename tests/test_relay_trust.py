@@ -13,7 +13,6 @@ import pytest
 import zmq
 
 from relay import protocol as P
-from relay.cli import query_stats
 from relay.client import RelayClient
 from relay.keys import ClientKeys
 from procs import ROOT, free_port
