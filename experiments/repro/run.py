@@ -100,7 +100,9 @@ def expert_config(expert, out: Path, settings: dict, rounds: int | None = None) 
 def peer_config(batch, seed: int, rounds: int | None, out: Path, addr: str, swarm: str,
                 expert_rounds: int | None = None) -> dict:
     """The sharing peer of one seed: the batch's peer, or its expert continued from its checkpoint."""
-    extra_rounds = batch_rounds(batch, rounds) + 5        # the peer outlasts the receivers
+    # The peer must outlast the receivers; train() stops it when they are done. A frozen expert
+    # (no update) runs rounds ~2x faster than learning receivers, so R + a few is not enough.
+    extra_rounds = 10 * batch_rounds(batch, rounds) + 5
     cfg = merge(COMMON, getattr(batch, "settings", {}), batch.peer, PEER, {
         "node": {"id": "peer", "seed": 1000 + seed, "rounds": extra_rounds, "run_dir": str(out / "peer")},
         "swarm": {"relay": addr, "name": swarm, "collaboration": batch.collaboration}})
