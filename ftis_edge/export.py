@@ -95,7 +95,7 @@ _TEMPLATES = {   # Ollama (Go template) spellings of the chat formats our models
              '<|assistant|>\n{{ .Response }}<|end|>\n', ["<|end|>"]),
     # models without a chat template: ModelBundle.render_prompt's plain format
     "plain": ('{{ if .System }}System: {{ .System }}\n\n{{ end }}User: {{ .Prompt }}\n\nAssistant:{{ .Response }}',
-              ["\n\nUser:"]),
+              ["\nUser:"]),          # models.PLAIN_TURN_STOP: where the node's generator stops too
 }
 
 

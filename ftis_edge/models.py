@@ -42,6 +42,8 @@ DEFAULT_MODEL = "smollm2-135m"
 ALIASES = ("smollm2-135m", "gemma3-270m")
 # Prompt format for base models whose GGUF has no chat template (Gemma 3 270M).
 PLAIN_ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
+# ...and where such a model's answer ends: it starts the next turn itself (generate/stops.py).
+PLAIN_TURN_STOP = "\nUser:"
 
 
 class ModelError(FtisError):
@@ -370,6 +372,11 @@ class ModelBundle:
         parts = [f"{PLAIN_ROLE_NAMES.get(m['role'], m['role'].capitalize())}: {m['content'].strip()}"
                  for m in messages]
         return "\n\n".join(parts + ["Assistant:"])
+
+    @property
+    def stop_texts(self) -> tuple[str, ...]:
+        """Texts that end a completion besides the EOS tokens: the plain format's next turn."""
+        return () if getattr(self.tokenizer(), "chat_template", None) else (PLAIN_TURN_STOP,)
 
     def encode(self, text: str) -> list[int]:
         """Token ids as llama.cpp tokenizes a prompt: special tokens parsed, BOS as the GGUF says."""

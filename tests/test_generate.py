@@ -471,3 +471,49 @@ def test_llamacpp_context_follows_the_task_and_grows_when_needed(bundle, prompt,
             fixed.generate(prompt * 12, 1, SamplerSettings(max_new_tokens=64))
     finally:
         fixed.close()
+
+
+# ---------------------------------------------------------------------------- stop texts (plain format)
+
+@pytest.mark.model
+def test_gemma3_stops_at_its_next_plain_format_turn():
+    """Gemma 3 270M has no chat template: prompted as ``User: … Assistant:`` it answers and then
+    writes the next ``User:`` turn itself. The generator stops there: the completion is the
+    unstopped one cut at the token that finishes the marker (tokens and log-probs unchanged),
+    and the reward rule reads the answer in front of the marker."""
+    from ftis_edge.generate.registry import create_generator
+    from ftis_edge.generate.base import GeneratorOptions
+    from ftis_edge.models import PLAIN_TURN_STOP, resolve_model
+    from ftis_edge.tasks import get_task
+    from ftis_edge.tasks.rewards import check_format
+    gemma = resolve_model("gemma3-270m")
+    assert gemma.stop_texts == (PLAIN_TURN_STOP,)
+    assert resolve_model("smollm2-135m").stop_texts == ()      # a chat template ends turns with EOS
+    task = get_task("arith", level=[1, 2])
+    prompts = [p for _, p in zip(range(3), task.prompts(seed=1))]
+    ids = [gemma.encode(gemma.render_prompt(task.messages(p.question))) for p in prompts]
+    gen = create_generator("llamacpp", gemma, GeneratorOptions(precision="f16", threads=THREADS, max_group=4))
+    try:
+        assert gen.stop_texts == (PLAIN_TURN_STOP,)
+        settings = [SamplerSettings(temperature=1.0, max_new_tokens=48, seed=s) for s in range(3)]
+        stopped = [gen.generate(i, 1, s)[0] for i, s in zip(ids, settings)]
+        pooled = gen.generate_many(ids, 1, settings)                  # the continuous-batching path
+        gen.set_stop_texts(())
+        free = [gen.generate(i, 1, s)[0] for i, s in zip(ids, settings)]
+    finally:
+        gen.close()
+    hits = 0
+    for a, b, pool in zip(stopped, free, pooled):
+        assert pool[0].token_ids == a.token_ids
+        k = len(a.token_ids)
+        assert a.token_ids == b.token_ids[:k] and a.logprobs == b.logprobs[:k]
+        if PLAIN_TURN_STOP in b.text:
+            hits += 1
+            assert a.finish_reason == "stop" and a.text.endswith(PLAIN_TURN_STOP)
+            assert a.text.count(PLAIN_TURN_STOP) == 1 and k < len(b.token_ids)
+            body = a.text[:-len(PLAIN_TURN_STOP)]
+            if check_format(body).ok:
+                assert check_format(a.text).ok                       # the marker is not "text after"
+        else:
+            assert a.token_ids == b.token_ids
+    assert hits >= 1, [b.text for b in free]

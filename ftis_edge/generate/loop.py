@@ -9,7 +9,8 @@ text, stats. A finished sequence drops out of the batch.
 
 EOS convention: the end-of-generation token that stopped a sequence IS included in
 ``token_ids`` and ``logprobs`` (it was sampled, and it is what teaches the policy to stop);
-``text`` excludes it.
+``text`` excludes it. A stop text (stops.py: a base model's next plain-format turn) ends a
+sequence the same way; its tokens stay in ``token_ids`` and its text in ``text``.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from .base import Completion, GenerationError, SamplerSettings
 from .sampling import check_prompt, check_sampler, sample_tokens, token_logprobs
+from .stops import StopRule
 
 
 class SamplingGenerator:
@@ -40,6 +42,20 @@ class SamplingGenerator:
         self.stats: dict = {}
         self.record_logits = False          # debug/test hook: keep each step's raw logits
         self.last_logits: list[np.ndarray] = []
+        self.stop_texts: tuple[str, ...] = ()
+        self._token_bytes = None
+
+    def set_stop_texts(self, texts: Sequence[str], tokenizer=None) -> None:
+        """End sequences at these texts too (``ModelBundle.stop_texts``); needs the tokenizer."""
+        self.stop_texts = tuple(t for t in texts if t)
+        if self.stop_texts and self._token_bytes is None:
+            from ..align import TokenBytes
+            self._token_bytes = TokenBytes(tokenizer)
+
+    def _stop_rule(self, ignore_eos: bool = False) -> StopRule:
+        if ignore_eos:
+            return StopRule(())
+        return StopRule(self.eos_token_ids, self.stop_texts, self._token_bytes)
 
     @property
     def tok_s(self) -> float:
@@ -83,7 +99,7 @@ class SamplingGenerator:
         self._fit_context(len(prompt_ids) + sampler.max_new_tokens, n)
         ids = check_prompt(prompt_ids, self.n_vocab, sampler.max_new_tokens, self.n_ctx)
         rng = self._rng(sampler.seed)
-        stop = frozenset(() if ignore_eos else self.eos_token_ids)
+        stop = self._stop_rule(ignore_eos)
         t0 = time.perf_counter()
         self.last_logits = []
         out: list[Completion] = []
@@ -98,12 +114,12 @@ class SamplingGenerator:
         return out
 
     def _sample_batch(self, ids: list[int], k: int, sampler: SamplerSettings, rng,
-                      stop: frozenset) -> list[Completion]:
+                      stop: StopRule) -> list[Completion]:
         first = self._prefill_group(ids, k)
         return self._decode_rows([ids], [first], k, [sampler], [rng], stop)[0]
 
     def _decode_rows(self, prompts: list[list[int]], firsts: list, k: int, samplers: list[SamplerSettings],
-                     rngs: list, stop: frozenset) -> list[list[Completion]]:
+                     rngs: list, stop: StopRule) -> list[list[Completion]]:
         """Decode k sequences per prompt until each stops; slot p * k + j is prompt p's j-th sequence.
 
         ``firsts[p]`` is the logits row after prompt p. Each prompt samples its rows with its own
@@ -136,7 +152,7 @@ class SamplingGenerator:
                 for s, t, lp in zip(slots, picked, picked_lp):
                     tokens[s].append(t)
                     logps[s].append(lp)
-                    if t in stop:
+                    if stop.ends(tokens[s]):
                         finish[s] = "stop"
                     elif len(tokens[s]) < samplers[p].max_new_tokens:
                         still.append(s)
@@ -199,7 +215,7 @@ class SamplingGenerator:
         n_slots = self._batch_size(k)
         shared = min(_common_prefix(prompts), min(len(p) for p in prompts) - 1)   # each keeps a token
         self._pool_start(prompts[0][:shared])
-        stop = frozenset(self.eos_token_ids)
+        stop = self._stop_rule()
         free = list(range(n_slots))
         waiting = list(range(len(prompts)))[::-1]            # pop() takes the next prompt
         slots_of: dict[int, list[int]] = {}                  # prompt -> its k slots, in j order
@@ -225,7 +241,7 @@ class SamplingGenerator:
                 for j, t, lp in zip(live, picked, picked_lp):
                     tokens[p][j].append(t)
                     logps[p][j].append(lp)
-                    if t in stop:
+                    if stop.ends(tokens[p][j]):
                         finish[p][j] = "stop"
                     elif len(tokens[p][j]) < samplers[p].max_new_tokens:
                         still.append(j)

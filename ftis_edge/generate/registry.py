@@ -28,8 +28,13 @@ def backend_class(name: str) -> type:
 
 
 def create_generator(name: str, bundle, options: GeneratorOptions = GeneratorOptions()) -> Generator:
-    """Build the ``name`` backend on a ``models.ModelBundle``."""
-    return backend_class(name).create(bundle, options)
+    """Build the ``name`` backend on a ``models.ModelBundle``, ending sequences where the bundle's
+    prompt format ends a turn (``ModelBundle.stop_texts``)."""
+    gen = backend_class(name).create(bundle, options)
+    texts = getattr(bundle, "stop_texts", ())
+    if texts:
+        gen.set_stop_texts(texts, bundle.tokenizer())
+    return gen
 
 
 def adapter_problem(name: str, path) -> str | None:
