@@ -44,6 +44,11 @@ def test_modelfile_chat_formats():
     # the plain format is ModelBundle.render_prompt's, so an Ollama prompt is the prompt we trained on
     assert _TEMPLATES["plain"][0].replace("{{ if .System }}System: {{ .System }}\n\n{{ end }}", "System: S\n\n") \
         .replace("{{ .Prompt }}", "Q").replace("{{ .Response }}", "") == "System: S\n\nUser: Q\n\nAssistant:"
+    # ... and it ends where the node's generator stops and the reward rule strips the marker
+    # (three modules spell it: export and the pure reward rule keep models' heavy imports out)
+    from ftis_edge.models import PLAIN_TURN_STOP
+    from ftis_edge.tasks.rewards import END_TOKENS
+    assert _TEMPLATES["plain"][1] == [PLAIN_TURN_STOP] and PLAIN_TURN_STOP in END_TOKENS
 
 EVAL_N = 12
 
