@@ -116,8 +116,6 @@ class Topic:
         self.full_subs: set[bytes] = set()        # ... of which subscribe to everything (cursor pumps)
         self.indexes: dict[tuple, Index] = {}     # budgeted subscribers' candidates, one per filter set
         self.hold_seq: int | None = None          # lowest cursor of subscribers that hold the buffer
-        self.senders: dict[bytes, float] = {}     # sender -> last accepted (monotonic), for budgets
-        self._active = (0.0, 0.0, 0)              # (computed at, window, count) cache
 
     def room_for(self, size: int) -> bool:
         """True when appending `size` bytes evicts nothing a holding subscriber still needs."""
@@ -138,7 +136,6 @@ class Topic:
                                   now, task, tok)
         self.next_seq += 1
         self.nbytes += len(payload)
-        self.senders[sender] = now
         while self.entries and (len(self.entries) > self.max_count or self.nbytes > self.max_bytes):
             old = self.entries.pop(self.first_seq)
             self.nbytes -= old.size
@@ -158,14 +155,6 @@ class Topic:
                     idx.add(e, self.first_seq)
         return idx
 
-    def active_senders(self, now: float, window_s: float) -> int:
-        """Publishers heard from within window_s (cached for 0.5 s: asked once per pump)."""
-        at, w, n = self._active
-        if now - at > 0.5 or w != window_s:
-            n = sum(1 for t in self.senders.values() if now - t <= window_s)
-            self._active = (now, window_s, n)
-        return n
-
 
 SENDER_HISTORY = 64           # seqs an index keeps per publisher (newest unsent is picked among them)
 
@@ -175,13 +164,33 @@ class Index:
     order of its latest activity. Budgeted subscribers with the same filters share one, so a
     new rollout costs O(indexes + hungry subscribers), not O(all subscribers)."""
 
-    __slots__ = ("filters", "newest", "subs", "hungry")
+    __slots__ = ("filters", "newest", "subs", "hungry", "_active")
 
     def __init__(self, filters: dict | None):
         self.filters = filters
         self.newest: collections.OrderedDict[bytes, collections.deque] = collections.OrderedDict()
         self.subs: set[bytes] = set()         # budgeted subscribers using it
         self.hungry: set[bytes] = set()       # ... of which have budget left this window
+        self._active = (0.0, 0.0, 0)          # (computed at, window, count) cache
+
+    def active_senders(self, now: float, window_s: float, entries: dict) -> int:
+        """Publishers of rollouts that pass these filters heard from within window_s (cached
+        for 0.5 s: asked once per pump; activity order lets the count stop at the first stale)."""
+        at, w, n = self._active
+        if now - at > 0.5 or w != window_s:
+            n = 0
+            for seqs in reversed(self.newest.values()):
+                e = entries.get(seqs[-1])
+                if e is None or now - e.t > window_s:
+                    break
+                n += 1
+            self._active = (now, window_s, n)
+        return n
+
+    def is_active(self, sender: bytes, now: float, window_s: float, entries: dict) -> bool:
+        seqs = self.newest.get(sender)
+        e = entries.get(seqs[-1]) if seqs else None
+        return e is not None and now - e.t <= window_s
 
     @staticmethod
     def key(filters: dict | None) -> tuple:
@@ -908,7 +917,11 @@ class Relay:
             return
         if now < b.pick_at:
             return
-        share = max(1, -(-b.k // max(1, topic.active_senders(now, b.window_s))))
+        # Fair share among the publishers this subscriber can be offered: those whose rollouts
+        # pass its filters, not counting itself (its own rollouts are never offered to it).
+        active = b.index.active_senders(now, b.window_s, topic.entries)
+        active -= b.index.is_active(peer.node_id, now, b.window_s, topic.entries)
+        share = max(1, -(-b.k // max(1, active)))
         while b.sent < b.k:
             best = self._best(peer, topic, b, now, share)
             if best is None:
@@ -976,9 +989,6 @@ class Relay:
             if now - p.last_seen > self.cfg.peer_timeout_s:
                 log.info("peer %s timed out", p.node_id.decode(errors="replace"))
                 self._drop_peer(rid)
-        for t in self.topics.values():      # forget publishers silent for a long time (budget fairness)
-            for s in [s for s, at in t.senders.items() if now - at > 3600]:
-                del t.senders[s]
 
     # -------------------------------------------------------------- stats
     def stats(self) -> dict:

@@ -154,3 +154,28 @@ def test_a_new_rollout_visits_only_subscribers_with_budget_left(relay):
         for s in socks:
             s.close(0)
         ctx.term()
+
+
+def test_a_subscribers_own_publishing_takes_no_share_of_its_budget(relay):
+    """Two nodes, K = 2 each, both publishing (the cross-tokenizer node test's shape): a
+    node's own rollouts are never offered to it, so they must not count as an active
+    publisher when its fair shares are computed — both of the other node's groups arrive in
+    the same window, not one now and the other (stale by then) never."""
+    r = relay("--rate", "0", "--rate-mb", "0")
+    a = RelayClient(r.address, swarm="s", node_id="a", budget_k=2, budget_window_s=5.0).start()
+    b = RelayClient(r.address, swarm="s", node_id="b", budget_k=2, budget_window_s=5.0).start()
+    try:
+        _connected(a, b)
+        time.sleep(0.3)
+        a.publish_bytes(raw_rollout("a0"))
+        a.publish_bytes(raw_rollout("a1"))
+        time.sleep(0.5)
+        b.publish_bytes(raw_rollout("b0"))
+        b.publish_bytes(raw_rollout("b1"))
+        got_a = _drain(a, lambda g: len(g) >= 2, 3.0)
+        got_b = _drain(b, lambda g: len(g) >= 2, 3.0)
+        assert sorted(d.rollout_id for d in got_a) == ["b0", "b1"]
+        assert sorted(d.rollout_id for d in got_b) == ["a0", "a1"]
+    finally:
+        a.close()
+        b.close()
