@@ -453,6 +453,120 @@ def test_llamacpp_refills_finished_slots_with_the_next_prompt(bundle):
 
 
 @pytest.mark.model
+def test_llamacpp_pool_stores_the_shared_prefix_once_and_uses_only_the_slots_it_holds(bundle):
+    """n_shared: the cache holds the prompts' common prefix once + each slot's tail and completion
+    (fewer cells than n_ctx per slot), and still the same greedy answers as one prompt at a time; a
+    full group of the longest prompt still fits (the training path). A cache sized for a longer
+    prefix than the prompts share runs fewer slots (never out of cells), with the same answers."""
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    from ftis_edge.generate.loop import shared_prefix_len
+    prompts = _arith_prompts(bundle, 6)
+    shared, longest = shared_prefix_len(prompts), max(map(len, prompts))
+    n_ctx, per_slot = longest + 40, longest - shared + 40
+    samplers = [SamplerSettings(temperature=0.0, max_new_tokens=40, seed=i) for i in range(6)]
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", n_ctx=n_ctx, max_group=6, n_shared=shared, n_threads=THREADS)
+    try:
+        need = shared + 6 * per_slot
+        assert g.n_cells == -(-need // 256) * 256 < 6 * n_ctx         # llama.cpp rounds up to 256
+        assert g._pool_slots(1, shared, per_slot) == 6
+        many = g.generate_many(prompts, 1, samplers)
+        alone = [g.generate(p, 1, s) for p, s in zip(prompts, samplers)]
+        assert [c.token_ids for grp in many for c in grp] == [c.token_ids for grp in alone for c in grp]
+        group = g.generate(max(prompts, key=len), 6, SamplerSettings(max_new_tokens=40, seed=3), ignore_eos=True)
+        assert [len(c.token_ids) for c in group] == [40] * 6
+    finally:
+        g.close()
+    # sized for a prefix of n_ctx - 41 tokens: (512 - shared) // per_slot slots hold for sure
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", n_ctx=n_ctx, max_group=6, n_shared=n_ctx - 41,
+                                      n_threads=THREADS)
+    try:
+        fit = (g.n_cells - shared) // per_slot
+        assert 2 <= fit < 6 and g._pool_slots(1, shared, per_slot) == fit
+        used = set()
+        step = g._pool_step
+        def recording(feeds, entering):
+            used.update(s for s, _, _ in feeds)
+            used.update(s for _, _, slots in entering for s in slots)
+            return step(feeds, entering)
+        g._pool_step = recording
+        many = g.generate_many(prompts, 1, samplers)
+        assert used == set(range(fit))
+        assert [c.token_ids for grp in many for c in grp] == [c.token_ids for grp in alone for c in grp]
+    finally:
+        g.close()
+
+
+def test_lookup_draft_continues_the_latest_earlier_occurrence():
+    from ftis_edge.generate.loop import lookup_draft
+    assert lookup_draft([1, 2, 3, 4, 5, 1, 2, 3], 4, n=3) == [4, 5, 1, 2]
+    assert lookup_draft([7, 2, 3, 8, 2, 3, 9, 2, 3], 2) == [9, 2]          # the latest one
+    assert lookup_draft([1, 2, 3, 4, 5, 1, 2, 3], 1, n=3) == [4]
+    assert lookup_draft([1, 2, 3], 4) == [] and lookup_draft([1, 2, 1, 2], 0) == []
+
+
+@pytest.mark.model
+def test_llamacpp_pool_drafts_looping_greedy_answers_and_keeps_them(bundle):
+    """Greedy prompts feed a draft (what followed the last time the sequence's latest tokens
+    appeared): the looping 120-token answers of arith prompts 1 and 3 take far fewer steps than
+    tokens, each token taken is the argmax of the row it was read from, and the answers are those
+    of one prompt at a time up to F16 rounding: a draft's rows come from a larger batch (logits move
+    by up to ~0.1 here, as batching itself moves them), so they may differ only at a near-tie of
+    the one-at-a-time logits (prompt 1, token 61: 25.154 vs 25.151)."""
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    prompts = _arith_prompts(bundle, 4)
+    samplers = [SamplerSettings(temperature=0.0, max_new_tokens=120, seed=i) for i in range(4)]
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", max_group=4, n_threads=THREADS)
+    try:
+        calls, trims = [], []
+        step, trim = g._pool_step, g._pool_trim
+        g._pool_step = lambda feeds, entering: calls.append(len(feeds)) or step(feeds, entering)
+        g._pool_trim = lambda slot, pos: trims.append(pos) or trim(slot, pos)
+        g.record_logits = True
+        many = [grp[0] for grp in g.generate_many(prompts, 1, samplers)]
+        pooled = g.last_logits
+        assert max(len(c.token_ids) for c in many) == 120
+        assert len(calls) < 80 and trims                 # drafts taken, and wrong ones dropped
+        for c, rows in zip(many, pooled):
+            assert len(rows) == len(c.token_ids) and list(rows.argmax(axis=1)) == c.token_ids
+        alone_ids = []
+        for c, p, s in zip(many, prompts, samplers):
+            alone = g.generate(p, 1, s)[0]
+            alone_ids.append(alone.token_ids)
+            rows = g.last_logits[0]
+            first = next((i for i, (a, b) in enumerate(zip(c.token_ids, alone.token_ids)) if a != b), None)
+            if first is None:
+                assert c.token_ids == alone.token_ids
+            else:
+                top2 = np.sort(rows[first])[-2:]
+                assert top2[1] - top2[0] < 0.02, (first, top2)
+        g.record_logits = False
+        g.draft_greedy = False                            # one token a step: no drafts, no trims
+        calls.clear(), trims.clear()
+        assert [grp[0].token_ids for grp in g.generate_many(prompts[2:], 1, samplers[2:])] == alone_ids[2:]
+        assert not trims and len(calls) > 100
+    finally:
+        g.close()
+
+
+@pytest.mark.model
+def test_llamacpp_full_cache_is_a_clear_error_not_an_abort(bundle, prompt):
+    """More tokens than free cells: a GenerationError that says so (llama_decode returns 1), and the
+    generator goes on working; batches are cut to what the context accepts (llama.cpp caps n_batch
+    at a small context's n_ctx and aborts the process on a larger batch)."""
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", n_ctx=64, max_group=2, n_threads=THREADS)
+    try:
+        assert g.n_cells == 256
+        g._pool_start(list(range(1000, 1200)))            # 200 tokens: two decodes of <= 128
+        with pytest.raises(GenerationError, match="no KV slot for 120 token.*256 cells"):
+            g._pool_step([], [(list(range(2000, 2060)), 200, [0]), (list(range(3000, 3060)), 200, [1])])
+        out = g.generate(prompt[:24], 2, SamplerSettings(max_new_tokens=8, seed=1), ignore_eos=True)
+        assert [len(c.token_ids) for c in out] == [8, 8]
+    finally:
+        g.close()
+
+
+@pytest.mark.model
 def test_llamacpp_context_follows_the_task_and_grows_when_needed(bundle, prompt, capfd):
     from ftis_edge.generate.llamacpp import GROWABLE_START, LlamaCppGenerator
     g = LlamaCppGenerator.from_bundle(bundle, "f16", max_group=8, n_threads=THREADS)
