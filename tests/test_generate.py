@@ -521,7 +521,7 @@ def test_llamacpp_pool_drafts_looping_greedy_answers_and_keeps_them(bundle):
         step, trim = g._pool_step, g._pool_trim
         g._pool_step = lambda feeds, entering: calls.append(len(feeds)) or step(feeds, entering)
         g._pool_trim = lambda slot, pos: trims.append(pos) or trim(slot, pos)
-        g.record_logits = True
+        g.draft_greedy = g.record_logits = True
         many = [grp[0] for grp in g.generate_many(prompts, 1, samplers)]
         pooled = g.last_logits
         assert max(len(c.token_ids) for c in many) == 120

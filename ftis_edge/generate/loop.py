@@ -35,7 +35,8 @@ class SamplingGenerator:
 
     backend = ""
     precision = ""
-    draft_greedy = True      # the pool feeds drafts for greedy prompts (``_decode_pool``); False: one token a step
+    draft_greedy = False     # True: the pool feeds drafts for greedy prompts (``_decode_pool``): faster on
+                             # looping answers, but a draft's rows come from larger batches (F16 rounding)
 
     def __init__(self):
         self.adapter_path: str | None = None
