@@ -60,10 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=16,
                         help="sequences decoded together (llamacpp; their shared prefix is decoded once and "
                              "a finished answer's slot takes the next prompt; 1 = one prompt at a time; default 16)")
-    parser.add_argument("--draft", action="store_true",
-                        help="batched greedy runs also feed each answer a guess of its next tokens (what followed "
-                             "its latest tokens before): looping answers take a fraction of the steps, but an "
-                             "answer may differ from --batch 1 where two tokens are near-tied (F16 rounding)")
     parser.add_argument("--json", dest="json_out", default=None, help="write the results to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -244,7 +240,6 @@ def evaluate(args, console=None) -> dict:
         longest = max(len(ids) for ids in all_ids)
         batch, shared = _pool_plan(args, bundle, all_ids)
         gen = _build_generator(args, bundle, longest, batch, shared)
-        gen.draft_greedy = args.draft
     except ModelError as e:
         raise EvalError(str(e)) from None
     warm_up()

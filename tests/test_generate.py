@@ -496,58 +496,6 @@ def test_llamacpp_pool_stores_the_shared_prefix_once_and_uses_only_the_slots_it_
         g.close()
 
 
-def test_lookup_draft_continues_the_latest_earlier_occurrence():
-    from ftis_edge.generate.loop import lookup_draft
-    assert lookup_draft([1, 2, 3, 4, 5, 1, 2, 3], 4, n=3) == [4, 5, 1, 2]
-    assert lookup_draft([7, 2, 3, 8, 2, 3, 9, 2, 3], 2) == [9, 2]          # the latest one
-    assert lookup_draft([1, 2, 3, 4, 5, 1, 2, 3], 1, n=3) == [4]
-    assert lookup_draft([1, 2, 3], 4) == [] and lookup_draft([1, 2, 1, 2], 0) == []
-
-
-@pytest.mark.model
-def test_llamacpp_pool_drafts_looping_greedy_answers_and_keeps_them(bundle):
-    """Greedy prompts feed a draft (what followed the last time the sequence's latest tokens
-    appeared): the looping 120-token answers of arith prompts 1 and 3 take far fewer steps than
-    tokens, each token taken is the argmax of the row it was read from, and the answers are those
-    of one prompt at a time up to F16 rounding: a draft's rows come from a larger batch (logits move
-    by up to ~0.1 here, as batching itself moves them), so they may differ only at a near-tie of
-    the one-at-a-time logits (prompt 1, token 61: 25.154 vs 25.151)."""
-    from ftis_edge.generate.llamacpp import LlamaCppGenerator
-    prompts = _arith_prompts(bundle, 4)
-    samplers = [SamplerSettings(temperature=0.0, max_new_tokens=120, seed=i) for i in range(4)]
-    g = LlamaCppGenerator.from_bundle(bundle, "f16", max_group=4, n_threads=THREADS)
-    try:
-        calls, trims = [], []
-        step, trim = g._pool_step, g._pool_trim
-        g._pool_step = lambda feeds, entering: calls.append(len(feeds)) or step(feeds, entering)
-        g._pool_trim = lambda slot, pos: trims.append(pos) or trim(slot, pos)
-        g.draft_greedy = g.record_logits = True
-        many = [grp[0] for grp in g.generate_many(prompts, 1, samplers)]
-        pooled = g.last_logits
-        assert max(len(c.token_ids) for c in many) == 120
-        assert len(calls) < 80 and trims                 # drafts taken, and wrong ones dropped
-        for c, rows in zip(many, pooled):
-            assert len(rows) == len(c.token_ids) and list(rows.argmax(axis=1)) == c.token_ids
-        alone_ids = []
-        for c, p, s in zip(many, prompts, samplers):
-            alone = g.generate(p, 1, s)[0]
-            alone_ids.append(alone.token_ids)
-            rows = g.last_logits[0]
-            first = next((i for i, (a, b) in enumerate(zip(c.token_ids, alone.token_ids)) if a != b), None)
-            if first is None:
-                assert c.token_ids == alone.token_ids
-            else:
-                top2 = np.sort(rows[first])[-2:]
-                assert top2[1] - top2[0] < 0.02, (first, top2)
-        g.record_logits = False
-        g.draft_greedy = False                            # one token a step: no drafts, no trims
-        calls.clear(), trims.clear()
-        assert [grp[0].token_ids for grp in g.generate_many(prompts[2:], 1, samplers[2:])] == alone_ids[2:]
-        assert not trims and len(calls) > 100
-    finally:
-        g.close()
-
-
 @pytest.mark.model
 def test_llamacpp_full_cache_is_a_clear_error_not_an_abort(bundle, prompt):
     """More tokens than free cells: a GenerationError that says so (llama_decode returns 1), and the

@@ -309,9 +309,6 @@ class LlamaCppGenerator(SamplingGenerator):
     def _pool_release(self, slot: int) -> None:
         self.llama.llama_memory_seq_rm(self._mem, slot, -1, -1)
 
-    def _pool_trim(self, slot: int, position: int) -> None:
-        self.llama.llama_memory_seq_rm(self._mem, slot, position, -1)
-
     def _fit_context(self, tokens_per_sequence: int, n: int) -> None:
         """Grow the context when a request needs more per sequence than it holds (rare: the caller
         sizes it from the task); the model and the adapter stay loaded."""

@@ -35,8 +35,6 @@ class SamplingGenerator:
 
     backend = ""
     precision = ""
-    draft_greedy = False     # True: the pool feeds drafts for greedy prompts (``_decode_pool``): faster on
-                             # looping answers, but a draft's rows come from larger batches (F16 rounding)
 
     def __init__(self):
         self.adapter_path: str | None = None
@@ -221,14 +219,6 @@ class SamplingGenerator:
         ``generate`` does, so each prompt gets the tokens it would get alone (for the same logits).
         A finished sequence frees its slot at once. Each step is one backend call that feeds the
         next token of every live sequence and the own tail of every entering prompt.
-
-        Greedy prompts also feed a draft after a sequence's last token: what followed the last
-        time its latest tokens appeared in it (``lookup_draft``; a small model's long greedy
-        answers loop). The row after each draft token is then that of the sequence, as long as the
-        draft agrees with the argmax; the first disagreement is the token taken, the rest of the
-        draft is dropped from the cache (``_pool_trim``). A looping answer advances up to
-        ``DRAFT_MAX`` + 1 tokens per step instead of one; the tokens taken are still each the
-        argmax of the row after the ones before.
         """
         self._pool_start(prompts[0][:shared])
         stop = self._stop_rule()
@@ -243,57 +233,31 @@ class SamplingGenerator:
         raw: dict[int, list[list]] = {}
         results: list = [None] * len(prompts)
         rows_of: dict[int, object] = {}                      # prompt -> logits rows of its live j's
-        drafted: dict[int, dict[int, list[int]]] = {}        # prompt -> {j: draft tokens fed after its last}
-        room: dict[tuple[int, int], int] = {}                # (prompt, j) -> draft length to try next
         while True:
             # sample every active prompt's live sequences; collect the next feeds
             feeds: list[tuple[int, int, int]] = []            # (slot, token, position)
-            feed_owner: list[int] = []                         # the prompt of each feed
+            feed_owner: list[tuple[int, int]] = []             # (prompt, j) of each feed
             for p, block in rows_of.items():
-                drafts = drafted.pop(p, {})
+                live = live_of[p]
+                if self.record_logits:
+                    for r, j in enumerate(live):
+                        raw[p][j].append(_host_row(block[r]))
                 picked, picked_lp = _sample(block, samplers[p], rngs[p])
-                still, r = [], 0
-                for j in live_of[p]:
-                    d = drafts.get(j, ())
-                    done = False
-                    for i in range(len(d) + 1):     # the row after its last token, then one per draft token
-                        if self.record_logits:
-                            raw[p][j].append(_host_row(block[r + i]))
-                        tokens[p][j].append(picked[r + i])
-                        logps[p][j].append(picked_lp[r + i])
-                        if stop.ends(tokens[p][j]):
-                            finish[p][j] = "stop"
-                        elif len(tokens[p][j]) < samplers[p].max_new_tokens:
-                            if i < len(d) and picked[r + i] == d[i]:
-                                continue             # the draft was right: its next row is this sequence's
-                            break
-                        done = True
-                        break
-                    r += len(d) + 1
-                    if done:
-                        self._pool_release(slots_of[p][j])
-                        free.append(slots_of[p][j])
+                still = []
+                for j, t, lp in zip(live, picked, picked_lp):
+                    tokens[p][j].append(t)
+                    logps[p][j].append(lp)
+                    if stop.ends(tokens[p][j]):
+                        finish[p][j] = "stop"
+                    elif len(tokens[p][j]) < samplers[p].max_new_tokens:
+                        still.append(j)
                         continue
-                    still.append(j)
-                    if d:
-                        if i < len(d):              # drop the cells of the draft tokens that were wrong
-                            self._pool_trim(slots_of[p][j], len(prompts[p]) + len(tokens[p][j]) - 1)
-                        room[p, j] = min(2 * room[p, j], DRAFT_MAX) if i == len(d) else max(1, room[p, j] // 2)
+                    self._pool_release(slots_of[p][j])
+                    free.append(slots_of[p][j])
                 live_of[p] = still
-                greedy = samplers[p].temperature == 0 and self.draft_greedy and self._pool_trim is not None
-                drafted[p] = {}
                 for j in still:
-                    seq, slot = tokens[p][j], slots_of[p][j]
-                    pos = len(prompts[p]) + len(seq) - 1
-                    feeds.append((slot, seq[-1], pos))
-                    feed_owner.append(p)
-                    if greedy:              # greedy answers are checked token by token: guessing is free
-                        d = lookup_draft(seq, min(room.setdefault((p, j), DRAFT_START),
-                                                  samplers[p].max_new_tokens - len(seq) - 1))
-                        if d:
-                            drafted[p][j] = d
-                            feeds += [(slot, t, pos + 1 + i) for i, t in enumerate(d)]
-                            feed_owner += [p] * len(d)
+                    feeds.append((slots_of[p][j], tokens[p][j][-1], len(prompts[p]) + len(tokens[p][j]) - 1))
+                    feed_owner.append((p, j))
                 if not still:
                     results[p] = self._completions(tokens[p], logps[p], finish[p], samplers[p])
                     if on_done:
@@ -313,9 +277,9 @@ class SamplingGenerator:
             step_rows, first_rows = self._pool_step(
                 feeds, [(prompts[p][shared:], shared, slots_of[p]) for p in entering])
             rows_of = {}
-            for r, p in enumerate(feed_owner):                 # a prompt's feeds are contiguous
+            for r, (p, j) in enumerate(feed_owner):            # a prompt's feeds are contiguous
                 if p not in rows_of:
-                    rows_of[p] = step_rows[r:r + feed_owner.count(p)]
+                    rows_of[p] = step_rows[r:r + len(live_of[p])]
             for p, first in zip(entering, first_rows):
                 rows_of[p] = _repeat_rows(first, k)
         if self.record_logits:
@@ -336,11 +300,9 @@ class SamplingGenerator:
     #       starts each (tail_ids, start_position, slots) of ``entering`` on the shared prefix +
     #       tail (first_rows: the logits after each tail's last token)
     #   _pool_release(slot): forget a finished sequence
-    #   _pool_trim(slot, position): forget a sequence's tokens from ``position`` on (a wrong draft)
     _pool_start = None
     _pool_step = None
     _pool_release = None
-    _pool_trim = None
 
     def _pool_slots(self, k: int, shared: int, per_slot: int) -> int:
         """How many pool slots to use when each may need ``per_slot`` tokens beyond the ``shared``
@@ -380,25 +342,6 @@ def _sample(logits, sampler: SamplerSettings, rng) -> tuple[list[int], list[floa
     from .torch_sampling import sample_tokens_torch
     picked, lp = sample_tokens_torch(logits, sampler, rng)
     return picked.tolist(), lp.double().tolist()
-
-
-# drafts (measured offline on SmolLM2's six 256-token arith answers: 2 tokens of context and up
-# to 32 tokens cut the slowest one, a counting list, from 256 steps to ~150, the loops to 60-80)
-DRAFT_NGRAM = 2       # a draft continues the latest earlier occurrence of a sequence's last 2 tokens
-DRAFT_START = 4       # draft tokens tried first; doubled after a fully right draft, halved after a wrong one
-DRAFT_MAX = 32
-
-
-def lookup_draft(seq: list[int], limit: int, n: int = DRAFT_NGRAM) -> list[int]:
-    """Up to ``limit`` tokens that followed the latest earlier occurrence of the last ``n`` tokens
-    of ``seq`` (prompt-lookup drafting over the sequence itself); [] when there is none."""
-    if limit <= 0 or len(seq) <= n:
-        return []
-    tail = seq[-n:]
-    for i in range(len(seq) - n - 1, -1, -1):
-        if seq[i] == tail[0] and seq[i:i + n] == tail:
-            return seq[i + n:i + n + limit]
-    return []
 
 
 def shared_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
