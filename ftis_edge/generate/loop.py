@@ -172,8 +172,9 @@ class SamplingGenerator:
         """``n`` completions of each prompt (``samplers[i]`` for prompt i): the same completions as
         ``generate`` one prompt at a time. Backends with the pool steps (llama.cpp) keep up to
         ``_pool_slots`` sequences (at most ``_batch_size(n)``, as many as the cache surely holds)
-        of several prompts decoding together, their shared prefix decoded once, and start the next prompt in a slot as soon as a sequence finishes
-        (continuous batching: a long answer no longer holds a whole wave of short ones).
+        of several prompts decoding together, their shared prefix decoded once, and start the next
+        prompt in a slot as soon as a sequence finishes (continuous batching: a long answer no
+        longer holds a whole wave of short ones).
         ``on_done(i, completions)`` is called as each prompt finishes (progress bars, grading)."""
         if len(prompts) != len(samplers):
             raise GenerationError(f"{len(prompts)} prompts but {len(samplers)} sampler settings")
