@@ -173,23 +173,32 @@ def _build_task(args):
         raise EvalError(str(e)) from None
 
 
-def _fitting_batch(args, bundle, per_sequence: int) -> int:
-    """--batch, lowered so that the sequences decoded together fit the model's trained context
-    (llama.cpp's unified cache holds them all: no n_ctx_seq > n_ctx_train)."""
+def _pool_plan(args, bundle, all_ids: list[list[int]]) -> tuple[int, int]:
+    """(batch, shared): --batch, lowered so that the sequences decoded together fit the model's
+    trained context (llama.cpp's unified cache holds them all: no n_ctx_seq > n_ctx_train), and the
+    prompts' common prefix. The pool stores that prefix once, so each slot needs only its own tail
+    + max_new_tokens cells: more slots fit than (whole prompt + max new) per slot would allow."""
+    from .generate.loop import shared_prefix_len
+
+    longest = max(len(ids) for ids in all_ids)
+    shared = shared_prefix_len(all_ids) if len(all_ids) > 1 and args.batch > 1 else 0
+    per_slot = longest - shared + args.max_new_tokens
     trained = bundle.n_ctx_train or 0
     if trained <= 0:
-        return args.batch
-    return max(1, min(args.batch, trained // (per_sequence * args.samples)))
+        return args.batch, shared
+    batch = max(1, min(args.batch, (trained - shared) // (per_slot * args.samples)))
+    return batch, (shared if batch > 1 else 0)
 
 
-def _build_generator(args, bundle, longest_prompt: int, batch: int):
+def _build_generator(args, bundle, longest_prompt: int, batch: int, shared: int = 0):
     from .generate.base import GenerationError, GeneratorOptions
     from .generate.registry import create_generator
 
-    # the context follows the eval: its longest prompt + the completion budget, per sequence
+    # the context follows the eval: its longest prompt + the completion budget, per sequence; the
+    # pool's shared prefix is stored once (``shared`` cells, not ``shared`` per slot)
     options = GeneratorOptions(precision=args.precision, threads=args.threads or min(os.cpu_count() or 1, 8),
                                n_ctx=longest_prompt + args.max_new_tokens, max_group=args.samples * batch,
-                               adapter=args.adapter)
+                               n_shared=shared, adapter=args.adapter)
     try:
         return create_generator(args.backend, bundle, options)
     except GenerationError as e:
@@ -229,8 +238,8 @@ def evaluate(args, console=None) -> dict:
         bundle = resolve_model(args.model)
         all_ids = [bundle.encode(bundle.render_prompt(task.messages(p.question))) for p in prompts]
         longest = max(len(ids) for ids in all_ids)
-        batch = _fitting_batch(args, bundle, longest + args.max_new_tokens)
-        gen = _build_generator(args, bundle, longest, batch)
+        batch, shared = _pool_plan(args, bundle, all_ids)
+        gen = _build_generator(args, bundle, longest, batch, shared)
     except ModelError as e:
         raise EvalError(str(e)) from None
     warm_up()

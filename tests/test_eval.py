@@ -105,6 +105,27 @@ def test_eval_runs_end_to_end_on_five_gsm8k_questions(tmp_path):
 
 
 @pytest.mark.model
+def test_pool_plan_counts_the_shared_prefix_once():
+    """The batch that fits the trained context counts the prompts' common prefix once (the pool
+    stores it once), so more slots fit than at (whole prompt + max new) per slot; --batch stays
+    the upper bound, and one prompt at a time shares nothing."""
+    from ftis_edge.generate.loop import shared_prefix_len
+    from ftis_edge.models import resolve_model
+    from ftis_edge.tasks import get_task
+    bundle = resolve_model("smollm2-135m")
+    task = get_task("arith")
+    ids = [bundle.encode(bundle.render_prompt(task.messages(p.question))) for p in task.eval_prompts(48)]
+    shared, longest, trained = shared_prefix_len(ids), max(map(len, ids)), bundle.n_ctx_train
+    assert shared > 100 and trained == 8192
+    batch, got_shared = evaluate._pool_plan(parse("--task", "arith", "--batch", "64"), bundle, ids)
+    assert got_shared == shared and batch == (trained - shared) // (longest - shared + 256)
+    assert batch > trained // (longest + 256)
+    assert evaluate._pool_plan(parse("--task", "arith", "--batch", "4"), bundle, ids) == (4, shared)
+    assert evaluate._pool_plan(parse("--task", "arith", "--batch", "1"), bundle, ids) == (1, 0)
+    assert evaluate._pool_plan(parse("--task", "arith", "--batch", "64", "--samples", "64"), bundle, ids) == (1, 0)
+
+
+@pytest.mark.model
 def test_batched_eval_gives_the_answers_of_one_prompt_at_a_time():
     """--batch decodes several prompts together on llama.cpp (the few-shot prefix once): the same
     greedy completions, token for token, as one prompt at a time."""

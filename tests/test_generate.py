@@ -453,6 +453,68 @@ def test_llamacpp_refills_finished_slots_with_the_next_prompt(bundle):
 
 
 @pytest.mark.model
+def test_llamacpp_pool_stores_the_shared_prefix_once_and_uses_only_the_slots_it_holds(bundle):
+    """n_shared: the cache holds the prompts' common prefix once + each slot's tail and completion
+    (fewer cells than n_ctx per slot), and still the same greedy answers as one prompt at a time; a
+    full group of the longest prompt still fits (the training path). A cache sized for a longer
+    prefix than the prompts share runs fewer slots (never out of cells), with the same answers."""
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    from ftis_edge.generate.loop import shared_prefix_len
+    prompts = _arith_prompts(bundle, 6)
+    shared, longest = shared_prefix_len(prompts), max(map(len, prompts))
+    n_ctx, per_slot = longest + 40, longest - shared + 40
+    samplers = [SamplerSettings(temperature=0.0, max_new_tokens=40, seed=i) for i in range(6)]
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", n_ctx=n_ctx, max_group=6, n_shared=shared, n_threads=THREADS)
+    try:
+        need = shared + 6 * per_slot
+        assert g.n_cells == -(-need // 256) * 256 < 6 * n_ctx         # llama.cpp rounds up to 256
+        assert g._pool_slots(1, shared, per_slot) == 6
+        many = g.generate_many(prompts, 1, samplers)
+        alone = [g.generate(p, 1, s) for p, s in zip(prompts, samplers)]
+        assert [c.token_ids for grp in many for c in grp] == [c.token_ids for grp in alone for c in grp]
+        group = g.generate(max(prompts, key=len), 6, SamplerSettings(max_new_tokens=40, seed=3), ignore_eos=True)
+        assert [len(c.token_ids) for c in group] == [40] * 6
+    finally:
+        g.close()
+    # sized for a prefix of n_ctx - 41 tokens: (512 - shared) // per_slot slots hold for sure
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", n_ctx=n_ctx, max_group=6, n_shared=n_ctx - 41,
+                                      n_threads=THREADS)
+    try:
+        fit = (g.n_cells - shared) // per_slot
+        assert 2 <= fit < 6 and g._pool_slots(1, shared, per_slot) == fit
+        used = set()
+        step = g._pool_step
+        def recording(feeds, entering):
+            used.update(s for s, _, _ in feeds)
+            used.update(s for _, _, slots in entering for s in slots)
+            return step(feeds, entering)
+        g._pool_step = recording
+        many = g.generate_many(prompts, 1, samplers)
+        assert used == set(range(fit))
+        assert [c.token_ids for grp in many for c in grp] == [c.token_ids for grp in alone for c in grp]
+    finally:
+        g.close()
+
+
+@pytest.mark.model
+def test_llamacpp_full_cache_is_a_clear_error_not_an_abort(bundle, prompt):
+    """More tokens than free cells: a GenerationError that says so (llama_decode returns 1), and the
+    generator goes on working; batches are cut to what the context accepts (llama.cpp caps n_batch
+    at a small context's n_ctx and aborts the process on a larger batch)."""
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    g = LlamaCppGenerator.from_bundle(bundle, "f16", n_ctx=64, max_group=2, n_threads=THREADS)
+    try:
+        assert g.n_cells == 256
+        g._pool_start(list(range(1000, 1200)))            # 200 tokens: two decodes of <= 128
+        with pytest.raises(GenerationError, match="no KV slot for 120 token.*256 cells"):
+            g._pool_step([], [(list(range(2000, 2060)), 200, [0]), (list(range(3000, 3060)), 200, [1])])
+        out = g.generate(prompt[:24], 2, SamplerSettings(max_new_tokens=8, seed=1), ignore_eos=True)
+        assert [len(c.token_ids) for c in out] == [8, 8]
+    finally:
+        g.close()
+
+
+@pytest.mark.model
 def test_llamacpp_context_follows_the_task_and_grows_when_needed(bundle, prompt, capfd):
     from ftis_edge.generate.llamacpp import GROWABLE_START, LlamaCppGenerator
     g = LlamaCppGenerator.from_bundle(bundle, "f16", max_group=8, n_threads=THREADS)

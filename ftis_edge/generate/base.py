@@ -46,6 +46,8 @@ class GeneratorOptions:
     threads: int | None = None      # CPU threads (None: the backend's default)
     n_ctx: int | None = None        # llama.cpp: KV-cache context per sequence (default 2048); hf: the model's own
     max_group: int = 16             # llama.cpp: most sequences decoded together (size of a group)
+    n_shared: int = 0               # llama.cpp: leading prompt tokens every sequence shares (an eval's system +
+                                    #   few-shot prefix, stored once): a smaller cache (LlamaCppGenerator doc)
     policy: Any = None              # the learner's live torch model; hf samples from it (nothing to sync)
     adapter: str | None = None      # start with this adapter: GGUF LoRA file (llamacpp), peft folder (hf)
 

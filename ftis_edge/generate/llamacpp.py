@@ -45,25 +45,36 @@ class LlamaCppGenerator(SamplingGenerator):
     cache holds ``n_ctx * max_group`` cells so that a full group always fits. Without ``n_ctx`` the
     context starts at 512 tokens per sequence and grows to the longest request seen, so it follows
     the task (G x (prompt + max new tokens)) instead of a fixed 2048 per sequence.
+
+    ``n_shared``: leading prompt tokens that every sequence shares (an eval's system + few-shot
+    prefix, decoded once by the pool and given to each slot by id): the cache then holds
+    ``n_shared + max_group * (n_ctx - n_shared)`` cells, the prefix once instead of once per slot.
+    A group still fits (its prompt is stored once too), and the pool uses only as many slots as
+    its cells hold for sure (``_pool_slots``), so a decode never runs out of cells.
     """
 
     backend = "llamacpp"
 
     def __init__(self, gguf_path: str | os.PathLike, *, n_ctx: int | None = None, n_threads: int | None = None,
-                 n_batch: int = 512, max_group: int = 16, eos_token_ids: Sequence[int] | None = None,
-                 verbose: bool = False):
+                 n_batch: int = 512, max_group: int = 16, n_shared: int = 0,
+                 eos_token_ids: Sequence[int] | None = None, verbose: bool = False):
         super().__init__()
         self.llama = _llama()
         from llama_cpp import _logger
         _logger.set_verbose(verbose)
-        if max_group < 1 or (n_ctx is not None and n_ctx < 8) or n_batch < 1:
-            raise GenerationError(f"bad generator sizes: n_ctx={n_ctx}, n_batch={n_batch}, max_group={max_group}")
+        if (max_group < 1 or (n_ctx is not None and n_ctx < 8) or n_batch < 1
+                or not 0 <= n_shared < (n_ctx or GROWABLE_START)):
+            raise GenerationError(f"bad generator sizes: n_ctx={n_ctx}, n_batch={n_batch}, max_group={max_group}, "
+                                  f"n_shared={n_shared}")
         # n_ctx given: a fixed budget per sequence (overflow is an error); None: start small and
         # grow to what the requests need (the node's default: the context follows the task)
         self._growable = n_ctx is None
         self.n_ctx = n_ctx or GROWABLE_START
         self.n_batch = n_batch
         self.max_group = max_group
+        self.n_shared = n_shared
+        self.n_cells = 0                      # KV cells of the context (llama.cpp rounds up to 256)
+        self._chunk = n_batch                 # tokens per llama_decode (what the context accepts)
         self.n_threads = n_threads or os.cpu_count() or 1
         self.precision = "gguf"               # "f16" / "quantized" when built by from_bundle
         self._eos_override = list(eos_token_ids) if eos_token_ids is not None else None
@@ -86,7 +97,7 @@ class LlamaCppGenerator(SamplingGenerator):
         """The registry's factory: the bundle's GGUF at ``options.precision`` (+ a GGUF LoRA file)."""
         kw = {"n_ctx": options.n_ctx} if options.n_ctx else {}
         gen = cls.from_bundle(bundle, precision=options.precision, n_threads=options.threads,
-                              max_group=options.max_group, **kw)
+                              max_group=options.max_group, n_shared=options.n_shared, **kw)
         if options.adapter:
             gen.set_adapter(str(Path(options.adapter).expanduser()), version=1)
         return gen
@@ -121,15 +132,16 @@ class LlamaCppGenerator(SamplingGenerator):
         self._logits_buf = np.empty((self.max_group, self.n_vocab), dtype=np.float32)
 
     def _new_context(self) -> None:
-        """(Re)create the context: ``n_ctx`` cells per sequence for ``max_group`` sequences, in one
-        unified KV cache (a prompt shared by a group is stored once). Sized by the task, not a fixed
-        2048 per sequence, so the cache stays small and within the model's trained context."""
+        """(Re)create the context: ``n_ctx`` cells per sequence for ``max_group`` sequences (less the
+        ``n_shared`` prefix they share), in one unified KV cache (a prompt shared by a group is stored
+        once). Sized by the task, not a fixed 2048 per sequence, so the cache stays small and within
+        the model's trained context."""
         ll = self.llama
         if self._ctx:
             ll.llama_free(self._ctx)
             self._ctx = None
         cparams = ll.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx * self.max_group
+        cparams.n_ctx = self.n_shared + self.max_group * (self.n_ctx - self.n_shared)
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
         cparams.n_seq_max = self.max_group + 1       # + the pool's shared-prefix keeper
@@ -141,6 +153,10 @@ class LlamaCppGenerator(SamplingGenerator):
             raise GenerationError(f"llama.cpp could not create a context for {self.gguf_path} "
                                   f"(n_ctx={cparams.n_ctx})")
         self._ctx = ctx
+        self.n_cells = ll.llama_n_ctx(ctx)
+        # tokens per llama_decode call: llama.cpp caps n_batch at the requested n_ctx (and aborts
+        # the process on a larger batch), so chunk by what the context took
+        self._chunk = ll.llama_n_batch(ctx)
         self._mem = ll.llama_get_memory(ctx)
         if self._adapter:                     # an adapter is applied per context
             arr = (ll.llama_adapter_lora_p_ctypes * 1)(self._adapter)
@@ -230,8 +246,11 @@ class LlamaCppGenerator(SamplingGenerator):
     def _decode(self, n_tokens: int) -> None:
         self._batch.n_tokens = n_tokens
         rc = self.llama.llama_decode(self._ctx, self._batch)
+        if rc == 1:
+            raise GenerationError(f"llama_decode found no KV slot for {n_tokens} token(s): the {self.n_cells} "
+                                  f"cells of the context are full (the sequences do not fit)")
         if rc != 0:
-            raise GenerationError(f"llama_decode failed (rc={rc}; 1 = no KV slot: the group does not fit)")
+            raise GenerationError(f"llama_decode failed (rc={rc})")
 
     def _row(self, i: int) -> np.ndarray:
         ptr = self.llama.llama_get_logits_ith(self._ctx, i)
@@ -239,8 +258,8 @@ class LlamaCppGenerator(SamplingGenerator):
 
     def _prefill(self, ids: list[int], seq_ids: Sequence[int]) -> np.ndarray:
         """Decode a prompt shared by ``seq_ids``; returns (a copy of) the last position's logits."""
-        for start in range(0, len(ids), self.n_batch):
-            chunk = ids[start:start + self.n_batch]
+        for start in range(0, len(ids), self._chunk):
+            chunk = ids[start:start + self._chunk]
             for j, t in enumerate(chunk):
                 self._put(j, t, start + j, seq_ids, start + j == len(ids) - 1)
             self._decode(len(chunk))
@@ -256,6 +275,10 @@ class LlamaCppGenerator(SamplingGenerator):
 
     # pool steps (loop.py's continuous batching): sequence id ``max_group`` keeps the shared prefix;
     # an entering prompt's slots are given its cells (a copy of ids, not of data, in the unified cache)
+    def _pool_slots(self, k: int, shared: int, per_slot: int) -> int:
+        # every slot may need per_slot cells beyond the prefix, held once: never more than fit
+        return min(self.max_group, (self.n_cells - shared) // per_slot)
+
     def _pool_start(self, prefix: list[int]) -> None:
         self.llama.llama_memory_clear(self._mem, True)
         if prefix:
@@ -273,8 +296,8 @@ class LlamaCppGenerator(SamplingGenerator):
             last_of.append(len(entries) - 1)
         want_at = {i: r for r, i in enumerate(i for i, e in enumerate(entries) if e[3])}
         rows = np.empty((len(want_at), self.n_vocab), dtype=np.float32)
-        for begin in range(0, len(entries), self.n_batch):
-            chunk = entries[begin:begin + self.n_batch]
+        for begin in range(0, len(entries), self._chunk):
+            chunk = entries[begin:begin + self._chunk]
             for j, (t, pos, seqs, want) in enumerate(chunk):
                 self._put(j, t, pos, seqs, want)
             self._decode(len(chunk))
@@ -312,8 +335,8 @@ class LlamaCppGenerator(SamplingGenerator):
             first = self._prefill(ids, range(len(group)))
             entries = [(s, j) for s, c in enumerate(group) for j in range(len(c) - 1)]
             rows: dict[tuple[int, int], np.ndarray] = {}
-            for begin in range(0, len(entries), self.n_batch):
-                chunk = entries[begin:begin + self.n_batch]
+            for begin in range(0, len(entries), self._chunk):
+                chunk = entries[begin:begin + self._chunk]
                 for i, (s, j) in enumerate(chunk):
                     self._put(i, group[s][j], len(ids) + j, (s,), True)
                 self._decode(len(chunk))

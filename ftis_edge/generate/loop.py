@@ -171,9 +171,10 @@ class SamplingGenerator:
                       on_done=None) -> list[list[Completion]]:
         """``n`` completions of each prompt (``samplers[i]`` for prompt i): the same completions as
         ``generate`` one prompt at a time. Backends with the pool steps (llama.cpp) keep up to
-        ``_batch_size(n)`` sequences of several prompts decoding together, their shared prefix
-        decoded once, and start the next prompt in a slot as soon as a sequence finishes
-        (continuous batching: a long answer no longer holds a whole wave of short ones).
+        ``_pool_slots`` sequences (at most ``_batch_size(n)``, as many as the cache surely holds)
+        of several prompts decoding together, their shared prefix decoded once, and start the next
+        prompt in a slot as soon as a sequence finishes (continuous batching: a long answer no
+        longer holds a whole wave of short ones).
         ``on_done(i, completions)`` is called as each prompt finishes (progress bars, grading)."""
         if len(prompts) != len(samplers):
             raise GenerationError(f"{len(prompts)} prompts but {len(samplers)} sampler settings")
@@ -182,29 +183,37 @@ class SamplingGenerator:
         if n < 1:
             raise GenerationError(f"n must be >= 1, got {n}")
         if self._pool_start is None or self._batch_size(n) // n < 2:
-            out = []
-            for i, (p, s) in enumerate(zip(prompts, samplers)):
-                out.append(self.generate(p, n, s))
-                if on_done:
-                    on_done(i, out[-1])
-            return out
+            return self._one_at_a_time(prompts, n, samplers, on_done)
         ids = []
         for p, s in zip(prompts, samplers):
             self._fit_context(len(p) + s.max_new_tokens, n)
             ids.append(check_prompt(p, self.n_vocab, s.max_new_tokens, self.n_ctx))
+        shared = shared_prefix_len(ids)
+        n_slots = self._pool_slots(n, shared, max(len(p) - shared + s.max_new_tokens for p, s in zip(ids, samplers)))
+        if n_slots // n < 2:                  # the cache holds one prompt's sequences at a time
+            return self._one_at_a_time(ids, n, samplers, on_done)
         t0 = time.perf_counter()
         self.last_logits = []
         with self._inference():
-            out = self._decode_pool(ids, n, list(samplers), on_done)
+            out = self._decode_pool(ids, n, list(samplers), on_done, n_slots, shared)
         seconds = time.perf_counter() - t0
         n_tokens = sum(len(c.token_ids) for group in out for c in group)
         self.stats = {"tokens": n_tokens, "seconds": seconds, "tok_s": n_tokens / max(seconds, 1e-9),
                       "prompt_tokens": sum(len(p) for p in ids), "n": n * len(ids)}
         return out
 
+    def _one_at_a_time(self, prompts, n: int, samplers, on_done) -> list[list[Completion]]:
+        out = []
+        for i, (p, s) in enumerate(zip(prompts, samplers)):
+            out.append(self.generate(p, n, s))
+            if on_done:
+                on_done(i, out[-1])
+        return out
+
     def _decode_pool(self, prompts: list[list[int]], k: int, samplers: list[SamplerSettings],
-                     on_done) -> list[list[Completion]]:
-        """Continuous batching over a pool of ``_batch_size(k)`` sequence slots.
+                     on_done, n_slots: int, shared: int) -> list[list[Completion]]:
+        """Continuous batching over a pool of ``n_slots`` sequence slots, the first ``shared``
+        tokens of every prompt decoded once.
 
         A prompt enters when k slots are free (in prompt order); its sequence j samples from the
         rows of its live sequences in j order with the prompt's own generator, exactly as
@@ -212,8 +221,6 @@ class SamplingGenerator:
         A finished sequence frees its slot at once. Each step is one backend call that feeds the
         next token of every live sequence and the own tail of every entering prompt.
         """
-        n_slots = self._batch_size(k)
-        shared = min(_common_prefix(prompts), min(len(p) for p in prompts) - 1)   # each keeps a token
         self._pool_start(prompts[0][:shared])
         stop = self._stop_rule()
         free = list(range(n_slots))
@@ -298,6 +305,11 @@ class SamplingGenerator:
     _pool_step = None
     _pool_release = None
 
+    def _pool_slots(self, k: int, shared: int, per_slot: int) -> int:
+        """How many pool slots to use when each may need ``per_slot`` tokens beyond the ``shared``
+        prefix (a backend whose cache is sized by tokens caps this at what its cache holds)."""
+        return self._batch_size(k)
+
     def _fit_context(self, tokens_per_sequence: int, n: int) -> None:
         """Make room for ``n`` sequences of this many tokens when the backend sizes its context."""
 
@@ -331,6 +343,12 @@ def _sample(logits, sampler: SamplerSettings, rng) -> tuple[list[int], list[floa
     from .torch_sampling import sample_tokens_torch
     picked, lp = sample_tokens_torch(logits, sampler, rng)
     return picked.tolist(), lp.double().tolist()
+
+
+def shared_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens the pool decodes once for all ``prompts``: their common prefix,
+    less one token where a prompt would be all prefix (each prompt decodes a tail of its own)."""
+    return min(_common_prefix(prompts), min(len(p) for p in prompts) - 1)
 
 
 def _common_prefix(prompts: list[list[int]]) -> int:
