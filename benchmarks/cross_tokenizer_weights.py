@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from ftis_edge.align import TokenBytes, shared_spans, span_sums
-from ftis_edge.generate.base import SamplerSettings
-from ftis_edge.generate.llamacpp import LlamaCppGenerator
+from ftis_edge.generate.base import GeneratorOptions, SamplerSettings
+from ftis_edge.generate.registry import create_generator
 from ftis_edge.learner import Learner, TrainSample
 from ftis_edge.models import resolve_model
 from ftis_edge.objective import ftis_loss, group_advantages
@@ -35,7 +35,8 @@ C, KL_G = 2.0, 5.0
 
 def generate(bundle, task, prompts, group, max_new, seed):
     """[(prompt, [Completion...], rewards)] sampled by the bundle's model with llama.cpp."""
-    gen = LlamaCppGenerator.from_bundle(bundle, precision="f16", n_threads=2, max_group=group)
+    # as a node builds it: a base model in the plain format stops at its next "User:" turn
+    gen = create_generator("llamacpp", bundle, GeneratorOptions(precision="f16", threads=2, max_group=group))
     out = []
     try:
         for i, p in enumerate(prompts):
