@@ -164,11 +164,11 @@ def stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
 
 
 def train(batch, seed: int, rounds: int | None, out: Path, timeout_s: float, experts: Path | None = None,
-          expert_rounds: int | None = None) -> None:
+          expert_rounds: int | None = None, only: set[str] | None = None) -> None:
     port = free_port()
     addr, swarm = f"tcp://127.0.0.1:{port}", f"repro-{batch.name}-s{seed}"
     cfgs = receiver_configs(batch, seed, rounds, out, addr, swarm)
-    todo = {n: c for n, c in cfgs.items() if not finished(out / n)}
+    todo = {n: c for n, c in cfgs.items() if (only is None or n in only) and not finished(out / n)}
     if not todo:
         return
     expert = getattr(batch, "expert", None)
@@ -241,10 +241,12 @@ def evaluated_prompts(path: Path) -> int:
     return len(json.loads(path.read_text()).get("items", [])) if path.exists() else 0
 
 
-def eval_jobs(batch, seed: int, out: Path, limit: int) -> list:
+def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = None) -> list:
     jobs = []
     for name in batch.receivers:
         rd = out / name
+        if only is not None and name not in only:
+            continue
         if not finished(rd) or last_adapter(rd) is None:
             continue
         precision = merge(RECEIVER, batch.receivers[name])["model"]["precision"]   # evaluate as it generated
@@ -268,8 +270,15 @@ def main() -> int:
     ap.add_argument("--timeout-min", type=float, default=60.0, help="per batch and seed")
     ap.add_argument("--sweep-seeds", type=int, nargs="*", default=[0], help="seeds the `sweep` batch runs")
     ap.add_argument("--no-eval", action="store_true", help="train only (evaluate later by re-running)")
+    ap.add_argument("--receivers", nargs="+", default=None,
+                    help="run only these receivers of the batches (a follow-up seed of chosen comparisons)")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
+    only = set(args.receivers) if args.receivers else None
+    if only is not None:
+        known = {n for b in args.batches if b in BATCHES for n in BATCHES[b].receivers}
+        if only - known:
+            ap.error(f"unknown receiver {', '.join(sorted(only - known))}; the batches have {', '.join(sorted(known))}")
     if args.list or not args.batches:
         for b in BATCHES.values():
             print(f"{b.name:12s} {b.about}")
@@ -289,9 +298,9 @@ def main() -> int:
             batch, out = BATCHES[name], args.out / name / f"s{seed}"
             out.mkdir(parents=True, exist_ok=True)
             t0 = time.time()
-            train(batch, seed, args.rounds, out, args.timeout_min * 60, args.out / "experts", args.expert_rounds)
+            train(batch, seed, args.rounds, out, args.timeout_min * 60, args.out / "experts", args.expert_rounds, only)
             if not args.no_eval:
-                run_evals(eval_jobs(batch, seed, out, eval_limit(batch, args.eval_limit)))
+                run_evals(eval_jobs(batch, seed, out, eval_limit(batch, args.eval_limit), only))
             print(f"[{name} s{seed}] done in {time.time() - t0:.0f} s", flush=True)
     return 0
 
