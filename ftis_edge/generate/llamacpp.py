@@ -276,8 +276,9 @@ class LlamaCppGenerator(SamplingGenerator):
     # pool steps (loop.py's continuous batching): sequence id ``max_group`` keeps the shared prefix;
     # an entering prompt's slots are given its cells (a copy of ids, not of data, in the unified cache)
     def _pool_slots(self, k: int, shared: int, per_slot: int) -> int:
-        # every slot may need per_slot cells beyond the prefix, held once: never more than fit
-        return min(self.max_group, (self.n_cells - shared) // per_slot)
+        # the base rule (_batch_size), capped: every slot may need per_slot cells beyond the
+        # prefix, held once, so never more slots than the cells hold
+        return min(self._batch_size(k), (self.n_cells - shared) // per_slot)
 
     def _pool_start(self, prefix: list[int]) -> None:
         self.llama.llama_memory_clear(self._mem, True)
