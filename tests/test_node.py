@@ -177,7 +177,11 @@ def test_two_heterogeneous_nodes_share_groups_and_survive_a_relay_restart(tmp_pa
 def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     relay = RelayProc()
     relay.wait_ready()
-    common = {"swarm": {"relay": relay.address, "max_wait_s": 300.0, "max_peer_groups": 2},
+    # delivery_budget -1 (everything): a node whose first load is slow (a cold cache converts
+    # Gemma for minutes) may join after the other published its one round, outside a budgeted
+    # subscriber's 10 s window (by design; test_relay_budgets covers budgets)
+    common = {"swarm": {"relay": relay.address, "max_wait_s": 300.0, "max_peer_groups": 2,
+                        "delivery_budget": -1},
               "node": {"rounds": 1}, "task": {"prompts_per_round": 2, "num_generations": 4,
                                               "max_completion_length": 24, "reward": "shaped"}}
     a = start_node(write_config(tmp_path, "smol", **common))
