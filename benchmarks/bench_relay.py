@@ -254,8 +254,10 @@ def _run_clients(name, pub_target, sub_target, endpoint_pub, endpoint_sub, pubs,
 def bench_relay(pubs: int, subs: int, per_pub: int, timeout_s: float, pace_s: float = 0.0,
                 raw_clients: bool = False) -> dict:
     addr = f"tcp://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", addr, "--rate", "0", "--rate-mb", "0", "--accept-rate", "0",
-                             "--replay", "100000", "--replay-mb", "2048", "--log-level", "WARNING"], cwd=ROOT)
+    # no rate limits and no global accept budget: the proxy it is compared with has none
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", addr, "--rate", "0", "--rate-mb", "0",
+                             "--accept-rate", "0", "--replay", "100000", "--replay-mb", "2048",
+                             "--log-level", "WARNING"], cwd=ROOT)
     try:
         deadline = time.time() + 10
         while True:
