@@ -1,27 +1,37 @@
-"""Atomic, verified checkpoints: write into a temporary directory, fsync, then rename
-(``atomic.write_dir``).
+"""Atomic, verified checkpoints that cannot run code: write into a temporary directory, fsync,
+then rename (``atomic.write_dir``).
 
 A SIGKILL at any moment leaves either the previous checkpoint or the new one, never half of
-one. ``RUN_DIR/checkpoints/round-NNNNNN/`` holds ``state.pt`` (learner weights + optimiser,
-the round number and every RNG state) and ``manifest.json`` (its size and sha256, written
-after it). Loading verifies the newest checkpoint against its manifest (a checkpoint written
-before manifests existed gets a load test instead) and falls back to the newest good one,
-so a disk that truncated or emptied a file costs rounds, not the run.
+one. ``RUN_DIR/checkpoints/round-NNNNNN/`` holds ``state.safetensors`` (learner weights +
+optimiser, the round number and every RNG state: ``statefile``, tensors plus JSON, no pickle)
+and ``manifest.json`` (its size and sha256, written after it). Loading verifies the newest
+checkpoint against its manifest (a checkpoint without one gets a load test instead) and falls
+back to the newest good one, so a disk that truncated or emptied a file costs rounds, not the run.
+
+Run directories get shared ("export my run for me"), and whoever writes a checkpoint writes
+its manifest too, so the checksum proves nothing about intent. The pickle format of earlier
+versions (``state.pt``) is therefore refused unless the user opts in (``--trust-pickle`` or
+``FTIS_EDGE_TRUST_PICKLE=1``), and even then it is read by torch's restricted unpickler
+(``weights_only=True``) with an allow-list of the few numpy types an RNG state holds.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import os
+import pickle
 import re
 import shutil
+import warnings
 from pathlib import Path
 
-from . import atomic
+from . import atomic, statefile
 from .errors import FtisError
 
 KEEP = 2
-STATE, MANIFEST = "state.pt", "manifest.json"
+STATE, MANIFEST = "state.safetensors", "manifest.json"
+PICKLE_STATE = "state.pt"                  # the format before statefile: readable only on opt-in
+TRUST_PICKLE_ENV = "FTIS_EDGE_TRUST_PICKLE"
 _NAME = re.compile(r"^round-(\d{6})$")
 
 log = logging.getLogger(__name__)
@@ -35,32 +45,15 @@ def _dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-class _HashingWriter:
-    """A file that hashes what torch.save writes through it (no second read of a large file)."""
-
-    def __init__(self, fh):
-        self.fh, self.sha, self.size = fh, hashlib.sha256(), 0
-
-    def write(self, data) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        return self.fh.write(data)
-
-    def flush(self) -> None:
-        self.fh.flush()
-
-
 def save(run_dir: Path, round_: int, state: dict) -> Path:
     root = _dir(run_dir)
 
     def write(tmp: Path) -> None:
-        import torch      # here, not at import: the CLI and dashboard import this module
-        with open(tmp / STATE, "wb") as fh:
-            out = _HashingWriter(fh)
-            torch.save(state, out)
+        statefile.save(tmp / STATE, state)
         # the manifest is what load_round verifies the state against
-        (tmp / MANIFEST).write_text(json.dumps({"round": round_, "bytes": out.size,
-                                                "sha256": out.sha.hexdigest()}), encoding="utf-8")
+        path = tmp / STATE
+        (tmp / MANIFEST).write_text(json.dumps({"round": round_, "file": STATE, "bytes": path.stat().st_size,
+                                                "sha256": atomic.sha256_of(path)}), encoding="utf-8")
 
     final = atomic.write_dir(root / f"round-{round_:06d}", write, durable=True)
     for old in complete(run_dir)[:-KEEP]:
@@ -74,12 +67,57 @@ def complete(run_dir: Path) -> list[int]:
     if not root.exists():
         return []
     return sorted(int(m.group(1)) for p in root.iterdir()
-                  if (m := _NAME.match(p.name)) and (p / STATE).exists())
+                  if (m := _NAME.match(p.name)) and _state_file(p) is not None)
+
+
+def _state_file(ckpt: Path) -> Path | None:
+    for name in (STATE, PICKLE_STATE):
+        if (ckpt / name).exists():
+            return ckpt / name
+    return None
+
+
+def trust_pickle() -> bool:
+    """Whether the user opted in to reading pickle checkpoints (``--trust-pickle`` sets this)."""
+    return os.environ.get(TRUST_PICKLE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _pickle_refused(name: str) -> str:
+    return (f"{name}: {PICKLE_STATE} is a pickle (the checkpoint format of earlier versions), which can "
+            f"run code when loaded; if you wrote this run yourself, load it once with --trust-pickle "
+            f"(or {TRUST_PICKLE_ENV}=1)")
+
+
+def refuse_untrusted(run_dir: Path) -> None:
+    """CheckpointError when every checkpoint is a pickle and the user did not opt in: the
+    cheap check ``--resume`` makes before loading a model (``load_latest`` checks each one)."""
+    rounds = complete(run_dir)
+    ckpts = [_dir(run_dir) / f"round-{r:06d}" for r in rounds]
+    if rounds and not trust_pickle() and all(_state_file(c).name == PICKLE_STATE for c in ckpts):
+        raise CheckpointError(f"no usable checkpoint in {_dir(run_dir)}: " + _pickle_refused(ckpts[-1].name))
+
+
+def _load_pickle(path: Path) -> dict:
+    """A checkpoint of the pickle format, through torch's restricted unpickler: tensors,
+    containers, numbers, strings and the numpy RNG state's array; no other global is resolved."""
+    import numpy as np
+    import torch
+    log.warning("%s: reading a pickle checkpoint because %s is set; the next checkpoint is written "
+                "as %s", path.parent.name, TRUST_PICKLE_ENV, STATE)
+    core = getattr(np, "_core", None) or np.core
+    allowed = [np.ndarray, np.dtype, np.dtypes.UInt32DType, core.multiarray._reconstruct,
+               (core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]   # numpy 1.x pickles
+    with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # "Detected pickle protocol 4 ...": noise here
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:      # torch's text is a page of advice; keep what it refused
+            m = re.search(r"WeightsUnpickler error: ([^\n]*)", str(e))
+            raise ValueError(f"refused by the restricted unpickler: {m.group(1) if m else e}") from None
 
 
 def _load(path: Path) -> dict:
-    import torch
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = statefile.load(path) if path.name == STATE else _load_pickle(path)
     if not isinstance(state, dict) or "round" not in state:
         raise ValueError("not a checkpoint state (no round)")
     return state
@@ -88,12 +126,14 @@ def _load(path: Path) -> dict:
 def load_round(run_dir: Path, round_: int) -> dict:
     """The checkpoint of ``round_``, verified; raises CheckpointError saying what is wrong."""
     ckpt = _dir(run_dir) / f"round-{round_:06d}"
-    path = ckpt / STATE
-    size = path.stat().st_size if path.exists() else None
-    if size is None:
+    path = _state_file(ckpt)
+    if path is None:
         raise CheckpointError(f"{ckpt.name}: no {STATE}")
+    if path.name == PICKLE_STATE and not trust_pickle():
+        raise CheckpointError(_pickle_refused(ckpt.name))   # before reading a byte: a pickle runs code as it loads
+    name, size = path.name, path.stat().st_size
     if size == 0:
-        raise CheckpointError(f"{ckpt.name}: {STATE} is empty")
+        raise CheckpointError(f"{ckpt.name}: {name} is empty")
     try:
         manifest = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -101,16 +141,19 @@ def load_round(run_dir: Path, round_: int) -> dict:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{ckpt.name}: unreadable {MANIFEST} ({e})") from None
     if manifest is not None:
+        if manifest.get("file", PICKLE_STATE) != name:
+            raise CheckpointError(f"{ckpt.name}: {MANIFEST} describes {manifest.get('file', PICKLE_STATE)}, "
+                                  f"not {name}")
         if size != manifest.get("bytes"):
-            raise CheckpointError(f"{ckpt.name}: {STATE} has {size} bytes, {manifest.get('bytes')} were written "
+            raise CheckpointError(f"{ckpt.name}: {name} has {size} bytes, {manifest.get('bytes')} were written "
                                   f"(truncated?)")
         if atomic.sha256_of(path) != manifest.get("sha256"):
-            raise CheckpointError(f"{ckpt.name}: {STATE} does not match its checksum (corrupted)")
+            raise CheckpointError(f"{ckpt.name}: {name} does not match its checksum (corrupted)")
     try:
         state = _load(path)
-    except Exception as e:                    # torch raises RuntimeError, EOFError, UnpicklingError ...
+    except Exception as e:      # StateFileError; torch's RuntimeError, EOFError, UnpicklingError ...
         reason = " ".join(str(e).split())[:160] or type(e).__name__
-        raise CheckpointError(f"{ckpt.name}: {STATE} does not load ({type(e).__name__}: {reason})") from None
+        raise CheckpointError(f"{ckpt.name}: {name} does not load ({type(e).__name__}: {reason})") from None
     if state["round"] != round_:
         raise CheckpointError(f"{ckpt.name}: holds round {state['round']}")
     return state
@@ -129,14 +172,15 @@ def load_latest(run_dir: Path) -> dict | None:
         try:
             state = load_round(run_dir, r)
         except CheckpointError as e:
-            log.warning("checkpoint %s is unusable: %s", f"round-{r:06d}", e)
-            problems.append(str(e))
+            problems.append((f"round-{r:06d}", str(e)))
             continue
+        for name, why in problems:     # said only when falling back: else the error below says it once
+            log.warning("checkpoint %s is unusable: %s", name, why)
         if problems:
             log.warning("resuming from the older checkpoint of round %d (%d newer one%s unusable)",
                         r, len(problems), "" if len(problems) == 1 else "s")
         return state
-    raise CheckpointError(f"no usable checkpoint in {_dir(run_dir)}: " + "; ".join(problems))
+    raise CheckpointError(f"no usable checkpoint in {_dir(run_dir)}: " + "; ".join(why for _, why in problems))
 
 
 def clear(run_dir: Path) -> None:

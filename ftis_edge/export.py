@@ -23,10 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+from .errors import FtisError
+
 QUANTS = ("f16", "q8_0", "q4_k_m")
 
 
-class ExportError(Exception):
+class ExportError(FtisError):
     """The run cannot be exported; the message is one readable line."""
 
 
@@ -129,14 +131,19 @@ def modelfile(gguf_name: str, bundle, context: list[dict], temperature: float) -
 
 # --- the export -------------------------------------------------------------------------------------
 
-def _learner_from_checkpoint(run_dir: Path, cfg, bundle):
+def _latest_state(run_dir: Path) -> dict:
+    """The run's newest verified checkpoint (read before any model loads: a bad one fails fast)."""
     from . import checkpoint
-    from .learner import Learner
-
     state = checkpoint.load_latest(run_dir)
     if state is None:
         raise ExportError(f"{run_dir} has no checkpoint yet (the node writes one every "
                           f"node.checkpoint_every rounds and at the end)")
+    return state
+
+
+def _learner_from_checkpoint(state: dict, cfg, bundle):
+    from .learner import Learner
+
     learner = Learner(bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
                       lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
                       lora_targets=tuple(bundle.lora_targets(cfg.train.lora_targets)), seed=cfg.node.seed,
@@ -178,12 +185,14 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     if not is_run_dir(run_dir):
         raise ExportError(f"{run_dir} is not a run directory (no config.toml)")
     cfg = load_run_config(run_dir)
+    state = _latest_state(run_dir)
     out = Path(to).expanduser() if to else run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
     try:
         bundle = resolve_model(cfg.model.spec)
         bundle.require_supported()
-        learner, rounds = _learner_from_checkpoint(run_dir, cfg, bundle)
+        learner, rounds = _learner_from_checkpoint(state, cfg, bundle)
+        del state
         t0 = time.time()
         files = {}
         if learner.trainable == "lora":
@@ -270,9 +279,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from .errors import FtisError, one_line
     try:
         info = export_run(args.run_dir, args.to, quant=args.quant, eval_limit=args.eval_limit, threads=args.threads)
-    except ExportError as e:
+    except FtisError as e:        # ExportError, CheckpointError, ConfigError ...
+        e = one_line(e)
         print(f"ftis-edge export: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.to).expanduser() if args.to else Path(args.run_dir).expanduser() / "export"

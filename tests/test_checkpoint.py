@@ -27,7 +27,7 @@ def test_save_writes_a_manifest_and_keeps_the_newest_two(tmp_path):
     assert checkpoint.complete(tmp_path) == [2, 3]
     manifest = json.loads((tmp_path / "checkpoints" / "round-000003" / "manifest.json").read_text())
     assert manifest["round"] == 3
-    assert manifest["bytes"] == (tmp_path / "checkpoints" / "round-000003" / "state.pt").stat().st_size
+    assert manifest["bytes"] == (tmp_path / "checkpoints" / "round-000003" / checkpoint.STATE).stat().st_size
     state = checkpoint.load_latest(tmp_path)
     assert state["round"] == 3 and torch.equal(state["learner"]["w"], torch.full((64, 64), 3.0))
 
@@ -40,17 +40,17 @@ def test_no_checkpoint_at_all_is_none(tmp_path):
 def test_a_damaged_newest_checkpoint_falls_back_to_the_older_one_with_a_warning(tmp_path, caplog, damage):
     _save(tmp_path, 4, 5)
     newest = tmp_path / "checkpoints" / "round-000005"
-    data = (newest / "state.pt").read_bytes()
+    data = (newest / checkpoint.STATE).read_bytes()
     if damage == "truncate":
-        (newest / "state.pt").write_bytes(data[: len(data) // 2])
+        (newest / checkpoint.STATE).write_bytes(data[: len(data) // 2])
     elif damage == "empty":
-        (newest / "state.pt").write_bytes(b"")
+        (newest / checkpoint.STATE).write_bytes(b"")
     elif damage == "flip":                   # same size, one byte changed: only the checksum sees it
         i = len(data) // 2
-        (newest / "state.pt").write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:])
+        (newest / checkpoint.STATE).write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:])
     else:                                    # a checkpoint from before manifests: the load test sees it
         (newest / "manifest.json").unlink()
-        (newest / "state.pt").write_bytes(data[: len(data) // 2])
+        (newest / checkpoint.STATE).write_bytes(data[: len(data) // 2])
     with caplog.at_level(logging.WARNING, logger="ftis_edge.checkpoint"):
         state = checkpoint.load_latest(tmp_path)
     assert state["round"] == 4
@@ -60,14 +60,14 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_older_one_with_a_warning(
 
 def test_every_checkpoint_damaged_is_one_line_naming_each(tmp_path):
     _save(tmp_path, 1, 2)
-    (tmp_path / "checkpoints" / "round-000002" / "state.pt").write_bytes(b"")
-    p1 = tmp_path / "checkpoints" / "round-000001" / "state.pt"
+    (tmp_path / "checkpoints" / "round-000002" / checkpoint.STATE).write_bytes(b"")
+    p1 = tmp_path / "checkpoints" / "round-000001" / checkpoint.STATE
     p1.write_bytes(p1.read_bytes()[:100])
     with pytest.raises(CheckpointError) as e:
         checkpoint.load_latest(tmp_path)
     msg = str(e.value)
     assert "\n" not in msg and isinstance(e.value, FtisError)
-    assert "round-000002: state.pt is empty" in msg and "round-000001" in msg and "truncated" in msg
+    assert "round-000002: state.safetensors is empty" in msg and "round-000001" in msg and "truncated" in msg
 
 
 def test_a_legacy_checkpoint_without_manifest_still_loads(tmp_path):
@@ -121,3 +121,46 @@ def test_last_error_line_reads_only_this_runs_part(tmp_path):
     with open(path, "a") as fh:
         fh.write("some warning\nftis-edge: error: model 'x': not found\n")
     assert rundir.last_error_line(path, offset) == "model 'x': not found"
+
+
+def test_a_real_node_state_round_trips_exactly_without_pickle(tmp_path):
+    """Adam state (int keys, 0-d step tensors), betas tuples, every RNG state: back bit for bit."""
+    import random
+
+    import numpy as np
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    np.random.normal()                        # a cached gaussian in numpy's state
+    state = {"round": 1, "learner": {"optimizer": opt.state_dict(), "mode": "lora", "version": 3},
+             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+             "peers": {"p": {"sent": 2, "quarantine_reason": None}}}
+    checkpoint.save(tmp_path, 1, state)
+    back = checkpoint.load_latest(tmp_path)
+    assert back["rng"]["python"] == state["rng"]["python"]
+    n0, n1 = state["rng"]["numpy"], back["rng"]["numpy"]
+    assert n0[0] == n1[0] and np.array_equal(n0[1], n1[1]) and n1[1].dtype == n0[1].dtype and n0[2:] == n1[2:]
+    assert torch.equal(back["rng"]["torch"], state["rng"]["torch"])
+    assert back["learner"]["optimizer"]["param_groups"] == state["learner"]["optimizer"]["param_groups"]
+    for k, v in state["learner"]["optimizer"]["state"].items():
+        for name, t in v.items():
+            assert torch.equal(back["learner"]["optimizer"]["state"][k][name], t)
+    assert back["peers"] == state["peers"]
+    opt.load_state_dict(back["learner"]["optimizer"])    # what a resume does with it
+
+
+def test_an_old_pickle_checkpoint_loads_only_on_opt_in(tmp_path, monkeypatch, caplog):
+    ckpt = tmp_path / "checkpoints" / "round-000004"
+    ckpt.mkdir(parents=True)
+    torch.save(_state(4), ckpt / checkpoint.PICKLE_STATE)       # what earlier versions wrote
+    monkeypatch.delenv(checkpoint.TRUST_PICKLE_ENV, raising=False)
+    with pytest.raises(CheckpointError, match="state.pt is a pickle.*--trust-pickle"):
+        checkpoint.load_latest(tmp_path)
+    with pytest.raises(CheckpointError, match="--trust-pickle"):
+        rundir.check_resumable(tmp_path, fresh_if_missing=False)      # before any model loads
+    monkeypatch.setenv(checkpoint.TRUST_PICKLE_ENV, "1")
+    with caplog.at_level(logging.WARNING, logger="ftis_edge.checkpoint"):
+        state = checkpoint.load_latest(tmp_path)
+    assert torch.equal(state["learner"]["w"], torch.full((64, 64), 4.0))
+    assert "reading a pickle checkpoint" in caplog.text

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ftis_edge import checkpoint
 from ftis_edge.metric_keys import unregistered
 from ftis_edge.metrics import read_metrics
 from procs import ROOT, RelayProc
@@ -92,7 +93,7 @@ def test_default_node_alone_writes_metrics_checkpoints_and_adapter(tmp_path):
 
 
 def _final_weights(run: Path) -> dict:
-    state = torch.load(run / "checkpoints" / "round-000003" / "state.pt", weights_only=False)
+    state = checkpoint.load_round(run, 3)
     return state["learner"]
 
 
@@ -103,7 +104,7 @@ def test_sigkill_then_resume_replays_the_next_round_bit_for_bit(tmp_path):
     ref = start_node(write_config(ref_dir, "n", **settings))
     cut = start_node(write_config(cut_dir, "n", **settings))
     cut_run = cut_dir / "n"
-    wait_for(lambda: (cut_run / "checkpoints" / "round-000002" / "state.pt").exists(), 600, "checkpoint 2")
+    wait_for(lambda: 2 in checkpoint.complete(cut_run), 600, "checkpoint 2")
     cut.send_signal(signal.SIGKILL)
     cut.wait(10)
     resumed = start_node(cut_dir / "n.toml", "--resume")

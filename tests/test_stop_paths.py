@@ -92,7 +92,7 @@ def test_every_stop_path_writes_a_checkpoint_and_a_damaged_one_falls_back(tmp_pa
     assert r2 > r1, out[-2000:]
 
     # a truncated newest checkpoint: resume falls back to the older one, with a warning; Ctrl-C
-    state = run / "checkpoints" / f"round-{r2:06d}" / "state.pt"
+    state = run / "checkpoints" / f"round-{r2:06d}" / checkpoint.STATE
     state.write_bytes(state.read_bytes()[:1000])
     p = resume_and_wait_for_a_round(cfg, run)
     try:

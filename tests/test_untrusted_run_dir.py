@@ -1,0 +1,107 @@
+"""A shared run directory must not run code: the attack of issue 29, against real commands.
+
+The attacker writes ``checkpoints/round-000001/state.pt`` as a pickle whose ``__reduce__``
+runs a shell command (here: it creates a marker file), and a manifest that matches it (the
+checksum only detects damage). ``export``, ``start --resume`` and ``eval --model RUN_DIR``
+each must stop with one line, and the command must never run, with or without --trust-pickle
+(which still reads through torch's restricted unpickler).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from ftis_edge import checkpoint, config
+from procs import ROOT
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def crafted_run_dir(tmp_path):
+    run = tmp_path / "shared-run"
+    marker = tmp_path / "PWNED"
+    ckpt = run / "checkpoints" / "round-000001"
+    ckpt.mkdir(parents=True)
+    cfg = config.from_dict({"node": {"id": "victim", "run_dir": str(run)}})
+    (run / "config.toml").write_text(config.to_toml(cfg))
+    (run / "metrics.jsonl").write_text('{"type": "start"}\n{"type": "round", "round": 1}\n')
+    data = pickle.dumps({"round": 1, "learner": _Payload(marker)})
+    (ckpt / "state.pt").write_bytes(data)
+    (ckpt / "manifest.json").write_text(json.dumps(
+        {"round": 1, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+    return run, marker
+
+
+def _cli(*args, trust=False):
+    env = dict(os.environ)
+    env.pop(checkpoint.TRUST_PICKLE_ENV, None)
+    if trust:
+        args = (*args, "--trust-pickle")
+    return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_the_payload_really_runs_when_unpickled(tmp_path):
+    """The attack is real: plain pickle.loads of the crafted file creates the marker."""
+    run, marker = crafted_run_dir(tmp_path)
+    pickle.loads((run / "checkpoints" / "round-000001" / "state.pt").read_bytes())
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("trust", [False, True], ids=["default", "trust-pickle"])
+@pytest.mark.parametrize("command", ["export", "start --resume", "eval --model"])
+def test_a_crafted_checkpoint_runs_nothing_and_fails_in_one_line(tmp_path, command, trust):
+    run, marker = crafted_run_dir(tmp_path)
+    if command == "eval --model" and trust:
+        pytest.skip("eval reads no checkpoint (and has no --trust-pickle)")
+    args = {"export": ("export", str(run), "--eval-limit", "0"),
+            "start --resume": ("start", str(run / "config.toml"), "--headless", "--resume"),
+            "eval --model": ("eval", "--model", str(run), "--task", "arith", "--limit", "1")}[command]
+    r = _cli(*args, trust=trust)
+    print(f"$ ftis-edge {' '.join(args)}{' --trust-pickle' if trust else ''}  -> exit {r.returncode}\n"
+          f"{r.stderr.strip()}")
+    assert not marker.exists(), "the pickle ran its command"
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("ftis-edge")]
+    assert len(lines) == 1 and r.stderr.strip().endswith(lines[0]) and "Traceback" not in r.stderr, r.stderr
+    if command != "eval --model":
+        assert "round-000001" in lines[0]
+        assert ("--trust-pickle" in lines[0]) != trust, lines[0]   # the refusal names the opt-in
+
+
+def test_checkpoint_files_hold_no_pickle(tmp_path):
+    """What a checkpoint writes now is safetensors + JSON: no pickle opcode stream anywhere."""
+    import torch
+    checkpoint.save(tmp_path, 1, {"round": 1, "learner": {"w": torch.ones(3)}, "rng": {"python": (3, (1, 2), None)}})
+    files = sorted(p.name for p in (tmp_path / "checkpoints" / "round-000001").iterdir())
+    assert files == ["manifest.json", "state.safetensors"]
+    head = (tmp_path / "checkpoints" / "round-000001" / "state.safetensors").read_bytes()[:2]
+    assert head != b"\x80\x02" and not head.startswith(b"PK")       # neither a pickle nor torch's zip
+    state = checkpoint.load_latest(tmp_path)
+    assert state["rng"]["python"] == (3, (1, 2), None) and torch.equal(state["learner"]["w"], torch.ones(3))
+
+
+@pytest.mark.parametrize("answer", ['__import__("os").system("touch {m}")',
+                                    '$__import__("os").system("touch {m}")$',
+                                    '1+__import__("os").system("touch {m}")',
+                                    '\\boxed{{__import__("os").system("touch {m}")}}'])
+def test_a_peer_answer_that_is_python_is_graded_not_run(tmp_path, answer):
+    """Peers' completions are re-graded with math-verify, whose plain-expression path calls
+    sympy's parse_expr (an eval): its regex admits only digits and operators, so code never
+    reaches it. This keeps that true for the versions installed."""
+    from ftis_edge.tasks.rewards import answers_match
+    marker = tmp_path / "PWNED"
+    assert answers_match(answer.format(m=marker), "2") is False
+    assert not marker.exists()
