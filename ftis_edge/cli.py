@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -65,8 +64,8 @@ def _run_start(args) -> int:
     if args.overwrite and resume:
         return _die("--overwrite deletes the run that --resume would continue: pick one")
     if (run_dir / METRICS_FILE).exists() and not (resume or args.overwrite):
-        return _die(f"{run_dir} already holds a run: --resume to continue it, --overwrite to replace it, "
-                    f"or --run-dir for a new one")
+        return _die(f"{run_dir} already holds a run: --resume to continue it, or --run-dir DIR (or another "
+                    f"config file name) for a new one; --overwrite DELETES that run and starts over")
     if args.overwrite:
         rundir.reset(run_dir)
     if resume:
@@ -95,25 +94,12 @@ def _run_start(args) -> int:
         cmd.append("--resume-or-fresh")
     elif args.resume:
         cmd.append("--resume")
-    proc, stderr_file = spawn_node(cmd, run_dir)
+    proc, stderr_file = rundir.spawn_node(cmd, run_dir)
     from .tui import run_dashboard
     code = run_dashboard(run_dir, node_process=proc, node_stderr=stderr_file)
     print(rundir.stop_summary(run_dir, config=args.config, exit_code=proc.poll(),
                               failure=rundir.last_error_line(*stderr_file) if proc.poll() else None))
     return code
-
-
-def spawn_node(cmd: list[str], run_dir: Path):
-    """Start ``ftis-edge start … --headless`` for a dashboard: log lines to node.log only, its
-    stderr (where a failure is one line) to RUN_DIR/node.stderr (appended),
-    returned with the offset this run's part starts at, where its one-line failure will be."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / rundir.NODE_STDERR
-    with open(path, "ab") as err:
-        offset = err.tell()
-        proc = subprocess.Popen([*cmd, "--log-file-only"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)
-    return proc, (path, offset)
 
 
 def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log: bool = True) -> int:

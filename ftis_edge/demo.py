@@ -180,7 +180,6 @@ class Swarm:
     """The demo's processes: a relay and the chosen nodes, each a real ``ftis-edge start``."""
 
     def __init__(self, root: Path, chosen: list[DemoNode], *, rounds: int, threads: int, max_wait_s: float):
-        from .cli import spawn_node
         self.root, self.nodes = root, chosen
         if root.exists():
             shutil.rmtree(root)
@@ -191,7 +190,7 @@ class Swarm:
             for n in chosen:
                 cfg = node_config(n, root, self.relay.address, rounds=rounds, threads=threads,
                                   peers=len(chosen) - 1, max_wait_s=max_wait_s)
-                n.proc, n.stderr = spawn_node(
+                n.proc, n.stderr = rundir.spawn_node(
                     [sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless"], root / n.name)
         except BaseException:
             self.close()

@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import FtisError
@@ -28,6 +29,41 @@ class EvalError(FtisError):
     """A user-caused problem: printed as one line, exit code 2."""
 
 
+@dataclass(frozen=True)
+class EvalSpec:
+    """What to evaluate and how: the options of ``ftis-edge eval`` as a value (``export``
+    builds one directly). ``model`` may be a run directory (its newest weights)."""
+    model: str | None = None
+    adapter: str | None = None
+    task: str = "gsm8k"
+    level: str | tuple[int, ...] | None = None      # arith: 2, "1,2,3" or (1, 2, 3)
+    path: str | None = None
+    limit: int | None = None
+    backend: str = "llamacpp"
+    precision: str = "f16"
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    samples: int = 1
+    require_think: bool = False
+    system_prompt: str | None = None
+    few_shot: int | None = None
+    grade_timeout: float = 5.0
+    threads: int | None = None
+    batch: int = 16
+    json_out: str | None = None
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "EvalSpec":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+_D = EvalSpec()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The eval command's options (shared by `ftis-edge eval` and `python -m ftis_edge.evaluate`)."""
     parser.add_argument("--model", default=None,
@@ -35,29 +71,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default smollm2-135m)")
     parser.add_argument("--adapter", default=None,
                         help="LoRA adapter: a GGUF LoRA file (llamacpp) or a peft directory (hf)")
-    parser.add_argument("--task", default="gsm8k", help=f"one of {', '.join(TASK_NAMES)} (default gsm8k)")
+    parser.add_argument("--task", default=_D.task, help=f"one of {', '.join(TASK_NAMES)} (default gsm8k)")
     parser.add_argument("--level", default=None, help="arith only: a level or a list, e.g. 2 or 1,2,3")
     parser.add_argument("--path", default=None, help="dataset JSONL file instead of the data folder (./install.sh --data)")
     parser.add_argument("--limit", type=int, default=None,
                         help="first N prompts of the eval set (default: all; arith: 50 per level)")
-    parser.add_argument("--backend", default="llamacpp", help=f"one of {', '.join(BACKENDS)} (default llamacpp)")
-    parser.add_argument("--precision", default="f16", help="llamacpp weights: f16 (default) or quantized")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--samples", type=int, default=1,
+    parser.add_argument("--backend", default=_D.backend, help=f"one of {', '.join(BACKENDS)} (default llamacpp)")
+    parser.add_argument("--precision", default=_D.precision, help="llamacpp weights: f16 (default) or quantized")
+    parser.add_argument("--max-new-tokens", type=int, default=_D.max_new_tokens)
+    parser.add_argument("--temperature", type=float, default=_D.temperature, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=_D.top_k, help="0 = off")
+    parser.add_argument("--top-p", type=float, default=_D.top_p, help="1 = off")
+    parser.add_argument("--seed", type=int, default=_D.seed)
+    parser.add_argument("--samples", type=int, default=_D.samples,
                         help="completions per prompt (needs --temperature > 0 when > 1)")
     parser.add_argument("--require-think", action="store_true",
                         help="also demand <think>…</think> before <answer> (the paper's rule)")
     parser.add_argument("--system-prompt", default=None, help="replace the task's system prompt")
     parser.add_argument("--few-shot", type=int, default=None,
                         help="worked examples shown before the question (0-2; default: the task's, 2)")
-    parser.add_argument("--grade-timeout", type=float, default=5.0,
+    parser.add_argument("--grade-timeout", type=float, default=_D.grade_timeout,
                         help="seconds to grade one completion (own outputs: generous; default 5)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for generation")
-    parser.add_argument("--batch", type=int, default=16,
+    parser.add_argument("--batch", type=int, default=_D.batch,
                         help="sequences decoded together (llamacpp; their shared prefix is decoded once and "
                              "a finished answer's slot takes the next prompt; 1 = one prompt at a time; default 16)")
     parser.add_argument("--json", dest="json_out", default=None, help="write the results to this JSON file")
@@ -117,98 +153,118 @@ def summarize(items: list[dict], seconds: float) -> dict:
 
 # --- set-up --------------------------------------------------------------------------------
 
-def _check_args(args) -> None:
-    if args.task not in TASK_NAMES:
-        raise EvalError(f"unknown task {args.task!r}; choose one of {', '.join(TASK_NAMES)}")
-    if args.level is not None and args.task != "arith":
+def _check_spec(spec: EvalSpec) -> None:
+    if spec.task not in TASK_NAMES:
+        raise EvalError(f"unknown task {spec.task!r}; choose one of {', '.join(TASK_NAMES)}")
+    if spec.level is not None and spec.task != "arith":
         raise EvalError("--level only applies to --task arith")
-    if args.backend not in BACKENDS:
-        raise EvalError(f"unknown backend {args.backend!r}; choose one of {', '.join(BACKENDS)}")
-    if args.precision not in PRECISIONS:
-        raise EvalError(f"unknown precision {args.precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if args.limit is not None and args.limit < 1:
-        raise EvalError(f"--limit must be >= 1, got {args.limit}")
-    if args.samples < 1:
-        raise EvalError(f"--samples must be >= 1, got {args.samples}")
-    if args.samples > 1 and args.temperature == 0:
+    if spec.backend not in BACKENDS:
+        raise EvalError(f"unknown backend {spec.backend!r}; choose one of {', '.join(BACKENDS)}")
+    if spec.precision not in PRECISIONS:
+        raise EvalError(f"unknown precision {spec.precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if spec.limit is not None and spec.limit < 1:
+        raise EvalError(f"--limit must be >= 1, got {spec.limit}")
+    if spec.samples < 1:
+        raise EvalError(f"--samples must be >= 1, got {spec.samples}")
+    if spec.samples > 1 and spec.temperature == 0:
         raise EvalError("--samples > 1 needs --temperature > 0 (greedy gives the same answer every time)")
-    if args.batch < 1:
-        raise EvalError(f"--batch must be >= 1, got {args.batch}")
-    if args.max_new_tokens < 1:
-        raise EvalError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not args.temperature >= 0 or not math.isfinite(args.temperature):
-        raise EvalError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.top_k < 0 or not 0 < args.top_p <= 1:
+    if spec.batch < 1:
+        raise EvalError(f"--batch must be >= 1, got {spec.batch}")
+    if spec.max_new_tokens < 1:
+        raise EvalError(f"--max-new-tokens must be >= 1, got {spec.max_new_tokens}")
+    if not spec.temperature >= 0 or not math.isfinite(spec.temperature):
+        raise EvalError(f"--temperature must be >= 0, got {spec.temperature}")
+    if spec.top_k < 0 or not 0 < spec.top_p <= 1:
         raise EvalError("--top-k must be >= 0 and --top-p in (0, 1]")
-    if args.adapter is not None:
+    if spec.adapter is not None:
         from .generate.registry import adapter_problem
-        problem = adapter_problem(args.backend, args.adapter)
+        problem = adapter_problem(spec.backend, spec.adapter)
         if problem:
-            raise EvalError(f"--adapter {args.adapter}: {problem}")
-    if args.json_out is not None:
-        parent = Path(args.json_out).expanduser().resolve().parent
+            raise EvalError(f"--adapter {spec.adapter}: {problem}")
+    if spec.json_out is not None:
+        parent = Path(spec.json_out).expanduser().resolve().parent
         if not parent.is_dir():
-            raise EvalError(f"--json {args.json_out}: folder {parent} does not exist")
+            raise EvalError(f"--json {spec.json_out}: folder {parent} does not exist")
 
 
-def _build_task(args):
+def _build_task(spec: EvalSpec):
     from .tasks import TaskError, get_task
 
-    options = {"timeout_s": args.grade_timeout, "require_think": args.require_think}
-    if args.system_prompt is not None:
-        options["system_prompt"] = args.system_prompt
-    if args.few_shot is not None:
-        options["few_shot"] = args.few_shot
-    if args.task == "arith" and args.level is not None:
-        options["level"] = args.level
-    if args.path is not None:
-        if args.task == "arith":
+    options = {"timeout_s": spec.grade_timeout, "require_think": spec.require_think}
+    if spec.system_prompt is not None:
+        options["system_prompt"] = spec.system_prompt
+    if spec.few_shot is not None:
+        options["few_shot"] = spec.few_shot
+    if spec.task == "arith" and spec.level is not None:
+        options["level"] = list(spec.level) if isinstance(spec.level, tuple) else spec.level
+    if spec.path is not None:
+        if spec.task == "arith":
             raise EvalError("--path does not apply to --task arith (it is generated)")
-        options["path"] = args.path
-        if args.task == "gsm8k":
-            options["split"] = "test" if Path(args.path).name.startswith("test") else "train"
+        options["path"] = spec.path
+        if spec.task == "gsm8k":
+            options["split"] = "test" if Path(spec.path).name.startswith("test") else "train"
     try:
-        return get_task(args.task, **options)
+        return get_task(spec.task, **options)
     except TaskError as e:
         raise EvalError(str(e)) from None
 
 
-def _pool_plan(args, bundle, all_ids: list[list[int]]) -> tuple[int, int]:
-    """(batch, shared): --batch, lowered so that the sequences decoded together fit the model's
+def _pool_plan(spec: EvalSpec, bundle, all_ids: list[list[int]]) -> tuple[int, int]:
+    """(batch, shared): spec.batch, lowered so that the sequences decoded together fit the model's
     trained context (llama.cpp's unified cache holds them all: no n_ctx_seq > n_ctx_train), and the
     prompts' common prefix. The pool stores that prefix once, so each slot needs only its own tail
     + max_new_tokens cells: more slots fit than (whole prompt + max new) per slot would allow."""
     from .generate.loop import shared_prefix_len
 
     longest = max(len(ids) for ids in all_ids)
-    shared = shared_prefix_len(all_ids) if len(all_ids) > 1 and args.batch > 1 else 0
-    per_slot = longest - shared + args.max_new_tokens
+    shared = shared_prefix_len(all_ids) if len(all_ids) > 1 and spec.batch > 1 else 0
+    per_slot = longest - shared + spec.max_new_tokens
     trained = bundle.n_ctx_train or 0
     if trained <= 0:
-        return args.batch, shared
-    batch = max(1, min(args.batch, (trained - shared) // (per_slot * args.samples)))
+        return spec.batch, shared
+    batch = max(1, min(spec.batch, (trained - shared) // (per_slot * spec.samples)))
     return batch, (shared if batch > 1 else 0)
 
 
-def _build_generator(args, bundle, longest_prompt: int, batch: int, shared: int = 0):
+def _build_generator(spec: EvalSpec, bundle, longest_prompt: int, batch: int, shared: int = 0):
     from .generate.base import GenerationError, GeneratorOptions
     from .generate.registry import create_generator
 
     # the context follows the eval: its longest prompt + the completion budget, per sequence; the
     # pool's shared prefix is stored once (``shared`` cells, not ``shared`` per slot)
-    options = GeneratorOptions(precision=args.precision, threads=args.threads or min(os.cpu_count() or 1, 8),
-                               n_ctx=longest_prompt + args.max_new_tokens, max_group=args.samples * batch,
-                               n_shared=shared, adapter=args.adapter)
+    options = GeneratorOptions(precision=spec.precision, threads=spec.threads or min(os.cpu_count() or 1, 8),
+                               n_ctx=longest_prompt + spec.max_new_tokens, max_group=spec.samples * batch,
+                               n_shared=shared, adapter=spec.adapter)
     try:
-        return create_generator(args.backend, bundle, options)
+        return create_generator(spec.backend, bundle, options)
     except GenerationError as e:
         raise EvalError(str(e)) from None
 
 
 # --- the run --------------------------------------------------------------------------------
 
-def evaluate(args, console=None) -> dict:
-    """Generate and score; returns the result dict that ``--json`` writes."""
+def _run_dir_weights(spec: EvalSpec) -> EvalSpec:
+    """``--model RUN_DIR``: the spec of the run's newest weights (its adapter on the base model,
+    or its merged model as written); any other model spec is returned as it is."""
+    from . import rundir
+    if not (spec.model and rundir.is_run_dir(spec.model)):
+        return spec
+    if spec.adapter:
+        raise EvalError("--model RUN_DIR already names the run's adapter; drop --adapter")
+    if spec.backend != "llamacpp":
+        raise EvalError("--model RUN_DIR evaluates the run's GGUF weights on llamacpp; for --backend hf, "
+                        "`ftis-edge export RUN_DIR` and pass --adapter RUN_DIR/export/peft")
+    try:
+        model, adapter = rundir.eval_weights(spec.model)
+    except rundir.RunDirError as e:
+        raise EvalError(str(e)) from None
+    # a merged model is used as written (F32): no F16 re-export of it
+    return replace(spec, model=model, adapter=adapter, precision=spec.precision if adapter else "quantized")
+
+
+def evaluate(spec: EvalSpec | argparse.Namespace, console=None) -> dict:
+    """Generate and score; returns the result dict that ``--json`` writes. A parsed command line
+    is read into an ``EvalSpec`` once, here; nothing changes it afterwards."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -216,30 +272,20 @@ def evaluate(args, console=None) -> dict:
     from .models import ModelError, resolve_model
     from .tasks import warm_up
 
-    _check_args(args)
-    task = _build_task(args)
-    prompts = task.eval_prompts(args.limit)
+    if not isinstance(spec, EvalSpec):
+        spec = EvalSpec.from_args(spec)
+    _check_spec(spec)
+    task = _build_task(spec)
+    prompts = task.eval_prompts(spec.limit)
     if not prompts:
-        raise EvalError(f"task {args.task} has no eval prompts")
-    from .export import ExportError, is_run_dir, run_weights
-    if args.model and is_run_dir(args.model):      # a node's run directory: its newest weights
-        if args.adapter:
-            raise EvalError("--model RUN_DIR already names the run's adapter; drop --adapter")
-        if args.backend != "llamacpp":
-            raise EvalError("--model RUN_DIR evaluates the run's GGUF weights on llamacpp; for --backend hf, "
-                            "`ftis-edge export RUN_DIR` and pass --adapter RUN_DIR/export/peft")
-        try:
-            args.model, args.adapter = run_weights(args.model)
-        except ExportError as e:
-            raise EvalError(str(e)) from None
-        if args.adapter is None:
-            args.precision = "quantized"      # a merged model: use the file as written (F32)
+        raise EvalError(f"task {spec.task} has no eval prompts")
+    spec = _run_dir_weights(spec)
     try:
-        bundle = resolve_model(args.model)
+        bundle = resolve_model(spec.model)
         all_ids = [bundle.encode(bundle.render_prompt(task.messages(p.question))) for p in prompts]
         longest = max(len(ids) for ids in all_ids)
-        batch, shared = _pool_plan(args, bundle, all_ids)
-        gen = _build_generator(args, bundle, longest, batch, shared)
+        batch, shared = _pool_plan(spec, bundle, all_ids)
+        gen = _build_generator(spec, bundle, longest, batch, shared)
     except ModelError as e:
         raise EvalError(str(e)) from None
     warm_up()
@@ -251,10 +297,10 @@ def evaluate(args, console=None) -> dict:
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[tok_s]:.0f} tok/s"), TextColumn("acc {task.fields[acc]:.1%}"),
                TimeElapsedColumn()]
-    with Progress(*columns, console=console, disable=args.quiet, transient=False) as bar:
-        job = bar.add_task(f"{args.task}", total=len(prompts), tok_s=0.0, acc=0.0)
-        samplers = [SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                    max_new_tokens=args.max_new_tokens, seed=args.seed + i)
+    with Progress(*columns, console=console, disable=spec.quiet, transient=False) as bar:
+        job = bar.add_task(f"{spec.task}", total=len(prompts), tok_s=0.0, acc=0.0)
+        samplers = [SamplerSettings(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+                                    max_new_tokens=spec.max_new_tokens, seed=spec.seed + i)
                     for i in range(len(prompts))]
 
         grading = 0.0                     # seconds spent grading inside the generation call
@@ -266,7 +312,7 @@ def evaluate(args, console=None) -> dict:
             for c in completions:
                 value, b = task.reward(c.text, p.reference)
                 gen_tokens += len(c.token_ids)
-                items.append({"id": p.id, "level": p.meta.get("level") if args.task == "arith" else None,
+                items.append({"id": p.id, "level": p.meta.get("level") if spec.task == "arith" else None,
                               "reference": p.reference, "answer": b["answer"], "reward": value,
                               "format_ok": b["format_ok"], "correct": b["correct"],
                               "timed_out": b["timed_out"], "reason": b["reason"],
@@ -281,12 +327,12 @@ def evaluate(args, console=None) -> dict:
             if batch == 1:
                 for i, s in enumerate(samplers):
                     try:
-                        grade(i, gen.generate(all_ids[i], args.samples, s))
+                        grade(i, gen.generate(all_ids[i], spec.samples, s))
                     except GenerationError as e:
                         raise EvalError(f"{prompts[i].id}: {e}") from None
             else:          # continuous batching: `batch` sequences decode together, refilled as they end
                 try:
-                    gen.generate_many(all_ids, args.samples, samplers, on_done=grade)
+                    gen.generate_many(all_ids, spec.samples, samplers, on_done=grade)
                 except GenerationError as e:
                     raise EvalError(f"{prompts[0].id}..{prompts[-1].id}: {e}") from None
         finally:
@@ -297,16 +343,16 @@ def evaluate(args, console=None) -> dict:
     summary["tok_s"] = gen_tokens / max(gen_seconds, 1e-9)
     summary["wall_seconds"] = time.perf_counter() - t0
     return {
-        "task": args.task,
+        "task": spec.task,
         "level": list(getattr(task, "levels", [])) or None,
         "model": bundle.spec,
         "model_fingerprint": bundle.fingerprint,
-        "adapter": args.adapter,
-        "backend": args.backend,
+        "adapter": spec.adapter,
+        "backend": spec.backend,
         "precision": gen.precision,
-        "sampler": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                    "max_new_tokens": args.max_new_tokens, "seed": args.seed},
-        "samples_per_prompt": args.samples,
+        "sampler": {"temperature": spec.temperature, "top_k": spec.top_k, "top_p": spec.top_p,
+                    "max_new_tokens": spec.max_new_tokens, "seed": spec.seed},
+        "samples_per_prompt": spec.samples,
         "few_shot": task.few_shot,
         "reward": {"mode": task.reward_settings.mode, "require_think": task.reward_settings.require_think},
         **summary,
@@ -351,7 +397,8 @@ def run(args) -> int:
     import orjson
 
     try:
-        result = evaluate(args)
+        spec = EvalSpec.from_args(args)
+        result = evaluate(spec)
     except EvalError as e:
         print(f"ftis-edge eval: error: {e}", file=sys.stderr)
         return 2
@@ -359,8 +406,8 @@ def run(args) -> int:
         print("ftis-edge eval: interrupted", file=sys.stderr)
         return 130
     print_table(result)
-    if args.json_out:
-        Path(args.json_out).expanduser().write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    if spec.json_out:
+        Path(spec.json_out).expanduser().write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return 0
 
 

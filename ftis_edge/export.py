@@ -12,8 +12,8 @@ HF backends) it writes into ``--to`` (default ``RUN_DIR/export``)::
     README.md           model card: base model + fingerprint, rounds, method, reward curve, eval
     export.json         the same facts, machine-readable
 
-It also resolves ``ftis-edge eval --model RUN_DIR`` (``run_weights``): the node's
-``adapter/latest.gguf``, an adapter on the base model (LoRA) or a merged model (full).
+What it reads of the run directory (its config, its checkpoint) comes from ``rundir`` and
+``checkpoint``; the held-out eval is ``evaluate`` with an ``EvalSpec``.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import rundir
 from .errors import FtisError
 
 QUANTS = ("f16", "q8_0", "q4_k_m")
@@ -34,47 +35,11 @@ class ExportError(FtisError):
 
 # --- reading a run ------------------------------------------------------------------------------
 
-def is_run_dir(path) -> bool:
-    p = Path(path).expanduser()
-    return p.is_dir() and (p / "config.toml").is_file()
-
-
-def load_run_config(run_dir: Path):
-    from .config import ConfigError, load
-    try:
-        return load(run_dir / "config.toml")
-    except ConfigError as e:
-        raise ExportError(f"{run_dir}: {e}") from None
-
-
-def run_weights(run_dir) -> tuple[str, str | None]:
-    """(model spec, adapter path or None) of a run's newest weights, for ``eval --model RUN_DIR``."""
-    from .gguf_io import read_gguf_field
-    from .sync import LATEST
-
-    run_dir = Path(run_dir).expanduser()
-    cfg = load_run_config(run_dir)
-    latest = run_dir / "adapter" / LATEST
-    if not latest.is_file():
-        raise ExportError(f"{run_dir} has no adapter/{LATEST} yet (written after the first training step); "
-                          f"`ftis-edge export {run_dir}` makes a model from its last checkpoint")
-    if read_gguf_field(latest, "general.type") == "adapter":
-        return cfg.model.spec, str(latest)
-    return str(latest), None        # full fine-tuning: a merged model
-
-
 def _reward_curve(run_dir: Path, points: int = 10) -> list[dict]:
     """Mean reward of own groups over ~``points`` equal spans of rounds (from metrics.jsonl)."""
-    rows = []
-    path = run_dir / "metrics.jsonl"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if "round" in rec and rec.get("reward/own") is not None:
-                rows.append((rec["round"], rec["reward/own"]))
+    from .metrics import read_metrics
+    rows = [(rec["round"], rec["reward/own"]) for rec in read_metrics(run_dir)
+            if "round" in rec and rec.get("reward/own") is not None]
     if not rows:
         return []
     size = max(1, -(-len(rows) // points))
@@ -154,20 +119,13 @@ def _learner_from_checkpoint(state: dict, cfg, bundle):
 
 def _eval(cfg, model: str, precision: str, limit: int, threads: int | None) -> dict:
     from . import evaluate
-    p = argparse.ArgumentParser()
-    evaluate.add_arguments(p)
-    argv = ["--model", model, "--task", cfg.task.name, "--limit", str(limit), "--precision", precision,
-            "--max-new-tokens", str(cfg.task.max_completion_length), "--few-shot", str(cfg.task.few_shot), "--quiet"]
-    if cfg.task.name == "arith" and cfg.task.level:
-        argv += ["--level", ",".join(str(x) for x in cfg.task.level)]
-    if cfg.task.path:
-        argv += ["--path", cfg.task.path]
-    if cfg.task.require_think:
-        argv.append("--require-think")
-    if threads:
-        argv += ["--threads", str(threads)]
+    spec = evaluate.EvalSpec(model=model, task=cfg.task.name, limit=limit, precision=precision,
+                             max_new_tokens=cfg.task.max_completion_length, few_shot=cfg.task.few_shot,
+                             level=tuple(cfg.task.level) if cfg.task.name == "arith" and cfg.task.level else None,
+                             path=cfg.task.path or None, require_think=cfg.task.require_think,
+                             threads=threads or None, quiet=True)
     try:
-        r = evaluate.evaluate(p.parse_args(argv))
+        r = evaluate.evaluate(spec)
     except evaluate.EvalError as e:
         raise ExportError(f"eval of {model}: {e}") from None
     return {k: r[k] for k in ("n", "accuracy", "accuracy_ci95", "format_rate", "mean_completion_tokens")}
@@ -182,9 +140,9 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     if quant not in QUANTS:
         raise ExportError(f"--quant must be one of {', '.join(QUANTS)}, got {quant!r}")
     run_dir = Path(run_dir).expanduser()
-    if not is_run_dir(run_dir):
-        raise ExportError(f"{run_dir} is not a run directory (no config.toml)")
-    cfg = load_run_config(run_dir)
+    if not rundir.is_run_dir(run_dir):
+        raise ExportError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
+    cfg = rundir.load_config(run_dir)
     state = _latest_state(run_dir)
     out = Path(to).expanduser() if to else run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)

@@ -98,7 +98,7 @@ class Node:
             precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),
             policy=self.learner.model))
         self.local_tokenizer = self._local_tokenizer()
-        self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / "adapter")
+        self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / rundir.ADAPTER_DIR)
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
         self.swarm = None
@@ -417,7 +417,7 @@ class Node:
             rundir.prepare_fresh(self.run_dir)
         # the resolved config: node.id is the effective id (hostname-model when left empty)
         resolved = replace(cfg, node=replace(cfg.node, id=self.node_id))
-        (self.run_dir / "config.toml").write_text(to_toml(resolved))
+        (self.run_dir / rundir.CONFIG_FILE).write_text(to_toml(resolved))
         from .metrics import write_control
         write_control(self.run_dir, pause=False, stop=False)
         self.build()

@@ -1,5 +1,12 @@
-"""What a run directory holds between runs: make a fresh start fresh, a resume consistent,
-and tell the user where things are when a node stops.
+"""The run directory's one owner: its layout, what reads it (is it a run? its config, its
+newest weights), what starts a node in it, a fresh start fresh, a resume consistent, and
+what the user is told when a node stops.
+
+    RUN_DIR/config.toml          the node's resolved config (CONFIG_FILE)
+    RUN_DIR/metrics.jsonl        records (metrics.METRICS_FILE), node.log, control.json
+    RUN_DIR/adapter/latest.gguf  the generator's newest weights (ADAPTER_DIR, sync.LATEST)
+    RUN_DIR/checkpoints/         verified checkpoints (checkpoint.py)
+    RUN_DIR/node.stderr          a dashboard-started node's stderr (NODE_STDERR)
 
 A fresh start must not inherit an older run's checkpoints (a later ``--resume`` would load
 them) or adapters (``adapter/`` would mix two runs, the highest-numbered file being stale).
@@ -9,16 +16,90 @@ weights before its first round anyway.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from . import checkpoint
+from .errors import FtisError
 from .metrics import CONTROL_FILE, LOG_FILE, METRICS_FILE, read_metrics
 
+CONFIG_FILE = "config.toml"
 ADAPTER_DIR = "adapter"
 NODE_STDERR = "node.stderr"            # a dashboard-started node's stderr
 ERROR_PREFIX = "ftis-edge: error: "    # how the CLI prints a failure
+
+
+class RunDirError(FtisError):
+    """A run directory lacks what a command needs from it; the message says what."""
+
+
+# --- reading a run ------------------------------------------------------------------------
+
+def is_run_dir(path) -> bool:
+    p = Path(path).expanduser()
+    return p.is_dir() and (p / CONFIG_FILE).is_file()
+
+
+def load_config(run_dir: Path):
+    """The run's resolved config (RunDirError naming the run when it does not load)."""
+    from .config import ConfigError, load
+    try:
+        return load(Path(run_dir) / CONFIG_FILE)
+    except ConfigError as e:
+        raise RunDirError(f"{run_dir}: {e}") from None
+
+
+def latest_weights(run_dir: Path) -> tuple[Path, str] | None:
+    """(the newest GGUF the node wrote for its generator, "adapter" or "model"), or None.
+
+    What the file is comes from its ``general.type``, not its name: ``latest.gguf`` is a hard
+    link to either a LoRA adapter or a merged model."""
+    from .gguf_io import read_gguf_field
+    from .sync import LATEST
+    folder = Path(run_dir) / ADAPTER_DIR
+    latest = folder / LATEST
+    if not latest.is_file():
+        files = sorted(folder.glob("*.gguf"), key=lambda p: p.stat().st_mtime)
+        if not files:
+            return None
+        latest = files[-1]
+    try:
+        kind = "adapter" if read_gguf_field(latest, "general.type") == "adapter" else "model"
+    except Exception:  # noqa: BLE001 - gguf raises many kinds for a file that is not (yet) a GGUF
+        return None
+    return latest, kind
+
+
+def eval_weights(run_dir) -> tuple[str, str | None]:
+    """(model spec, adapter path or None) of a run's newest weights, for ``eval --model RUN_DIR``."""
+    from .sync import LATEST
+    run_dir = Path(run_dir).expanduser()
+    cfg = load_config(run_dir)
+    found = latest_weights(run_dir)
+    if found is None:
+        raise RunDirError(f"{run_dir} has no {ADAPTER_DIR}/{LATEST} yet (written after the first training step); "
+                          f"`ftis-edge export {run_dir}` makes a model from its last checkpoint")
+    path, kind = found
+    return (cfg.model.spec, str(path)) if kind == "adapter" else (str(path), None)   # full: a merged model
+
+
+# --- starting a node in it ----------------------------------------------------------------
+
+def spawn_node(cmd: list[str], run_dir: Path):
+    """Start ``ftis-edge start … --headless`` for a dashboard: log lines to node.log only, its
+    stderr (where a failure is one line) to RUN_DIR/node.stderr (appended),
+    returned with the offset this run's part starts at, where its one-line failure will be."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / NODE_STDERR
+    with open(path, "ab") as err:
+        offset = err.tell()
+        proc = subprocess.Popen([*cmd, "--log-file-only"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
+    return proc, (path, offset)
 
 
 def reset(run_dir: Path) -> None:
@@ -56,19 +137,34 @@ def check_resumable(run_dir: Path, *, fresh_if_missing: bool) -> bool:
         else "no run there yet"
     raise checkpoint.CheckpointError(
         f"--resume: no checkpoint in {Path(run_dir) / 'checkpoints'} ({why}); "
-        f"use --resume-or-fresh to start fresh when there is none, or --overwrite to replace the run")
+        f"use --resume-or-fresh to start fresh when there is none (--overwrite would delete the run)")
 
 
-def latest_weights(run_dir: Path) -> Path | None:
-    """The newest GGUF the node wrote for its generator (LoRA adapter or merged model)."""
-    files = sorted((Path(run_dir) / ADAPTER_DIR).glob("*.gguf"), key=lambda p: p.stat().st_mtime)
-    return files[-1] if files else None
+def command_name(argv0: str | None = None) -> str:
+    """How the user ran ftis-edge, to print commands they can paste: ``.venv/bin/ftis-edge``
+    as typed, ``ftis-edge`` when that is what PATH finds, ``python -m ftis_edge.cli`` for a module run."""
+    argv0 = argv0 if argv0 is not None else sys.argv[0]
+    name = os.path.basename(argv0)
+    if name in ("cli.py", "__main__.py", "-c", ""):
+        return "python -m ftis_edge.cli"
+    found = shutil.which(name)
+    if os.path.isabs(argv0) and found and os.path.realpath(found) == os.path.realpath(argv0):
+        return name                         # typed as a bare name, found on PATH
+    return argv0
+
+
+def _command(program: str, *args: str) -> str:
+    return " ".join([program, shlex.join(args)])       # the program as the user spells it, unquoted
 
 
 def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | None = None,
-                 failure: str | None = None) -> str:
-    """One line for the terminal when the dashboard closes: what happened and where things are."""
+                 failure: str | None = None, program: str | None = None) -> str:
+    """One line for the terminal when the dashboard closes: what happened and where things are.
+
+    It points at ``export`` for the model: ``adapter/latest.gguf`` is a LoRA adapter for a
+    LoRA run (llama.cpp refuses it as a model) and a full run's weights live in checkpoints."""
     run_dir = Path(run_dir)
+    program = program or command_name()
     records = read_metrics(run_dir)
     stop = next((r for r in reversed(records) if r.get("type") == "stop"), None)
     rounds = [r for r in records if r.get("type") == "round"]
@@ -78,18 +174,16 @@ def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | N
         return (f"failed after round {last}: {why} — traceback in {run_dir / LOG_FILE}")
     if stop is None:
         state = f"exited with code {exit_code}" if exit_code not in (None, 0) else "still running"
-        return f"node {state} after round {last} — run dir {run_dir}, watch with: ftis-edge watch {run_dir}"
-    start = ["ftis-edge", "start"] + ([config] if config else []) + ["--run-dir", str(run_dir), "--resume"]
+        return (f"node {state} after round {last} — run dir {run_dir}, "
+                f"watch with: {_command(program, 'watch', str(run_dir))}")
+    start = ["start"] + ([config] if config else []) + ["--run-dir", str(run_dir), "--resume"]
     parts = [f"stopped after round {last} ({stop.get('reason')}) — run dir {run_dir}",
-             f"resume with: {shlex.join(start)}"]
-    weights = latest_weights(run_dir)
-    if weights is None:                     # HF backend: the weights live in the checkpoint only
-        parts.append(f"weights in {run_dir / 'checkpoints'}")
-    elif weights.name.startswith("adapter"):
-        parts.append(f"export with: cp {shlex.quote(str(weights))} my-adapter.gguf "
-                     f"(a llama.cpp LoRA adapter: --lora; ftis-edge eval --adapter)")
-    else:
-        parts.append(f"export with: cp {shlex.quote(str(weights))} my-model.gguf (a complete llama.cpp GGUF)")
+             f"resume with: {_command(program, *start)}"]
+    if checkpoint.complete(run_dir):
+        parts.append(f"a model to use elsewhere (GGUF, Ollama, PEFT): {_command(program, 'export', str(run_dir))}")
+    found = latest_weights(run_dir)
+    if found and found[1] == "adapter":
+        parts.append(f"{found[0]} is a LoRA adapter, not a model (llama.cpp --lora)")
     return ", ".join(parts)
 
 

@@ -99,18 +99,54 @@ def test_a_fresh_start_inherits_no_checkpoints_adapters_or_metrics_and_a_resume_
     assert (tmp_path / "node.log").read_text() == "old\n"       # diagnostics of the old run stay
 
 
-def test_stop_summary_says_where_things_are(tmp_path):
+def _gguf(path, kind: str):
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_type(kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_stop_summary_points_at_export_in_the_users_spelling(tmp_path):
     (tmp_path / "adapter").mkdir()
-    (tmp_path / "adapter" / "adapter-v000003.gguf").write_bytes(b"GGUF")
+    _gguf(tmp_path / "adapter" / "adapter-v000003.gguf", "adapter")
     (tmp_path / "metrics.jsonl").write_text(
         '{"type":"start"}\n{"type":"round","round":3}\n{"type":"stop","round":3,"reason":"user"}\n')
-    line = rundir.stop_summary(tmp_path, config="node.toml")
+    _save(tmp_path, 3)
+    line = rundir.stop_summary(tmp_path, config="node.toml", program=".venv/bin/ftis-edge")
     assert line.startswith(f"stopped after round 3 (user) — run dir {tmp_path}")
-    assert f"resume with: ftis-edge start node.toml --run-dir {tmp_path} --resume" in line
-    assert "adapter-v000003.gguf" in line and "\n" not in line
+    assert f"resume with: .venv/bin/ftis-edge start node.toml --run-dir {tmp_path} --resume" in line
+    assert f"(GGUF, Ollama, PEFT): .venv/bin/ftis-edge export {tmp_path}" in line
+    assert "adapter-v000003.gguf is a LoRA adapter, not a model" in line and "\n" not in line
+    assert "a complete" not in line and "cp " not in line
     (tmp_path / "metrics.jsonl").write_text(
         '{"type":"round","round":2}\n{"type":"stop","round":2,"reason":"error","error":"model x: boom"}\n')
     assert rundir.stop_summary(tmp_path).startswith("failed after round 2: model x: boom — traceback in")
+
+
+def test_latest_weights_reads_what_the_file_is_not_its_name(tmp_path):
+    """latest.gguf is a hard link named neither adapter-* nor merged-*: its general.type decides."""
+    import os
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    assert rundir.latest_weights(tmp_path) is None
+    _gguf(folder / "adapter-v000001.gguf", "adapter")
+    os.link(folder / "adapter-v000001.gguf", folder / "latest.gguf")
+    assert rundir.latest_weights(tmp_path) == (folder / "latest.gguf", "adapter")
+    (folder / "latest.gguf").unlink()
+    _gguf(folder / "merged-v000002.gguf", "model")
+    os.link(folder / "merged-v000002.gguf", folder / "latest.gguf")
+    assert rundir.latest_weights(tmp_path) == (folder / "latest.gguf", "model")
+    (folder / "latest.gguf").write_bytes(b"GGUF not yet")       # half-written: no answer, no crash
+    assert rundir.latest_weights(tmp_path) is None
+
+
+@pytest.mark.parametrize("argv0, shown", [(".venv/bin/ftis-edge", ".venv/bin/ftis-edge"),
+                                          ("/opt/x/ftis_edge/cli.py", "python -m ftis_edge.cli")])
+def test_commands_are_shown_as_the_user_ran_them(argv0, shown):
+    assert rundir.command_name(argv0) == shown
 
 
 def test_last_error_line_reads_only_this_runs_part(tmp_path):

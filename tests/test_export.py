@@ -102,7 +102,8 @@ def test_export_of_a_llamacpp_lora_run(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from ftis_edge import evaluate
-    from ftis_edge.export import _learner_from_checkpoint, export_run, load_run_config
+    from ftis_edge.export import _latest_state, _learner_from_checkpoint, export_run
+    from ftis_edge.rundir import load_config as load_run_config
     from ftis_edge.models import resolve_model
     from ftis_edge.tasks import get_task
 
@@ -132,7 +133,7 @@ def test_export_of_a_llamacpp_lora_run(tmp_path):
     # the PEFT directory gives the learner's log-probs
     cfg = load_run_config(run)
     bundle = resolve_model(cfg.model.spec)
-    learner, _ = _learner_from_checkpoint(run, cfg, bundle)
+    learner, _ = _learner_from_checkpoint(_latest_state(run), cfg, bundle)
     batch = _batch(bundle)
     with torch.no_grad():
         ref, mask = learner.logprobs(batch)
@@ -161,7 +162,8 @@ def test_export_of_a_llamacpp_lora_run(tmp_path):
 def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from ftis_edge.export import _learner_from_checkpoint, export_run, load_run_config
+    from ftis_edge.export import _latest_state, _learner_from_checkpoint, export_run
+    from ftis_edge.rundir import load_config as load_run_config
     from ftis_edge.generate.llamacpp import LlamaCppGenerator
     from ftis_edge.models import resolve_model
 
@@ -171,7 +173,7 @@ def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
     assert sorted(info["files"]) == ["f16", "hf", "q8_0"] and (out / "hf" / "config.json").is_file()
     cfg = load_run_config(run)
     bundle = resolve_model(cfg.model.spec)
-    learner, _ = _learner_from_checkpoint(run, cfg, bundle)
+    learner, _ = _learner_from_checkpoint(_latest_state(run), cfg, bundle)
     batch = _batch(bundle)
     with torch.no_grad():
         ref, mask = learner.logprobs(batch)

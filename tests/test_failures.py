@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ftis_edge import cli
+from ftis_edge import rundir
 from ftis_edge.metrics import read_metrics
 from ftis_edge.tui import DashboardApp
 from procs import ROOT
@@ -62,7 +62,7 @@ def test_a_bad_model_is_one_line_in_node_log_and_a_stop_record(tmp_path):
 async def test_a_node_failure_reaches_the_dashboard_that_started_it(tmp_path):
     cfg = node_file(tmp_path, f'[model]\nspec = "{tmp_path}/missing.gguf"\n')
     run_dir = tmp_path / "run"
-    proc, stderr_file = cli.spawn_node(
+    proc, stderr_file = rundir.spawn_node(
         [sys.executable, "-m", "ftis_edge.cli", "start", "--headless", str(cfg)], run_dir)
     app = DashboardApp(run_dir, node_process=proc, node_stderr=stderr_file, poll_interval=0.05)
     try:
@@ -85,8 +85,8 @@ async def test_a_node_failure_reaches_the_dashboard_that_started_it(tmp_path):
             proc.kill()
     assert proc.returncode == 2
     # the terminal gets the same line when the dashboard closes
-    summary = cli.rundir.stop_summary(run_dir, exit_code=proc.returncode,
-                                      failure=cli.rundir.last_error_line(*stderr_file))
+    summary = rundir.stop_summary(run_dir, exit_code=proc.returncode,
+                                      failure=rundir.last_error_line(*stderr_file))
     assert summary.startswith(f"failed after round 0: {expected} — traceback in")
     # a start-up failure happens before the metrics exist: no stale metrics are left behind
     assert read_metrics(run_dir) == []

@@ -15,9 +15,9 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from ftis_edge.metrics import LOG_FILE, METRICS_FILE, LineTail
+from ftis_edge.rundir import CONFIG_FILE
 from ftis_edge.tui.format import as_number
 
-CONFIG_FILE = "config.toml"
 
 
 class RunState:
