@@ -42,7 +42,8 @@ def _list_opt(default, doc):
 
 @dataclass
 class NodeSection:
-    id: str = _opt("", "node name shown to peers (default: <hostname>-<model>)")
+    id: str = _opt("", "node name shown to peers (default: <hostname>-<config file name>, e.g. pc-alice for "
+                       "alice.toml; <hostname>-<model> without a file)")
     run_dir: str = _opt("runs/{id}", "where metrics, checkpoints and adapters go ({id} = node id)")
     seed: int = _opt(0, "seed for prompts, sampling and training", lo=0, trl="seed")
     rounds: int = _opt(30, "training rounds (one optimiser step each)", lo=1, trl="max_steps")
@@ -125,6 +126,10 @@ class SwarmSection:
                                   lo=0.01, hi=1.0)
 
 
+def _host() -> str:
+    return socket.gethostname().split(".")[0]
+
+
 @dataclass
 class Config:
     node: NodeSection = field(default_factory=NodeSection)
@@ -139,7 +144,7 @@ class Config:
         if self.node.id:
             return self.node.id
         model = Path(self.model.spec).stem if self.model.spec.endswith(".gguf") else self.model.spec
-        return f"{socket.gethostname().split('.')[0]}-{model.replace('/', '-')}"
+        return f"{_host()}-{model.replace('/', '-')}"
 
     @property
     def model_label(self) -> str:
@@ -265,7 +270,11 @@ def load(path: str | os.PathLike | None, overrides: dict | None = None) -> Confi
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
         data.setdefault(section, {})[key] = value
-    return from_dict(data)
+    cfg = from_dict(data)
+    if path is not None and not cfg.node.id:
+        # alice.toml and bob.toml on one PC: two ids, two run directories, without naming either
+        cfg.node = replace(cfg.node, id=f"{_host()}-{Path(path).stem}")
+    return cfg
 
 
 def _toml_value(value) -> str:

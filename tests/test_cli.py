@@ -1,4 +1,7 @@
 """The command line: init writes a valid file; user mistakes get one line and exit code 2."""
+import os
+import re
+import socket
 import subprocess
 import sys
 
@@ -7,8 +10,9 @@ from procs import ROOT
 
 
 def run(*args, cwd=ROOT):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=env)
 
 
 def test_init_writes_a_commented_file_that_loads(tmp_path):
@@ -16,7 +20,9 @@ def test_init_writes_a_commented_file_that_loads(tmp_path):
     r = run("init", str(path))
     assert r.returncode == 0, r.stderr
     cfg = config.load(path)
-    assert cfg.to_dict() == config.Config().to_dict()
+    expected = config.Config().to_dict()
+    expected["node"]["id"] = f"{socket.gethostname().split('.')[0]}-node"     # from the file's name
+    assert cfg.to_dict() == expected
     assert run("init", str(path)).returncode == 2            # refuses to overwrite
 
 
@@ -39,6 +45,27 @@ def test_an_existing_run_is_never_overwritten_silently(tmp_path):
     r = run("start", str(path), "--headless")
     assert r.returncode == 2 and "--resume" in r.stderr
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == "{}\n"
+
+
+def test_two_files_from_init_are_two_nodes_with_two_run_dirs(tmp_path):
+    """The README's swarm recipe: init alice.toml, init bob.toml, start both on one PC."""
+    for name in ("alice", "bob"):
+        assert run("init", f"{name}.toml", cwd=tmp_path).returncode == 0
+    host = socket.gethostname().split(".")[0]
+    alice, bob = config.load(tmp_path / "alice.toml"), config.load(tmp_path / "bob.toml")
+    assert (alice.node_id, bob.node_id) == (f"{host}-alice", f"{host}-bob")
+    assert alice.run_path != bob.run_path
+    assert config.load(tmp_path / "bob.toml", {"node.id": "carol"}).node_id == "carol"   # --node-id wins
+    # alice has a run; bob's start must not collide with it (it gets as far as its missing model)
+    (tmp_path / alice.run_path).mkdir(parents=True)
+    (tmp_path / alice.run_path / "metrics.jsonl").write_text("{}\n")
+    text = (tmp_path / "bob.toml").read_text()
+    (tmp_path / "bob.toml").write_text(re.sub(r'(?m)^spec = ".*"$', f'spec = "{tmp_path}/nope.gguf"', text, count=1))
+    r = run("start", "bob.toml", "--headless", cwd=tmp_path)
+    assert r.returncode == 2 and "already holds a run" not in r.stderr and "nope.gguf" in r.stderr, r.stderr
+    r = run("start", "alice.toml", "--headless", cwd=tmp_path)
+    assert r.returncode == 2 and "already holds a run" in r.stderr
+    assert "--overwrite DELETES that run" in r.stderr and r.stderr.index("--resume") < r.stderr.index("--overwrite")
 
 
 def test_unknown_model_is_one_clear_line(tmp_path):
