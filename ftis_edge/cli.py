@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def _add_start(sub) -> None:
 
 
 def _run_start(args) -> int:
-    from .config import ConfigError, load
+    from .config import ConfigError, load, resolve_relay
     from .errors import FtisError
     from .metrics import METRICS_FILE
 
@@ -57,6 +58,8 @@ def _run_start(args) -> int:
         overrides["node.id"] = args.node_id
     try:
         cfg = load(args.config, overrides)
+        if cfg.mode != "alone":
+            resolve_relay(cfg.swarm.relay)
     except ConfigError as e:
         return _die(str(e))
     run_dir = cfg.run_path
@@ -95,11 +98,26 @@ def _run_start(args) -> int:
     elif args.resume:
         cmd.append("--resume")
     proc, stderr_file = rundir.spawn_node(cmd, run_dir)
+    _stop_node_on_hangup(proc)
     from .tui import run_dashboard
     code = run_dashboard(run_dir, node_process=proc, node_stderr=stderr_file)
     print(rundir.stop_summary(run_dir, config=args.config, exit_code=proc.poll(),
                               failure=rundir.last_error_line(*stderr_file) if proc.poll() else None))
     return code
+
+
+def _stop_node_on_hangup(proc) -> None:
+    """A closed terminal (SIGHUP) ends the dashboard; its node runs in a session of its own, so
+    it is told here, as by SIGTERM: it stops after its round, with a checkpoint."""
+    if not hasattr(signal, "SIGHUP"):
+        return
+
+    def on_hangup(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        os._exit(128 + signum)       # the terminal is gone: nothing left to draw or restore
+
+    signal.signal(signal.SIGHUP, on_hangup)
 
 
 def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log: bool = True) -> int:

@@ -250,8 +250,39 @@ def _cross_checks(cfg: Config) -> None:
             raise ConfigError(f"swarm.{key}: {p} does not exist")
     if cfg.task.path and not Path(cfg.task.path).expanduser().exists():
         raise ConfigError(f"task.path: {cfg.task.path} does not exist")
-    if cfg.swarm.relay and not cfg.swarm.relay.startswith(("tcp://", "ipc://", "inproc://")):
-        raise ConfigError(f"swarm.relay: expected tcp://host:port, got {cfg.swarm.relay!r}")
+    if cfg.swarm.relay:
+        split_relay(cfg.swarm.relay)
+
+
+def split_relay(address: str) -> tuple[str, int] | None:
+    """(host, port) of a ``tcp://host:port`` relay address (None for ipc:// and inproc://);
+    ConfigError in one line for anything else, so a typo never becomes "no answer for 4 s"."""
+    if address.startswith(("ipc://", "inproc://")):
+        return None
+    expected = f"swarm.relay: expected tcp://host:port (port 1-65535), got {address!r}"
+    if not address.startswith("tcp://"):
+        raise ConfigError(expected)
+    rest = address[len("tcp://"):]
+    if rest.startswith("["):                       # an IPv6 literal: tcp://[::1]:5555
+        host, sep, port = rest[1:].partition("]:")
+    else:
+        host, sep, port = rest.rpartition(":")
+    if not sep or not host or any(c in host for c in "/;*? ") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(expected)
+    return host, int(port)
+
+
+def resolve_relay(address: str) -> None:
+    """At start-up: ConfigError when the relay's host name does not resolve (a DNS typo, no
+    network) rather than a node that waits for an answer that cannot come."""
+    parts = split_relay(address)
+    if parts is None:
+        return
+    host, port = parts
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"swarm.relay: cannot resolve {host} ({getattr(e, 'strerror', None) or e})") from None
 
 
 def load(path: str | os.PathLike | None, overrides: dict | None = None) -> Config:

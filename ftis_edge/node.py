@@ -34,6 +34,9 @@ from .metrics import MetricsWriter, read_control
 
 log = logging.getLogger("ftis_edge.node")
 
+# Ctrl-C, a service manager, a closed terminal or SSH drop: each stops after the round, with a checkpoint
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
 
 def derive_seed(*parts) -> int:
     """A stable 31-bit seed from any parts (Python's hash() is salted per process)."""
@@ -368,7 +371,7 @@ class Node:
         if self.stop_reason:          # second Ctrl-C: stop now
             raise KeyboardInterrupt
         self.stop_reason = "signal"
-        log.info("stopping after this round (signal %d); press Ctrl-C again to abort", signum)
+        log.info("stopping after this round (%s); press Ctrl-C again to abort", signal.Signals(signum).name)
 
     def run(self) -> int:
         """Run to the end or a stop request; every stop that completed a round leaves a
@@ -429,7 +432,7 @@ class Node:
             "backend": cfg.model.backend, "trainable": cfg.train.trainable, "method": cfg.train.method,
             "collaboration": cfg.mode, "relay": cfg.swarm.relay or None, "resumed_from": resumed,
             "config": resolved.to_dict()})
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         try:
             while self.round < cfg.node.rounds and not self.stop_reason:
                 paused = self._wait_if_paused()

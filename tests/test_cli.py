@@ -5,6 +5,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from ftis_edge import config
 from procs import ROOT
 
@@ -66,6 +68,30 @@ def test_two_files_from_init_are_two_nodes_with_two_run_dirs(tmp_path):
     r = run("start", "alice.toml", "--headless", cwd=tmp_path)
     assert r.returncode == 2 and "already holds a run" in r.stderr
     assert "--overwrite DELETES that run" in r.stderr and r.stderr.index("--resume") < r.stderr.index("--overwrite")
+
+
+@pytest.mark.parametrize("relay, says", [
+    ("tcp://relay-host.invalid:5555", "swarm.relay: cannot resolve relay-host.invalid"),
+    ("tcp://127.0.0.1:99999", "expected tcp://host:port (port 1-65535), got 'tcp://127.0.0.1:99999'"),
+    ("tcp://127.0.0.1", "expected tcp://host:port"),
+    ("tcp://:5555", "expected tcp://host:port"),
+    ("tcp://127.0.0.1:55x5", "expected tcp://host:port"),
+    ("127.0.0.1:5555", "expected tcp://host:port"),
+])
+def test_a_bad_relay_address_is_one_line_at_start(tmp_path, relay, says):
+    path = tmp_path / "node.toml"
+    path.write_text(f'[node]\nrun_dir = "{tmp_path}/run"\n')
+    r = run("start", str(path), "--headless", "--relay", relay)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith("ftis-edge: error: swarm.relay: ") and says in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()                   # refused before anything started
+
+
+def test_relay_addresses_that_are_fine():
+    assert config.split_relay("tcp://relay.example.org:5555") == ("relay.example.org", 5555)
+    assert config.split_relay("tcp://[::1]:5555") == ("::1", 5555)
+    assert config.split_relay("ipc:///tmp/relay.sock") is None
+    config.resolve_relay("tcp://127.0.0.1:5555")              # resolves: no error
 
 
 def test_unknown_model_is_one_clear_line(tmp_path):

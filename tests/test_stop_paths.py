@@ -117,3 +117,18 @@ def test_every_stop_path_writes_a_checkpoint_and_a_damaged_one_falls_back(tmp_pa
     names = sorted(f.name for f in (run / "adapter").glob("adapter-v*.gguf"))   # + latest.gguf, a link
     versions = [int(n.split("-v")[1].split(".")[0]) for n in names]
     assert versions and max(versions) <= read_metrics(run)[-1]["round"], names
+
+
+def test_sighup_stops_a_headless_node_like_sigterm(tmp_path):
+    """Closing the terminal or an SSH drop: the node finishes its round, checkpoints it, logs why."""
+    cfg = write_config(tmp_path, "hup", **SMALL)
+    run = tmp_path / "hup"
+    p = start(cfg)
+    try:
+        wait_for(lambda: n_rounds(run) >= 1, 600, "round 1")
+        p.send_signal(signal.SIGHUP)
+        ended(p)
+    finally:
+        p.kill()
+    stopped_with_checkpoint(run, "signal")
+    assert "stopping after this round (SIGHUP)" in (run / "node.log").read_text()
