@@ -27,6 +27,7 @@ from . import rundir
 from .errors import FtisError
 
 QUANTS = ("f16", "q8_0", "q4_k_m")
+LOG_NAME = "export.log"       # llama.cpp's loader and quantizer output, warnings
 
 
 class ExportError(FtisError):
@@ -34,6 +35,10 @@ class ExportError(FtisError):
 
 
 # --- reading a run ------------------------------------------------------------------------------
+
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}–{last}"
+
 
 def _reward_curve(run_dir: Path, points: int = 10) -> list[dict]:
     """Mean reward of own groups over ~``points`` equal spans of rounds (from metrics.jsonl)."""
@@ -43,7 +48,7 @@ def _reward_curve(run_dir: Path, points: int = 10) -> list[dict]:
     if not rows:
         return []
     size = max(1, -(-len(rows) // points))
-    return [{"rounds": f"{chunk[0][0]}-{chunk[-1][0]}", "reward": sum(r for _, r in chunk) / len(chunk)}
+    return [{"rounds": _span(chunk[0][0], chunk[-1][0]), "reward": sum(r for _, r in chunk) / len(chunk)}
             for chunk in (rows[i:i + size] for i in range(0, len(rows), size))]
 
 
@@ -131,10 +136,53 @@ def _eval(cfg, model: str, precision: str, limit: int, threads: int | None) -> d
     return {k: r[k] for k in ("n", "accuracy", "accuracy_ci95", "format_rate", "mean_completion_tokens")}
 
 
+K_BLOCK = 256      # llama.cpp's k-quants (Q4_K ...) quantize rows in super-blocks of 256 weights
+
+
+def quant_summary(path: Path, quant: str) -> dict:
+    """What a quantized GGUF really holds: bits per weight over all tensors, tensors per type,
+    and why some are not the requested type (llama.cpp's "fallback quantization")."""
+    import gguf
+    tensors = gguf.GGUFReader(path).tensors
+    weights = sum(int(t.n_elements) for t in tensors)
+    counts: dict[str, int] = {}
+    for t in tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    fallback: dict[str, int] = {}
+    if quant.endswith(("_k_m", "_k_s")):
+        for t in tensors:
+            if len(t.shape) >= 2 and int(t.shape[0]) % K_BLOCK:
+                fallback[t.tensor_type.name] = fallback.get(t.tensor_type.name, 0) + 1
+    return {"bits_per_weight": round(8 * sum(int(t.n_bytes) for t in tensors) / max(weights, 1), 2),
+            "tensor_types": _by_count(counts), "fallback": _by_count(fallback)}
+
+
+def _by_count(counts: dict[str, int]) -> dict[str, int]:
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _listing(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def quant_line(q: dict) -> str:
+    """The quantized file in one line, e.g. ``6.17 bits/weight (Q5_0 180, Q4_K 60, ...)``."""
+    line = f"{q['file']}: {q['bits_per_weight']:.2f} bits/weight on average (tensors: {_listing(q['tensor_types'])})"
+    if q["fallback"]:
+        line += (f"; {sum(q['fallback'].values())} tensors have rows that are not a multiple of {K_BLOCK}, which "
+                 f"k-quants need, so llama.cpp stored them as {_listing(q['fallback'])} "
+                 f"(its 'fallback quantization')")
+    return line
+
+
 def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50, threads: int | None = None,
                log=print) -> dict:
-    """Write every artefact listed in the module docstring; returns what export.json holds."""
+    """Write every artefact listed in the module docstring; returns what export.json holds.
+
+    ``log`` gets one line per step; what llama.cpp and the libraries print goes to
+    ``export.log`` in the output directory."""
     from .gguf_io import GGUFError, export_merged_gguf, quantize_gguf, write_gguf_lora
+    from .logs import output_to
     from .models import ModelError, resolve_model
 
     if quant not in QUANTS:
@@ -146,35 +194,51 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     state = _latest_state(run_dir)
     out = Path(to).expanduser() if to else run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        bundle = resolve_model(cfg.model.spec)
-        bundle.require_supported()
-        learner, rounds = _learner_from_checkpoint(state, cfg, bundle)
-        del state
+    noise = out / LOG_NAME
+
+    def step(title: str, fn):
         t0 = time.time()
-        files = {}
-        if learner.trainable == "lora":
-            learner.model.save_pretrained(out / "peft")
-            files["peft"] = "peft/"
-            files["adapter"] = write_gguf_lora(learner.model, out / "adapter.gguf", arch=bundle.arch,
-                                               n_head=bundle.n_head, n_head_kv=bundle.n_head_kv).name
-        else:
-            learner.model.save_pretrained(out / "hf")
-            bundle.tokenizer().save_pretrained(out / "hf")
-            files["hf"] = "hf/"
-        base = bundle.base_gguf()
-        files["f16"] = export_merged_gguf(learner.model, base, out / "model-f16.gguf", dtype="f16").name
-        log(f"wrote {', '.join(files.values())} ({time.time() - t0:.1f} s)")
+        with output_to(noise):
+            result = fn()
+        log(f"{title} ({time.time() - t0:.1f} s)")
+        return result
+
+    files = {}
+    try:
+        bundle = step(f"loaded {cfg.model.spec} and the checkpoint of round {state['round']}",
+                      lambda: resolve_model(cfg.model.spec))
+        bundle.require_supported()
+        learner, rounds = step("restored the trained weights", lambda: _learner_from_checkpoint(state, cfg, bundle))
+        del state
+
+        def own_format():
+            if learner.trainable == "lora":
+                learner.model.save_pretrained(out / "peft")
+                files["peft"] = "peft/"
+                files["adapter"] = write_gguf_lora(learner.model, out / "adapter.gguf", arch=bundle.arch,
+                                                   n_head=bundle.n_head, n_head_kv=bundle.n_head_kv).name
+            else:
+                learner.model.save_pretrained(out / "hf")
+                bundle.tokenizer().save_pretrained(out / "hf")
+                files["hf"] = "hf/"
+        step("wrote " + ("peft/ and adapter.gguf" if learner.trainable == "lora" else "hf/"), own_format)
+        base = step("found the base GGUF", bundle.base_gguf)
+        files["f16"] = step("wrote model-f16.gguf (the merged model, F16)",
+                            lambda: export_merged_gguf(learner.model, base, out / "model-f16.gguf", dtype="f16").name)
+        quantized = None
         if quant != "f16":
-            # quantize from F32: one full fine-tuning step is often below F16's resolution (docs/bridge.md)
-            f32 = export_merged_gguf(learner.model, base, out / ".model-f32.gguf", dtype="f32")
-            try:
-                files[quant] = quantize_gguf(f32, out / f"model-{quant}.gguf", quant).name
-            finally:
-                f32.unlink(missing_ok=True)
-            log(f"wrote {files[quant]}")
+            def quantize():
+                # from F32: one full fine-tuning step is often below F16's resolution (docs/bridge.md)
+                f32 = export_merged_gguf(learner.model, base, out / ".model-f32.gguf", dtype="f32")
+                try:
+                    return quantize_gguf(f32, out / f"model-{quant}.gguf", quant).name
+                finally:
+                    f32.unlink(missing_ok=True)
+            files[quant] = step(f"wrote model-{quant}.gguf (llama.cpp's quantizer)", quantize)
+            quantized = {"file": files[quant], **quant_summary(out / files[quant], quant)}
+            log(quant_line(quantized))
     except (ModelError, GGUFError) as e:
-        raise ExportError(str(e)) from None
+        raise ExportError(f"{e} (llama.cpp's output: {noise})") from None
     shipped = files[quant]
     from .tasks import TaskError, get_task
     try:
@@ -189,14 +253,20 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     info = {"base_model": cfg.model.spec, "base_name": bundle.name, "arch": bundle.arch,
             "base_fingerprint": bundle.fingerprint, "rounds": rounds, "method": cfg.train.method,
             "trainable": cfg.train.trainable, "backend": cfg.model.backend, "task": cfg.task.name,
-            "files": files, "reward_curve": _reward_curve(run_dir), "eval": None}
+            "files": files, "quantized": quantized, "reward_curve": _reward_curve(run_dir), "eval": None}
     if eval_limit > 0:
-        log(f"evaluating the base model and {shipped} on {eval_limit} held-out {cfg.task.name} prompts")
-        info["eval"] = {"prompts": eval_limit, "sampler": "greedy",
-                        "before": {"model": f"{cfg.model.spec} (F16)",
-                                   **_eval(cfg, cfg.model.spec, "f16", eval_limit, threads)},
-                        "after": {"model": shipped,
-                                  **_eval(cfg, str(out / shipped), "quantized", eval_limit, threads)}}
+        # like with like: base and trained both at F16 (the effect of training); the shipped
+        # quantized file on its own row (the effect of quantization on top)
+        runs = [("before", f"{cfg.model.spec} (F16)", cfg.model.spec, "f16"),
+                ("after", f"{files['f16']} (trained, F16)", str(out / files["f16"]), "quantized")]
+        if shipped != files["f16"]:
+            runs.append(("shipped", f"{shipped} (trained, {quant.upper()})", str(out / shipped), "quantized"))
+        info["eval"] = {"prompts": eval_limit, "sampler": "greedy"}
+        for key, label, model, precision in runs:
+            r = step(f"evaluated {label} on {eval_limit} held-out {cfg.task.name} prompts",
+                     lambda: _eval(cfg, model, precision, eval_limit, threads))
+            info["eval"][key] = {"model": label, **r}
+            log(f"  accuracy {r['accuracy']:.1%}")
     (out / "export.json").write_text(json.dumps(info, indent=1))
     (out / "README.md").write_text(model_card(info))
     return info
@@ -206,17 +276,23 @@ def model_card(info: dict) -> str:
     method = {"lora": "LoRA", "full": "full fine-tuning"}[info["trainable"]]
     lines = [f"# {info['base_name']} + ftis-edge ({info['method']}, {info['task']})", "",
              f"* Base model: `{info['base_model']}` ({info['arch']}), weights fingerprint `{info['base_fingerprint']}`",
-             f"* Training: {info['rounds']} rounds of GRPO with {info['method'].upper()} ({method}), "
+             f"* Training: {info['rounds']} round{'' if info['rounds'] == 1 else 's'} of GRPO with {info['method'].upper()} ({method}), "
              f"{info['backend']} backend, task `{info['task']}`",
              f"* Files: {', '.join('`' + f + '`' for f in info['files'].values())}, `Modelfile`", ""]
     if info["reward_curve"]:
         lines += ["## Reward (own groups, mean per span of rounds)", "", "| rounds | reward |", "|---|---|"]
         lines += [f"| {p['rounds']} | {p['reward']:.3f} |" for p in info["reward_curve"]] + [""]
+    if info.get("quantized"):
+        lines += ["## Quantized file", "", quant_line(info["quantized"]) + ".", ""]
     if info["eval"]:
         ev = info["eval"]
         lines += [f"## Held-out eval ({ev['prompts']} prompts, greedy, accuracy with 95% Wilson interval)", "",
+                  "Before and after training at the same precision (F16), so the difference is the training's; "
+                  "the shipped quantized file on its own row.", "",
                   "| model | accuracy | 95% interval | format ok |", "|---|---|---|---|"]
-        for key in ("before", "after"):
+        for key in ("before", "after", "shipped"):
+            if key not in ev:
+                continue
             r = ev[key]
             lo, hi = r["accuracy_ci95"]
             lines.append(f"| {key}: {r['model']} | {r['accuracy']:.1%} | {lo:.1%} – {hi:.1%} | {r['format_rate']:.1%} |")
@@ -245,9 +321,14 @@ def run(args) -> int:
         print(f"ftis-edge export: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.to).expanduser() if args.to else Path(args.run_dir).expanduser() / "export"
-    print(f"exported to {out}: {', '.join(info['files'].values())}, Modelfile, README.md")
+    print(f"exported to {out}: {', '.join(info['files'].values())}, Modelfile, README.md "
+          f"(llama.cpp's output in {LOG_NAME})")
     if info["eval"]:
-        b, a = info["eval"]["before"], info["eval"]["after"]
-        print(f"held-out accuracy: before {b['accuracy']:.1%}, after {a['accuracy']:.1%} (n={a['n']})")
+        ev = info["eval"]
+        line = (f"held-out accuracy at F16: before {ev['before']['accuracy']:.1%}, after {ev['after']['accuracy']:.1%}"
+                f" (n={ev['after']['n']})")
+        if "shipped" in ev:
+            line += f"; the {args.quant} file {ev['shipped']['accuracy']:.1%}"
+        print(line)
     print(f"Ollama: cd {out} && ollama create ftis-model -f Modelfile && ollama run ftis-model")
     return 0

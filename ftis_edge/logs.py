@@ -7,6 +7,7 @@ one-line form of a failure itself); tracebacks never reach the console, only nod
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
@@ -104,3 +105,27 @@ def round_line(record: dict, *, swarm: bool) -> str:
                      f"{_num(record.get('peers/groups_used', 0), '.0f')} used / {_num(dropped, '.0f')} dropped")
     parts.append(f"{_num(record.get('time/round_s'), '.1f')} s")
     return ", ".join(parts)
+
+
+@contextlib.contextmanager
+def output_to(path: Path):
+    """Everything written to stdout/stderr inside the block, C libraries included (llama.cpp's
+    loader and quantizer print from C), goes to ``path`` (appended) instead of the terminal."""
+    import sys
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(path, "ab") as fh:
+            os.dup2(fh.fileno(), 1)
+            os.dup2(fh.fileno(), 2)
+            try:
+                yield                                   # warnings are written to stderr: the file too
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)

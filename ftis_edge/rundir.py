@@ -82,7 +82,7 @@ def eval_weights(run_dir) -> tuple[str, str | None]:
     found = latest_weights(run_dir)
     if found is None:
         raise RunDirError(f"{run_dir} has no {ADAPTER_DIR}/{LATEST} yet (written after the first training step); "
-                          f"`ftis-edge export {run_dir}` makes a model from its last checkpoint")
+                          f"`{_command(command_name(), 'export', str(run_dir))}` makes a model from its last checkpoint")
     path, kind = found
     return (cfg.model.spec, str(path)) if kind == "adapter" else (str(path), None)   # full: a merged model
 

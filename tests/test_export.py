@@ -35,6 +35,16 @@ def test_export_and_eval_refuse_what_is_not_a_trained_run_in_one_line(tmp_path):
     assert r.returncode == 2 and "no adapter/latest.gguf yet" in r.stderr and r.stderr.strip().count("\n") == 0
 
 
+def test_reward_spans_are_labelled_like_rounds():
+    from ftis_edge.export import _reward_curve
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "metrics.jsonl").write_text("".join(
+            json.dumps({"type": "round", "round": r, "reward/own": r / 10}) + "\n" for r in (1, 2, 3)))
+        assert [p["rounds"] for p in _reward_curve(Path(d))] == ["1", "2", "3"]
+        assert [p["rounds"] for p in _reward_curve(Path(d), points=2)] == ["1–2", "3"]
+
+
 def test_modelfile_chat_formats():
     from ftis_edge.export import _TEMPLATES, chat_format
     assert chat_format("{{ '<|im_start|>' + message['role'] }}") == "chatml"
@@ -190,3 +200,31 @@ def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
         err = float(np.abs(cpp - ref[mask].numpy()).mean())
         print(f"\nHF full fine-tuning export: {name} vs learner {err:.4f} nats/token")
         assert err < bar, (name, err)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(3600)
+def test_export_from_the_command_line_says_one_line_per_step(tmp_path):
+    """`ftis-edge export` as a user sees it: one line per step, llama.cpp's loader/quantizer output
+    and warnings in export.log, what the quantized file holds, a card that compares like with like."""
+    run = _run(tmp_path, "cli")
+    r = _cli("export", str(run), "--quant", "q4_k_m", "--eval-limit", "3", "--threads", "1")
+    print(r.stdout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) <= 20 and r.stderr.strip() == "", (len(lines), r.stderr[-2000:])
+    for noise in ("llama_model_loader", "llama_model_quantize", "FutureWarning", "fallback quantization\n"):
+        assert noise not in r.stdout + r.stderr, noise
+    log = (run / "export" / "export.log").read_text(errors="replace")
+    assert "llama_model_loader" in log or "llama_model_quantize" in log or "quantiz" in log
+    q = [ln for ln in lines if "bits/weight" in ln]
+    assert len(q) == 1 and q[0].startswith("model-q4_k_m.gguf: ") and "Q4_K" in q[0] and "fallback" in q[0], lines
+    info = json.loads((run / "export" / "export.json").read_text())
+    assert 4.0 < info["quantized"]["bits_per_weight"] < 9.0
+    assert sum(info["quantized"]["tensor_types"].values()) > 100
+    ev = info["eval"]
+    assert ev["before"]["model"].endswith("(F16)") and ev["after"]["model"] == "model-f16.gguf (trained, F16)"
+    assert ev["shipped"]["model"] == "model-q4_k_m.gguf (trained, Q4_K_M)"
+    card = (run / "export" / "README.md").read_text()
+    assert "| 1 | " in card and "1-1" not in card           # one round: labelled 1, not 1-1
+    assert "same precision (F16)" in card and "bits/weight" in card

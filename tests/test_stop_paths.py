@@ -65,18 +65,23 @@ def stopped_with_checkpoint(run, reason: str) -> int:
     return stop["round"]
 
 
+def stop_after_round_1(cfg, run, stop) -> str:
+    """Start a fresh node, ``stop(proc)`` once round 1 is recorded; its output once it ended."""
+    p = start(cfg)
+    try:
+        wait_for(lambda: n_rounds(run) >= 1, 600, "round 1")
+        stop(p)
+        return ended(p)
+    finally:
+        p.kill()
+
+
 def test_every_stop_path_writes_a_checkpoint_and_a_damaged_one_falls_back(tmp_path):
     cfg = write_config(tmp_path, "stops", **SMALL)
     run = tmp_path / "stops"
 
     # q: the dashboard writes control.json {"stop": true} while a round runs
-    p = start(cfg)
-    try:
-        wait_for(lambda: n_rounds(run) >= 1, 600, "round 1")
-        write_control(run, stop=True)
-        ended(p)
-    finally:
-        p.kill()
+    stop_after_round_1(cfg, run, lambda p: write_control(run, stop=True))
     r1 = stopped_with_checkpoint(run, "user")
 
     # q while paused: pause after a round, then stop while the node waits
@@ -123,12 +128,44 @@ def test_sighup_stops_a_headless_node_like_sigterm(tmp_path):
     """Closing the terminal or an SSH drop: the node finishes its round, checkpoints it, logs why."""
     cfg = write_config(tmp_path, "hup", **SMALL)
     run = tmp_path / "hup"
-    p = start(cfg)
-    try:
-        wait_for(lambda: n_rounds(run) >= 1, 600, "round 1")
-        p.send_signal(signal.SIGHUP)
-        ended(p)
-    finally:
-        p.kill()
+    stop_after_round_1(cfg, run, lambda p: p.send_signal(signal.SIGHUP))
     stopped_with_checkpoint(run, "signal")
     assert "stopping after this round (SIGHUP)" in (run / "node.log").read_text()
+
+
+def test_sighup_to_the_dashboard_stops_its_node_with_a_checkpoint(tmp_path):
+    """A closed terminal with the dashboard in it: the node (in a session of its own, so the
+    hangup does not reach it) is told to stop, and stops after its round with a checkpoint."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+    import threading
+
+    cfg = write_config(tmp_path, "tty", **SMALL)
+    run = tmp_path / "tty"
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    p = subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg)], cwd=ROOT,
+                         stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                         env=dict(os.environ, TERM="xterm-256color"))
+    os.close(slave)
+
+    def drain():                      # keep the terminal's output flowing (the app blocks otherwise)
+        try:
+            while os.read(master, 65536):
+                pass
+        except OSError:
+            pass
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        wait_for(lambda: n_rounds(run) >= 1, 600, "round 1 under the dashboard")
+        p.send_signal(signal.SIGHUP)
+        assert p.wait(30) == 128 + signal.SIGHUP
+        wait_for(lambda: read_metrics(run)[-1].get("type") == "stop", 300, "the node's stop record")
+    finally:
+        p.kill()
+        os.close(master)
+    stopped_with_checkpoint(run, "signal")
+    assert "stopping after this round (SIGTERM)" in (run / "node.log").read_text()
