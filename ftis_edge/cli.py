@@ -32,7 +32,7 @@ def _add_start(sub) -> None:
                    help="continue from the run directory's newest good checkpoint (an error when there is none)")
     p.add_argument("--resume-or-fresh", action="store_true",
                    help="like --resume, but start fresh when the run directory has no checkpoint yet")
-    p.add_argument("--overwrite", action="store_true", help="delete an existing run in the run directory")
+    p.add_argument("--overwrite", action="store_true", help="DELETE the run already in the run directory and start over")
     p.add_argument("--rounds", type=int, help="override node.rounds")
     p.add_argument("--run-dir", help="override node.run_dir")
     p.add_argument("--node-id", help="override node.id")
@@ -158,7 +158,7 @@ def _run_init(args) -> int:
     if path.exists() and not args.force:
         return _die(f"{path} exists (use --force to overwrite)")
     path.write_text(to_toml(Config()), encoding="utf-8")
-    print(f"wrote {path} — edit it, then: ftis-edge start {path}")
+    print(f"wrote {path} — edit it, then: {rundir.command_name()} start {path}")
     return 0
 
 

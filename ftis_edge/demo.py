@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         swarm.close()
     for n in chosen:
         print(summary(n, root))
-    print(f"watch any of them again with: ftis-edge watch {root / chosen[0].name}")
+    print(f"watch any of them again with: {rundir.command_name()} watch {root / chosen[0].name}")
     if swarm.failed():
         print(f"ftis-edge demo: error: {', '.join(swarm.failed())} failed (see their node.log)", file=sys.stderr)
         return 1
