@@ -208,7 +208,8 @@ def test_export_from_the_command_line_says_one_line_per_step(tmp_path):
     """`ftis-edge export` as a user sees it: one line per step, llama.cpp's loader/quantizer output
     and warnings in export.log, what the quantized file holds, a card that compares like with like."""
     run = _run(tmp_path, "cli")
-    r = _cli("export", str(run), "--quant", "q4_k_m", "--eval-limit", "3", "--threads", "1")
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "export", str(run), "--quant", "q4_k_m",
+                        "--eval-limit", "3", "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
