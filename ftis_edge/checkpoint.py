@@ -112,8 +112,8 @@ def _load_pickle(path: Path) -> dict:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:      # torch's text is a page of advice; keep what it refused
-            m = re.search(r"WeightsUnpickler error: ([^\n]*)", str(e))
-            raise ValueError(f"refused by the restricted unpickler: {m.group(1) if m else e}") from None
+            m = re.search(r"(?:Trying to load unsupported|Unsupported)[^\n]*", str(e))
+            raise ValueError(f"refused by the restricted unpickler: {m.group(0) if m else e}") from None
 
 
 def _load(path: Path) -> dict:

@@ -29,7 +29,8 @@ class _Payload:
         return os.system, (f"touch {self.marker}",)
 
 
-def crafted_run_dir(tmp_path):
+def crafted_run_dir(tmp_path, protocol: int = 2):
+    """Protocol 2 (what torch.save writes) reaches the GLOBAL opcode that names os.system."""
     run = tmp_path / "shared-run"
     marker = tmp_path / "PWNED"
     ckpt = run / "checkpoints" / "round-000001"
@@ -37,7 +38,7 @@ def crafted_run_dir(tmp_path):
     cfg = config.from_dict({"node": {"id": "victim", "run_dir": str(run)}})
     (run / "config.toml").write_text(config.to_toml(cfg))
     (run / "metrics.jsonl").write_text('{"type": "start"}\n{"type": "round", "round": 1}\n')
-    data = pickle.dumps({"round": 1, "learner": _Payload(marker)})
+    data = pickle.dumps({"round": 1, "learner": _Payload(marker)}, protocol=protocol)
     (ckpt / "state.pt").write_bytes(data)
     (ckpt / "manifest.json").write_text(json.dumps(
         {"round": 1, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
@@ -79,6 +80,16 @@ def test_a_crafted_checkpoint_runs_nothing_and_fails_in_one_line(tmp_path, comma
     if command != "eval --model":
         assert "round-000001" in lines[0]
         assert ("--trust-pickle" in lines[0]) != trust, lines[0]   # the refusal names the opt-in
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_trust_pickle_still_runs_nothing(tmp_path, monkeypatch, protocol):
+    run, marker = crafted_run_dir(tmp_path, protocol)
+    monkeypatch.setenv(checkpoint.TRUST_PICKLE_ENV, "1")
+    with pytest.raises(checkpoint.CheckpointError, match="refused by the restricted unpickler: .+") as e:
+        checkpoint.load_latest(run)
+    print(e.value)
+    assert not marker.exists()
 
 
 def test_checkpoint_files_hold_no_pickle(tmp_path):
