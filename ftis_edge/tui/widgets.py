@@ -26,6 +26,11 @@ OWN, PEERS, ALL = "#4fc3f7", "#ffa726", "#9e9e9e"
 GREEN, RED, YELLOW, VIOLET = "#81c784", "#e57373", "#fff176", "#ba68c8"
 
 
+# What a plot is given at most, either sign: plotext's axis arithmetic overflows near ±1e308
+# (a garbled or hostile metrics.jsonl must not take the dashboard down); no real metric is near.
+PLOT_LIMIT = 1e12
+
+
 def _rgb(hex_color: str) -> tuple[int, int, int]:
     h = hex_color.lstrip("#")
     return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
@@ -221,8 +226,15 @@ class MetricPanel(Vertical):
         plt = plot.plt
         plt.clear_data()
         dots_across = 2 * max(self.size.width, 40)      # braille: two dots per cell
+        # plotext draws a line dot by dot: a point far outside a fixed y range costs one step per
+        # dot of the distance (1e12 on a 0-1 axis never ends), so points stay near the range
+        low, high = -PLOT_LIMIT, PLOT_LIMIT
+        if self.ylim:
+            span = self.ylim[1] - self.ylim[0]
+            low, high = self.ylim[0] - span, self.ylim[1] + span
         for s in self.series:
             xs, ys = _thin(*state.series(s.key), most=dots_across)
+            ys = [min(max(y, low), high) for y in ys]
             if s.plot and ys:
                 plt.plot(xs, ys, color=_rgb(s.color), marker="braille")
         if self.ylim:
@@ -297,7 +309,7 @@ BAR = 20      # cells of the round's progress bar
 def progress_chunks(view: View) -> list[Content]:
     """The Overview's round line: the phase, a bar for the round, the ETA and round times."""
     state, clock = view.state, view.clock
-    if view.progress is not None and view.word in ("running", "loading…", "paused", "stopping…"):
+    if view.progress is not None and view.progress.get("phase") != "stopped" and not state.finished:
         what = phase_text(view.progress, view.now)
     else:
         what = view.sentence
