@@ -125,9 +125,11 @@ class DashboardApp(App[int]):
     view: reactive[View | None] = reactive(None, init=False, always_update=True)
 
     def __init__(self, run_dir: str | os.PathLike, node_process: subprocess.Popen | None = None,
-                 *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None) -> None:
+                 *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None,
+                 notes: list[str] | tuple[str, ...] = ()) -> None:
         super().__init__()
         self.opened_at = time.time()
+        self.notes = list(notes)               # what the caller wants on screen (e.g. the demo's left-out nodes)
         self.run_dir = Path(run_dir)
         self.node_process = node_process
         self.node_stderr = node_stderr         # (file, offset) where the node's one-line error lands
@@ -153,6 +155,7 @@ class DashboardApp(App[int]):
         with TabbedContent(initial="tab-overview"):
             with TabPane("Overview", id="tab-overview"):
                 yield Legend(LEGENDS["tab-overview"])
+                yield Static("\n".join(self.notes), id="notes", classes="" if self.notes else "hidden")
                 yield ViewLine(progress_chunks, id="round-progress")
                 with Horizontal(classes="row"):
                     yield MetricPanel("reward", REWARD, ylim=(0, 1), id="panel-reward")
@@ -202,6 +205,9 @@ class DashboardApp(App[int]):
         table.add_column("key", key="key")
         table.add_column("value", key="value")
         self._apply_size(self.size)
+        for note in self.notes:
+            self.query_one("#log", Log).write_line(note)
+            self.notify(note, severity="warning", timeout=30)
         self.poll()                            # draw what is already there before the first tick
         self.set_interval(self.poll_interval, self.poll)
 
@@ -455,12 +461,13 @@ def wire_chunks(view: View) -> list[Content]:
 
 
 def run_dashboard(run_dir: str | os.PathLike, node_process: subprocess.Popen | None = None,
-                  *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None) -> int:
+                  *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None,
+                  notes: list[str] | tuple[str, ...] = ()) -> int:
     """Show the dashboard until the user leaves; returns the node's exit code when it ended,
     else 0. A node process still running on return (the user pressed q twice) is the
     caller's: it has been asked to stop after its round, and the terminal was told so."""
     app = DashboardApp(run_dir, node_process=node_process, poll_interval=poll_interval,
-                       node_stderr=node_stderr)
+                       node_stderr=node_stderr, notes=notes)
     app.run()
     notice = app.background_notice()
     if notice and node_process is not None and node_process.poll() is None:
