@@ -3,11 +3,11 @@ ProgressReport writes it, read by the real app under Textual's pilot; the view t
 watch; q q with a real node process that is still in its round; legends on every tab."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import orjson
 import pytest
@@ -19,35 +19,11 @@ from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.app import LEGENDS, TABS
 from ftis_edge.tui.state import RunState, phase_text, progress_is_current, round_clock
 from ftis_edge.tui.widgets import Legend, Packed
-
-FIXTURE = Path(__file__).resolve().parent / "data" / "recorded_run"
-RECORDS = read_metrics(FIXTURE)
-ROUNDS = [r for r in RECORDS if r.get("type") == "round"]
-FAST = 0.05
-
-
-def live_copy(tmp_path: Path) -> Path:
-    run = tmp_path / "run"
-    shutil.copytree(FIXTURE, run)
-    lines = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
-    (run / "metrics.jsonl").write_bytes(b"".join(ln for ln in lines if b'"type":"stop"' not in ln))
-    return run
-
-
-def cell(app: DashboardApp, key: str) -> str:
-    return " ".join(app.query_one(f"#hl-{key}").visual.plain.split("\n")[1].split())
+from test_tui import FAST, FIXTURE, ROUNDS, cell, live_copy, wait_for
 
 
 def text_of(app: DashboardApp, widget_id: str) -> str:
     return " ".join(app.query_one(f"#{widget_id}", Packed).text.split())
-
-
-async def wait_for(pilot, condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await pilot.pause(0.05)
 
 
 # ---- the node's side -----------------------------------------------------------------------
@@ -197,11 +173,20 @@ while True:
 """
 
 
+@contextlib.contextmanager
+def stand_in_node(run, stop_after: float):
+    node = subprocess.Popen([sys.executable, "-c", NODE, str(run), str(stop_after)])
+    try:
+        yield node
+    finally:
+        node.kill()
+        node.wait()
+
+
 async def test_resumed_dashboard_does_not_show_the_previous_runs_finish(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)              # ends with the previous run's stop record
-    node = subprocess.Popen([sys.executable, "-c", NODE, str(run), "60"])
-    try:
+    with stand_in_node(run, 60) as node:
         app = DashboardApp(run, node_process=node, poll_interval=FAST)
         async with app.run_test(size=(100, 30)) as pilot:
             await pilot.pause()
@@ -209,15 +194,11 @@ async def test_resumed_dashboard_does_not_show_the_previous_runs_finish(tmp_path
             assert "resumes the run after round" in app.sub_title and "finished" not in app.sub_title
             phases.ProgressReport(run).phase(phases.LOADING, what="smollm2-135m (llamacpp, lora)")
             await wait_for(pilot, lambda: cell(app, "state") == "loading…")
-    finally:
-        node.kill()
-        node.wait()
 
 
 async def test_q_q_leaves_and_says_the_node_finishes_in_the_background(tmp_path):
     run = live_copy(tmp_path)
-    node = subprocess.Popen([sys.executable, "-c", NODE, str(run), "3"])
-    try:
+    with stand_in_node(run, 3) as node:
         app = DashboardApp(run, node_process=node, poll_interval=FAST)
         async with app.run_test(size=(100, 30)) as pilot:
             await pilot.pause()
@@ -231,9 +212,6 @@ async def test_q_q_leaves_and_says_the_node_finishes_in_the_background(tmp_path)
         assert f"ftis-edge watch {run}" in notice and "checkpoint" in notice
         node.wait(timeout=20)                         # …and it does stop after its round
         assert read_metrics(run)[-1]["type"] == "stop"
-    finally:
-        node.kill()
-        node.wait()
 
 
 # ---- a real node ---------------------------------------------------------------------------

@@ -5,20 +5,16 @@ dashboard under Textual's pilot."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import orjson
 
 from ftis_edge.logs import setup_logging
-from ftis_edge.metrics import read_metrics
 from ftis_edge.text_safety import terminal_safe
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed, PeersTable
 from test_intake import intake_for, rollout, send, smol, task  # noqa: F401 - fixtures
-
-FIXTURE = Path(__file__).resolve().parent / "data" / "recorded_run"
-ROUNDS = [r for r in read_metrics(FIXTURE) if r.get("type") == "round"]
+from test_tui import ROUNDS, append, live_copy, screen_text
 OSC52 = "\x1b]52;c;ZXZpbA==\x07"                       # write "evil" to the clipboard
 CSI = "\x1b[2J\x1b[H"                                  # clear the screen, cursor home
 BIDI = "\u202egnp.exe"
@@ -35,17 +31,9 @@ def test_terminal_safe_escapes_control_and_bidi_characters_only():
 
 
 def live_run(tmp_path: Path, peers: dict) -> Path:
-    run = tmp_path / "run"
-    shutil.copytree(FIXTURE, run)
-    lines = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
-    record = dict(ROUNDS[-1], round=ROUNDS[-1]["round"] + 1, peers=peers)
-    (run / "metrics.jsonl").write_bytes(b"".join(ln for ln in lines if b'"type":"stop"' not in ln)
-                                        + orjson.dumps(record) + b"\n")
+    run = live_copy(tmp_path)
+    append(run, dict(ROUNDS[-1], round=ROUNDS[-1]["round"] + 1, peers=peers))
     return run
-
-
-def screen_text(app) -> str:
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 async def test_peer_strings_are_escaped_at_intake_in_the_log_and_on_the_dashboard(smol, task, tmp_path, capfd):
