@@ -244,3 +244,17 @@ def test_a_real_node_reports_its_phases_and_remembers_its_load_time(tmp_path):
     start = read_metrics(run)[0]
     key = phases.load_key("smollm2-135m", start["backend"], start["trainable"])
     assert phases.last_load_seconds(cache_dir(), key) is not None
+
+
+async def test_a_round_that_lands_under_the_help_box_is_there_when_it_closes(tmp_path):
+    run = live_copy(tmp_path)
+    app = DashboardApp(run, poll_interval=FAST)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        with open(run / "metrics.jsonl", "ab") as fh:
+            fh.write(orjson.dumps(dict(ROUNDS[-1], round=ROUNDS[-1]["round"] + 1)) + b"\n")
+        await wait_for(pilot, lambda: app.state.last_round == ROUNDS[-1]["round"] + 1)
+        await pilot.pause(0.2)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: cell(app, "round") == str(ROUNDS[-1]["round"] + 1))

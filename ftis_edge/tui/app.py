@@ -275,8 +275,10 @@ class DashboardApp(App[int]):
         self.view = View(self.state, word, colour, sentence, relay_health(self.state), self.progress, clock, now)
 
     def watch_view(self, view: View | None) -> None:
-        if view is None:
-            return
+        main = getattr(self, "main_screen", None)       # the help box may be on top of it
+        tables = main.query(PeersTable) if main is not None else []
+        if view is None or not tables:
+            return             # a last tick while the app closes: the widgets are gone
         st = view.state
         node, model = st.identity("node_id"), st.identity("model")
         self.title = "ftis-edge" + (f" · {fmt.text(node, 32)}" if node else "")
@@ -288,9 +290,8 @@ class DashboardApp(App[int]):
         if problem != self._relay_problem:
             self._relay_problem = problem
             if problem:
-                self.query_one("#log", Log).write_line(f"relay {problem}")
-        table = self.query_one(PeersTable)
-        self.call_after_refresh(self._show_peer_detail, table)
+                main.query_one("#log", Log).write_line(f"relay {problem}")
+        self.call_after_refresh(self._show_peer_detail, tables.first())
 
     def _show_failure(self, code: int | None) -> None:
         """The node failed: its one-line reason on screen (toast, header, Log tab); the
@@ -374,10 +375,12 @@ class DashboardApp(App[int]):
             self._show_peer_detail(event.data_table)
 
     def _show_peer_detail(self, table: PeersTable) -> None:
+        if not table.is_attached:
+            return
         node = None
         if table.row_count:
             node = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
-        self.query_one("#peer-detail", Packed).show(peer_detail(node, self.state.peers.get(node)))
+        table.screen.query_one("#peer-detail", Packed).show(peer_detail(node, self.state.peers.get(node)))
 
     # ---- keys ----------------------------------------------------------------------------
     def _node_running(self) -> bool:

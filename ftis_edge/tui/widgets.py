@@ -168,6 +168,11 @@ class Series:
     plot: bool = True            # False: a number in the stats line only
 
 
+def records_key(state: RunState) -> tuple:
+    """Changes when the rounds do (a new record, or a resume that replaced some)."""
+    return len(state.rounds), id(state.rounds[-1]) if state.rounds else None
+
+
 class MetricPanel(Vertical):
     """A bordered panel: a line of latest values (coloured like the plot lines) over a plot."""
 
@@ -187,10 +192,13 @@ class MetricPanel(Vertical):
         plt = self.query_one(PlotextPlot).plt
         plt.xlabel("round")
         self._state: RunState | None = None
-        self._plotted: int | None = None       # rounds in the plot as last drawn
+        self._drawn: tuple | None = None       # (records, width) the plot shows
         follow_view(self, self._view_changed)
 
     def _view_changed(self, view: View) -> None:
+        # a view that only moved the round clock leaves the numbers and the plot as they are
+        if self._state is view.state and self._drawn is not None and self._drawn[0] == records_key(view.state):
+            return
         self._state = view.state
         # plots in hidden tabs are drawn when they show (on_show)
         self.update_from(view.state, plot=bool(self.region.width))
@@ -202,7 +210,8 @@ class MetricPanel(Vertical):
         self.call_after_refresh(self._catch_up)
 
     def _catch_up(self) -> None:
-        if self._state is not None and self.region.width:
+        if self._state is not None and self.region.width and \
+                self._drawn != (records_key(self._state), self.size.width):
             self._replot(self._state)
 
     def stats(self, state: RunState) -> list[Content]:
@@ -222,6 +231,7 @@ class MetricPanel(Vertical):
             self._replot(state)
 
     def _replot(self, state: RunState) -> None:
+        self._drawn = (records_key(state), self.size.width)
         plot = self.query_one(PlotextPlot)
         plt = plot.plt
         plt.clear_data()
@@ -340,7 +350,13 @@ class PeersTable(DataTable):
         self.cursor_type = "row"
         for key, label in self.COLUMNS:
             self.add_column(label, key=key)
-        follow_view(self, lambda view: self.update_from(view.state))
+        self._shown: tuple | None = None
+        follow_view(self, self._view_changed)
+
+    def _view_changed(self, view: View) -> None:
+        if self._shown != records_key(view.state):      # peers change with a round record only
+            self._shown = records_key(view.state)
+            self.update_from(view.state)
 
     @staticmethod
     def cells(node: str, peer: dict, now: float | None) -> dict[str, Text]:
