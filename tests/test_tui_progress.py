@@ -258,3 +258,37 @@ async def test_a_round_that_lands_under_the_help_box_is_there_when_it_closes(tmp
         await pilot.pause(0.2)
         await pilot.press("escape")
         await wait_for(pilot, lambda: cell(app, "round") == str(ROUNDS[-1]["round"] + 1))
+
+
+@pytest.mark.model
+@pytest.mark.timeout(900)
+async def test_q_q_with_a_real_node_it_finishes_its_round_in_the_background(tmp_path):
+    """A real SmolLM2 node under the dashboard: q q in round 2 leaves at once, and the node
+    does what the notice says: it finishes round 2, checkpoints it and stops."""
+    from procs import ROOT
+    from test_node import write_config
+
+    from ftis_edge import checkpoint
+
+    cfg = write_config(tmp_path, "qq", node={"rounds": 6, "checkpoint_every": 5})
+    run = tmp_path / "qq"
+    node = subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless",
+                             "--log-file-only"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        app = DashboardApp(run, node_process=node, poll_interval=0.2)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: (app.progress or {}).get("round") == 2
+                           and app.progress.get("phase") == phases.GENERATING, timeout=600)
+            assert cell(app, "state") == "generating"
+            await pilot.press("q")
+            await pilot.press("q")
+            await wait_for(pilot, lambda: app.return_code is not None)
+        assert node.poll() is None
+        assert "still finishing round 2 in the background" in app.background_notice()
+        assert node.wait(timeout=600) == 0
+        stop = read_metrics(run)[-1]
+        assert (stop["type"], stop["round"], stop["reason"]) == ("stop", 2, "user")
+        assert checkpoint.complete(run) == [2]
+    finally:
+        node.kill()
+        node.wait()
