@@ -30,6 +30,7 @@ from ftis_edge.rundir import last_error_line
 from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import (
     LogTail,
+    RelayHealth,
     RunState,
     View,
     flatten,
@@ -271,8 +272,9 @@ class DashboardApp(App[int]):
         if not changed and key == self._view_key and self.view is not None:
             return
         self._view_key = key
-        word, colour, sentence = self.status()
-        self.view = View(self.state, word, colour, sentence, relay_health(self.state), self.progress, clock, now)
+        relay = relay_health(self.state)        # the one reading: header, headline, Peers tab
+        word, colour, sentence = self.status(relay)
+        self.view = View(self.state, word, colour, sentence, relay, self.progress, clock, now)
 
     def watch_view(self, view: View | None) -> None:
         main = getattr(self, "main_screen", None)       # the help box may be on top of it
@@ -305,7 +307,7 @@ class DashboardApp(App[int]):
         self.query_one("#log", Log).write_line(f"node failed: {self.failure}")
         self.publish()
 
-    def status(self) -> tuple[str, str, str]:
+    def status(self, relay: RelayHealth) -> tuple[str, str, str]:
         """(short word, colour, sentence) for the headline and the header."""
         st = self.state
         if self.failure is not None:
@@ -338,7 +340,7 @@ class DashboardApp(App[int]):
         doing = phase_text(progress, now) if phase and phase != phases.STOPPED else None
         word = SHORT_PHASE.get(phase, phase) if doing else "running"
         sentence = "running" + (f" · {doing}" if doing else "")
-        relay_problem = relay_health(st).problem
+        relay_problem = relay.problem
         if relay_problem:
             return word, YELLOW, f"{sentence} · relay {relay_problem}"
         return word, GREEN, sentence
