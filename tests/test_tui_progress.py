@@ -196,6 +196,19 @@ async def test_resumed_dashboard_does_not_show_the_previous_runs_finish(tmp_path
             await wait_for(pilot, lambda: cell(app, "state") == "loading…")
 
 
+async def test_watching_a_run_that_resumes_shows_it_loading_not_finished(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)              # a finished run…
+    app = DashboardApp(run, poll_interval=FAST)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert cell(app, "state") == "finished"
+        # …that a node resumes: it loads before it writes its start record
+        phases.ProgressReport(run).phase(phases.LOADING, what="smollm2-135m (llamacpp, lora)", last_s=20.0)
+        await wait_for(pilot, lambda: cell(app, "state") == "loading…")
+        assert "finished" not in app.sub_title
+
+
 async def test_q_q_leaves_and_says_the_node_finishes_in_the_background(tmp_path):
     run = live_copy(tmp_path)
     with stand_in_node(run, 3) as node:

@@ -313,7 +313,8 @@ class DashboardApp(App[int]):
         if self.failure is not None:
             word = "failed" if self.node_exit is None else f"exited {self.node_exit}"
             return word, RED, f"failed: {self.failure}"
-        if st.finished:
+        # a node loading after the stop record resumes the run: that stop is the previous run's
+        if st.finished and (self.progress or {}).get("phase") != phases.LOADING:
             reason, last = fmt.text(st.stop.get("reason")), fmt.integer(st.stop.get("round"))
             return "finished", FINISHED, f"finished ({reason}) after round {last}"
         if self.node_exit is not None:
