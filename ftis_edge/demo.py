@@ -13,7 +13,6 @@ the end-to-end check (tests/test_demo.py).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import signal
@@ -37,7 +36,7 @@ class DemoNode:
     name: str
     what: str
     settings: dict
-    needs: str | None = None       # a Python package the model comes from
+    needs: str | None = None       # a Python package the model comes from (or the model cache)
     mem_gb: float = 3.0            # resident size while training (measured on 2 CPU cores)
     proc: subprocess.Popen | None = field(default=None, repr=False)
     stderr: tuple | None = None
@@ -65,12 +64,27 @@ def available_memory() -> float | None:
     return None
 
 
+def missing_model(node: DemoNode) -> str | None:
+    """Why the node's model cannot load here, or None: its package is installed or a previous
+    run left the model in the cache (resolving a spec reads no weights)."""
+    if not node.needs:
+        return None
+    from .errors import FtisError
+    from .models import resolve_model
+    try:
+        resolve_model(node.settings["model"]["spec"])
+    except FtisError as exc:
+        return f"{exc} and the model is not in the cache (./install.sh --dev installs it)"
+    return None
+
+
 def choose(all_nodes: list[DemoNode], want: int) -> tuple[list[DemoNode], list[str]]:
-    """The nodes this machine can run (installed model packages, free memory) and why others are left out."""
+    """The nodes this machine can run (models it has, free memory) and why others are left out."""
     chosen, notes = [], []
     for n in all_nodes[:want]:
-        if n.needs and importlib.util.find_spec(n.needs) is None:
-            notes.append(f"{n.name} left out: its model package {n.needs} is not installed (./install.sh --dev)")
+        missing = missing_model(n)
+        if missing:
+            notes.append(f"{n.name} left out: {missing}")
             continue
         chosen.append(n)
     free = available_memory()
@@ -239,7 +253,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             from .tui import run_dashboard
             first = chosen[0]
-            run_dashboard(root / first.name, node_process=first.proc, node_stderr=first.stderr)
+            run_dashboard(root / first.name, node_process=first.proc, node_stderr=first.stderr,
+                          notes=[f"demo: {line}" for line in notes])
             print("ftis-edge demo: stopping every node after its round (each writes a checkpoint)…")
             swarm.stop()
     finally:

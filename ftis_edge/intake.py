@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .text_safety import terminal_safe
 from .wire import Rollout, WireCompletion
 
 log = logging.getLogger("ftis_edge.intake")
@@ -280,7 +281,8 @@ class Intake:
         """Take a batch of swarm.Received items; valid ones are re-scored and buffered."""
         fresh: list[tuple[str, Rollout, object, int]] = []
         for item in items:
-            sender = item.sender or (item.rollout.node_id if item.rollout else "?")
+            # peer-chosen strings get printed (Peers tab, node.log): no control or bidi characters
+            sender = terminal_safe(item.sender or (item.rollout.node_id if item.rollout else "?"))
             if sender == self.my_node_id:
                 continue
             peer = self.book.get(sender)
@@ -294,6 +296,8 @@ class Intake:
                 self._refuse(sender, getattr(item.error, "reason", "decode"))
                 continue
             r = item.rollout
+            r.node_id, r.model_name, r.model_fp, r.tokenizer_fp = (
+                sender, *map(terminal_safe, (r.model_name, r.model_fp, r.tokenizer_fp)))
             self.book.note_fingerprints(sender, r)
             prompt, reason = None, self._check_header(r)
             if reason is None:

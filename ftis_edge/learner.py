@@ -105,6 +105,7 @@ class Learner:
         # HF layers drop the KV cache under gradient checkpointing: the prompt cannot be shared then.
         self.share_prompts = share_prompts and not gradient_checkpointing
         self.version = 0
+        self.on_micro_batch = None     # called (done, total) after each micro-batch: progress only
         self.hf_dir = _resolve_hf_dir(bundle_or_hf_dir)
         # bf16 autocast on CUDA only; CPU stays fp32 (bf16 matmuls are slow and noisy there).
         self.autocast_dtype = torch.bfloat16 if self.device.type == "cuda" else None
@@ -375,6 +376,8 @@ class Learner:
                             per_sample[k] = torch.zeros(N, dtype=v.dtype)
                         per_sample[k][torch.tensor(idx)] = v.detach().cpu()
                     parts.append((len(idx), st))
+                    if self.on_micro_batch is not None:
+                        self.on_micro_batch(len(parts), len(chunks))
                     del logp, mask, loss
                     for key in [k for k, p in live.items() if p.remaining == 0]:
                         live.pop(key).finish()   # the prompt's gradient: the sum over its samples

@@ -216,7 +216,13 @@ def render_metrics_doc() -> str:
             "## `RUN_DIR/control.json`",
             "`{\"pause\": bool, \"stop\": bool}`, written atomically by the dashboard (`p`, `q`); the node reads",
             "it between rounds: `stop` ends the run after the current round with a checkpoint, `pause`",
-            "waits before the next round.", ""]
+            "waits before the next round.", "",
+            "## `RUN_DIR/progress.json`",
+            "What the node is doing now (`ftis_edge/progress.py`), replaced atomically when it enters a phase and",
+            "at most every 0.5 s inside one: `phase` (loading, generating, grading, waiting for peers, training,",
+            "syncing, checkpointing, paused, stopped), `round`, `round_started`, `since`, `time`, `pid`, and per",
+            "phase `done` / `total`, `tok_s`, `deadline`, `samples`, `what` / `last_s` (loading), `reason` (stopped).",
+            "The dashboard's phase, round bar and ETA come from it (docs/tui.md).", ""]
     return "\n".join(out)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from . import checkpoint, preflight, rundir
+from . import progress as phases
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
 from .config import Config, to_toml
 from .errors import FtisError, one_line
@@ -31,6 +32,7 @@ from .generate.base import SamplerSettings
 from .intake import Intake, PeerBook, PeerGroup, ids_decoder
 from .logs import quiet_third_party, round_line, setup_logging
 from .metrics import MetricsWriter, read_control
+from .paths import cache_dir
 
 log = logging.getLogger("ftis_edge.node")
 
@@ -61,6 +63,7 @@ class Node:
         self.oom_retries = 0
         self.saved_round = 0          # the round of the newest checkpoint (this run's or restored)
         self.metrics = None
+        self.progress = phases.ProgressReport(self.run_dir)    # what the dashboard's phase cell reads
 
     # --- assembly ---------------------------------------------------------------------
     def build(self) -> None:
@@ -77,6 +80,12 @@ class Node:
         threads = cfg.model.threads or os.cpu_count() or 2
         torch.set_num_threads(threads)
         t0 = time.time()
+        load_key = phases.load_key(cfg.model.spec, cfg.model.backend, cfg.train.trainable)
+        last_s = phases.last_load_seconds(cache_dir(), load_key)
+        self.progress.phase(phases.LOADING, what=f"{cfg.model.spec} ({cfg.model.backend}, {cfg.train.trainable})",
+                            last_s=last_s)
+        if last_s is not None:
+            log.info("loading %s (%.0f s last time)", cfg.model.spec, last_s)
         self.bundle = resolve_model(cfg.model.spec)
         self.bundle.require_supported()     # an unsupported architecture fails here, not in a round
         task_opts = {"reward": cfg.task.reward, "timeout_s": cfg.task.reward_timeout_s,
@@ -104,6 +113,8 @@ class Node:
         self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / rundir.ADAPTER_DIR)
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
+        phases.remember_load_seconds(cache_dir(), load_key, time.time() - t0)
+        self.learner.on_micro_batch = lambda done, total: self.progress.step(done, total)
         self.swarm = None
         self.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after,
                              window=cfg.swarm.quarantine_window, max_reject_rate=cfg.swarm.quarantine_rate)
@@ -150,6 +161,7 @@ class Node:
 
     def _checkpoint(self) -> None:
         t0 = time.time()
+        self.progress.phase(phases.CHECKPOINTING)
         checkpoint.save(self.run_dir, self.round, {
             "round": self.round,
             "learner": self.learner.state_dict(),
@@ -176,6 +188,7 @@ class Node:
         horizontal = cfg.mode == "horizontal"
         n = cfg.task.num_generations // 2 if horizontal else cfg.task.num_generations
         groups, tokens, t0 = [], 0, time.time()
+        self.progress.phase(phases.GENERATING, done=0, total=n * len(prompts))
         for i, prompt in enumerate(prompts):
             text = self.bundle.render_prompt(self.task.messages(prompt.question))
             prompt_ids = self.bundle.encode(text)
@@ -184,6 +197,7 @@ class Node:
                                       seed=derive_seed(cfg.node.seed, self.node_id, self.round, i))
             comps = self.generator.generate(prompt_ids, n, sampler)
             tokens += sum(len(c.token_ids) for c in comps)
+            self.progress.step(n * (i + 1), n * len(prompts), tok_s=tokens / max(time.time() - t0, 1e-9))
             if horizontal:
                 group_id = f"{cfg.swarm.name}:{self.round}:{prompt.id}"
             else:
@@ -191,6 +205,7 @@ class Node:
             groups.append(OwnGroup(prompt=prompt, prompt_ids=list(prompt_ids), completions=comps,
                                    rewards=[], breakdowns=[], group_id=group_id))
         gen_s = time.time() - t0
+        self.progress.phase(phases.GRADING, total=n * len(prompts))
         # Grade all own completions in one call.
         texts = [c.text for g in groups for c in g.completions]
         refs = [g.prompt.reference for g in groups for _ in g.completions]
@@ -254,6 +269,7 @@ class Node:
         deadline = t0 + cfg.swarm.max_wait_s
         limit = cfg.swarm.max_peer_groups
         nbytes = ntok = 0
+        self.progress.phase(phases.WAITING, deadline=deadline, done=0, total=limit)
         while True:
             items = self.swarm.poll(timeout_s=min(0.2, max(0.0, deadline - time.time())))
             for it in items:
@@ -263,6 +279,7 @@ class Node:
             self.intake.receive(items, self.round)
             ready = [g for g in self.intake.buffer
                      if own_group_ids is None or g.rollout.group_id in own_group_ids]
+            self.progress.step(min(len(ready), limit), limit)
             if len(ready) >= limit or time.time() >= deadline:
                 break
         taken = self.intake.take(self.round, limit, own_group_ids)
@@ -286,6 +303,7 @@ class Node:
     def _train(self, samples) -> dict:
         from .learner import LearnerOOM
         cfg = self.cfg
+        self.progress.phase(phases.TRAINING, samples=len(samples))
         kw = dict(method=cfg.train.method, C=cfg.train.C, eps=cfg.train.epsilon,
                   kl_threshold=cfg.train.kl_threshold, normalize=cfg.train.normalize)
         while True:
@@ -302,6 +320,7 @@ class Node:
     def run_round(self) -> dict:
         cfg = self.cfg
         t_round = time.time()
+        self.progress.round_started(self.round)
         prompts = self._round_prompts()
         own, gen_stats = self._generate(prompts)
         record: dict = {"round": self.round, **gen_stats}
@@ -322,6 +341,7 @@ class Node:
         for use in peer_usage(samples, stats.get("per_sample")):
             self.book.get(use.node_id).record_use(use)
         t0 = time.time()
+        self.progress.phase(phases.SYNCING)
         sync_info = self.sync.sync(self.learner.version) or {}
         record["time/sync_s"] = time.time() - t0
         own_rewards = [r for g in own for r in g.rewards]
@@ -364,6 +384,7 @@ class Node:
                 return paused
             if not paused:
                 log.info("paused (press p in the dashboard to resume)")
+                self.progress.phase(phases.PAUSED)
             paused = True
             time.sleep(0.25)
 
@@ -402,6 +423,7 @@ class Node:
             reason, message = "error", one_line(exc)
             log.error("failed: %s", message, exc_info=not isinstance(exc, FtisError),
                       extra={"console": False})
+        self.progress.phase(phases.STOPPED, reason=reason)
         if self.metrics is not None:
             try:
                 self.metrics.write({"type": "stop", "round": self.round, "reason": reason, "error": message})
@@ -457,6 +479,7 @@ class Node:
         reason = self.stop_reason or "steps"
         self.metrics.write({"type": "stop", "round": self.round, "reason": reason})
         self.metrics.close()
+        self.progress.phase(phases.STOPPED, reason=reason)
         log.info("stopped after round %d (%s); run dir %s", self.round, reason, self.run_dir)
         return 0
 

@@ -23,8 +23,8 @@ from ftis_edge import config, metric_keys
 from ftis_edge.metrics import read_control, read_metrics
 from ftis_edge.tui import DashboardApp, watch
 from ftis_edge.tui.format import age, text
-from ftis_edge.tui.state import LogTail, RunState
-from ftis_edge.tui.widgets import BREAK, HelpScreen, Packed, PeersTable, field, relay_short, round_ticks
+from ftis_edge.tui.state import LogTail, RunState, relay_health
+from ftis_edge.tui.widgets import BREAK, HelpScreen, Packed, PeersTable, field, round_ticks
 
 HERE = Path(__file__).resolve().parent
 FIXTURE = HERE / "data" / "recorded_run"
@@ -111,7 +111,7 @@ async def test_headline_shows_the_last_round():
         assert cell(app, "round") == str(LAST["round"])
         assert cell(app, "reward") == f"{LAST['reward/own']:.2f}/{mean_last10('reward/own'):.2f}"
         assert cell(app, "accuracy") == f"{100 * LAST['accuracy/own']:.1f}%"
-        assert cell(app, "filtered") == f"{100 * LAST['filter/dropped_frac']:.1f}%"
+        assert cell(app, "dropped") == f"{100 * LAST['filter/dropped_frac']:.1f}%"
         assert cell(app, "speed") == str(round(LAST["gen/tok_s"]))
         quarantined = sum(p["quarantined"] for p in LAST["peers"].values())
         active = len(LAST["peers"]) - quarantined
@@ -135,9 +135,9 @@ async def test_panels_show_latest_values_and_means():
         assert f"peers {LAST['reward/peers']:.3f}" in stats("panel-reward")
         assert f"all {LAST['reward']:.3f}" in stats("panel-reward")
         assert f"accuracy {100 * LAST['accuracy/own']:.1f}%" in stats("panel-accuracy")
-        assert stats("panel-filter") == (f"Â≤0 {100 * LAST['filter/adv_le0_frac']:.1f}% "
-                                         f"KL>g {100 * LAST['filter/kl_gt_g_frac']:.1f}% "
-                                         f"dropped {100 * LAST['filter/dropped_frac']:.1f}%")
+        assert stats("panel-filter") == (f"advantage ≤ 0 {100 * LAST['filter/adv_le0_frac']:.1f}% "
+                                         f"KL > g {100 * LAST['filter/kl_gt_g_frac']:.1f}% "
+                                         f"dropped (both) {100 * LAST['filter/dropped_frac']:.1f}%")
         assert stats("panel-is") == (f"w mean {LAST['sampling/importance_sampling_ratio/mean']:.3f} "
                                      f"truncated {100 * LAST['is/truncated_frac']:.1f}% "
                                      f"ESS {100 * LAST['is/ess']:.1f}%")
@@ -254,7 +254,7 @@ async def test_missing_keys_nulls_and_garbage_render_as_dash(tmp_path):
         await pilot.pause()
         assert app.state.ignored == 2                # the list and the unknown type
         assert cell(app, "round") == "2"             # "two" read as the next round
-        for key in ("accuracy", "filtered", "speed", "relay"):
+        for key in ("accuracy", "dropped", "speed", "relay"):
             assert cell(app, key) == "–", key
         assert cell(app, "reward") == "–/–"
         table = app.query_one(PeersTable)
@@ -522,14 +522,19 @@ def test_run_state_resume_and_means():
 
 def test_relay_cell_says_off_down_ok_or_dash():
     state = RunState()
-    assert relay_short(state) == ("–", "")
+    assert relay_health(state).short == "–"
     state.ingest([{"type": "start", "relay": "tcp://r:5555"},
                   {"type": "round", "round": 1, "relay/connected": False}])
-    assert relay_short(state)[0] == "down"
+    assert relay_health(state).short == "down"
     state.ingest([{"type": "round", "round": 2, "relay/connected": True, "relay/latency_ms": 12.4}])
-    assert relay_short(state)[0] == "ok 12ms"
+    assert relay_health(state).short == "ok 12ms"
+    # the client's health wins over the flag: one reading for header, headline and Peers tab
+    state.ingest([{"type": "round", "round": 3, "relay/connected": True, "relay/state": "refused",
+                   "relay/reason": "key not allowed"}])
+    assert relay_health(state).short == "down"
+    assert relay_health(state).problem == "refused (key not allowed)"
     state.ingest([{"type": "start", "relay": None}])
-    assert relay_short(state)[0] == "off"
+    assert relay_health(state).short == "off" and relay_health(state).problem is None
 
 
 def test_log_tail_skips_a_partial_first_line_and_survives_truncation(tmp_path):

@@ -1,13 +1,18 @@
 """The ftis-edge dashboard: a Textual app that follows a run directory.
 
-It only reads files (metrics.jsonl, node.log, config.toml) on a timer and writes
-control.json when a key asks it to, so it can never slow the training loop down: the node
-runs in its own process and does not know whether anyone is watching.
+It only reads files (metrics.jsonl, progress.json, node.log, config.toml) on a timer and
+writes control.json when a key asks it to, so it can never slow the training loop down: the
+node runs in its own process and does not know whether anyone is watching.
+
+The timer only reads. What it read becomes a new ``view`` (state.View) when anything the
+dashboard shows changed; the widgets watch that reactive and redraw themselves from it.
 """
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 from rich.text import Text
@@ -16,12 +21,25 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.geometry import Size
+from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Header, Log, Static, TabbedContent, TabPane
 
+from ftis_edge import progress as phases
 from ftis_edge.metrics import LOG_FILE, MetricsFollower, read_control, write_control
 from ftis_edge.rundir import last_error_line
 from ftis_edge.tui import format as fmt
-from ftis_edge.tui.state import LogTail, RunState, flatten, load_config
+from ftis_edge.tui.state import (
+    LogTail,
+    RelayHealth,
+    RunState,
+    View,
+    flatten,
+    load_config,
+    phase_text,
+    progress_is_current,
+    relay_health,
+    round_clock,
+)
 from ftis_edge.tui.widgets import (
     ALL,
     GREEN,
@@ -32,12 +50,16 @@ from ftis_edge.tui.widgets import (
     YELLOW,
     Headline,
     HelpScreen,
+    Legend,
     MetricPanel,
     Packed,
     PeersTable,
     Series,
+    ViewLine,
     field,
     peer_detail,
+    peers_shown,
+    progress_chunks,
     relay_chunks,
 )
 
@@ -52,9 +74,9 @@ REWARD = [Series("reward/own", "own", OWN, mean=True), Series("reward/peers", "p
           Series("reward", "all", ALL)]
 ACCURACY = [Series("accuracy/own", "accuracy", OWN, fmt.pct, mean=True),
             Series("format/own", "format", VIOLET, fmt.pct)]
-FILTER = [Series("filter/adv_le0_frac", "Â≤0", YELLOW, fmt.pct),
-          Series("filter/kl_gt_g_frac", "KL>g", VIOLET, fmt.pct),
-          Series("filter/dropped_frac", "dropped", RED, fmt.pct)]
+FILTER = [Series("filter/adv_le0_frac", "advantage ≤ 0", YELLOW, fmt.pct),
+          Series("filter/kl_gt_g_frac", "KL > g", VIOLET, fmt.pct),
+          Series("filter/dropped_frac", "dropped (both)", RED, fmt.pct)]
 IS = [Series("sampling/importance_sampling_ratio/mean", "w mean", OWN),
       Series("is/truncated_frac", "truncated", RED, fmt.pct),
       Series("is/ess", "ESS", GREEN, fmt.pct)]
@@ -65,6 +87,22 @@ LOSS = [Series("loss", "loss", OWN, lambda v: fmt.num(v, 4)),
         Series("clip_ratio/region_mean", "clip", ALL, fmt.pct, plot=False)]
 TOKS = [Series("gen/tok_s", "tok/s", OWN, fmt.integer, mean=True),
         Series("completions/mean_length", "len", ALL, lambda v: fmt.num(v, 1), plot=False)]
+# One line under each tab's title: what its numbers count.
+LEGENDS = {
+    "tab-overview": "reward: mean score of own completions · accepted peer samples · the whole batch; "
+                    "accuracy: share of own completions that were correct; x axis: round",
+    "tab-filter": "advantage ≤ 0: samples that scored no better than their group's mean · KL > g: past the "
+                  "KL gate · dropped (both): removed from the update by the F- filter · w: importance weight",
+    "tab-kl": "KL: learner vs generator per sample (k3) · |ℓ−g|: mean per-token log-prob mismatch · "
+              "loss: the F-TIS objective",
+    "tab-speed": "tok/s and length of own generation · seconds per round by part · bytes per token on the wire",
+    "tab-peers": "this round: what arrived from peers and how much of it trained; the table: per peer, "
+                 "counts since the node started (rollouts sent / accepted / refused)",
+    "tab-config": "the node's resolved settings; bold rows: its identity from the start record",
+    "tab-log": "node.log as the node writes it (newest at the bottom)",
+}
+SHORT_PHASE = {phases.WAITING: "peer wait", phases.CHECKPOINTING: "checkpoint"}
+
 TIMES = [Series("time/train_s", "train", PEERS, fmt.seconds, mean=True),
          Series("time/gen_s", "gen", OWN, fmt.seconds), Series("time/round_s", "round", ALL, fmt.seconds)]
 
@@ -85,9 +123,14 @@ class DashboardApp(App[int]):
           for i, (tab, label) in enumerate(TABS, start=1)],
     ]
 
+    view: reactive[View | None] = reactive(None, init=False, always_update=True)
+
     def __init__(self, run_dir: str | os.PathLike, node_process: subprocess.Popen | None = None,
-                 *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None) -> None:
+                 *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None,
+                 notes: list[str] | tuple[str, ...] = ()) -> None:
         super().__init__()
+        self.opened_at = time.time()
+        self.notes = list(notes)               # what the caller wants on screen (e.g. the demo's left-out nodes)
         self.run_dir = Path(run_dir)
         self.node_process = node_process
         self.node_stderr = node_stderr         # (file, offset) where the node's one-line error lands
@@ -100,8 +143,11 @@ class DashboardApp(App[int]):
         self.control = read_control(self.run_dir)
         self.node_exit: int | None = None     # the node process's exit code once it has ended
         self.stop_pressed = False
+        self.left_running = False              # q q: the node finishes its round in the background
+        self.previous_stop: dict | None = None  # the stop record of the run this node resumes
+        self.progress: dict | None = None
+        self._view_key: tuple | None = None
         self._config_key: tuple | None = None
-        self._mounted_once = False             # resize events can come before the widgets exist
 
     # ---- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -109,6 +155,9 @@ class DashboardApp(App[int]):
         yield Headline(id="headline")
         with TabbedContent(initial="tab-overview"):
             with TabPane("Overview", id="tab-overview"):
+                yield Legend(LEGENDS["tab-overview"])
+                yield Static("\n".join(self.notes), id="notes", classes="" if self.notes else "hidden")
+                yield ViewLine(progress_chunks, id="round-progress")
                 with Horizontal(classes="row"):
                     yield MetricPanel("reward", REWARD, ylim=(0, 1), id="panel-reward")
                     yield MetricPanel("accuracy", ACCURACY, ylim=(0, 1), id="panel-accuracy")
@@ -118,29 +167,36 @@ class DashboardApp(App[int]):
                     yield MetricPanel("importance weights", IS, id="ov-is")
                     yield MetricPanel("KL · log-prob mismatch", KL, id="ov-kl", classes="wide-only")
             with TabPane("Filter & IS", id="tab-filter"):
+                yield Legend(LEGENDS["tab-filter"])
                 with Horizontal(classes="row"):
                     yield MetricPanel("filter rates", FILTER, ylim=(0, 1), id="panel-filter")
                     yield MetricPanel("importance weights", IS, id="panel-is")
             with TabPane("KL & loss", id="tab-kl"):
+                yield Legend(LEGENDS["tab-kl"])
                 with Horizontal(classes="row"):
                     yield MetricPanel("KL · log-prob mismatch", KL, id="panel-kl")
                     yield MetricPanel("loss", LOSS, id="panel-loss")
             with TabPane("Throughput", id="tab-speed"):
                 with Vertical():
+                    yield Legend(LEGENDS["tab-speed"])
                     with Horizontal(classes="row"):
                         yield MetricPanel("generation", TOKS, id="panel-toks")
                         yield MetricPanel("time per round", TIMES, id="panel-time")
-                    yield Packed(id="speed-wire")
+                    yield ViewLine(wire_chunks, id="speed-wire")
             with TabPane("Peers", id="tab-peers"):
                 with Vertical():
-                    yield Packed(id="relay-status")
+                    yield Legend(LEGENDS["tab-peers"])
+                    yield ViewLine(relay_chunks, id="relay-status")
+                    yield ViewLine(peers_shown, id="peers-shown")
                     yield PeersTable(id="peers-table")
                     yield Packed(id="peer-detail")
             with TabPane("Config", id="tab-config"):
                 with Vertical():
+                    yield Legend(LEGENDS["tab-config"])
                     yield Static(id="config-source")
                     yield DataTable(id="config-table", cursor_type="row")
             with TabPane("Log", id="tab-log"):
+                yield Legend(LEGENDS["tab-log"])
                 yield Log(id="log", max_lines=5000)
         yield Footer()
 
@@ -150,14 +206,14 @@ class DashboardApp(App[int]):
         table.add_column("key", key="key")
         table.add_column("value", key="value")
         self._apply_size(self.size)
-        self._mounted_once = True
-        self.refresh_all()                     # "waiting for metrics…" until the first record
+        for note in self.notes:
+            self.query_one("#log", Log).write_line(note)
+            self.notify(note, severity="warning", timeout=30)
         self.poll()                            # draw what is already there before the first tick
         self.set_interval(self.poll_interval, self.poll)
 
     def on_resize(self, event) -> None:
-        self._apply_size(event.size)
-        self.call_after_refresh(self.refresh_all)     # panels that just appeared are stale
+        self._apply_size(event.size)           # panels that appear draw themselves (on_show)
 
     def _apply_size(self, size: Size) -> None:
         screen = getattr(self, "main_screen", self.screen)
@@ -166,8 +222,9 @@ class DashboardApp(App[int]):
 
     # ---- following the run ---------------------------------------------------------------
     def poll(self) -> None:
-        """Read what the node appended since the last tick and redraw what changed."""
+        """Read what the node appended since the last tick; a new view when anything shown changed."""
         changed = self.state.ingest(self.follower.poll())
+        self._forget_previous_stop()
         lines = self.log_tail.poll()
         if lines:
             self.query_one("#log", Log).write_lines(lines)
@@ -179,6 +236,7 @@ class DashboardApp(App[int]):
             if code is not None:
                 self.node_exit, changed = code, True
                 self.state.ingest(self.follower.poll())   # its last records
+                self._forget_previous_stop()
                 if self.stop_pressed:
                     self.exit(code, return_code=code)
                     return
@@ -189,15 +247,53 @@ class DashboardApp(App[int]):
             return
         if self.failure is None and (self.state.stop or {}).get("reason") == "error":
             self._show_failure(None)           # watching a node that failed
-        # relay health (SwarmClient.health() in each round record): a relay that turns unreachable is said once in the Log tab
-        problem = relay_unreachable(self.state.latest)
+        progress = phases.read_progress(self.run_dir)
+        self.progress = progress if progress_is_current(progress, self.state) else None
+        self.publish(changed)
+        self._refresh_config()
+
+    def _forget_previous_stop(self) -> None:
+        """The node we started resumes a run: the stop record it finds is the previous run's
+        (written before we opened), not news that it finished."""
+        stop = self.state.stop
+        if self.node_process is not None and stop is not None:
+            written = fmt.as_number(stop.get("time"))
+            if written is not None and written < self.opened_at:
+                self.previous_stop, self.state.stop = stop, None
+
+    def publish(self, changed: bool = True) -> None:
+        """Hand the widgets a new view when what they show changed (or the round clock ticked)."""
+        now = time.time()
+        clock = round_clock(self.state, self.progress, now)
+        ticking = self.progress is not None and (clock.elapsed is not None or
+                                                 self.progress.get("phase") in (phases.LOADING, phases.WAITING))
+        key = (repr(self.progress), self.control, self.node_exit, self.failure, self.stop_pressed,
+               int(now) if ticking else None)
+        if not changed and key == self._view_key and self.view is not None:
+            return
+        self._view_key = key
+        relay = relay_health(self.state)        # the one reading: header, headline, Peers tab
+        word, colour, sentence = self.status(relay)
+        self.view = View(self.state, word, colour, sentence, relay, self.progress, clock, now)
+
+    def watch_view(self, view: View | None) -> None:
+        main = getattr(self, "main_screen", None)       # the help box may be on top of it
+        tables = main.query(PeersTable) if main is not None else []
+        if view is None or not tables:
+            return             # a last tick while the app closes: the widgets are gone
+        st = view.state
+        node, model = st.identity("node_id"), st.identity("model")
+        self.title = "ftis-edge" + (f" · {fmt.text(node, 32)}" if node else "")
+        # the state first: a narrow header cuts the end of the line
+        self.sub_title = view.sentence + (f" · {fmt.text(model, 40)} {fmt.text(st.identity('trainable'))}"
+                                          if model else "")
+        # a relay that turns unreachable is said once in the Log tab
+        problem = view.relay.problem
         if problem != self._relay_problem:
             self._relay_problem = problem
             if problem:
-                self.query_one("#log", Log).write_line(f"relay {problem}")
-        if changed:
-            self.refresh_all()
-        self._refresh_config()
+                main.query_one("#log", Log).write_line(f"relay {problem}")
+        self.call_after_refresh(self._show_peer_detail, tables.first())
 
     def _show_failure(self, code: int | None) -> None:
         """The node failed: its one-line reason on screen (toast, header, Log tab); the
@@ -209,61 +305,47 @@ class DashboardApp(App[int]):
         self.notify(f"{self.failure} (traceback: Log tab / node.log)", title="node failed",
                     severity="error", timeout=30)
         self.query_one("#log", Log).write_line(f"node failed: {self.failure}")
-        self.refresh_all()
+        self.publish()
 
-    def status(self) -> tuple[str, str, str]:
+    def status(self, relay: RelayHealth) -> tuple[str, str, str]:
         """(short word, colour, sentence) for the headline and the header."""
         st = self.state
         if self.failure is not None:
             word = "failed" if self.node_exit is None else f"exited {self.node_exit}"
             return word, RED, f"failed: {self.failure}"
-        if st.finished:
+        # a node loading after the stop record resumes the run: that stop is the previous run's
+        if st.finished and (self.progress or {}).get("phase") != phases.LOADING:
             reason, last = fmt.text(st.stop.get("reason")), fmt.integer(st.stop.get("round"))
             return "finished", FINISHED, f"finished ({reason}) after round {last}"
         if self.node_exit is not None:
             colour = RED if self.node_exit else ""
             return f"exited {self.node_exit}", colour, f"node exited with code {self.node_exit}"
+        progress = self.progress or {}
+        phase = progress.get("phase")
+        now = time.time()
         if self.control["stop"]:
+            if self.left_running:
+                return "stopping…", YELLOW, "finishing this round in the background…"
             return "stopping…", YELLOW, "stopping after this round…"
         if self.control["pause"]:
             return "paused", YELLOW, "paused: p to resume"
+        if phase == phases.LOADING:
+            return "loading…", YELLOW, phase_text(progress, now)
+        resumed_not_started = self.previous_stop is not None and \
+            (fmt.as_number((st.start or {}).get("time")) or 0) < self.opened_at
+        if resumed_not_started:
+            return "starting…", YELLOW, "starting: the node resumes the run after round " + \
+                fmt.integer(self.previous_stop.get("round"))
         if st.start is None and not st.rounds:
             return "waiting…", "", "waiting for metrics…"
-        relay_problem = relay_unreachable(st.latest)
+        doing = phase_text(progress, now) if phase and phase != phases.STOPPED else None
+        word = SHORT_PHASE.get(phase, phase) if doing else "running"
+        sentence = "running" + (f" · {doing}" if doing else "")
+        relay_problem = relay.problem
         if relay_problem:
-            return "running", YELLOW, f"running · relay {relay_problem}"
-        return "running", GREEN, "running"
+            return word, YELLOW, f"{sentence} · relay {relay_problem}"
+        return word, GREEN, sentence
 
-    def refresh_all(self) -> None:
-        """Redraw every widget from the state (plots only where they are visible)."""
-        if not self._mounted_once:
-            return
-        st = self.state
-        word, colour, sentence = self.status()
-        node, model = st.identity("node_id"), st.identity("model")
-        self.title = "ftis-edge" + (f" · {fmt.text(node, 32)}" if node else "")
-        # the state first: a narrow header cuts the end of the line
-        self.sub_title = sentence + (f" · {fmt.text(model, 40)} {fmt.text(st.identity('trainable'))}"
-                                     if model else "")
-        self.query_one(Headline).update_from(st, word, colour)
-        for panel in self.query(MetricPanel):
-            # plots in hidden tabs are redrawn when their tab shows (see tab_activated)
-            panel.update_from(st, plot=bool(panel.region.width))
-        self.query_one("#speed-wire", Packed).show(self._wire_chunks())
-        self.query_one("#relay-status", Packed).show(relay_chunks(st))
-        table = self.query_one(PeersTable)
-        table.update_from(st)
-        self._show_peer_detail(table)
-
-    def _wire_chunks(self) -> list[Content]:
-        latest = self.state.latest
-        return [field("wire out", f"{fmt.num(latest.get('wire/bytes_per_token_out'), 2)} B/tok"),
-                field("in", f"{fmt.num(latest.get('wire/bytes_per_token_in'), 2)} B/tok"),
-                field("tokens", fmt.integer(latest.get("gen/tokens"))),
-                field("sync", fmt.seconds(latest.get("time/sync_s"))),
-                field("peer wait", fmt.seconds(latest.get("time/peer_wait_s"))),
-                field("micro-batch", fmt.integer(latest.get("micro_batch"))),
-                field("OOM retries", f"{fmt.integer(latest.get('memory/oom_retries'))} total")]  # cumulative
 
     def _refresh_config(self) -> None:
         config, source = load_config(self.run_dir, self.state.start)
@@ -285,7 +367,6 @@ class DashboardApp(App[int]):
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         # arrows and page keys should scroll the table / log of a tab as soon as it shows
-        self.call_after_refresh(self.refresh_all)   # its panels were skipped while hidden
         targets = event.pane.query("DataTable, Log") if event.pane else []
         if targets:
             targets.first().focus()
@@ -297,10 +378,12 @@ class DashboardApp(App[int]):
             self._show_peer_detail(event.data_table)
 
     def _show_peer_detail(self, table: PeersTable) -> None:
+        if not table.is_attached:
+            return
         node = None
         if table.row_count:
             node = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
-        self.query_one("#peer-detail", Packed).show(peer_detail(node, self.state.peers.get(node)))
+        table.screen.query_one("#peer-detail", Packed).show(peer_detail(node, self.state.peers.get(node)))
 
     # ---- keys ----------------------------------------------------------------------------
     def _node_running(self) -> bool:
@@ -314,8 +397,11 @@ class DashboardApp(App[int]):
         return True
 
     def action_stop(self) -> None:
-        """First q: ask the node to stop after this round. Second q, or nothing to stop: leave."""
+        """First q: ask the node to stop after this round. Second q: leave now; the node
+        finishes its round in the background (``background_notice`` says where to watch it).
+        Nothing to stop: leave."""
         if not self._node_running() or self.stop_pressed:
+            self.left_running = self.stop_pressed and self._node_running()
             code = self.node_exit if self.node_exit is not None else 0
             self.exit(code, return_code=code)
             return
@@ -325,8 +411,19 @@ class DashboardApp(App[int]):
             self.notify(f"cannot write {self.run_dir / 'control.json'}: {exc}", severity="error")
             return
         self.stop_pressed = True
-        self.notify("stopping after this round… (q again to leave now)")
-        self.refresh_all()
+        self.notify("stopping after this round, then a checkpoint… (q again: leave now; the node "
+                    "then finishes the round in the background)")
+        self.publish()
+
+    def background_notice(self) -> str | None:
+        """What to tell the terminal when we left a node finishing its round (q q), else None."""
+        if not self.left_running:
+            return None
+        pid = f" (pid {self.node_process.pid})" if self.node_process is not None else ""
+        rnd = fmt.integer((self.progress or {}).get("round") or (self.state.last_round or 0) + 1)
+        return (f"the node{pid} is still finishing round {rnd} in the background; it then writes a "
+                f"checkpoint and stops. Watch it: ftis-edge watch {self.run_dir} "
+                f"(log: {self.run_dir / LOG_FILE})")
 
     def action_toggle_pause(self) -> None:
         if not self._node_running():
@@ -339,7 +436,7 @@ class DashboardApp(App[int]):
             return
         self.notify("paused: the node waits before its next round" if self.control["pause"]
                     else "resumed")
-        self.refresh_all()
+        self.publish()
 
     def action_detach(self) -> None:
         self.exit(0)
@@ -357,25 +454,30 @@ class DashboardApp(App[int]):
         tabs.active = ids[(ids.index(tabs.active) + step) % len(ids)]
 
 
-def relay_unreachable(record: dict) -> str | None:
-    """The relay client's health as the node records it each round: ``relay/state``
-    ("connected" | "unreachable" | "refused") and ``relay/reason``.
-    Returns e.g. "unreachable (connection refused)" when the relay is not connected, else None."""
-    state = record.get("relay/state")
-    if not isinstance(state, str) or state == "connected":
-        return None
-    reason = record.get("relay/reason")
-    return f"{state} ({reason})" if isinstance(reason, str) and reason else state
+def wire_chunks(view: View) -> list[Content]:
+    """The Throughput tab's line under its plots."""
+    latest = view.state.latest
+    return [field("wire out", f"{fmt.num(latest.get('wire/bytes_per_token_out'), 2)} B/tok"),
+            field("in", f"{fmt.num(latest.get('wire/bytes_per_token_in'), 2)} B/tok"),
+            field("tokens", fmt.integer(latest.get("gen/tokens"))),
+            field("sync", fmt.seconds(latest.get("time/sync_s"))),
+            field("peer wait", fmt.seconds(latest.get("time/peer_wait_s"))),
+            field("micro-batch", fmt.integer(latest.get("micro_batch"))),
+            field("OOM retries", f"{fmt.integer(latest.get('memory/oom_retries'))} total")]  # cumulative
 
 
 def run_dashboard(run_dir: str | os.PathLike, node_process: subprocess.Popen | None = None,
-                  *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None) -> int:
+                  *, poll_interval: float = 0.5, node_stderr: tuple[Path, int] | None = None,
+                  notes: list[str] | tuple[str, ...] = ()) -> int:
     """Show the dashboard until the user leaves; returns the node's exit code when it ended,
     else 0. A node process still running on return (the user pressed q twice) is the
-    caller's: it has been asked to stop after its round."""
+    caller's: it has been asked to stop after its round, and the terminal was told so."""
     app = DashboardApp(run_dir, node_process=node_process, poll_interval=poll_interval,
-                       node_stderr=node_stderr)
+                       node_stderr=node_stderr, notes=notes)
     app.run()
+    notice = app.background_notice()
+    if notice and node_process is not None and node_process.poll() is None:
+        print(notice, file=sys.stderr)
     if node_process is not None and node_process.poll() is not None:
         return node_process.returncode
     return app.return_code or 0

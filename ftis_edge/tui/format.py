@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from ftis_edge.text_safety import terminal_safe
+
 MISSING = "–"
 
 
@@ -74,5 +76,5 @@ def text(value, limit: int = 60) -> str:
         return f"{value:g}" if math.isfinite(value) else MISSING
     if isinstance(value, (dict, list)):
         value = f"{type(value).__name__} of {len(value)}"
-    s = str(value)
+    s = terminal_safe(str(value))      # metrics.jsonl may hold a peer's string from an older node
     return s if len(s) <= limit else s[: limit - 1] + "…"

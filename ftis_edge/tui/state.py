@@ -6,7 +6,9 @@ keeps only what makes sense (see docs/metrics.md for the record types).
 """
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 try:
@@ -14,8 +16,10 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
+from ftis_edge import progress as phases
 from ftis_edge.metrics import LOG_FILE, METRICS_FILE, LineTail
 from ftis_edge.rundir import CONFIG_FILE
+from ftis_edge.tui import format as fmt
 from ftis_edge.tui.format import as_number
 
 
@@ -118,6 +122,140 @@ class RunState:
         times = [as_number(r.get("time")) for r in (self.latest, self.stop or {})]
         times = [t for t in times if t is not None]
         return max(times) if times else None
+
+
+@dataclass(frozen=True)
+class RelayHealth:
+    """The relay as the node last recorded it, read once (header, headline, Peers tab).
+
+    state: "off" (no relay configured), "connected", "unreachable", "refused", or None (not
+    known yet); reason: why it is not connected; latency_ms when connected."""
+    state: str | None
+    reason: str | None = None
+    latency_ms: float | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """e.g. "unreachable (connection refused)" when the relay is not connected, else None."""
+        if self.state in (None, "off", "connected"):
+            return None
+        return f"{self.state} ({self.reason})" if self.reason else self.state
+
+    @property
+    def short(self) -> str:
+        """The headline cell: "ok 38ms", "down", "off", "–"."""
+        if self.state == "connected":
+            return "ok" if self.latency_ms is None else f"ok {self.latency_ms:.0f}ms"
+        if self.state is None or self.state == "off":
+            return self.state or fmt.MISSING
+        return "down"
+
+    @property
+    def sentence(self) -> str:
+        """The Peers tab's word: "connected", "unreachable (…)", "no relay", "–"."""
+        if self.state == "off":
+            return "no relay"
+        return self.problem or self.state or fmt.MISSING
+
+
+def relay_health(state: RunState) -> RelayHealth:
+    """The one reading of the relay's health: the round record's ``relay/state`` and
+    ``relay/reason`` (SwarmClient.health()), else its ``relay/connected`` flag."""
+    if state.start is not None and "relay" in state.start and state.start["relay"] is None:
+        return RelayHealth("off")
+    latest = state.latest
+    word, reason = latest.get("relay/state"), latest.get("relay/reason")
+    if not isinstance(word, str) or not word:
+        connected = latest.get("relay/connected")
+        word = {True: "connected", False: "unreachable"}.get(connected) if isinstance(connected, bool) else None
+    return RelayHealth(fmt.text(word, 24) if word else None,
+                       fmt.text(reason, 80) if isinstance(reason, str) and reason else None,
+                       as_number(latest.get("relay/latency_ms")) if word == "connected" else None)
+
+
+# ---- what the node is doing now (RUN_DIR/progress.json) ------------------------------------
+def progress_is_current(progress: dict | None, state: RunState) -> bool:
+    """Whether progress.json tells about the run the records show: written after their start
+    and stop records (a file the previous run of the directory left is older than the
+    resumed run's records; a node that stopped wrote its "stopped" after its stop record)."""
+    if not progress:
+        return False
+    written = as_number(progress.get("time"))
+    marks = [t for t in (as_number((rec or {}).get("time")) for rec in (state.start, state.stop)) if t is not None]
+    return written is not None and (not marks or written >= max(marks) - 1.0)
+
+
+def phase_text(progress: dict, now: float) -> str:
+    """The phase as a short sentence: "generating 12/32 completions · 410 tok/s"."""
+    name = fmt.text(progress.get("phase"), 24)
+    done, total = as_number(progress.get("done")), as_number(progress.get("total"))
+    since = as_number(progress.get("since"))
+    if name == phases.LOADING:
+        out = f"loading {fmt.text(progress.get('what'), 48)}"
+        if since is not None:
+            out += f" · {fmt.age(now - since)}"
+        last = as_number(progress.get("last_s"))
+        return out + (f" (took {fmt.age(last)} last time)" if last is not None else " (first load here)")
+    if name == phases.GENERATING:
+        out = f"generating {fmt.integer(done)}/{fmt.integer(total)} completions"
+        tok_s = as_number(progress.get("tok_s"))
+        return out + (f" · {tok_s:.0f} tok/s" if tok_s is not None else "")
+    if name == phases.GRADING:
+        return f"grading {fmt.integer(total)} completions"
+    if name == phases.WAITING:
+        deadline = as_number(progress.get("deadline"))
+        left = f" · {fmt.age(max(0.0, deadline - now))} left" if deadline is not None else ""
+        return f"waiting for peers {fmt.integer(done)}/{fmt.integer(total)} groups{left}"
+    if name == phases.TRAINING:
+        if done is not None and total is not None:
+            return f"training micro-batch {fmt.integer(done)}/{fmt.integer(total)}"
+        return f"training on {fmt.integer(progress.get('samples'))} samples"
+    return name
+
+
+@dataclass(frozen=True)
+class RoundClock:
+    """Where the node is in its round: elapsed, the usual round time, the ETA."""
+    round: int | None
+    elapsed: float | None
+    typical: float | None       # mean time/round_s of the last 5 rounds
+
+    @property
+    def fraction(self) -> float | None:
+        if self.elapsed is None or not self.typical:
+            return None
+        return min(self.elapsed / self.typical, 0.99)     # never "done" before the record lands
+
+    @property
+    def eta(self) -> float | None:
+        if self.elapsed is None or self.typical is None:
+            return None
+        return max(0.0, self.typical - self.elapsed)
+
+
+def round_clock(state: RunState, progress: dict | None, now: float) -> RoundClock:
+    typical = state.mean_last("time/round_s", 5)
+    rnd = as_number((progress or {}).get("round"))
+    started = as_number((progress or {}).get("round_started"))
+    in_round = progress is not None and progress.get("phase") not in (
+        phases.LOADING, phases.PAUSED, phases.STOPPED) and rnd is not None and rnd != state.last_round
+    elapsed = now - started if in_round and started is not None else None
+    return RoundClock(int(rnd) if in_round else None, elapsed if elapsed is None or math.isfinite(elapsed) else None,
+                      typical)
+
+
+@dataclass(eq=False)
+class View:
+    """What every widget draws from, replaced (never mutated) when anything changed: the
+    app's ``view`` reactive hands it to the widgets that watch it."""
+    state: RunState
+    word: str                   # state cell: running · paused · finished · loading …
+    colour: str
+    sentence: str               # the header's version of it
+    relay: RelayHealth
+    progress: dict | None       # progress.json when it is this run's
+    clock: RoundClock
+    now: float
 
 
 class LogTail:

@@ -1,6 +1,8 @@
-"""The dashboard's building blocks; each one redraws itself from a ``RunState``."""
+"""The dashboard's building blocks. Each one watches the app's ``view`` (a ``state.View``,
+replaced when the run changed) and redraws itself from it; none reads a file."""
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,12 +18,17 @@ from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
 from ftis_edge.tui import format as fmt
-from ftis_edge.tui.state import RunState
+from ftis_edge.tui.state import RelayHealth, RunState, View, phase_text
 
 # One colour per role, shared by a plot line and the label that names it (hex for Textual,
 # an (r, g, b) tuple for plotext).
 OWN, PEERS, ALL = "#4fc3f7", "#ffa726", "#9e9e9e"
 GREEN, RED, YELLOW, VIOLET = "#81c784", "#e57373", "#fff176", "#ba68c8"
+
+
+# What a plot is given at most, either sign: plotext's axis arithmetic overflows near ±1e308
+# (a garbled or hostile metrics.jsonl must not take the dashboard down); no real metric is near.
+PLOT_LIMIT = 1e12
 
 
 def _rgb(hex_color: str) -> tuple[int, int, int]:
@@ -78,6 +85,14 @@ def field(label: str, value: str) -> Content:
     return line((label + " ", "dim"), value) if label else Content(value)
 
 
+def follow_view(widget: Widget, redraw: Callable[[View], None]) -> None:
+    """Call ``redraw(view)`` now (when there is one) and whenever the app's view changes."""
+    def changed(view: View | None) -> None:
+        if view is not None:
+            redraw(view)
+    widget.watch(widget.app, "view", changed, init=True)
+
+
 class Packed(Widget):
     """Chunks laid out left to right that wrap only *between* chunks, so a narrow terminal
     never splits "7.1 s" or "peers 0.840" across lines (Textual wraps at any space)."""
@@ -124,6 +139,24 @@ class Packed(Widget):
         return len(self.pack(width))
 
 
+class ViewLine(Packed):
+    """A Packed line that follows the view: ``chunks(view)`` says what it shows."""
+
+    def __init__(self, chunks: Callable[[View], list[Content]], *, id: str | None = None,
+                 classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.chunks_of = chunks
+
+    def on_mount(self) -> None:
+        follow_view(self, lambda view: self.show(self.chunks_of(view)))
+
+
+class Legend(Static):
+    """One dim line under a tab's title: what its numbers count."""
+
+    DEFAULT_CSS = "Legend { height: auto; padding: 0 1; color: $text-muted; }"
+
+
 @dataclass(frozen=True)
 class Series:
     """One metric of a panel: its key in metrics.jsonl, how it is labelled and drawn."""
@@ -133,6 +166,11 @@ class Series:
     render: Callable[[object], str] = fmt.num
     mean: bool = False           # also show the mean of the last 10 rounds
     plot: bool = True            # False: a number in the stats line only
+
+
+def records_key(state: RunState) -> tuple:
+    """Changes when the rounds do (a new record, or a resume that replaced some)."""
+    return len(state.rounds), id(state.rounds[-1]) if state.rounds else None
 
 
 class MetricPanel(Vertical):
@@ -153,6 +191,28 @@ class MetricPanel(Vertical):
         self.border_title = self.panel_title
         plt = self.query_one(PlotextPlot).plt
         plt.xlabel("round")
+        self._state: RunState | None = None
+        self._drawn: tuple | None = None       # (records, width) the plot shows
+        follow_view(self, self._view_changed)
+
+    def _view_changed(self, view: View) -> None:
+        # a view that only moved the round clock leaves the numbers and the plot as they are
+        if self._state is view.state and self._drawn is not None and self._drawn[0] == records_key(view.state):
+            return
+        self._state = view.state
+        # plots in hidden tabs are drawn when they show (on_show)
+        self.update_from(view.state, plot=bool(self.region.width))
+
+    def on_show(self) -> None:
+        self.call_after_refresh(self._catch_up)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._catch_up)
+
+    def _catch_up(self) -> None:
+        if self._state is not None and self.region.width and \
+                self._drawn != (records_key(self._state), self.size.width):
+            self._replot(self._state)
 
     def stats(self, state: RunState) -> list[Content]:
         """One chunk per series: its label in the line's colour, the latest value, the mean."""
@@ -171,12 +231,20 @@ class MetricPanel(Vertical):
             self._replot(state)
 
     def _replot(self, state: RunState) -> None:
+        self._drawn = (records_key(state), self.size.width)
         plot = self.query_one(PlotextPlot)
         plt = plot.plt
         plt.clear_data()
         dots_across = 2 * max(self.size.width, 40)      # braille: two dots per cell
+        # plotext draws a line dot by dot: a point far outside a fixed y range costs one step per
+        # dot of the distance (1e12 on a 0-1 axis never ends), so points stay near the range
+        low, high = -PLOT_LIMIT, PLOT_LIMIT
+        if self.ylim:
+            span = self.ylim[1] - self.ylim[0]
+            low, high = self.ylim[0] - span, self.ylim[1] + span
         for s in self.series:
             xs, ys = _thin(*state.series(s.key), most=dots_across)
+            ys = [min(max(y, low), high) for y in ys]
             if s.plot and ys:
                 plt.plot(xs, ys, color=_rgb(s.color), marker="braille")
         if self.ylim:
@@ -192,67 +260,86 @@ class Headline(Grid):
     """The strip under the header: the numbers to glance at, one cell each."""
 
     CELLS = [("round", "round"), ("reward", "reward"), ("accuracy", "accuracy"),
-             ("filtered", "filtered"), ("speed", "tok/s"), ("peers", "peers"),
+             ("dropped", "KL-dropped"), ("speed", "tok/s"), ("peers", "peers"),
              ("relay", "relay"), ("state", "state")]
 
     def compose(self) -> ComposeResult:
         for key, _ in self.CELLS:
             yield Static(id=f"hl-{key}", classes="cell")
 
+    def on_mount(self) -> None:
+        follow_view(self, self.update_from)
+
     def show(self, key: str, value: str, style: str = "") -> None:
         label = dict(self.CELLS)[key]
         self.query_one(f"#hl-{key}", Static).update(
             line((label, "dim"), "\n", (value, f"bold {style}".strip())))
 
-    def update_from(self, state: RunState, status: str, status_style: str) -> None:
+    def update_from(self, view: View) -> None:
+        state = view.state
         self.show("round", fmt.integer(state.last_round))
         self.show("reward", f"{fmt.num(state.last('reward/own'), 2)}/"
                             f"{fmt.num(state.mean_last('reward/own'), 2)}", OWN)
         self.show("accuracy", fmt.pct(state.last("accuracy/own")))
-        self.show("filtered", fmt.pct(state.last("filter/dropped_frac")))
+        self.show("dropped", fmt.pct(state.last("filter/dropped_frac")))
         self.show("speed", fmt.integer(state.last("gen/tok_s")))
         active, quarantined = state.peer_counts()
         peers = (f"{active}" + (f" +{quarantined}q" if quarantined else "")) if state.rounds else fmt.MISSING
         self.show("peers", peers, RED if quarantined else "")
-        self.show("relay", *relay_short(state))
-        self.show("state", status, status_style)
+        self.show("relay", view.relay.short, relay_colour(view.relay))
+        self.show("state", view.word, view.colour)
 
 
-def relay_short(state: RunState) -> tuple[str, str]:
-    """(text, colour) of the relay cell: "ok 38ms", "down", "off" (no relay configured), "–"."""
-    if state.start is not None and "relay" in state.start and state.start["relay"] is None:
-        return "off", ""                               # the start record says: no relay
-    connected = state.latest.get("relay/connected")
-    if connected is True:
-        ms = fmt.as_number(state.latest.get("relay/latency_ms"))
-        return ("ok" if ms is None else f"ok {ms:.0f}ms"), GREEN
-    if connected is False:
-        return "down", RED
-    return fmt.MISSING, ""
+def relay_colour(relay: RelayHealth) -> str:
+    return {"connected": GREEN, None: "", "off": ""}.get(relay.state, RED)
 
 
-def relay_chunks(state: RunState) -> list[Content]:
+def relay_chunks(view: View) -> list[Content]:
     """The relay and this round's intake."""
-    latest = state.latest
+    state, latest = view.state, view.state.latest
     if not latest:
         return [Content.styled("relay and intake: no rounds yet", "dim")]
     address = state.identity("relay")
-    connected = latest.get("relay/connected")
-    status = {True: ("connected", GREEN), False: ("disconnected", RED)}.get(connected, (fmt.MISSING, ""))
     return [
         line(("relay ", "dim"), (fmt.text(address) if address else "none", "bold")),
-        line(status), field("latency", f"{fmt.num(latest.get('relay/latency_ms'), 1)} ms"),
+        line((view.relay.sentence, relay_colour(view.relay))),
+        field("latency", f"{fmt.num(latest.get('relay/latency_ms'), 1)} ms"),
         field("replayed", f"{fmt.integer(latest.get('relay/replayed'))} since the node started"),  # cumulative
         BREAK,
-        field("intake this round: groups", fmt.integer(latest.get("peers/groups_received"))),
-        field("samples used", fmt.integer(latest.get("peers/samples_used"))),
-        field("rejected", fmt.integer(latest.get("peers/rejected"))),
-        field("stale", fmt.integer(latest.get("peers/stale"))),
+        field("this round: peer groups received", fmt.integer(latest.get("peers/groups_received"))),
+        field("peer samples in the batch", fmt.integer(latest.get("peers/samples_used"))),
+        field("refused", fmt.integer(latest.get("peers/rejected"))),
+        field("too old", fmt.integer(latest.get("peers/stale"))),
     ]
 
 
+BAR = 20      # cells of the round's progress bar
+
+
+def progress_chunks(view: View) -> list[Content]:
+    """The Overview's round line: the phase, a bar for the round, the ETA and round times."""
+    state, clock = view.state, view.clock
+    if view.progress is not None and view.progress.get("phase") != "stopped" and not state.finished:
+        what = phase_text(view.progress, view.now)
+    else:
+        what = view.sentence
+    head = f"round {clock.round}: " if clock.round is not None else ""
+    chunks = [line((head + what, "bold"))]
+    if clock.fraction is not None:
+        full = int(round(clock.fraction * BAR))
+        chunks.append(line(("█" * full, OWN), ("░" * (BAR - full), "dim"), f" {100 * clock.fraction:.0f}%"))
+        chunks.append(field("ETA", fmt.age(clock.eta)))
+    chunks.append(field("last round", fmt.seconds(state.last("time/round_s"))))
+    chunks.append(field("avg5", fmt.seconds(clock.typical)))
+    return chunks
+
+
 class PeersTable(DataTable):
-    """One row per peer (cumulative stats from the latest round); quarantined rows in red."""
+    """One row per peer (cumulative stats from the latest round); quarantined rows in red.
+    At most ``MOST`` rows, the most recently seen peers: a table of 10,000 rows costs seconds
+    to build and nobody reads it (the caption says how many are left out)."""
+
+    MOST = 200
 
     COLUMNS = [("node", "node"), ("sent", "sent"), ("accepted", "accepted"),
                ("rejected", "rejected"), ("acceptance_rate", "acc. rate"), ("kl_mean", "KL"),
@@ -263,6 +350,13 @@ class PeersTable(DataTable):
         self.cursor_type = "row"
         for key, label in self.COLUMNS:
             self.add_column(label, key=key)
+        self._shown: tuple | None = None
+        follow_view(self, self._view_changed)
+
+    def _view_changed(self, view: View) -> None:
+        if self._shown != records_key(view.state):      # peers change with a round record only
+            self._shown = records_key(view.state)
+            self.update_from(view.state)
 
     @staticmethod
     def cells(node: str, peer: dict, now: float | None) -> dict[str, Text]:
@@ -288,18 +382,38 @@ class PeersTable(DataTable):
             out[key] = Text(value, style=style, justify="right" if key in right else "left")
         return out
 
+    @classmethod
+    def shown(cls, peers: dict[str, dict]) -> list[str]:
+        """The peers the table shows: all of them (in the node's order) up to MOST, else the
+        MOST most recently seen."""
+        if len(peers) <= cls.MOST:
+            return list(peers)
+        return heapq.nlargest(cls.MOST, peers, key=lambda n: fmt.as_number(peers[n].get("last_seen")) or 0.0)
+
     def update_from(self, state: RunState) -> None:
         now = state.now()
-        for node, peer in state.peers.items():
-            cells = self.cells(node, peer, now)
+        shown = self.shown(state.peers)
+        keep = set(shown)
+        for row_key in list(self.rows):
+            if row_key.value not in keep:
+                self.remove_row(row_key)
+        for node in shown:
+            cells = self.cells(node, state.peers[node], now)
             if node in self.rows:
                 for key, _ in self.COLUMNS:
                     self.update_cell(node, key, cells[key])
             else:
                 self.add_row(*(cells[key] for key, _ in self.COLUMNS), key=node)
-        for row_key in list(self.rows):
-            if row_key.value not in state.peers:
-                self.remove_row(row_key)
+
+
+def peers_shown(view: View) -> list[Content]:
+    """The line over the table: how many peers, and which ones the table leaves out."""
+    active, quarantined = view.state.peer_counts()
+    total = active + quarantined
+    text = f"{total} peers ({quarantined} quarantined)"
+    if total > PeersTable.MOST:
+        text += f": the {PeersTable.MOST} most recently seen are listed"
+    return [Content.styled(text, "dim")]
 
 
 def peer_detail(node: str | None, peer: dict | None) -> list[Content]:
