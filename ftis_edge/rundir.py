@@ -166,7 +166,9 @@ def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | N
     run_dir = Path(run_dir)
     program = program or command_name()
     records = read_metrics(run_dir)
-    stop = next((r for r in reversed(records) if r.get("type") == "stop"), None)
+    # A resumed run's file holds the previous run's stop too: only a stop after the last start counts.
+    latest = next((r for r in reversed(records) if r.get("type") in ("start", "stop")), None)
+    stop = latest if latest and latest.get("type") == "stop" else None
     rounds = [r for r in records if r.get("type") == "round"]
     last = stop.get("round") if stop else (rounds[-1].get("round") if rounds else 0)
     if failure or (stop and stop.get("reason") == "error"):

@@ -124,6 +124,12 @@ def test_stop_summary_points_at_export_in_the_users_spelling(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(
         '{"type":"round","round":2}\n{"type":"stop","round":2,"reason":"error","error":"model x: boom"}\n')
     assert rundir.stop_summary(tmp_path).startswith("failed after round 2: model x: boom — traceback in")
+    # resumed and running: the previous run's stop is not this run's
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"type":"start"}\n{"type":"round","round":3}\n{"type":"stop","round":3,"reason":"user"}\n'
+        '{"type":"start"}\n{"type":"round","round":4}\n')
+    line = rundir.stop_summary(tmp_path, program="ftis-edge")
+    assert line.startswith("node still running after round 4") and "stopped" not in line
 
 
 def test_latest_weights_reads_what_the_file_is_not_its_name(tmp_path):
