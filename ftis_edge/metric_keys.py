@@ -121,14 +121,39 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("wire/bytes_per_token_out", "bytes published per own completion token", ROUND),
         _m("wire/bytes_per_token_in", "bytes received per peer completion token", ROUND),
         _m("peers/groups_received", "peer groups that arrived this round", ROUND),
-        _m("peers/groups_used", "peer groups taken into this round's batch (before the equal-reward skip)", ROUND),
+        _m("peers/groups_used", "peer groups taken into this round's batch (vertical: only groups whose "
+           "re-graded rewards differ)", ROUND),
         _m("peers/rejected", "peer groups rejected by intake this round", ROUND),
         _m("peers/stale", "peer groups too old to use this round", ROUND),
+        _m("peers/skipped_zero_advantage", "fresh peer groups not taken: all re-graded rewards equal "
+           "(zero advantage, nothing to learn; dropped)", ROUND),
+        _m("peers/skipped_peer_cap", "fresh informative peer groups not taken: over `swarm.max_groups_per_peer` "
+           "of their peer (kept for a later round while fresh)", ROUND),
+        _m("peers/skipped_surplus", "fresh informative peer groups not taken: the batch was full "
+           "(kept for a later round while fresh)", ROUND),
+        _m("peers/share", "share of the round's trained groups that peers supplied", ROUND),
         _m("relay/connected", "relay client connected", ROUND),
         _m("relay/state", "relay client health: connecting, connected, unreachable or refused", ROUND),
         _m("relay/reason", "why the relay is not connected (one line; null when connected)", ROUND),
         _m("relay/latency_ms", "heartbeat round trip to the relay", ROUND),
         _m("relay/replayed", "rollouts the relay replayed to us (cumulative)", ROUND),
+    ],
+    "Compute (batch fill and what the swarm saves)": [
+        _m("groups/own", "own groups generated this round (batch fill: the minimum + any top-up)", ROUND),
+        _m("groups/topped_up", "own groups generated because the swarm supplied fewer than the batch's "
+           "peer slots within `swarm.max_wait_s` (batch fill; else 0)", ROUND),
+        _m("peers/saved_frac", "cumulative: share of all groups trained on so far that peers supplied in "
+           "place of own generation (batch fill; null when it is off)", ROUND),
+        _m("gen/tokens_total", "cumulative own completion tokens generated (survives --resume)", ROUND),
+        _m("cpu/gen_s", "process CPU-seconds (all threads) generating own completions", ROUND),
+        _m("cpu/grade_s", "process CPU-seconds grading own completions (the grader worker process "
+           "not included)", ROUND),
+        _m("cpu/intake_s", "process CPU-seconds receiving, checking and re-grading peers' groups and "
+           "publishing own", ROUND),
+        _m("cpu/train_s", "process CPU-seconds of the optimiser step", ROUND),
+        _m("cpu/sync_s", "process CPU-seconds of the weight sync to the generator", ROUND),
+        _m("cpu/round_s", "process CPU-seconds of the whole round (phases + what lies between)", ROUND),
+        _m("cpu/total_s", "cumulative process CPU-seconds of all rounds (survives --resume)", ROUND),
     ],
     "Time": [
         _m("time/gen_s", "generation and grading of own groups", ROUND),
