@@ -12,20 +12,28 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(1200)]
 B = 2                                    # test_node.TINY: prompts_per_round
 
 
+def finish_all(relay: RelayProc, *procs) -> None:
+    """Every node to its end, then the relay down; a node still running after a failure is killed."""
+    try:
+        for p in procs:
+            finish(p)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        relay.stop()
+
+
 def test_with_no_peers_a_filling_node_tops_up_within_max_wait_and_trains_on_its_isolated_batch(tmp_path):
     relay = RelayProc()
     relay.wait_ready()
     settings = dict(node={"rounds": 2, "seed": 5})
     fill_dir, alone_dir = tmp_path / "fill", tmp_path / "alone"
     fill_dir.mkdir(), alone_dir.mkdir()
-    try:
-        fill = start_node(write_config(fill_dir, "n", swarm={"relay": relay.address, "own_groups": 1,
-                                                             "max_wait_s": 3.0}, **settings))
-        alone = start_node(write_config(alone_dir, "n", **settings))
-        finish(fill)
-        finish(alone)
-    finally:
-        relay.stop()
+    fill = start_node(write_config(fill_dir, "n", swarm={"relay": relay.address, "own_groups": 1,
+                                                         "max_wait_s": 3.0}, **settings))
+    alone = start_node(write_config(alone_dir, "n", **settings))
+    finish_all(relay, fill, alone)
     filled, isolated = rounds_of(fill_dir / "n"), rounds_of(alone_dir / "n")
     assert len(filled) == len(isolated) == 2
     for f, a in zip(filled, isolated):
@@ -50,14 +58,7 @@ def test_with_a_real_second_node_each_generates_fewer_groups_and_the_batch_stays
               "node": {"rounds": rounds}, "task": {"num_generations": 8}}
     a = start_node(write_config(tmp_path, "a", **common))
     b = start_node(write_config(tmp_path, "b", **common))
-    try:
-        finish(a)
-        finish(b)
-    finally:
-        for p in (a, b):
-            if p.poll() is None:
-                p.kill()
-        relay.stop()
+    finish_all(relay, a, b)
     for me in ("a", "b"):
         recs = rounds_of(tmp_path / me)
         assert len(recs) == rounds
