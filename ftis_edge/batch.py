@@ -78,9 +78,14 @@ class Batch:
         return len(self.samples) - self.own_samples
 
 
+def carries_signal(rewards: Sequence[float]) -> bool:
+    """False when every reward of a group is equal: zero advantage, nothing to learn from it."""
+    return len(rewards) > 0 and max(rewards) != min(rewards)
+
+
 def advantages(rewards: Sequence[float], scale: str) -> list[float] | None:
     """Group-relative advantages, or None when every reward is equal (no signal: skip the group)."""
-    if max(rewards) == min(rewards):
+    if not carries_signal(rewards):
         return None
     # float32 first, as the node always did: keeps resumed runs bit-identical to earlier ones
     return group_advantages(torch.tensor(list(rewards), dtype=torch.float32), scale=scale).tolist()

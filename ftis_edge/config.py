@@ -93,7 +93,8 @@ class TaskSection:
         "doc": "arith difficulty levels to mix (empty = the task's default)", "kind": "list[int]"})
     reward: str = _opt("binary", "binary (1 = correct + format) or shaped (format credit)",
                        choices=("binary", "shaped"))
-    prompts_per_round: int = _opt(4, "prompts this node generates groups for each round", lo=1, hi=1024)
+    prompts_per_round: int = _opt(4, "groups this node trains on each round (B); it generates all of them "
+                                  "unless swarm.own_groups turns batch fill on", lo=1, hi=1024)
     num_generations: int = _opt(8, "completions per prompt (G)", lo=2, hi=256, trl="num_generations")
     max_completion_length: int = _opt(128, "completion length cap (tokens)", lo=1, hi=32768,
                                       trl="max_completion_length")
@@ -117,6 +118,12 @@ class SwarmSection:
     max_staleness: int = _opt(2, "ignore peer rollouts more than this many rounds old", lo=0)
     max_wait_s: float = _opt(2.0, "wait at most this long for peers each round", lo=0.0, hi=3600.0)
     max_peer_groups: int = _opt(8, "use at most this many peer groups per round (0 = learn from none)", lo=0)
+    max_groups_per_peer: int = _opt(2, "use at most this many groups of one peer per round (vertical: no single "
+                                    "peer fills the batch)", lo=1)
+    own_groups: int = _opt(0, "batch fill (vertical): generate at least this many of the round's "
+                           "task.prompts_per_round groups, fill the rest with fresh peer groups and generate what "
+                           "the swarm does not supply within max_wait_s (0 = off: generate all, peers' groups come "
+                           "on top; the default until the H4/H5 experiments decide, docs/results.md)", lo=0, hi=1024)
     delivery_budget: int = _opt(0, "peer groups the relay sends this node per 10 s (0 = max_peer_groups, -1 = all)", lo=-1)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
     rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
@@ -242,6 +249,9 @@ def from_dict(data: dict) -> Config:
 def _cross_checks(cfg: Config) -> None:
     if cfg.swarm.collaboration == "horizontal" and cfg.swarm.relay and cfg.task.num_generations % 2:
         raise ConfigError("task.num_generations: horizontal mode splits each group across nodes; use an even size")
+    if cfg.swarm.own_groups > cfg.task.prompts_per_round:
+        raise ConfigError(f"swarm.own_groups: at most task.prompts_per_round ({cfg.task.prompts_per_round}) "
+                          f"own groups a round; got {cfg.swarm.own_groups}")
     if bool(cfg.swarm.client_keys) != bool(cfg.swarm.server_key):
         raise ConfigError("swarm.server_key: CURVE needs both swarm.client_keys and swarm.server_key")
     for key in ("client_keys", "server_key"):

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .batch import carries_signal
 from .text_safety import terminal_safe
 from .wire import Rollout, WireCompletion
 
@@ -348,29 +349,74 @@ class Intake:
             self.buffer = self.buffer[-self.max_buffer:]
 
     # --- step 3: hand fresh groups to the learner ------------------------------------------
-    def take(self, current_round: int, limit: int, group_ids: set[str] | None = None) -> list[PeerGroup]:
-        """Pop up to ``limit`` groups not older than max_staleness rounds (newest first).
+    def _select(self, current_round: int, limit: int, group_ids: set[str] | None,
+                per_peer: int | None) -> tuple[list[PeerGroup], list[PeerGroup], dict]:
+        """(chosen, kept for later rounds, counts): the choice ``take`` makes, without taking.
 
-        With ``group_ids`` (horizontal mode) only parts of those groups are taken.
+        Horizontal (``group_ids``): parts of those groups, newest first (a part's own rewards
+        may be equal while the merged group's are not). Otherwise every group whose re-graded
+        rewards differ comes before any whose rewards are all equal (zero advantage: nothing
+        to learn), each kind spread round-robin over peers, each peer's newest first, at most
+        ``per_peer`` of one peer, so no single peer fills the batch.
         """
-        keep, stale = [], 0
-        for g in self.buffer:
-            if current_round - g.arrived_round > self.max_staleness:
-                stale += 1
-            else:
-                keep.append(g)
-        self.round_counts["stale"] += stale
-        chosen, rest = [], []
-        for g in reversed(keep):
-            wanted = group_ids is None or g.rollout.group_id in group_ids
-            if wanted and len(chosen) < limit:
-                chosen.append(g)
-            else:
-                rest.append(g)
-        self.buffer = list(reversed(rest))
+        fresh = [g for g in self.buffer if current_round - g.arrived_round <= self.max_staleness]
+        counts = {"stale": len(self.buffer) - len(fresh)}
+        if group_ids is not None:
+            chosen = [g for g in reversed(fresh) if g.rollout.group_id in group_ids][:limit]
+            kept = fresh
+        else:
+            informative = [g for g in fresh if carries_signal(g.rewards)]
+            zero = [g for g in fresh if not carries_signal(g.rewards)]
+            cap = per_peer if per_peer is not None else len(fresh)
+            chosen, seen = [], Counter()
+            counts.update(skipped_zero_advantage=0, skipped_peer_cap=0, skipped_surplus=0)
+            for g in _spread_over_peers(informative) + _spread_over_peers(zero):
+                node = g.rollout.node_id
+                if seen[node] < cap and len(chosen) < limit:
+                    chosen.append(g)
+                elif not carries_signal(g.rewards):
+                    counts["skipped_zero_advantage"] += 1
+                elif seen[node] >= cap:
+                    counts["skipped_peer_cap"] += 1
+                else:
+                    counts["skipped_surplus"] += 1
+                seen[node] += 1
+            kept = informative            # a zero-advantage group left over is dropped: it never helps
+        taken = {id(g) for g in chosen}
+        return chosen, [g for g in kept if id(g) not in taken], counts
+
+    def ready(self, current_round: int, limit: int, group_ids: set[str] | None = None,
+              per_peer: int | None = None) -> int:
+        """How many groups ``take`` would hand over now (nothing is taken)."""
+        return len(self._select(current_round, limit, group_ids, per_peer)[0])
+
+    def take(self, current_round: int, limit: int, group_ids: set[str] | None = None,
+             per_peer: int | None = None) -> list[PeerGroup]:
+        """Pop up to ``limit`` groups not older than max_staleness rounds: informative first,
+        spread over peers (at most ``per_peer`` of one), newest first (``_select``).
+
+        Stale groups leave the buffer, and so do zero-advantage groups not taken; informative
+        groups over a peer's cap or beyond the limit stay for a later round while fresh. What
+        was skipped and why is added to the round counts (``pop_round_counts``: stale,
+        skipped_zero_advantage, skipped_peer_cap, skipped_surplus).
+        """
+        chosen, kept, counts = self._select(current_round, limit, group_ids, per_peer)
+        for k, n in counts.items():
+            self.round_counts[k] += n
+        self.buffer = kept
         return chosen
 
     def pop_round_counts(self) -> dict:
         out = dict(self.round_counts)
         self.round_counts.clear()
         return out
+
+
+def _spread_over_peers(groups: list[PeerGroup]) -> list[PeerGroup]:
+    """``groups`` (in arrival order) round-robin over their peers: every peer's newest, then
+    every peer's second newest, ...; peers in the order of their newest group."""
+    by_peer: dict[str, list[PeerGroup]] = {}
+    for g in reversed(groups):
+        by_peer.setdefault(g.rollout.node_id, []).append(g)
+    depth = max((len(gs) for gs in by_peer.values()), default=0)
+    return [gs[k] for k in range(depth) for gs in by_peer.values() if k < len(gs)]

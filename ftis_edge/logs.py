@@ -13,6 +13,7 @@ import os
 import warnings
 from pathlib import Path
 
+from .compute import saved_phrase
 from .metrics import LOG_FILE
 
 ROOT = "ftis_edge"
@@ -86,7 +87,8 @@ def round_line(record: dict, *, swarm: bool) -> str:
     """The headless log line of one round (metric names: docs/metrics.md).
 
     round 3: reward 0.375 (peers 0.500), accuracy 25%, loss 0.0123, dropped 2, 412 tok/s,
-    peer groups 4 received / 2 used / 1 dropped, 8.1 s
+    peer groups 4 received / 2 used / 1 dropped, swarm supplied 3 of 4 groups; 58% of your
+    generation saved so far, 8.1 s
     round 4: reward 0.000, accuracy 0%, no optimiser step (all 4 groups had equal rewards), ...
     """
     parts = [f"round {record.get('round')}: reward {_num(record.get('reward/own'), '.3f')}"
@@ -103,6 +105,9 @@ def round_line(record: dict, *, swarm: bool) -> str:
         dropped = (record.get("peers/rejected") or 0) + (record.get("peers/stale") or 0)
         parts.append(f"peer groups {_num(record.get('peers/groups_received', 0), '.0f')} received / "
                      f"{_num(record.get('peers/groups_used', 0), '.0f')} used / {_num(dropped, '.0f')} dropped")
+        saved = saved_phrase(record)
+        if saved:
+            parts.append(saved)
     parts.append(f"{_num(record.get('time/round_s'), '.1f')} s")
     return ", ".join(parts)
 

@@ -26,6 +26,7 @@ import torch
 from . import checkpoint, preflight, rundir
 from . import progress as phases
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
+from .compute import ComputeTotals, CpuClock, round_compute
 from .config import Config, to_toml
 from .errors import FtisError, one_line
 from .generate.base import SamplerSettings
@@ -64,6 +65,9 @@ class Node:
         self.saved_round = 0          # the round of the newest checkpoint (this run's or restored)
         self.metrics = None
         self.progress = phases.ProgressReport(self.run_dir)    # what the dashboard's phase cell reads
+        self.totals = ComputeTotals()      # own tokens, CPU-seconds, groups: cumulative, checkpointed
+        self.cpu = CpuClock()
+        self._bytes_in = [0, 0]           # this round's received bytes and tokens
 
     # --- assembly ---------------------------------------------------------------------
     def build(self) -> None:
@@ -146,6 +150,7 @@ class Node:
         self.learner.load_state_dict(state["learner"])
         self.round = self.saved_round = state["round"]
         self.oom_retries = state.get("oom_retries", 0)
+        self.totals = ComputeTotals.from_state(state.get("compute"))
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -169,6 +174,7 @@ class Node:
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                     "torch": torch.get_rng_state()},
             "peers": self.book.snapshot(),
+            "compute": self.totals.state(),
         })
         self.saved_round = self.round
         log.info("checkpoint round %d (%.2f s)", self.round, time.time() - t0)
@@ -183,33 +189,39 @@ class Node:
         stream = self.task.prompts(seed=seed, start=(self.round - 1) * per)
         return [next(stream) for _ in range(per)]
 
-    def _generate(self, prompts) -> tuple[list[OwnGroup], dict]:
+    def _generate(self, prompts, first: int = 0) -> tuple[list[OwnGroup], float, int]:
+        """Own groups for ``prompts``, graded: (groups, generation seconds, tokens). ``first`` is
+        the index of prompts[0] in the round's prompt list: sampling seeds and group ids are
+        functions of (seed, node, round, index), whichever call generates a prompt's group."""
         cfg = self.cfg
         horizontal = cfg.mode == "horizontal"
         n = cfg.task.num_generations // 2 if horizontal else cfg.task.num_generations
         groups, tokens, t0 = [], 0, time.time()
-        self.progress.phase(phases.GENERATING, done=0, total=n * len(prompts))
-        for i, prompt in enumerate(prompts):
-            text = self.bundle.render_prompt(self.task.messages(prompt.question))
-            prompt_ids = self.bundle.encode(text)
-            sampler = SamplerSettings(temperature=cfg.task.temperature, top_k=cfg.task.top_k,
-                                      top_p=cfg.task.top_p, max_new_tokens=cfg.task.max_completion_length,
-                                      seed=derive_seed(cfg.node.seed, self.node_id, self.round, i))
-            comps = self.generator.generate(prompt_ids, n, sampler)
-            tokens += sum(len(c.token_ids) for c in comps)
-            self.progress.step(n * (i + 1), n * len(prompts), tok_s=tokens / max(time.time() - t0, 1e-9))
-            if horizontal:
-                group_id = f"{cfg.swarm.name}:{self.round}:{prompt.id}"
-            else:
-                group_id = f"{self.node_id}:{self.round}:{i}"
-            groups.append(OwnGroup(prompt=prompt, prompt_ids=list(prompt_ids), completions=comps,
-                                   rewards=[], breakdowns=[], group_id=group_id))
+        with self.cpu.phase("gen"):
+            self.progress.phase(phases.GENERATING, done=0, total=n * len(prompts))
+            for i, prompt in enumerate(prompts, start=first):
+                text = self.bundle.render_prompt(self.task.messages(prompt.question))
+                prompt_ids = self.bundle.encode(text)
+                sampler = SamplerSettings(temperature=cfg.task.temperature, top_k=cfg.task.top_k,
+                                          top_p=cfg.task.top_p, max_new_tokens=cfg.task.max_completion_length,
+                                          seed=derive_seed(cfg.node.seed, self.node_id, self.round, i))
+                comps = self.generator.generate(prompt_ids, n, sampler)
+                tokens += sum(len(c.token_ids) for c in comps)
+                self.progress.step(n * (i - first + 1), n * len(prompts),
+                                   tok_s=tokens / max(time.time() - t0, 1e-9))
+                if horizontal:
+                    group_id = f"{cfg.swarm.name}:{self.round}:{prompt.id}"
+                else:
+                    group_id = f"{self.node_id}:{self.round}:{i}"
+                groups.append(OwnGroup(prompt=prompt, prompt_ids=list(prompt_ids), completions=comps,
+                                       rewards=[], breakdowns=[], group_id=group_id))
         gen_s = time.time() - t0
         self.progress.phase(phases.GRADING, total=n * len(prompts))
         # Grade all own completions in one call.
         texts = [c.text for g in groups for c in g.completions]
         refs = [g.prompt.reference for g in groups for _ in g.completions]
-        results = self.task.reward_many(texts, refs)
+        with self.cpu.phase("grade"):
+            results = self.task.reward_many(texts, refs) if texts else []
         k = 0
         for g in groups:
             for _ in g.completions:
@@ -217,12 +229,17 @@ class Node:
                 g.rewards.append(float(v))
                 g.breakdowns.append(b)
                 k += 1
-        lens = [len(c.token_ids) for g in groups for c in g.completions]
-        return groups, {"time/gen_s": gen_s, "gen/tokens": tokens,
-                        "gen/tok_s": tokens / gen_s if gen_s > 0 else None,
-                        "completions/mean_length": statistics.fmean(lens) if lens else None}
+        return groups, gen_s, tokens
 
-    def _publish(self, groups: list[OwnGroup]) -> dict:
+    @staticmethod
+    def _gen_stats(groups: list[OwnGroup], gen_s: float, tokens: int) -> dict:
+        lens = [len(c.token_ids) for g in groups for c in g.completions]
+        return {"time/gen_s": gen_s, "gen/tokens": tokens,
+                "gen/tok_s": tokens / gen_s if gen_s > 0 else None,
+                "completions/mean_length": statistics.fmean(lens) if lens else None}
+
+    def _publish(self, groups: list[OwnGroup]) -> tuple[int, int]:
+        """Send own groups to the swarm: (bytes, completion tokens) sent."""
         from .wire import Rollout, WireCompletion, encode
         cfg, b = self.cfg, self.bundle
         horizontal = cfg.mode == "horizontal"
@@ -247,7 +264,7 @@ class Node:
             nbytes += len(data)
             ntok += sum(len(c.token_ids) for c in comps)
             self.swarm.publish_bytes(data, task=rollout.task, tok=rollout.tokenizer_fp)   # tags: filters
-        return {"wire/bytes_per_token_out": nbytes / ntok if ntok else None}
+        return nbytes, ntok
 
     def _token_bytes(self):
         """Our tokenizer's per-token bytes (align.TokenBytes), built once; None if unsupported:
@@ -262,33 +279,78 @@ class Node:
                 self._tb = None
         return self._tb
 
-    def _collect_peers(self, own_group_ids: set[str] | None) -> tuple[list[PeerGroup], dict]:
-        """Wait (bounded) for peer groups; a slow or absent peer never stalls the node."""
+    def _poll(self, timeout_s: float) -> None:
+        """Receive what the relay has for us (waiting at most ``timeout_s``) into intake."""
+        with self.cpu.phase("intake"):
+            items = self.swarm.poll(timeout_s=timeout_s)
+            for it in items:
+                if it.rollout is not None:
+                    self._bytes_in[0] += it.nbytes
+                    self._bytes_in[1] += it.rollout.num_tokens
+            self.intake.receive(items, self.round)
+
+    def _collect_peers(self, own_group_ids: set[str] | None, limit: int) -> tuple[list[PeerGroup], dict]:
+        """Wait (bounded by swarm.max_wait_s) until ``limit`` peer groups are ready, then take
+        them; a slow or absent peer never stalls the node. Vertical: informative groups first,
+        at most swarm.max_groups_per_peer of one peer (``Intake.take``)."""
         cfg = self.cfg
         t0 = time.time()
         deadline = t0 + cfg.swarm.max_wait_s
-        limit = cfg.swarm.max_peer_groups
-        nbytes = ntok = 0
+        per_peer = cfg.swarm.max_groups_per_peer if own_group_ids is None else None
         self.progress.phase(phases.WAITING, deadline=deadline, done=0, total=limit)
         while True:
-            items = self.swarm.poll(timeout_s=min(0.2, max(0.0, deadline - time.time())))
-            for it in items:
-                if it.rollout is not None:
-                    nbytes += it.nbytes
-                    ntok += it.rollout.num_tokens
-            self.intake.receive(items, self.round)
-            ready = [g for g in self.intake.buffer
-                     if own_group_ids is None or g.rollout.group_id in own_group_ids]
-            self.progress.step(min(len(ready), limit), limit)
-            if len(ready) >= limit or time.time() >= deadline:
+            self._poll(min(0.2, max(0.0, deadline - time.time())))
+            ready = self.intake.ready(self.round, limit, own_group_ids, per_peer)
+            self.progress.step(min(ready, limit), limit)
+            if ready >= limit or time.time() >= deadline:
                 break
-        taken = self.intake.take(self.round, limit, own_group_ids)
+        with self.cpu.phase("intake"):
+            taken = self.intake.take(self.round, limit, own_group_ids, per_peer)
         counts = self.intake.pop_round_counts()
+        nbytes, ntok = self._bytes_in
         return taken, {"time/peer_wait_s": time.time() - t0,
                        "wire/bytes_per_token_in": nbytes / ntok if ntok else None,
                        "peers/groups_received": counts.get("received", 0),
                        "peers/rejected": counts.get("rejected", 0),
-                       "peers/stale": counts.get("stale", 0)}
+                       "peers/stale": counts.get("stale", 0),
+                       **{f"peers/{k}": counts.get(k, 0)
+                          for k in ("skipped_zero_advantage", "skipped_peer_cap", "skipped_surplus")}}
+
+    def _fill_slots(self) -> int | None:
+        """Batch fill (swarm.own_groups > 0, vertical swarm): how many of the round's
+        task.prompts_per_round groups peers may supply; None when batch fill is off."""
+        cfg = self.cfg
+        if self.swarm is None or cfg.mode != "vertical" or not cfg.swarm.own_groups:
+            return None
+        return max(0, min(cfg.task.prompts_per_round - cfg.swarm.own_groups, cfg.swarm.max_peer_groups))
+
+    def _fill_batch(self, prompts, slots: int, wire_out: list[int]):
+        """Batch fill: peers' groups replace part of the own generation, the batch stays B groups.
+
+        1. take in what arrived while we trained (no wait); 2. generate and publish the own
+        minimum (the round's first prompts); 3. wait at most swarm.max_wait_s for ``slots``
+        fresh informative peer groups; 4. generate the shortfall from the round's next prompts.
+        Prompts and seeds are the ones an isolated node uses for the same indices, so a node
+        the swarm gives nothing trains on exactly its isolated batch.
+        """
+        keep = len(prompts) - slots
+        self._poll(0.0)
+        own, gen_s, tokens = self._generate(prompts[:keep])
+        self._share(own, wire_out)
+        peers, peer_stats = self._collect_peers(None, slots)
+        short = slots - len(peers)
+        if short:
+            more, more_s, more_tokens = self._generate(prompts[keep:keep + short], first=keep)
+            self._share(more, wire_out)
+            own, gen_s, tokens = own + more, gen_s + more_s, tokens + more_tokens
+        return own, peers, gen_s, tokens, short, peer_stats
+
+    def _share(self, groups: list[OwnGroup], wire_out: list[int]) -> None:
+        if self.cfg.swarm.share and groups:
+            with self.cpu.phase("intake"):
+                nbytes, ntok = self._publish(groups)
+            wire_out[0] += nbytes
+            wire_out[1] += ntok
 
     def _local_tokenizer(self) -> LocalTokenizer:
         """How peers' prompts and completion texts become our token ids (for build_batch)."""
@@ -321,28 +383,40 @@ class Node:
         cfg = self.cfg
         t_round = time.time()
         self.progress.round_started(self.round)
+        self.cpu = CpuClock()
+        self._bytes_in = [0, 0]
+        wire_out = [0, 0]
         prompts = self._round_prompts()
-        own, gen_stats = self._generate(prompts)
-        record: dict = {"round": self.round, **gen_stats}
-        if self.swarm is not None:
-            if cfg.swarm.share:
-                record.update(self._publish(own))
-            ids = {g.group_id for g in own} if cfg.mode == "horizontal" else None
-            peers, peer_stats = self._collect_peers(ids)
+        slots = self._fill_slots()
+        record: dict = {"round": self.round}
+        peers, topped_up = [], 0
+        if slots is not None:
+            own, peers, gen_s, tokens, topped_up, peer_stats = self._fill_batch(prompts, slots, wire_out)
             record.update(peer_stats)
         else:
-            peers = []
+            own, gen_s, tokens = self._generate(prompts)
+            if self.swarm is not None:
+                self._share(own, wire_out)
+                ids = {g.group_id for g in own} if cfg.mode == "horizontal" else None
+                peers, peer_stats = self._collect_peers(ids, cfg.swarm.max_peer_groups)
+                record.update(peer_stats)
+        record.update(self._gen_stats(own, gen_s, tokens))
+        if self.swarm is not None and cfg.swarm.share:
+            record["wire/bytes_per_token_out"] = wire_out[0] / wire_out[1] if wire_out[1] else None
+        record["groups/topped_up"] = topped_up
         batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
                             local=self.local_tokenizer)
         samples = batch.samples
         t0 = time.time()
-        stats = self._train(samples) if samples else {"skipped": 1, "samples": 0}
+        with self.cpu.phase("train"):
+            stats = self._train(samples) if samples else {"skipped": 1, "samples": 0}
         record["time/train_s"] = time.time() - t0
         for use in peer_usage(samples, stats.get("per_sample")):
             self.book.get(use.node_id).record_use(use)
         t0 = time.time()
         self.progress.phase(phases.SYNCING)
-        sync_info = self.sync.sync(self.learner.version) or {}
+        with self.cpu.phase("sync"):
+            sync_info = self.sync.sync(self.learner.version) or {}
         record["time/sync_s"] = time.time() - t0
         own_rewards = [r for g in own for r in g.rewards]
         peer_rewards = [r for p in peers for r in p.rewards]
@@ -369,6 +443,8 @@ class Node:
                            "relay/replayed": s.get("replayed"), "relay/state": health["state"],
                            "relay/reason": health.get("reason") or None})
         record["peers"] = self.book.snapshot()
+        record.update(round_compute(self.cpu, self.totals, tokens=tokens, own_groups=len(own),
+                                    peer_groups=len(peers), fill=slots is not None))
         record["time/round_s"] = time.time() - t_round
         return record
 

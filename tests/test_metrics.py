@@ -84,7 +84,12 @@ def test_every_objective_stat_has_a_micro_batch_rule():
 
 # keys registered after tests/data/recorded_run was recorded (re-record it to empty this set)
 ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
-                             "samples/span_level", "spans", "sampling/span_logp_difference/mean"}
+                             "samples/span_level", "spans", "sampling/span_logp_difference/mean",
+                             # issue 28: batch fill, peer choice, compute accounting
+                             "groups/own", "groups/topped_up", "peers/share", "peers/saved_frac",
+                             "peers/skipped_zero_advantage", "peers/skipped_peer_cap", "peers/skipped_surplus",
+                             "gen/tokens_total", "cpu/gen_s", "cpu/grade_s", "cpu/intake_s", "cpu/train_s",
+                             "cpu/sync_s", "cpu/round_s", "cpu/total_s"}
 
 
 def test_the_recorded_fixture_uses_only_registered_keys():

@@ -40,17 +40,44 @@ def test_swarm_batches_pair_each_node_with_itself_alone(name, tmp_path):
     batch = batches.BATCHES[name]
     cfgs = run.receiver_configs(batch, 2, None, tmp_path, ADDR, f"repro-{name}-s2")
     loaded = {n: config.load(run.write_config(c, tmp_path / f"{n}.toml")) for n, c in cfgs.items()}
-    assert len(loaded) == 2 * batch.k
-    for i in range(batch.k):
-        sw, al = loaded[f"swarm-{i}"], loaded[f"alone-{i}"]
-        assert (sw.node_id, sw.node.seed) == (al.node_id, al.node.seed) == (f"node-{i}", 200 + i)
-        assert sw.swarm.share and sw.mode == batch.collaboration and sw.swarm.relay == ADDR
-        assert al.mode == "alone" and not al.swarm.share
-        # equal own compute: the same prompts per round, group size, tokens and rounds
-        assert (sw.task, sw.node.rounds) == (al.task, al.node.rounds) == (al.task, batch.rounds)
-        # a node takes every group the other K - 1 nodes share each round
-        assert sw.swarm.max_peer_groups == (batch.k - 1) * sw.task.prompts_per_round
+    assert len(loaded) == (len(batch.arms) + 1) * batch.k
+    for arm in batch.arms:
+        for i in range(batch.k):
+            sw, al = loaded[f"{arm}-{i}"], loaded[f"alone-{i}"]
+            assert (sw.node_id, sw.node.seed) == (al.node_id, al.node.seed) == (f"node-{i}", 200 + i)
+            assert sw.swarm.share and sw.mode == batch.collaboration and sw.swarm.relay == ADDR
+            assert al.mode == "alone" and not al.swarm.share
+            # the same node: model, trainable, engine; the same prompts per round, group size, tokens, rounds
+            assert (sw.model, sw.train.trainable) == (al.model, al.train.trainable)
+            assert (sw.task, sw.node.rounds) == (al.task, al.node.rounds) == (al.task, batch.rounds)
+            if sw.swarm.own_groups:     # batch fill: peers fill exactly the slots own generation leaves
+                assert sw.swarm.max_peer_groups == sw.task.prompts_per_round - sw.swarm.own_groups
+            else:                       # a node takes every group the other K - 1 nodes share each round
+                assert sw.swarm.max_peer_groups == (batch.k - 1) * sw.task.prompts_per_round
+                assert sw.swarm.max_groups_per_peer >= sw.task.prompts_per_round
     assert len({c.node_id for c in loaded.values()}) == batch.k
+    # each arm is its own swarm: arms never hear each other
+    assert len({loaded[f"{arm}-0"].swarm.name for arm in batch.arms}) == len(batch.arms)
+
+
+def test_the_batch_fill_arms_are_the_pre_registered_ones(tmp_path):
+    """docs/results.md, issue 28 plan: H4 generates 1 or 2 of 4 groups; H5's four nodes differ as
+    in the paper and every node of an arm runs the arm's objective."""
+    h4 = run.receiver_configs(batches.BATCHES["fill4"], 0, None, tmp_path, ADDR, "s")
+    assert {n: c["swarm"]["own_groups"] for n, c in h4.items() if not n.startswith("alone")} == {
+        **{f"own1-{i}": 1 for i in range(4)}, **{f"own2-{i}": 2 for i in range(4)}}
+    h5 = {n: config.load(run.write_config(c, tmp_path / f"{n}.toml"))
+          for n, c in run.receiver_configs(batches.BATCHES["fill-hetero"], 0, None, tmp_path, ADDR, "s").items()}
+    for arm, method in (("ftis", "f-tis"), ("nois", "nois")):
+        nodes = [h5[f"{arm}-{i}"] for i in range(4)]
+        assert all(c.train.method == method and c.swarm.own_groups == 1 for c in nodes)
+        assert [(c.model.spec, c.model.backend, c.train.trainable, c.task.temperature) for c in nodes] == [
+            ("smollm2-135m", "llamacpp", "lora", 1.0), ("smollm2-135m", "llamacpp", "lora", 1.0),
+            ("smollm2-135m", "hf", "full", 0.7), ("gemma3-270m", "llamacpp", "lora", 1.0)]
+        assert nodes[3].train.cross_tokenizer_level == "span" and nodes[0].node.seed != nodes[1].node.seed
+    # a run without a GGUF of its weights (full fine-tuning on HF) is exported before its eval
+    cmd = run.run_eval_cmd(tmp_path / "nois-2", "id", 200, tmp_path / "e.json")
+    assert cmd[0] == "sh" and "export" in cmd[2] and "model-f16.gguf" in cmd[2]
 
 
 @pytest.mark.parametrize("name", sorted(n for n, b in batches.BATCHES.items() if getattr(b, "expert", None)))

@@ -127,11 +127,12 @@ def running_mean_final(run: dict) -> float:
     return statistics.fmean(vals) if vals else float("nan")
 
 
-def tokens_to_reach(run: dict, target: float) -> int | None:
-    """Own generated tokens until the running mean of reward/own first reaches ``target``
-    (from round LAST on: round 1 is the same for every receiver of a seed); None if never."""
+def tokens_to_reach(run: dict, target: float, cost: str = "gen/tokens") -> float | None:
+    """Own generated tokens (or another per-round ``cost``: "cpu/round_s") until the running
+    mean of reward/own first reaches ``target`` (from round LAST on: round 1 is the same for
+    every receiver of a seed); None if never."""
     rewards = [v if v is not None else 0.0 for v in series(run, "reward/own")]
-    tokens = [t or 0 for t in series(run, "gen/tokens")]
+    tokens = [t or 0 for t in series(run, cost)]
     total = 0
     for i, t in enumerate(tokens):
         total += t
@@ -236,9 +237,9 @@ def table_sweep(data: dict) -> list[str]:
 
 
 def value_pairs(batch_name: str, recv: dict) -> list[tuple[str, str]]:
-    """(collaborative run, its isolated reference) pairs within one issue-18 batch."""
+    """(collaborative run, its isolated reference) pairs within one issue-18/28 batch."""
     if isinstance(BATCHES[batch_name], SwarmBatch):
-        return [(n, "alone-" + n.split("-", 1)[1]) for n in recv if n.startswith("swarm-")]
+        return [(n, "alone-" + n.rsplit("-", 1)[1]) for n in recv if not n.startswith("alone-")]
     return [(n, "alone") for n in recv if n != "alone"]
 
 
@@ -248,7 +249,7 @@ def table_value(data: dict) -> list[str]:
     lines = ["| batch | run − isolated twin | pairs | Δ running-mean reward (all rounds) | Δ reward/own last 3 | "
              "Δ eval ID | Δ eval OOD | reached | speed-up in own tokens (isolated ÷ collaborative) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for batch in (b for b in data if getattr(BATCHES[b], "settings", None)):
+    for batch in (b for b in data if getattr(BATCHES[b], "settings", None) and b not in FILL_BATCHES):
         recv = data[batch]
         by_kind: dict[str, list[tuple[dict, dict]]] = {}
         for run_name, ref_name in value_pairs(batch, recv):
@@ -271,6 +272,71 @@ def table_value(data: dict) -> list[str]:
             lines.append(f"| {batch} | {kind} − alone | {len(pairs)} | {fmt(*d_rm)} | {fmt(*d_r)} | "
                          f"{fmt(*d_e['id'])} | {fmt(*d_e['ood'])} | {reached}/{len(pairs)} | {fmt(*mean_se(speed), 2)}"
                          f"{' (' + ', '.join(f'{x:.2f}' for x in speed) + ')' if len(speed) > 1 else ''} |")
+    return lines
+
+
+FILL_BATCHES = ("fill4", "fill-hetero")      # issue 28 (H4, H5): table_fill
+
+
+def _speedup(pairs, cost: str) -> tuple[list[float], int]:
+    """Per pair: the isolated twin's cost to reach its own final running-mean reward ÷ the
+    collaborative run's cost to reach the same value; and how many pairs reached it."""
+    out = []
+    for a, b in pairs:
+        target = running_mean_final(b)
+        c_a, c_b = tokens_to_reach(a, target, cost), tokens_to_reach(b, target, cost)
+        if c_a and c_b:
+            out.append(c_b / c_a)
+    return out, len(out)
+
+
+def _mean_key(run: dict, key: str) -> float:
+    vals = [v for v in series(run, key) if isinstance(v, (int, float))]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+def _list(xs: list[float]) -> str:
+    return " (" + ", ".join(f"{x:.2f}" for x in xs) + ")" if len(xs) > 1 else ""
+
+
+def table_fill(data: dict) -> list[str]:
+    """Issue 28 (docs/results.md, H4 and H5): each batch-fill node minus its isolated twin (same
+    node id and seed), the speed-ups in own tokens and own CPU-seconds to reach the twin's final
+    running-mean reward, SAPO's metric (cumulative reward over all nodes and rounds, as a ratio
+    to the isolated nodes'), and f-tis − nois node by node."""
+    lines = ["| batch | arm − alone | pairs | Δ running-mean reward | Δ eval ID | Δ eval OOD | reached | "
+             "speed-up own tokens | speed-up own CPU-s | own groups / round | topped up / round | "
+             "cumulative reward (SAPO) arm ÷ alone |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    arms_of: dict[str, dict[str, list]] = {}
+    for batch in (b for b in FILL_BATCHES if b in data):
+        recv = data[batch]
+        by_arm: dict[str, list[tuple[dict, dict]]] = {}
+        for run_name, ref_name in value_pairs(batch, recv):
+            for s, run in recv[run_name].items():
+                if s in recv.get(ref_name, {}):
+                    by_arm.setdefault(run_name.rsplit("-", 1)[0], []).append((run, recv[ref_name][s]))
+        arms_of[batch] = {arm: pairs for arm, pairs in by_arm.items()}
+        for arm, pairs in by_arm.items():
+            d_rm = mean_se([running_mean_final(a) - running_mean_final(b) for a, b in pairs])
+            d_e = {w: mean_se([a["evals"][w]["accuracy"] - b["evals"][w]["accuracy"] for a, b in pairs
+                               if w in a["evals"] and w in b["evals"]]) for w in ("id", "ood")}
+            tok, reached = _speedup(pairs, "gen/tokens")
+            cpu, _ = _speedup(pairs, "cpu/round_s")
+            cum_a = sum(v or 0.0 for a, _ in pairs for v in series(a, "reward/own"))
+            cum_b = sum(v or 0.0 for _, b in pairs for v in series(b, "reward/own"))
+            lines.append(
+                f"| {batch} | {arm} − alone | {len(pairs)} | {fmt(*d_rm)} | {fmt(*d_e['id'])} | {fmt(*d_e['ood'])} | "
+                f"{reached}/{len(pairs)} | {fmt(*mean_se(tok), 2)}{_list(tok)} | {fmt(*mean_se(cpu), 2)}{_list(cpu)} | "
+                f"{fmt(*mean_se([_mean_key(a, 'groups/own') for a, _ in pairs]), 2)} | "
+                f"{fmt(*mean_se([_mean_key(a, 'groups/topped_up') for a, _ in pairs]), 2)} | "
+                f"{cum_a / cum_b if cum_b else float('nan'):.2f} ({cum_a:.1f} / {cum_b:.1f}) |")
+    hetero = arms_of.get("fill-hetero", {})
+    if "ftis" in hetero and "nois" in hetero:
+        nois = {id(b): a for a, b in hetero["nois"]}      # keyed by the shared isolated twin: node i, seed s
+        diffs = [running_mean_final(a) - running_mean_final(nois[id(b)]) for a, b in hetero["ftis"] if id(b) in nois]
+        lines += ["", "| fill-hetero | f-tis − nois (same node, same seed) | pairs | Δ running-mean reward |",
+                  "|---|---|---|---|",
+                  f"| fill-hetero | ftis − nois | {len(diffs)} | {fmt(*mean_se(diffs))}{_list(diffs)} |"]
     return lines
 
 
@@ -405,6 +471,8 @@ def main() -> int:
     print("\n".join(table_sweep(data)))
     print("\n### Does joining help? (issue 18 batches: paired with the isolated twin)\n")
     print("\n".join(table_value(data)))
+    print("\n### Joining a swarm saves your compute (issue 28 batches: batch fill, paired with the isolated twin)\n")
+    print("\n".join(table_fill(data)))
     args.plots.mkdir(parents=True, exist_ok=True)
     written = plot_rewards(data, args.plots) + [plot_evals(data, base, args.plots)]
     sweep = plot_sweep(data, args.plots)

@@ -76,23 +76,33 @@ class Batch:
 
 @dataclass
 class SwarmBatch:
-    """K fresh nodes that all share and learn from each other (`swarm-i`), against the same K
-    nodes alone (`alone-i`: same node id and seed, so the same prompts and sampling seeds)."""
+    """K fresh nodes that all share and learn from each other, against the same K nodes alone
+    (`alone-i`: same node id and seed, so the same prompts and sampling seeds).
+
+    ``arms`` (issue 28): several swarms of the same K nodes, each arm its own swarm (topic),
+    differing only in the arm's overrides (`ARM-i`); without arms, one swarm (`swarm-i`).
+    ``per_node``: overrides for node i (a heterogeneous swarm), applied to its alone twin too."""
     name: str
     about: str
     k: int
-    node: dict                          # overrides of RECEIVER for the swarm nodes (method, ...)
+    node: dict                          # overrides of RECEIVER for every node (method, ...)
     collaboration: str = "vertical"
     settings: dict = field(default_factory=dict)
     eval_limit: int | None = None
     rounds: int | None = None
+    arms: dict[str, dict] = field(default_factory=lambda: {"swarm": {}})
+    per_node: list[dict] = field(default_factory=list)
+
+    def node_config(self, i: int) -> dict:
+        return merge(self.node, self.per_node[i] if self.per_node else {})
 
     @property
     def receivers(self) -> dict[str, dict]:
         """Every node the batch trains and evaluates, by run-directory name."""
         alone = {"swarm": {"collaboration": "alone", "share": False}}
-        return {**{f"swarm-{i}": self.node for i in range(self.k)},
-                **{f"alone-{i}": merge(self.node, alone) for i in range(self.k)}}
+        return {**{f"{arm}-{i}": merge(self.node_config(i), over) for arm, over in self.arms.items()
+                   for i in range(self.k)},
+                **{f"alone-{i}": merge(self.node_config(i), alone) for i in range(self.k)}}
 
 
 def _method(m: str, **train) -> dict:
@@ -162,7 +172,7 @@ SMOL_EXPERT = Expert("smol-lora-40", {"model": {"spec": "smollm2-135m", "backend
                                       "train": {"trainable": "lora", "learning_rate": 2e-4}}, rounds=40)
 GEMMA_EXPERT = Expert("gemma-lora-40", GEMMA_LORA, rounds=40)
 # The expert shares as much per round as a receiver generates: its 4 groups.
-EXPERT_RECEIVER = {"swarm": {"max_peer_groups": 4}}
+EXPERT_RECEIVER = {"swarm": {"max_peer_groups": 4, "max_groups_per_peer": 4}}   # all 4 of the one peer
 
 BATCHES.update({
     "expert-smol": Batch(
@@ -188,7 +198,51 @@ BATCHES.update({
         "swarm4",
         "symmetric swarm: 4 fresh SmolLM2 nodes (different seeds) that all share and learn from each other "
         "with f-tis, against the same 4 nodes alone; equal own compute per node",
-        k=4, node=merge(_method("f-tis"), {"swarm": {"share": True, "max_peer_groups": 12, "max_wait_s": 120.0}}),
+        k=4, node=merge(_method("f-tis"), {"swarm": {"share": True, "max_peer_groups": 12, "max_groups_per_peer": 4,
+                                                     "max_wait_s": 120.0}}),
         settings=VALUE, eval_limit=VALUE_EVAL, rounds=VALUE_ROUNDS,
+    ),
+})
+
+
+# ---------------------------------------------------------------- issue 28: batch fill (H4, H5)
+# Plan, hypotheses and decision rules: docs/results.md, "Joining a swarm saves your compute
+# (plan, issue 28)". B = 4 groups a round as before; a swarm node generates `own_groups` of
+# them and fills the rest with peers' groups (informative first, at most 2 of one peer),
+# generating what the swarm does not supply within max_wait_s itself.
+FILL_ROUNDS = 24                        # R by the pilot's rule: the largest R <= 32 that fits the budget
+FILL_WAIT_S = 60.0                      # a node waits at most this long a round for peers' groups
+
+
+def _fill(own: int) -> dict:
+    """A batch-fill swarm node (swarm keys here, not in settings: RECEIVER's would win over those)."""
+    return {"swarm": {"share": True, "own_groups": own, "max_peer_groups": 4 - own, "max_groups_per_peer": 2,
+                      "max_wait_s": FILL_WAIT_S, "max_staleness": 2}}
+
+
+# The heterogeneous four of the paper: two SmolLM2 LoRA on llama.cpp (node seeds differ), SmolLM2
+# full fine-tuning on HF at T = 0.7, Gemma 3 270M LoRA (other tokenizer: span-level weights).
+HETERO_NODES = [
+    {},
+    {},
+    {"model": {"spec": "smollm2-135m", "backend": "hf"}, "train": {"trainable": "full", "learning_rate": 1e-5},
+     "task": {"temperature": 0.7}},
+    merge(GEMMA_LORA, {"train": {"cross_tokenizer_level": "span"}}),
+]
+
+BATCHES.update({
+    "fill4": SwarmBatch(
+        "fill4",
+        "H4, batch fill in a homogeneous swarm: 4 fresh SmolLM2 LoRA nodes generating 1 (arm own1) or 2 "
+        "(arm own2) of their 4 groups a round, the rest from peers, against the same 4 nodes alone",
+        k=4, node=_method("f-tis"), settings=VALUE, eval_limit=VALUE_EVAL, rounds=FILL_ROUNDS,
+        arms={"own1": _fill(1), "own2": _fill(2)},
+    ),
+    "fill-hetero": SwarmBatch(
+        "fill-hetero",
+        "H5, batch fill in a heterogeneous swarm (SmolLM2 LoRA x2, SmolLM2 full FT on HF at T = 0.7, "
+        "Gemma 3 LoRA), each generating 1 of 4 groups: f-tis on every node vs nois on every node vs alone",
+        k=4, node=_method("f-tis"), settings=VALUE, eval_limit=VALUE_EVAL, rounds=FILL_ROUNDS, per_node=HETERO_NODES,
+        arms={"ftis": merge(_fill(1), _method("f-tis")), "nois": merge(_fill(1), _method("nois"))},
     ),
 })

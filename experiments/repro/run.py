@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -70,13 +71,14 @@ def receiver_configs(batch, seed: int, rounds: int, out: Path, addr: str, swarm:
         # One node id and seed for every receiver: same prompts, same sampling seeds, same LoRA
         # init — a paired comparison in which only the compared setting differs. In a swarm
         # batch, swarm-i and alone-i share node-i's id and seed; the K nodes differ.
-        node_id, node_seed = "learner", seed
+        node_id, node_seed, topic = "learner", seed, swarm
         if isinstance(batch, SwarmBatch):
-            i = int(name.rsplit("-", 1)[1])
-            node_id, node_seed = f"node-{i}", seed * 100 + i
+            arm, i = name.rsplit("-", 1)
+            node_id, node_seed = f"node-{int(i)}", seed * 100 + int(i)
+            topic = swarm if arm in ("swarm", "alone") else f"{swarm}-{arm}"    # each arm its own swarm
         cfgs[name] = merge(COMMON, getattr(batch, "settings", {}), RECEIVER, {
             "node": {"id": node_id, "seed": node_seed, "rounds": rounds, "run_dir": str(out / name)},
-            "swarm": {"relay": "" if alone else addr, "name": swarm, "collaboration": batch.collaboration},
+            "swarm": {"relay": "" if alone else addr, "name": topic, "collaboration": batch.collaboration},
         }, over)
     return cfgs
 
@@ -241,19 +243,36 @@ def evaluated_prompts(path: Path) -> int:
     return len(json.loads(path.read_text()).get("items", [])) if path.exists() else 0
 
 
+def run_eval_cmd(run_dir: Path, which: str, limit: int, out_json: Path) -> list[str]:
+    """Evaluate a node's own final weights whatever it trained (`eval --model RUN_DIR`: its LoRA
+    on its base model, or its merged model); a run without adapter/latest.gguf (full fine-tuning
+    on HF: live weights) is exported from its last checkpoint first."""
+    cmd = eval_cmd(None, which, limit, "f16", out_json)
+    if (run_dir / "adapter" / "latest.gguf").exists():
+        return cmd + ["--model", str(run_dir)]
+    export = [str(BIN / "ftis-edge"), "export", str(run_dir), "--to", str(run_dir / "export"), "--quant", "f16",
+              "--eval-limit", "0"]
+    model = run_dir / "export" / "model-f16.gguf"
+    return ["sh", "-c", f"test -f {shlex.quote(str(model))} || {shlex.join(export)}; "
+                        f"{shlex.join(cmd + ['--model', str(model)])}"]
+
+
 def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = None) -> list:
     jobs = []
+    own_weights = bool(getattr(batch, "per_node", None))     # heterogeneous nodes: each its own model
     for name in batch.receivers:
         rd = out / name
         if only is not None and name not in only:
             continue
-        if not finished(rd) or last_adapter(rd) is None:
+        if not finished(rd) or (last_adapter(rd) is None and not own_weights):
             continue
         precision = merge(RECEIVER, batch.receivers[name])["model"]["precision"]   # evaluate as it generated
         for which in EVAL_SETS:
             target = rd / f"eval-{which}.json"
             if not target.exists():
-                jobs.append((eval_cmd(rd, which, limit, precision, target), rd / f"eval-{which}.out"))
+                cmd = run_eval_cmd(rd, which, limit, target) if own_weights else \
+                    eval_cmd(rd, which, limit, precision, target)
+                jobs.append((cmd, rd / f"eval-{which}.out"))
     return jobs
 
 
