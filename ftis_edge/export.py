@@ -149,11 +149,12 @@ def _eval(cfg, model: str, precision: str, limit: int, threads: int | None) -> d
     from . import evaluate
     p = argparse.ArgumentParser()
     evaluate.add_arguments(p)
-    argv = ["--model", model, "--task", cfg.task.name, "--limit", str(limit), "--precision", precision,
+    from .tasks import task_spec
+    argv = ["--model", model, "--task", task_spec(cfg.task), "--limit", str(limit), "--precision", precision,
             "--max-new-tokens", str(cfg.task.max_completion_length), "--few-shot", str(cfg.task.few_shot), "--quiet"]
     if cfg.task.name == "arith" and cfg.task.level:
         argv += ["--level", ",".join(str(x) for x in cfg.task.level)]
-    if cfg.task.path:
+    if cfg.task.path and cfg.task.name in ("gsm8k", "math500"):
         argv += ["--path", cfg.task.path]
     if cfg.task.require_think:
         argv.append("--require-think")
@@ -209,10 +210,9 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     except (ModelError, GGUFError) as e:
         raise ExportError(str(e)) from None
     shipped = files[quant]
-    from .tasks import TaskError, get_task
+    from .tasks import TaskError, task_from_config
     try:
-        task = get_task(cfg.task.name, few_shot=cfg.task.few_shot,
-                        **({"path": cfg.task.path} if cfg.task.path else {}))
+        task = task_from_config(cfg.task)
         context = task.messages("")[:-1]
     except TaskError:       # the dataset is not on this machine: no worked examples in the Modelfile
         context = []

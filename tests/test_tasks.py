@@ -134,7 +134,7 @@ def test_unknown_task_or_option_is_a_task_error():
         get_task("arith", bogus=1)
     with pytest.raises(TaskError, match="reward must be one of"):
         get_task("arith", reward="partial")
-    assert set(TASK_NAMES) == {"arith", "gsm8k", "math500"}
+    assert set(TASK_NAMES) == {"arith", "gsm8k", "math500", "reasoning_gym", "jsonl"}
 
 
 def test_task_reward_uses_its_options():
