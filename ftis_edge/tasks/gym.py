@@ -16,8 +16,10 @@ the dataset gives it, under the task's time budget.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import random
 from typing import Iterator
@@ -116,7 +118,8 @@ def build_dataset(source: Source):
     factory = library()
     config = build_config(source.dataset, source.settings)
     try:
-        return factory.DATASETS[source.dataset][0](config=config)
+        with contextlib.redirect_stdout(io.StringIO()):    # some print progress dots on stdout
+            return factory.DATASETS[source.dataset][0](config=config)
     except Exception as e:      # noqa: BLE001 - the library's own checks (e.g. size too large)
         raise TaskError(f"reasoning_gym: {source.dataset}: {type(e).__name__}: {e}") from None
 
@@ -207,7 +210,8 @@ class ReasoningGymTask(Task):
 
     # --- prompts -------------------------------------------------------------------------
     def _item(self, source: Source, index: int) -> Prompt:
-        entry = self._datasets[source.tag][index]
+        with contextlib.redirect_stdout(io.StringIO()):    # bf's compiler prints dots
+            entry = self._datasets[source.tag][index]
         pid = f"{source.tag}/{index}"
         # the reference is the id: the grader worker rebuilds the item (metadata and all) from it
         return Prompt(id=pid, question=str(entry["question"]), reference=pid,
