@@ -194,7 +194,10 @@ def test_a_node_config_names_the_mix():
     task = task_from_config(cfg.task)
     assert [s.dataset for s in task.sources] == ["chain_sum", "basic_arithmetic"]
     assert task.sources[0].weight == 2.0
-    assert config.from_dict(config.__dict__["tomllib"].loads(config.to_toml(cfg))).task.datasets == cfg.task.datasets
+    assert config.from_dict(config.tomllib.loads(config.to_toml(cfg))).task.datasets == cfg.task.datasets
+    template = config.to_toml(config.Config())              # what `ftis-edge init` writes
+    for key in ("datasets", "eval_path", "eval_fraction", "question_field", "answer_field", "grade", "options"):
+        assert f"\n{key} = " in template, key
     with pytest.raises(config.ConfigError, match="task.datasets: expected a table"):
         config.from_dict({"task": {"name": "reasoning_gym", "datasets": "chain_sum"}})
     assert get_task("reasoning_gym:chain_sum,basic_arithmetic").tags[0].startswith("rg/chain_sum/")

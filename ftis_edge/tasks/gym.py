@@ -40,6 +40,7 @@ SYSTEM_PROMPT = (
     "Think about the problem inside <think> </think> tags, "
     "then give only the final answer inside <answer> </answer> tags."
 )
+MAX_TAGS_BYTES = 3000         # the tags ride in the relay's SUB frame (4096 bytes of JSON)
 MAX_ANSWER_CHARS = 4000        # grids and lists are long; the grader's budget bounds the rest
 
 
@@ -191,6 +192,9 @@ class ReasoningGymTask(Task):
         version = library_version()
         self.sources = [make_source(d, s, version) for d, s in parse_datasets(datasets).items()]
         self.by_tag = {s.tag: s for s in self.sources}
+        if len(json.dumps(self.tags)) > MAX_TAGS_BYTES:
+            raise TaskError(f"reasoning_gym: {len(self.sources)} datasets are more than the relay's "
+                            f"subscription filter holds; use at most ~60")
         self._datasets = {s.tag: build_dataset(s) for s in self.sources}   # fail now, not mid-run
         self.partial_credit = bool(partial_credit)
         self.reward_settings = dataclasses.replace(
