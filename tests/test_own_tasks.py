@@ -173,3 +173,27 @@ def test_a_task_class_loads_from_an_entry_point(tmp_path, monkeypatch, on_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = config.from_dict({"task": {"name": "capitals"}})
     assert type(task_from_config(cfg.task)).__name__ == "CapitalsTask"
+
+
+# --- `ftis-edge eval --task …` for every task kind --------------------------------------------
+
+def test_eval_builds_every_task_kind_by_name(on_path, tmp_path):
+    import argparse
+    from ftis_edge import evaluate
+
+    def build(*argv):
+        p = argparse.ArgumentParser()
+        evaluate.add_arguments(p)
+        args = p.parse_args(list(argv))
+        evaluate._check_args(args)
+        return evaluate._build_task(args)
+
+    assert build("--task", "reasoning_gym:chain_sum").tags[0].startswith("rg/chain_sum/")
+    plain = write(tmp_path / "plain.jsonl", [{"question": f"{i}?", "answer": str(i)} for i in range(10)])
+    assert build("--task", "jsonl", "--path", str(plain)).eval_prompts()[0].id.startswith("jsonl/")
+    assert type(build("--task", "capitals_task:CapitalsTask")).__name__ == "CapitalsTask"
+    cfg = config.from_dict({"task": {"name": "reasoning_gym", "datasets": {"leg_counting": {"eval_size": 7}}}})
+    spec = build("--task", task_spec(cfg.task))            # export's eval of a node's whole [task]
+    assert len(spec.eval_prompts()) == 7
+    with pytest.raises(evaluate.EvalError, match="unknown dataset"):
+        build("--task", "reasoning_gym:nope")
