@@ -93,21 +93,6 @@ def test_a_catastrophic_regex_is_bounded_by_the_grader_timeout(tmp_path):
     assert task.reward("<answer>aab</answer>", r"(a+)+b")[0] == 1.0
 
 
-@pytest.mark.parametrize("content, match", [
-    ("", "no records"),
-    ('{"question": "q", "answer": "1"}\n{"question": "q2"\n', r"bad\.jsonl:2: not valid JSON"),
-    ('{"question": "q", "answer": "1"}\n{"question": "q2"}\n', r"bad\.jsonl:2: missing answer field 'answer'"),
-    ('{"answer": "1"}\n', r"bad\.jsonl:1: missing text field 'question'"),
-    ('[1, 2]\n', r"bad\.jsonl:1: expected a JSON object"),
-])
-def test_bad_files_are_one_line_errors_with_the_line(tmp_path, content, match):
-    path = tmp_path / "bad.jsonl"
-    path.write_text(content, encoding="utf-8")
-    with pytest.raises(TaskError, match=match) as e:
-        get_task("jsonl", path=path)
-    assert "\n" not in str(e.value)
-
-
 def test_bad_regex_and_options_are_task_errors(tmp_path):
     path = write(tmp_path / "r.jsonl", [{"question": "q", "answer": "(unclosed"}])
     with pytest.raises(TaskError, match=r"r\.jsonl:1: 'answer' is not a regular expression"):
