@@ -74,10 +74,15 @@ def main() -> int:
                       f"{r['pass_at_k']:.1%}" if "pass_at_k" in r else "–",
                       f"{r['mean_completion_tokens']:.0f}")
     Console(width=140).print(table)
-    if a.json:
-        with open(a.json, "wb") as fh:
-            fh.write(orjson.dumps(runs, option=orjson.OPT_INDENT_2))
+    write_runs(a.json, runs)
     return 0
+
+
+def write_runs(path: str | None, runs: list[dict]) -> None:
+    """``--json``: every run's summary and completions."""
+    if path:
+        with open(path, "wb") as fh:
+            fh.write(orjson.dumps(runs, option=orjson.OPT_INDENT_2))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ def _list_opt(default, doc):
     return field(default_factory=lambda: list(default), metadata={"doc": doc, "kind": "list[str]"})
 
 
+def _table_opt(doc):
+    return field(default_factory=dict, metadata={"doc": doc, "kind": "table"})
+
+
 @dataclass
 class NodeSection:
     id: str = _opt("", "node name shown to peers (default: <hostname>-<config file name>, e.g. pc-alice for "
@@ -87,8 +91,20 @@ class TrainSection:
 
 @dataclass
 class TaskSection:
-    name: str = _opt("arith", "task", choices=("arith", "gsm8k", "math500"))
-    path: str = _opt("", "dataset jsonl (gsm8k/math500; default: the data folder of ./install.sh --data)")
+    name: str = _opt("arith", "task: arith, gsm8k, math500, reasoning_gym, jsonl, or your class "
+                     "module:Class / an entry point (docs/tasks.md)")
+    path: str = _opt("", "dataset jsonl (gsm8k/math500: default the data folder of ./install.sh --data; jsonl: your file)")
+    datasets: dict = _table_opt("reasoning_gym: dataset -> { weight, level (0 = easiest), size, eval_size, "
+                                "dataset settings }, e.g. { chain_sum = {}, basic_arithmetic = { weight = 2 } }")
+    eval_path: str = _opt("", "jsonl: held-out eval file (empty = hold out eval_fraction of path)")
+    eval_fraction: float = _opt(0.1, "jsonl: share of path's lines held out for eval when there is no eval_path",
+                                lo=0.0, hi=0.99)
+    question_field: str = _opt("question", "jsonl: the question's field name")
+    answer_field: str = _opt("answer", "jsonl: the answer's field name")
+    grade: str = _opt("math", "jsonl: math (math-verify equivalence), exact (same text) or regex "
+                      "(the answer field is a pattern)", choices=("math", "exact", "regex"))
+    ignore_case: bool = _opt(False, "jsonl exact/regex: compare case-insensitively")
+    options: dict = _table_opt("your task class's own options (passed as keyword arguments)")
     level: list = field(default_factory=list, metadata={
         "doc": "arith difficulty levels to mix (empty = the task's default)", "kind": "list[int]"})
     reward: str = _opt("binary", "binary (1 = correct + format) or shaped (format credit)",
@@ -189,6 +205,10 @@ def _check_value(key: str, value: Any, f) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, want) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{key}: expected a list of {want.__name__}, got {value!r}")
         return list(value)
+    if kind == "table":
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {value!r}")
+        return dict(value)
     expected = type(f.default)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)          # TOML `learning_rate = 1` means 1.0
@@ -260,6 +280,12 @@ def _cross_checks(cfg: Config) -> None:
             raise ConfigError(f"swarm.{key}: {p} does not exist")
     if cfg.task.path and not Path(cfg.task.path).expanduser().exists():
         raise ConfigError(f"task.path: {cfg.task.path} does not exist")
+    from .tasks.registry import name_problem
+    problem = name_problem(cfg.task.name)
+    if problem:
+        raise ConfigError(f"task.name: {problem}")
+    if cfg.task.eval_path and not Path(cfg.task.eval_path).expanduser().exists():
+        raise ConfigError(f"task.eval_path: {cfg.task.eval_path} does not exist")
     if cfg.swarm.relay:
         split_relay(cfg.swarm.relay)
 
@@ -325,6 +351,8 @@ def _toml_value(value) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import FtisError
 from .generate.registry import BACKENDS
-from .tasks import TASK_NAMES
+from .tasks import TASK_NAMES, name_problem
 
 PRECISIONS = ("f16", "quantized")
 
@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default smollm2-135m)")
     parser.add_argument("--adapter", default=None,
                         help="LoRA adapter: a GGUF LoRA file (llamacpp) or a peft directory (hf)")
-    parser.add_argument("--task", default=_D.task, help=f"one of {', '.join(TASK_NAMES)} (default gsm8k)")
+    parser.add_argument("--task", default=_D.task, help=f"one of {', '.join(TASK_NAMES)}, reasoning_gym:<dataset>,…, "
+                        "or module:Class (default gsm8k; docs/tasks.md)")
     parser.add_argument("--level", default=None, help="arith only: a level or a list, e.g. 2 or 1,2,3")
     parser.add_argument("--path", default=None, help="dataset JSONL file instead of the data folder (./install.sh --data)")
     parser.add_argument("--limit", type=int, default=None,
@@ -154,8 +155,8 @@ def summarize(items: list[dict], seconds: float) -> dict:
 # --- set-up --------------------------------------------------------------------------------
 
 def _check_spec(spec: EvalSpec) -> None:
-    if spec.task not in TASK_NAMES:
-        raise EvalError(f"unknown task {spec.task!r}; choose one of {', '.join(TASK_NAMES)}")
+    if name_problem(spec.task):
+        raise EvalError(name_problem(spec.task))
     if spec.level is not None and spec.task != "arith":
         raise EvalError("--level only applies to --task arith")
     if spec.backend not in BACKENDS:

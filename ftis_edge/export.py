@@ -124,10 +124,12 @@ def _learner_from_checkpoint(state: dict, cfg, bundle):
 
 def _eval(cfg, model: str, precision: str, limit: int, threads: int | None) -> dict:
     from . import evaluate
-    spec = evaluate.EvalSpec(model=model, task=cfg.task.name, limit=limit, precision=precision,
+    from .tasks import task_spec
+    spec = evaluate.EvalSpec(model=model, task=task_spec(cfg.task), limit=limit, precision=precision,
                              max_new_tokens=cfg.task.max_completion_length, few_shot=cfg.task.few_shot,
                              level=tuple(cfg.task.level) if cfg.task.name == "arith" and cfg.task.level else None,
-                             path=cfg.task.path or None, require_think=cfg.task.require_think,
+                             path=cfg.task.path if cfg.task.path and cfg.task.name in ("gsm8k", "math500") else None,
+                             require_think=cfg.task.require_think,
                              threads=threads or None, quiet=True)
     try:
         r = evaluate.evaluate(spec)
@@ -240,10 +242,9 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     except (ModelError, GGUFError) as e:
         raise ExportError(f"{e} (llama.cpp's output: {noise})") from None
     shipped = files[quant]
-    from .tasks import TaskError, get_task
+    from .tasks import TaskError, task_from_config
     try:
-        task = get_task(cfg.task.name, few_shot=cfg.task.few_shot,
-                        **({"path": cfg.task.path} if cfg.task.path else {}))
+        task = task_from_config(cfg.task)
         context = task.messages("")[:-1]
     except TaskError:       # the dataset is not on this machine: no worked examples in the Modelfile
         context = []

@@ -240,7 +240,7 @@ class Intake:
     def _check_header(self, r: Rollout) -> str | None:
         if r.swarm != self.swarm:
             return "wrong_swarm"
-        if r.task != self.task.name:
+        if r.task != self.task.tag_of(r.prompt_id):     # the tag must be the one of its prompt
             return "other_task"
         if not r.completions:
             return "empty"

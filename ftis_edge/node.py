@@ -77,7 +77,7 @@ class Node:
         from .learner import Learner
         from .models import resolve_model
         from .sync import WeightSync
-        from .tasks import get_task, warm_up
+        from .tasks import task_from_config, warm_up
 
         cfg = self.cfg = self._resolve_engines(self.cfg)     # idempotent; run() did it already
         quiet_third_party()
@@ -92,13 +92,7 @@ class Node:
             log.info("loading %s (%.0f s last time)", cfg.model.spec, last_s)
         self.bundle = resolve_model(cfg.model.spec)
         self.bundle.require_supported()     # an unsupported architecture fails here, not in a round
-        task_opts = {"reward": cfg.task.reward, "timeout_s": cfg.task.reward_timeout_s,
-                     "few_shot": cfg.task.few_shot, "require_think": cfg.task.require_think}
-        if cfg.task.path:
-            task_opts["path"] = cfg.task.path
-        if cfg.task.level:
-            task_opts["level"] = list(cfg.task.level)
-        self.task = get_task(cfg.task.name, **task_opts)
+        self.task = task_from_config(cfg.task)
         preflight.check(cfg, self.bundle, self.task)   # config vs model, in one line, before loading
         warm_up()          # start the grader worker now, not inside the first round
         log.info("model %s (%s %s, fp %s); task %s", cfg.model.spec, self.bundle.name, self.bundle.arch,
@@ -136,7 +130,7 @@ class Node:
             k = cfg.swarm.delivery_budget or max(1, cfg.swarm.max_peer_groups)   # horizontal needs every part
             self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys,
                                      budget_k=0 if k < 0 or cfg.mode == "horizontal" else k,
-                                     filters={"task": [self.task.name]})
+                                     filters={"task": list(self.task.tags)})
             self.swarm.start()
             # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
             log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
@@ -253,7 +247,7 @@ class Node:
                      for c, r in zip(g.completions, g.rewards)]
             rollout = Rollout(
                 rollout_id=uuid.uuid4().hex, node_id=self.node_id, swarm=cfg.swarm.name,
-                task=self.task.name, prompt_id=g.prompt.id, prompt_ids=None, group_id=g.group_id,
+                task=self.task.tag_of(g.prompt.id), prompt_id=g.prompt.id, prompt_ids=None, group_id=g.group_id,
                 group_index=0, group_size=cfg.task.num_generations if horizontal else len(comps),
                 round=self.round, completions=comps, model_fp=b.fingerprint,
                 tokenizer_fp=b.tokenizer_fingerprint, model_name=cfg.model_label, vocab_size=b.vocab_size,

@@ -71,7 +71,9 @@ def test_module_is_runnable_and_errors_cleanly():
     out = subprocess.run([sys.executable, "-m", "ftis_edge.evaluate", "--task", "nope"],
                          capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120)
     assert out.returncode == 2
-    assert out.stderr.strip() == "ftis-edge eval: error: unknown task 'nope'; choose one of arith, gsm8k, math500"
+    assert out.stderr.strip().startswith("ftis-edge eval: error: unknown task 'nope'; choose one of arith, gsm8k, "
+                                         "math500, reasoning_gym, jsonl, reasoning_gym:<dataset>")
+    assert "\n" not in out.stderr.strip()
 
 
 # --- the real thing ----------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def test_unknown_task_or_option_is_a_task_error():
         get_task("arith", bogus=1)
     with pytest.raises(TaskError, match="reward must be one of"):
         get_task("arith", reward="partial")
-    assert set(TASK_NAMES) == {"arith", "gsm8k", "math500"}
+    assert set(TASK_NAMES) == {"arith", "gsm8k", "math500", "reasoning_gym", "jsonl"}
 
 
 def test_task_reward_uses_its_options():
@@ -191,18 +191,25 @@ def test_gsm8k_split_test_and_explicit_path(tmp_path):
     assert task.get("gsm8k/train/1").question == "Big?"
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"question": "q", "answer": "#### 1"}\n{"question": "q", "answer"\n', r"bad\.jsonl:2: not valid JSON"),
-    ('{"question": "q", "answer": "#### 1"}\n{"question": "q"}\n', r"bad\.jsonl:2: missing text field 'answer'"),
-    ('{"question": "q", "answer": "no hashes"}\n', r"bad\.jsonl:1: no '####' final answer"),
-    ('[1, 2]\n', r"bad\.jsonl:1: expected a JSON object"),
-    ('\n\n', r"bad\.jsonl: no records"),
+@pytest.mark.parametrize("task, content, message", [
+    ("gsm8k", '{"question": "q", "answer": "#### 1"}\n{"question": "q", "answer"\n', r"bad\.jsonl:2: not valid JSON"),
+    ("gsm8k", '{"question": "q", "answer": "#### 1"}\n{"question": "q"}\n', r"bad\.jsonl:2: missing text field 'answer'"),
+    ("gsm8k", '{"question": "q", "answer": "no hashes"}\n', r"bad\.jsonl:1: no '####' final answer"),
+    ("gsm8k", '[1, 2]\n', r"bad\.jsonl:1: expected a JSON object"),
+    ("gsm8k", '\n\n', r"bad\.jsonl: no records"),
+    # your own JSON Lines dataset (task "jsonl", tests/test_own_tasks.py)
+    ("jsonl", "", "no records"),
+    ("jsonl", '{"question": "q", "answer": "1"}\n{"question": "q2"\n', r"bad\.jsonl:2: not valid JSON"),
+    ("jsonl", '{"question": "q", "answer": "1"}\n{"question": "q2"}\n', r"bad\.jsonl:2: missing answer field 'answer'"),
+    ("jsonl", '{"answer": "1"}\n', r"bad\.jsonl:1: missing text field 'question'"),
+    ("jsonl", '[1, 2]\n', r"bad\.jsonl:1: expected a JSON object"),
 ])
-def test_bad_gsm8k_files_name_file_and_line(tmp_path, content, message):
+def test_bad_dataset_files_name_file_and_line(tmp_path, task, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
-    with pytest.raises(TaskError, match=message):
-        get_task("gsm8k", path=str(path))
+    with pytest.raises(TaskError, match=message) as e:
+        get_task(task, path=str(path))
+    assert "\n" not in str(e.value)
 
 
 def test_missing_file_and_missing_data_are_clear(tmp_path, monkeypatch):

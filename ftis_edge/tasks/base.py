@@ -64,6 +64,18 @@ class Task:
         except ValueError as e:
             raise TaskError(str(e)) from None
 
+    # --- tags: what the relay's task filter sees ------------------------------------------
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The task tags this node subscribes to (the relay delivers only rollouts tagged so)."""
+        return (self.name,)
+
+    def tag_of(self, prompt_id: str) -> str | None:
+        """The tag a rollout of this prompt carries, or None when the prompt is not this task's.
+        A task whose prompts come from several sources (a reasoning-gym mix) tags each by its
+        source, so a peer on another mix still gets the datasets the two share."""
+        return self.name
+
     # --- prompts -------------------------------------------------------------------------
     def get(self, prompt_id: str) -> Prompt:
         """Rebuild a prompt (question and reference) from its id alone."""

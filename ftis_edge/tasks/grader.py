@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .rewards import RewardSettings, answers_match, check_format, prefilter, reward_value
+from .rewards import RewardSettings, answers_match, check_format, exact_match, prefilter, reward_value
 
 STARTUP_TIMEOUT_S = 60.0        # a cold worker start (python + sympy imports), once per process
+MATH_SETUP = '{"rule": "math"}'  # what a worker prepares: its rule (and, for reasoning_gym, the datasets)
 
 
 # answers that touch sympy's lazily loaded parts (tuples, pi, complex, sets, equations)
@@ -36,23 +37,46 @@ WARM_UP = [("\\frac{1}{2}", "0.5"), ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} 
            ("\\sqrt{2}/2", "\\frac{\\sqrt2}{2}"), ("x^2+1", "1+x^2"), ("18 dollars", "18")]
 
 
-def _worker_main() -> None:
-    """The grader process: read JSON requests [id, answer, reference] on stdin, answer
-    [id, correct, error] on stdout, one line each."""
+def _math_checker(setup: dict):
+    for answer, reference in WARM_UP:       # load sympy's lazy parts before saying ready
+        answers_match(answer, reference)
+    return lambda answer, reference: float(answers_match(answer, reference))
+
+
+def _regex_checker(setup: dict):
+    import re
+    flags = re.IGNORECASE if setup.get("ignore_case") else 0
+    # the pattern is the user's own reference; the answer is untrusted: backtracking is what
+    # the worker's budget is for
+    return lambda answer, reference: float(re.fullmatch(reference, answer.strip(), flags) is not None)
+
+
+def _gym_checker(setup: dict):
+    from .gym_verify import checker         # imports reasoning_gym: only in its own workers
+    return checker(setup)
+
+
+CHECKERS = {"math": _math_checker, "regex": _regex_checker, "reasoning_gym": _gym_checker}
+
+
+def _worker_main(setup_json: str = '{"rule": "math"}') -> None:
+    """The grader process: prepare the rule named by ``setup_json``, then read JSON requests
+    [id, answer, reference] on stdin and answer [id, score in [0, 1], error] on stdout, one
+    line each."""
     logging.disable(logging.WARNING)      # math-verify warns that its own timeout is off
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")   # the protocol channel ...
     os.dup2(2, 1)                                        # ... and stray prints go to stderr
     sys.stdout = sys.stderr
-    for answer, reference in WARM_UP:       # load sympy's lazy parts before saying ready
-        answers_match(answer, reference)
+    setup = json.loads(setup_json)
+    check = CHECKERS[setup.get("rule", "math")](setup)
     out.write('["ready", true, null]\n')
     out.flush()
     for line in sys.stdin:
         req_id, answer, reference = json.loads(line)
         try:
-            reply = [req_id, answers_match(answer, reference), None]
+            reply = [req_id, float(check(answer, reference)), None]
         except Exception as e:                  # noqa: BLE001 - any grader failure means "not correct"
-            reply = [req_id, False, f"grader error: {type(e).__name__}"]
+            reply = [req_id, 0.0, f"grader error: {type(e).__name__}"]
         out.write(json.dumps(reply) + "\n")
         out.flush()
 
@@ -62,12 +86,13 @@ class _Worker:
     with a timeout from any thread (plain subprocess: no multiprocessing re-import of the
     caller's __main__, works the same on every OS)."""
 
-    def __init__(self):
+    def __init__(self, setup: str = MATH_SETUP):
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from ftis_edge.tasks.grader import _worker_main; _worker_main()"],
+            [sys.executable, "-c", "import sys; from ftis_edge.tasks.grader import _worker_main; "
+             "_worker_main(sys.argv[1])", setup],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
             encoding="utf-8")
         self.replies: queue.Queue = queue.Queue()
@@ -121,15 +146,21 @@ class _Worker:
 
 @dataclass(frozen=True)
 class Verdict:
-    correct: bool
+    score: float            # 1.0 correct, 0.0 wrong, in between: a verifier's partial credit
     timed_out: bool
     reason: str
 
+    @property
+    def correct(self) -> bool:
+        return self.score >= 1.0
+
 
 class Grader:
-    """math-verify behind a time budget: an active worker plus a hot spare."""
+    """One answer-checking rule (math-verify by default) behind a time budget: an active
+    worker plus a hot spare, both prepared from ``setup``."""
 
-    def __init__(self):
+    def __init__(self, setup: str = MATH_SETUP):
+        self.setup = setup
         self._lock = threading.Lock()           # one request in flight on the active worker
         self._active: _Worker | None = None
         self._spare: _Worker | None = None
@@ -155,9 +186,9 @@ class Grader:
             self._active.kill()
             self._active = None
         if self._active is None:
-            self._active, self._spare = (self._spare or _Worker()), None
+            self._active, self._spare = (self._spare or _Worker(self.setup)), None
         if spare and (self._spare is None or not self._spare.alive()):
-            self._spare = _Worker()
+            self._spare = _Worker(self.setup)
 
     def _wait_active(self, deadline: float) -> bool:
         if not self._ever_ready:               # cold start: not the caller's budget to pay
@@ -178,20 +209,20 @@ class Grader:
         old.kill()
         with self._lock:
             if self._spare is None and not self._closed:
-                self._spare = _Worker()
+                self._spare = _Worker(self.setup)
 
     def verify(self, answer: str, reference: str, budget_s: float) -> Verdict:
         """Does ``answer`` equal ``reference``? Gives up (timed_out) after ``budget_s``."""
         deadline = time.monotonic() + budget_s
         if not self._lock.acquire(timeout=max(0.0, budget_s)):
-            return Verdict(False, True, "grader busy: budget spent waiting")
+            return Verdict(0.0, True, "grader busy: budget spent waiting")
         try:
             cold = not self._ever_ready
             self._ensure_workers(spare=cold)     # later, a restart thread refills the spare
             if not self._wait_active(deadline):
                 if not self._active.alive():
                     self._discard_active()
-                return Verdict(False, True, "grader worker not ready within budget")
+                return Verdict(0.0, True, "grader worker not ready within budget")
             if cold:                              # the first start is not this answer's budget
                 deadline = time.monotonic() + budget_s
             self._next_id += 1
@@ -200,12 +231,15 @@ class Grader:
                                          deadline - time.monotonic())
             except (OSError, ValueError):
                 self._discard_active()
-                return Verdict(False, False, "grader worker crashed")
+                return Verdict(0.0, False, "grader worker crashed")
             if reply is None:                    # still busy on this answer: kill it
                 self._discard_active()           # the spare takes over at once
-                return Verdict(False, True, f"grading took longer than {budget_s:.3g} s")
-            _, correct, error = reply
-            return Verdict(bool(correct), False, error or ("correct" if correct else "wrong answer"))
+                return Verdict(0.0, True, f"grading took longer than {budget_s:.3g} s")
+            _, value, error = reply
+            value = min(1.0, max(0.0, float(value)))
+            reason = error or ("correct" if value >= 1.0 else f"partial credit {value:.3g}" if value > 0
+                               else "wrong answer")
+            return Verdict(value, False, reason)
         finally:
             self._lock.release()
 
@@ -219,23 +253,27 @@ class Grader:
             self._closed = True
 
 
-_GRADER: Grader | None = None
+_GRADERS: dict[str, Grader] = {}
 _GRADER_LOCK = threading.Lock()
 
 
-def get_grader() -> Grader:
-    """The process-wide grader (its workers start on first use)."""
-    global _GRADER
+def get_grader(setup: str = MATH_SETUP) -> Grader:
+    """The process-wide grader for one rule setup (its workers start on first use)."""
     with _GRADER_LOCK:
-        if _GRADER is None:
-            _GRADER = Grader()
-            atexit.register(_GRADER.close)
-        return _GRADER
+        grader = _GRADERS.get(setup)
+        if grader is None:
+            grader = _GRADERS[setup] = Grader(setup)
+            atexit.register(grader.close)
+        return grader
 
 
 def warm_up() -> bool:
-    """Start the grader workers ahead of the first reward (they take ~1 s to import sympy)."""
-    return get_grader().warm_up()
+    """Start the grader workers ahead of the first reward (they take ~1 s to import sympy): the
+    math grader and every grader a task has asked for (``get_grader`` at its construction)."""
+    get_grader()
+    with _GRADER_LOCK:
+        graders = list(_GRADERS.values())
+    return all([g.warm_up() for g in graders])
 
 
 # --- scoring ---------------------------------------------------------------------------
@@ -250,7 +288,7 @@ def score(text: str, reference: str, settings: RewardSettings = RewardSettings()
     t0 = time.monotonic()
     budget = settings.timeout_s if budget_s is None else min(settings.timeout_s, budget_s)
     fmt = check_format(text if isinstance(text, str) else "", settings.require_think)
-    correct, timed_out, reason = False, False, fmt.reason
+    value, timed_out, reason = 0.0, False, fmt.reason
     if fmt.answer is not None:
         refused = prefilter(fmt.answer, settings) if settings.prefilter else None
         if refused:
@@ -258,13 +296,32 @@ def score(text: str, reference: str, settings: RewardSettings = RewardSettings()
         elif budget <= 0:
             timed_out, reason = True, "no time left in the batch budget"
         else:
-            verdict = get_grader().verify(fmt.answer, str(reference), budget)
-            correct, timed_out = verdict.correct, verdict.timed_out
+            verdict = _verify(fmt.answer, str(reference), settings, budget)
+            value, timed_out = verdict.score, verdict.timed_out
             reason = verdict.reason if fmt.ok or timed_out else f"{fmt.reason} ({verdict.reason})"
-    breakdown = {"format_ok": fmt.ok, "correct": correct, "answer": fmt.answer,
+    breakdown = {"format_ok": fmt.ok, "correct": value >= 1.0, "answer": fmt.answer,
                  "timed_out": timed_out, "reason": reason,
                  "seconds": round(time.monotonic() - t0, 6)}
-    return reward_value(settings, fmt.ok, correct), breakdown
+    if 0.0 < value < 1.0:
+        breakdown["partial"] = value
+    return reward_value(settings, fmt.ok, value), breakdown
+
+
+def _verify(answer: str, reference: str, settings: RewardSettings, budget_s: float) -> Verdict:
+    """The rule's comparison: "exact" here (linear time), the others in their grader worker."""
+    if settings.rule == "exact":
+        ok = exact_match(answer, reference, settings.ignore_case)
+        return Verdict(float(ok), False, "correct" if ok else "wrong answer")
+    return get_grader(rule_setup(settings)).verify(answer, reference, budget_s)
+
+
+def rule_setup(settings: RewardSettings) -> str:
+    """The setup of the grader workers that check answers under ``settings``."""
+    if settings.rule_setup:
+        return settings.rule_setup
+    if settings.rule == "math":
+        return MATH_SETUP
+    return json.dumps({"rule": settings.rule, "ignore_case": settings.ignore_case})
 
 
 def score_many(texts: Sequence[str], references: Sequence[str],

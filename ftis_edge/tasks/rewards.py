@@ -17,6 +17,10 @@ from functools import lru_cache
 # turn (models.PLAIN_TURN_STOP), where a base model's sequence is stopped (generate/stops.py)
 END_TOKENS = ("<|im_end|>", "<|endoftext|>", "</s>", "<eos>", "<end_of_turn>", "<|eot_id|>", "\nUser:")
 REWARD_MODES = ("binary", "shaped")
+# How an answer is compared with the reference: math-verify equivalence (gsm8k, math500, arith),
+# the exact string, a regular expression (the reference is the pattern), or a reasoning-gym
+# dataset's own verifier (the reference names the dataset item; see gym.py).
+RULES = ("math", "exact", "regex", "reasoning_gym")
 
 
 @dataclass(frozen=True)
@@ -28,10 +32,15 @@ class RewardSettings:
     max_answer_chars: int = 200     # pre-filter: longer answers are rejected unread
     max_nesting: int = 10           # pre-filter: deeper ()[]{} nesting is rejected
     prefilter: bool = True          # off only to exercise the worker's timeout in tests
+    rule: str = "math"              # one of RULES
+    rule_setup: str = ""            # JSON the grader worker prepares from (reasoning_gym: the datasets)
+    ignore_case: bool = False       # "exact" / "regex": compare case-insensitively
 
     def __post_init__(self):
         if self.mode not in REWARD_MODES:
             raise ValueError(f"reward must be one of {', '.join(REWARD_MODES)}, got {self.mode!r}")
+        if self.rule not in RULES:
+            raise ValueError(f"grade must be one of {', '.join(RULES)}, got {self.rule!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not 0.0 <= self.format_reward < 1.0:
@@ -120,6 +129,10 @@ def prefilter(answer: str, settings: RewardSettings) -> str | None:
     """Why ``answer`` is refused before grading, or None when it may be graded."""
     if len(answer) > settings.max_answer_chars:
         return f"answer longer than {settings.max_answer_chars} characters"
+    if settings.rule == "reasoning_gym" and "__" in answer:
+        return "dunder in the answer"       # the shape of a Python escape (some verifiers eval)
+    if settings.rule != "math":
+        return None                         # the rest guards sympy; the worker's budget bounds the others
     depth = deepest = 0
     for ch in answer:
         if ch in "([{":
@@ -173,10 +186,20 @@ def answers_match(answer: str, reference: str) -> bool:
     return bool(verify(gold, parse(answer, parsing_timeout=None), timeout_seconds=None))
 
 
-def reward_value(settings: RewardSettings, format_ok: bool, correct: bool) -> float:
-    """1 for a well-formed correct answer; "shaped" also pays ``format_reward`` for form alone."""
-    if format_ok and correct:
-        return 1.0
-    if format_ok and settings.mode == "shaped":
-        return settings.format_reward
-    return 0.0
+def exact_match(answer: str, reference: str, ignore_case: bool = False) -> bool:
+    """The same text once surrounding whitespace is dropped and inner runs collapsed (linear time)."""
+    a, r = " ".join(answer.split()), " ".join(reference.split())
+    return a.casefold() == r.casefold() if ignore_case else a == r
+
+
+def reward_value(settings: RewardSettings, format_ok: bool, correct: bool | float) -> float:
+    """1 for a well-formed correct answer; "shaped" also pays ``format_reward`` for form alone.
+
+    ``correct`` may be a verifier's partial credit in [0, 1] (reasoning-gym): a well-formed answer
+    then earns that score (shaped: at least ``format_reward``)."""
+    score = min(1.0, max(0.0, float(correct)))
+    if not format_ok:
+        return 0.0
+    if settings.mode == "shaped":
+        return max(score, settings.format_reward)
+    return score

@@ -1,0 +1,59 @@
+"""Which reasoning-gym datasets can a small model learn? Base accuracy at T = 1, easiest settings.
+
+GRPO learns from groups whose rewards differ, so a dataset is a good start when the base model,
+sampling at T = 1, is right sometimes. Each dataset runs at curriculum level 0 (its easiest
+settings) on its held-out eval items, with the node's prompt (system prompt + 2 worked examples).
+
+    .venv/bin/python benchmarks/calibrate_tasks.py --prompts 16
+    .venv/bin/python benchmarks/calibrate_tasks.py --model gemma3-270m --datasets chain_sum,leg_counting
+
+Prints a row per (model, dataset): accuracy (reward 1) with a 95% Wilson interval, mean reward
+(partial credit included), format rate. ``--json`` keeps every completion.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from calibrate_arith import eval_args, write_runs
+from ftis_edge import evaluate
+
+# SAPO's nine, then three that are easy to read
+DATASETS = ("base_conversion,basic_arithmetic,arc_1d,bf,propositional_logic,fraction_simplification,"
+            "decimal_arithmetic,calendar_arithmetic,binary_matrix,chain_sum,leg_counting,spell_backward")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="smollm2-135m", help="comma-separated model specs")
+    ap.add_argument("--datasets", default=DATASETS)
+    ap.add_argument("--prompts", type=int, default=16, help="held-out prompts per dataset")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    rows, runs = [], []
+    for model in a.models.split(","):
+        for dataset in a.datasets.split(","):
+            args = eval_args(task=f"reasoning_gym:{dataset}", limit=a.prompts, model=model, temperature=1.0,
+                             max_new_tokens=a.max_new_tokens, threads=a.threads, quiet=True)
+            t0 = time.time()
+            r = evaluate.evaluate(args)
+            mean = sum(it["reward"] for it in r["items"]) / max(1, len(r["items"]))
+            lo, hi = r["accuracy_ci95"]
+            row = (f"| {model} | {dataset} | {r['n']} | {r['accuracy']:.1%} | {lo:.1%} – {hi:.1%} | "
+                   f"{mean:.3f} | {r['format_rate']:.1%} | {r['mean_completion_tokens']:.0f} |")
+            print(row + f"  ({time.time() - t0:.0f} s, {r['tok_s']:.0f} tok/s)", file=sys.stderr, flush=True)
+            rows.append(row)
+            runs.append(r)
+    print("| model | dataset | n | accuracy | 95% CI | mean reward | format ok | mean tokens |")
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    write_runs(a.json, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""jsonl: your own dataset, a JSON Lines file of questions and answers.
+
+Each line is a JSON object with a question and an answer field (names configurable). The
+answer is graded by a choice of rule: ``math`` (math-verify equivalence, as gsm8k / math500),
+``exact`` (the same text, whitespace runs collapsed; ``ignore_case`` optional) or ``regex``
+(the answer field is a Python regular expression the whole answer must match). The eval split
+is a second file (``eval_path``) or a fixed random ``eval_fraction`` of the lines.
+
+The task's identity hashes the files' bytes, the field names, the rule and the split:
+prompt ids are ``jsonl/<key>/<train|eval>/<record index>`` and the relay tag ``jsonl/<key>``,
+so a peer whose file differs by one byte neither receives this node's rollouts nor can
+make it rebuild a prompt.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import re
+from pathlib import Path
+from typing import Iterator
+
+from .base import Prompt, Task, TaskError, shuffled_stream
+from .datasets import read_jsonl
+from .gym import SYSTEM_PROMPT
+
+GRADES = ("math", "exact", "regex")
+
+
+def _records(path: Path, question_field: str, answer_field: str, grade: str,
+             ignore_case: bool) -> list[tuple[str, str]]:
+    """(question, reference) per record; a TaskError naming the file and line otherwise."""
+    out = []
+    flags = re.IGNORECASE if ignore_case else 0
+    for lineno, record in read_jsonl(path, ()):
+        question, answer = record.get(question_field), record.get(answer_field)
+        if not isinstance(question, str) or not question.strip():
+            raise TaskError(f"{path}:{lineno}: missing text field {question_field!r}")
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)
+        if not isinstance(answer, str) or not answer.strip():
+            raise TaskError(f"{path}:{lineno}: missing answer field {answer_field!r} (text or number)")
+        if grade == "regex":
+            try:
+                re.compile(answer, flags)
+            except re.error as e:
+                raise TaskError(f"{path}:{lineno}: {answer_field!r} is not a regular expression ({e})") from None
+        out.append((question.strip(), answer.strip()))
+    return out
+
+
+class JsonlTask(Task):
+    """Questions and answers from your own JSON Lines file (see the module docstring)."""
+
+    name = "jsonl"
+
+    def __init__(self, path=None, eval_path=None, eval_fraction: float = 0.1, question_field: str = "question",
+                 answer_field: str = "answer", grade: str = "math", ignore_case: bool = False,
+                 system_prompt: str | None = None, **options):
+        super().__init__(system_prompt=SYSTEM_PROMPT if system_prompt is None else system_prompt, **options)
+        if not path:
+            raise TaskError("jsonl: set task.path to your JSON Lines file")
+        if grade not in GRADES:
+            raise TaskError(f"jsonl: grade must be one of {', '.join(GRADES)}, got {grade!r}")
+        if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) \
+                or not 0.0 <= eval_fraction < 1.0:
+            raise TaskError(f"jsonl: eval_fraction must be in [0, 1), got {eval_fraction!r}")
+        for key, value in (("question_field", question_field), ("answer_field", answer_field)):
+            if not isinstance(value, str) or not value:
+                raise TaskError(f"jsonl: {key} must be a field name, got {value!r}")
+        files = [Path(path).expanduser()] + ([Path(eval_path).expanduser()] if eval_path else [])
+        digest = hashlib.sha256()
+        for f in files:
+            if not f.is_file():
+                raise TaskError(f"jsonl: {f}: no such file")
+            digest.update(hashlib.sha256(f.read_bytes()).digest())
+        fields = (question_field, answer_field, grade, bool(ignore_case))
+        train = _records(files[0], *fields)
+        if eval_path:
+            held = _records(files[1], *fields)
+            split = "file"
+        else:
+            k = round(len(train) * eval_fraction)
+            split = f"fraction={eval_fraction!r}"
+            if k == 0 and eval_fraction > 0:
+                k = 1 if len(train) > 1 else 0
+            picked = set(random.Random(f"jsonl:{digest.hexdigest()}").sample(range(len(train)), k))
+            held = [train[i] for i in sorted(picked)]
+            train = [r for i, r in enumerate(train) if i not in picked]
+            if not train:
+                raise TaskError(f"jsonl: {files[0]}: no records left for training after the eval split")
+        digest.update(json.dumps([question_field, answer_field, grade, bool(ignore_case), split]).encode())
+        self.key = digest.hexdigest()[:12]
+        self.tag = f"jsonl/{self.key}"
+        self.grade = grade
+        self.splits = {s: [Prompt(id=f"{self.tag}/{s}/{i}", question=q, reference=a, meta={"split": s})
+                           for i, (q, a) in enumerate(rows)] for s, rows in (("train", train), ("eval", held))}
+        self.reward_settings = dataclasses.replace(self.reward_settings, rule=grade, ignore_case=bool(ignore_case),
+                                                   max_answer_chars=self.reward_settings.max_answer_chars
+                                                   if grade == "math" else 1000)
+        if grade == "regex":
+            from .grader import get_grader, rule_setup
+            get_grader(rule_setup(self.reward_settings))    # warm_up() starts its workers too
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return (self.tag,)
+
+    def tag_of(self, prompt_id: str) -> str | None:
+        return self.tag if isinstance(prompt_id, str) and prompt_id.startswith(self.tag + "/") else None
+
+    def get(self, prompt_id: str) -> Prompt:
+        m = re.fullmatch(rf"{re.escape(self.tag)}/(train|eval)/(\d{{1,9}})", prompt_id) \
+            if isinstance(prompt_id, str) else None
+        if not m:
+            raise TaskError(f"jsonl: bad prompt id {prompt_id!r} (expected {self.tag}/<train|eval>/<index>)")
+        rows = self.splits[m.group(1)]
+        if int(m.group(2)) >= len(rows):
+            raise TaskError(f"jsonl: prompt id {prompt_id!r} is past the end of the {m.group(1)} split")
+        return rows[int(m.group(2))]
+
+    def is_trainable(self, prompt_id: str) -> bool:
+        return self.tag_of(prompt_id) is not None and prompt_id.startswith(f"{self.tag}/train/")
+
+    def prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
+        return shuffled_stream(self.splits["train"], self.tag, seed, start)
+
+    def eval_prompts(self, limit: int | None = None) -> list[Prompt]:
+        rows = self.splits["eval"]
+        return rows if limit is None else rows[: max(0, int(limit))]

@@ -1,0 +1,40 @@
+"""A real node (SmolLM2-135M, llama.cpp, LoRA) trains one round on a reasoning-gym mix."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftis_edge.metric_keys import unregistered
+from ftis_edge.metrics import read_metrics
+from test_node import finish, start_node
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
+
+
+def test_a_node_trains_a_round_on_a_reasoning_gym_mix_and_tags_its_rollouts(tmp_path):
+    cfg = tmp_path / "rg.toml"
+    cfg.write_text(f"""
+[node]
+id = "rg"
+run_dir = "{tmp_path / '{id}'}"
+rounds = 1
+[model]
+threads = 1
+[task]
+name = "reasoning_gym"
+prompts_per_round = 2
+num_generations = 4
+max_completion_length = 40
+reward = "shaped"
+[task.datasets]
+chain_sum = {{}}
+leg_counting = {{ weight = 2 }}
+""")
+    finish(start_node(cfg))
+    records = read_metrics(tmp_path / "rg")
+    assert [r["type"] for r in records] == ["start", "round", "stop"]
+    r = records[1]
+    assert unregistered(r) == [] and 0.0 <= r["reward/own"] <= 1.0 and r["gen/tokens"] > 0
+    saved = (tmp_path / "rg" / "config.toml").read_text()
+    assert "chain_sum" in saved and "leg_counting" in saved, saved
