@@ -22,6 +22,7 @@ import numpy as np
 
 from . import atomic
 from .errors import FtisError
+from .turns import END_OF_TURN_TEXTS
 
 GGUF_MAGIC = b"GGUF"
 
@@ -92,9 +93,8 @@ def _write_gguf(path, arch: str, kv_fn, tensors) -> Path:
 
 # --------------------------------------------------------------------------- reading
 
-# Control tokens that llama.cpp also treats as end-of-generation; used when the GGUF metadata
-# names only one eos id (SmolLM2: <|im_end|> is eos, <|endoftext|> also ends a sequence).
-END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<eos>", "</s>")
+# END_OF_TURN_TEXTS (turns.py): control tokens that llama.cpp also treats as end-of-generation;
+# used when the GGUF metadata names only one eos id.
 
 
 def check_gguf_file(path: Path) -> None:
