@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import random
 import signal
 import statistics
@@ -23,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from . import checkpoint, preflight, rundir
+from . import checkpoint, neighbours, preflight, rundir
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
 from .config import Config, to_toml
 from .errors import FtisError, one_line
@@ -71,7 +70,9 @@ class Node:
 
         cfg = self.cfg = self._resolve_engines(self.cfg)     # idempotent; run() did it already
         quiet_third_party()
-        threads = cfg.model.threads or os.cpu_count() or 2
+        threads, crowded = neighbours.threads_for(cfg.model.threads)   # 0: all cores, or a share beside other nodes
+        if crowded:
+            log.warning("%s", crowded)
         torch.set_num_threads(threads)
         t0 = time.time()
         self.bundle = resolve_model(cfg.model.spec)
