@@ -70,10 +70,6 @@ class Node:
 
         cfg = self.cfg = self._resolve_engines(self.cfg)     # idempotent; run() did it already
         quiet_third_party()
-        threads, crowded = neighbours.threads_for(cfg.model.threads)   # 0: all cores, or a share beside other nodes
-        if crowded:
-            log.warning("%s", crowded)
-        torch.set_num_threads(threads)
         t0 = time.time()
         self.bundle = resolve_model(cfg.model.spec)
         self.bundle.require_supported()     # an unsupported architecture fails here, not in a round
@@ -86,6 +82,10 @@ class Node:
         self.task = get_task(cfg.task.name, **task_opts)
         preflight.check(cfg, self.bundle, self.task)   # config vs model, in one line, before loading
         warm_up()          # start the grader worker now, not inside the first round
+        threads, crowded = neighbours.threads_for(cfg.model.threads)   # 0: all cores, or a share beside other nodes
+        if crowded:
+            log.warning("%s", crowded)
+        torch.set_num_threads(threads)
         log.info("model %s (%s %s, fp %s); task %s", cfg.model.spec, self.bundle.name, self.bundle.arch,
                  self.bundle.fingerprint, cfg.task.name)
         device = None if cfg.model.device == "auto" else cfg.model.device
