@@ -25,7 +25,8 @@ from pathlib import Path
 GB = 1024 ** 3
 RUNTIME_BYTES = int(0.45 * GB)     # a node process before any model: its imports + tokenizer (bench_fit.py: 0.41)
 CUDA_CONTEXT_BYTES = int(0.5 * GB)  # the CUDA context and torch's allocator slack on a GPU
-DEFAULT_PROMPT_TOKENS = 320        # arith / gsm8k prompt with the default 2 worked examples (system + shots)
+DEFAULT_PROMPT_TOKENS = 256        # a prompt with the default 2 worked examples (arith on SmolLM2: 173)
+Q8_0_BYTES_PER_PARAM = 34 / 32     # Q8_0: 32 weights in 34 bytes (an HF model's "quantized" generator)
 HEADROOM = 0.9                     # use at most this share of what the machine has
 LOGIT_CHUNK_ROWS = 1024            # learner.LOGIT_CHUNK_ROWS (not imported: that pulls in torch)
 LOGIT_COPIES = 3                   # logits, their exp for logsumexp, the gradient (recomputed per chunk)
@@ -187,12 +188,13 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
     kv_cells = setup.group * _round_up(seq, 64)
     generator: dict = {}
     if setup.backend == "llamacpp":
-        if setup.precision == "quantized" and s.file_bytes:
-            generator["gen weights"] = s.file_bytes
+        if setup.precision == "quantized":     # the shipped GGUF, or the Q8_0 an HF model is quantized to
+            generator["gen weights"] = s.file_bytes or int(Q8_0_BYTES_PER_PARAM * s.n_params)
         else:
             generator["gen weights"] = 2 * s.n_params
         generator["kv cache"] = 2 * 2 * s.n_layer * s.kv_dim * _round_up(kv_cells, 256)     # K and V, f16
-        generator["gen compute"] = 4 * LLAMACPP_UBATCH * (s.ffn + 4 * s.hidden) + 4 * setup.group * s.vocab
+        # its compute buffer holds a batch's worth of logits (a scored or prefilled batch) and activations
+        generator["gen compute"] = 4 * LLAMACPP_UBATCH * (s.vocab + s.ffn + 4 * s.hidden)
     else:
         generator["kv cache"] = 4 * 2 * s.n_layer * s.kv_dim * kv_cells                        # K and V, f32
     ram, vram = {"runtime": RUNTIME_BYTES}, {}
@@ -262,14 +264,18 @@ def advice(shape: ModelShape, setup: Setup, limit_ram: float, limit_vram: float 
     while mb > 1:
         mb //= 2
         tries.append((f"train.micro_batch = {mb}", replace(setup, micro_batch=mb)))
-    if setup.backend == "llamacpp" and setup.precision == "f16" and shape.file_bytes:
+    if setup.backend == "llamacpp" and setup.precision == "f16":
         tries.append(("model.precision = \"quantized\"", replace(setup, precision="quantized")))
     for change, st in tries:
         if fits(st):
             return change
     best = replace(setup, trainable="lora", micro_batch=1, precision="quantized")
     if fits(best):
-        return "train.trainable = \"lora\", train.micro_batch = 1 and model.precision = \"quantized\""
+        changes = [c for c, differs in (('train.trainable = "lora"', setup.trainable != "lora"),
+                                        ("train.micro_batch = 1", setup.micro_batch != 1),
+                                        ('model.precision = "quantized"', setup.precision != "quantized"
+                                         and setup.backend == "llamacpp")) if differs]
+        return " and ".join(changes)
     return "a smaller model (model.spec; see docs/models.md)"
 
 
@@ -291,23 +297,18 @@ def check(shape: ModelShape, setup: Setup, have: Machine) -> tuple[bool, str]:
 
 # ------------------------------------------------------------------ which model on which machine
 
-# Published shapes (the models' config.json); n_params follows from them (shape_from_hf_config).
-KNOWN_SHAPES = {
-    "SmolLM2-135M": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
-    "Gemma-3-270M": dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
-                         num_key_value_heads=1, head_dim=256, vocab_size=262144, tie_word_embeddings=True),
-    "Qwen2.5-0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "Llama-3.2-1B": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True),
-    "Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "Llama-3.2-3B": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-                         num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=True),
-    "Qwen2.5-3B": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-}
+# Published shapes (the models' config.json, all with tied embeddings); n_params follows from them.
+_SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "vocab_size")
+KNOWN_SHAPES = {name: dict(zip(_SHAPE_KEYS, row), tie_word_embeddings=True) for name, row in {
+    "SmolLM2-135M": (576, 1536, 30, 9, 3, 64, 49152),
+    "Gemma-3-270M": (640, 2048, 18, 4, 1, 256, 262144),
+    "Qwen2.5-0.5B": (896, 4864, 24, 14, 2, 64, 151936),
+    "Llama-3.2-1B": (2048, 8192, 16, 32, 8, 64, 128256),
+    "Qwen2.5-1.5B": (1536, 8960, 28, 12, 2, 128, 151936),
+    "Llama-3.2-3B": (3072, 8192, 28, 24, 8, 128, 128256),
+    "Qwen2.5-3B": (2048, 11008, 36, 16, 2, 128, 151936),
+}.items()}
 
 MACHINES = (("8 GB laptop", 8), ("16 GB PC", 16), ("32 GB PC", 32), ("64 GB PC", 64))
 

@@ -105,3 +105,12 @@ def test_setup_from_a_config():
     s = Setup.from_config(cfg, prompt_tokens=200)
     assert (s.trainable, s.micro_batch, s.prompt_tokens, s.group, s.backend, s.device) == \
         ("full", 2, 200, cfg.task.num_generations, "llamacpp", "cpu")
+
+
+def test_the_example_lines_in_docs_gpu_md_are_the_estimator_s():
+    """docs/gpu.md quotes two `memory:` lines (Qwen2.5-1.5B, a 32 GB PC with 24 GB free): still what fit.py says."""
+    doc = (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
+    shape = shape_from_hf_config(fit.KNOWN_SHAPES["Qwen2.5-1.5B"], "Qwen2.5-1.5B-Instruct")
+    have = Machine(32 * GB, int(24.0 * GB))
+    for trainable in ("full", "lora"):
+        assert f"memory: {check(shape, Setup(trainable=trainable), have)[1]}" in doc
