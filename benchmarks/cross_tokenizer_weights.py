@@ -27,7 +27,7 @@ from ftis_edge.generate.base import GeneratorOptions, SamplerSettings
 from ftis_edge.generate.registry import create_generator
 from ftis_edge.learner import Learner, TrainSample
 from ftis_edge.models import resolve_model
-from ftis_edge.objective import ftis_loss, group_advantages
+from ftis_edge.objective import ess_fraction, ftis_loss, group_advantages
 from ftis_edge.tasks import get_task
 
 C, KL_G = 2.0, 5.0
@@ -113,7 +113,7 @@ def level_stats(learner: Learner, samples: list[TrainSample], level: str) -> dic
                                  truncated=float((np.asarray(tok_w) >= C).mean()) if level != "sequence"
                                  else float(units[0] >= np.log(C))))
     w = np.array([r["w"] for r in rows])
-    ess = float(w.sum() ** 2 / (len(w) * (w ** 2).sum())) if (w ** 2).sum() > 0 else 0.0
+    ess = ess_fraction(w)
     units = [abs(u) for r in rows for u in r["units"]]
     return {
         "n": len(rows),

@@ -1,4 +1,4 @@
-"""Write the generated docs: docs/metrics.md, docs/trl.md and the README's config table.
+"""Write the generated docs: docs/metrics.md, docs/trl.md, docs/models.md and the README's config table.
 
     python docs/make_docs.py          # rewrite them
     python docs/make_docs.py --check  # exit 1 if any is out of date (tests/test_metrics.py checks too)
@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ftis_edge.config import reference_table  # noqa: E402
+from ftis_edge.fit import render_models_doc  # noqa: E402
 from ftis_edge.metric_keys import render_metrics_doc, render_trl_doc  # noqa: E402
 
 README_START = "| key | default | meaning |"
@@ -29,6 +30,7 @@ def readme_with_table(readme: str) -> str:
 def generated() -> dict[Path, str]:
     return {ROOT / "docs" / "metrics.md": render_metrics_doc(),
             ROOT / "docs" / "trl.md": render_trl_doc(),
+            ROOT / "docs" / "models.md": render_models_doc(),
             ROOT / "README.md": readme_with_table((ROOT / "README.md").read_text(encoding="utf-8"))}
 
 

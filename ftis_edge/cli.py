@@ -159,6 +159,8 @@ def _run_init(args) -> int:
         return _die(f"{path} exists (use --force to overwrite)")
     path.write_text(to_toml(Config()), encoding="utf-8")
     print(f"wrote {path} — edit it, then: {rundir.command_name()} start {path}")
+    from .fit import summary
+    print(summary(Config()))          # will the file's model fit on this machine?
     return 0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from . import rundir
 from .errors import FtisError
+from .turns import PLAIN_TURN_STOP
 
 QUANTS = ("f16", "q8_0", "q4_k_m")
 LOG_NAME = "export.log"       # llama.cpp's loader and quantizer output, warnings
@@ -67,7 +68,7 @@ _TEMPLATES = {   # Ollama (Go template) spellings of the chat formats our models
              '<|assistant|>\n{{ .Response }}<|end|>\n', ["<|end|>"]),
     # models without a chat template: ModelBundle.render_prompt's plain format
     "plain": ('{{ if .System }}System: {{ .System }}\n\n{{ end }}User: {{ .Prompt }}\n\nAssistant:{{ .Response }}',
-              ["\nUser:"]),          # models.PLAIN_TURN_STOP: where the node's generator stops too
+              [PLAIN_TURN_STOP]),     # where the node's generator stops too
 }
 
 

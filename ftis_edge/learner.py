@@ -81,6 +81,9 @@ def _resolve_hf_dir(bundle_or_hf_dir) -> Path:
     return path
 
 
+TRAINABLE = ("lora", "full")        # LoRA adapters only, or every weight
+
+
 class Learner:
     """A trainable policy: the HF model (optionally peft-wrapped), its optimiser and a version counter."""
 
@@ -93,7 +96,7 @@ class Learner:
                  share_prompts: bool = True):
         from transformers import AutoModelForCausalLM
 
-        if trainable not in ("lora", "full"):
+        if trainable not in TRAINABLE:
             raise LearnerError(f"trainable must be 'lora' or 'full', got {trainable!r}")
         if micro_batch < 1:
             raise LearnerError(f"micro_batch must be >= 1, got {micro_batch}")

@@ -37,13 +37,13 @@ from .gguf_io import (ARCH_LAYOUTS, SUPPORTED, GGUFError, check_gguf_file, conve
 from . import atomic
 from .errors import FtisError
 from .paths import cache_dir
+from .turns import PLAIN_TURN_STOP
 
 DEFAULT_MODEL = "smollm2-135m"
 ALIASES = ("smollm2-135m", "gemma3-270m")
 # Prompt format for base models whose GGUF has no chat template (Gemma 3 270M).
 PLAIN_ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
-# ...and where such a model's answer ends: it starts the next turn itself (generate/stops.py).
-PLAIN_TURN_STOP = "\nUser:"
+# ...and where such a model's answer ends (PLAIN_TURN_STOP, turns.py): it starts the next turn itself.
 
 
 class ModelError(FtisError):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import random
 import signal
 import statistics
@@ -23,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from . import checkpoint, preflight, rundir
+from . import checkpoint, neighbours, preflight, rundir
 from . import progress as phases
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
 from .compute import ComputeTotals, CpuClock, round_compute
@@ -81,8 +80,6 @@ class Node:
 
         cfg = self.cfg = self._resolve_engines(self.cfg)     # idempotent; run() did it already
         quiet_third_party()
-        threads = cfg.model.threads or os.cpu_count() or 2
-        torch.set_num_threads(threads)
         t0 = time.time()
         load_key = phases.load_key(cfg.model.spec, cfg.model.backend, cfg.train.trainable)
         last_s = phases.last_load_seconds(cache_dir(), load_key)
@@ -95,6 +92,10 @@ class Node:
         self.task = task_from_config(cfg.task)
         preflight.check(cfg, self.bundle, self.task)   # config vs model, in one line, before loading
         warm_up()          # start the grader worker now, not inside the first round
+        threads, crowded = neighbours.threads_for(cfg.model.threads)   # 0: all cores, or a share beside other nodes
+        if crowded:
+            log.warning("%s", crowded)
+        torch.set_num_threads(threads)
         log.info("model %s (%s %s, fp %s); task %s", cfg.model.spec, self.bundle.name, self.bundle.arch,
                  self.bundle.fingerprint, cfg.task.name)
         device = None if cfg.model.device == "auto" else cfg.model.device

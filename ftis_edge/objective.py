@@ -362,6 +362,16 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
     return loss, stats
 
 
+def ess_fraction(weights) -> float:
+    """Effective sample size of importance weights as a fraction of their number:
+    (Σw)² / (n Σw²), 1 when all are equal, 1/n when one dominates; 0 when all are 0, NaN for none."""
+    w = torch.as_tensor(weights, dtype=torch.float64).flatten()
+    if not w.numel():
+        return float("nan")
+    sq = float((w ** 2).sum())
+    return float(w.sum() ** 2 / (w.numel() * sq)) if sq > 0 else 0.0
+
+
 def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, truncated,
            ls, g, clip_active, span, span_lr, n_k) -> dict:
     """Reporting numbers (floats; NaN where there is nothing to measure, stored as null)."""
@@ -377,10 +387,7 @@ def _stats(loss, B, m, seq, n, empty, kl, adv_le0, kl_gt, dropped, adv, weight, 
         spans_used = (n_k > 0) & span[:, None]
         n_spans = int(spans_used.sum())
         n_tok = int(tok_rows.sum())
-        ess = nan
-        if w_ne.numel():
-            sq = float((w_ne ** 2).sum())
-            ess = float(w_ne.sum() ** 2 / (w_ne.numel() * sq)) if sq > 0 else 0.0
+        ess = ess_fraction(w_ne)
         stats = {
             "loss": float(loss.detach()),
             "samples": float(B),

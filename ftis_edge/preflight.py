@@ -8,8 +8,11 @@ metadata and its tokenizer (cached after the first load), never its weights.
 from __future__ import annotations
 
 import inspect
+import logging
 
 from .config import Config, ConfigError
+
+log = logging.getLogger("ftis_edge.preflight")
 
 # Linear layers of the decoder blocks of the architectures ftis-edge converts and syncs
 # (llama.cpp arch names; HF's are the same words). The GGUF LoRA writer knows exactly these.
@@ -48,6 +51,13 @@ def check_lora_targets(cfg: Config, bundle) -> None:
                           f"its decoder linears are {', '.join(DECODER_LINEARS)}")
 
 
+def longest_first_prompt(cfg: Config, bundle, task) -> int:
+    """Tokens of the longest prompt of the first round (system prompt and worked examples included)."""
+    stream = task.prompts(seed=cfg.node.seed, start=0)
+    return max(len(bundle.encode(bundle.render_prompt(task.messages(next(stream).question))))
+               for _ in range(cfg.task.prompts_per_round))
+
+
 def check_lengths(cfg: Config, bundle, task) -> None:
     """The longest prompt of the first round + max_new_tokens must fit the generator's context."""
     limits = []
@@ -58,9 +68,7 @@ def check_lengths(cfg: Config, bundle, task) -> None:
     if not limits:
         return
     limit, what = min(limits)
-    stream = task.prompts(seed=cfg.node.seed, start=0)
-    prompt = max(len(bundle.encode(bundle.render_prompt(task.messages(next(stream).question))))
-                 for _ in range(cfg.task.prompts_per_round))
+    prompt = longest_first_prompt(cfg, bundle, task)
     if prompt + cfg.task.max_completion_length > limit:
         raise ConfigError(f"task.max_completion_length: {cfg.task.max_completion_length} new tokens after a {prompt}-token "
                           f"prompt exceed {what} of {limit} tokens per sequence; use at most "
@@ -68,8 +76,19 @@ def check_lengths(cfg: Config, bundle, task) -> None:
                                                          if cfg.task.few_shot else ""))
 
 
+def check_fit(cfg: Config, bundle, task) -> tuple[bool, str]:
+    """Will it fit (fit.py)? Said in one line before loading: info when it fits, a warning naming
+    what to change when it does not (an estimate: the node still starts)."""
+    from . import fit
+    setup = fit.Setup.from_config(cfg, prompt_tokens=longest_first_prompt(cfg, bundle, task))
+    ok, line = fit.check(fit.shape_of(bundle), setup, fit.machine(setup.device))
+    (log.info if ok else log.warning)("memory: %s", line)
+    return ok, line
+
+
 def check(cfg: Config, bundle, task) -> None:
     """Every start-up cross-check, cheapest first."""
     check_backend(cfg, bundle)
     check_lora_targets(cfg, bundle)
     check_lengths(cfg, bundle, task)
+    check_fit(cfg, bundle, task)

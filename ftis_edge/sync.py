@@ -48,7 +48,7 @@ class WeightSync:
             raise SyncError(f"mode must be 'auto', 'lora-adapter' or 'merged', got {mode!r}")
         if mode == "lora-adapter" and learner.trainable != "lora":
             raise SyncError("mode 'lora-adapter' needs a LoRA learner (full fine-tuning syncs with 'merged')")
-        if mode == "merged" and base_gguf is None and getattr(generator, "backend", None) != "hf":
+        if mode == "merged" and base_gguf is None and generator.loads_weight_files:
             raise SyncError("mode 'merged' needs base_gguf (the GGUF whose metadata the export copies)")
         self.learner, self.generator, self.mode = learner, generator, mode
         self.out_dir = Path(out_dir)
@@ -60,9 +60,10 @@ class WeightSync:
     @classmethod
     def from_bundle(cls, learner, generator, bundle, out_dir, **kwargs) -> "WeightSync":
         """Build from a ``models.ModelBundle`` (arch, head counts, base GGUF for merged exports;
-        an HF model on the llama.cpp backend exports under its converted F16 GGUF)."""
-        on_hf = getattr(generator, "backend", None) == "hf"
-        base = bundle.gguf_path if (bundle.gguf_path is not None or on_hf) else bundle.base_gguf()
+        an HF model on the llama.cpp backend exports under its converted F16 GGUF; a generator
+        that samples from the learner's live model needs no base)."""
+        live = not generator.loads_weight_files
+        base = bundle.gguf_path if (bundle.gguf_path is not None or live) else bundle.base_gguf()
         return cls(learner, generator, out_dir=out_dir, arch=bundle.arch, n_head=bundle.n_head,
                    n_head_kv=bundle.n_head_kv, base_gguf=base, **kwargs)
 

@@ -72,8 +72,12 @@ _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9, "dict_size": 1 << 20, "l
 _PREFIX_FIXED = _P.PREFIX_FIXED             # magic, protocol, codec, id kind, id length
 _U32 = struct.Struct("<I")
 
+# Every reason a received message that does not decode is refused for (WireError.reason, the
+# relay prefix's PrefixError too; swarm.py: "sender_mismatch" when the rollout names another node
+# than the relay attests; "decode": an error without a reason). tests/test_seams.py checks the list.
 REASONS = ("bad_version", "truncated", "too_large", "bad_logprob", "id_out_of_range",
-           "length_mismatch", "bad_header", "decompress", "bad_text", "bad_value")
+           "length_mismatch", "bad_header", "decompress", "bad_text", "bad_value", "sender_mismatch",
+           "decode")
 
 
 class WireError(FtisError, ValueError):

@@ -7,7 +7,6 @@ in plain llama-cpp-python gets the same held-out eval as the node's own weights.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from ftis_edge import config
 from procs import ROOT
 
 def _cli(*args):
@@ -69,12 +69,8 @@ def _run(tmp_path: Path, node_id: str, **sections) -> Path:
            "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"}}
     for s, v in sections.items():
         cfg.setdefault(s, {}).update(v)
-    lines = []
-    for s, values in cfg.items():
-        lines.append(f"[{s}]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
     path = tmp_path / f"{node_id}.toml"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(config.to_toml(config.from_dict(cfg), comments=False))
     r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(path), "--headless"], cwd=ROOT,
                        capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

@@ -147,6 +147,42 @@ def test_registry_names_every_backend_and_refuses_unknown_ones(tmp_path):
     assert tuple(choices) == ("auto", *BACKENDS)              # the node file accepts exactly these (+ auto)
 
 
+def _protocol_members(proto) -> tuple[set[str], set[str]]:
+    """(attributes, methods) a typing.Protocol lists."""
+    attrs = set(proto.__annotations__)
+    methods = {n for n, v in vars(proto).items() if callable(v) and not n.startswith("_")}
+    return attrs, methods
+
+
+def test_every_backend_has_what_the_generator_protocol_lists():
+    """base.Generator / GeneratorBackend are what callers use; each registered backend has all of it
+    (methods on the class; attributes on the class or assigned by a method of its class chain)."""
+    import inspect
+    import re
+
+    from ftis_edge.generate.base import Generator, GeneratorBackend
+    from ftis_edge.generate.registry import BACKENDS, backend_class
+    attrs, methods = _protocol_members(Generator)
+    cls_attrs, cls_methods = _protocol_members(GeneratorBackend)
+    assert {"generate_many", "set_stop_texts", "sync_weights"} <= methods and {"create", "adapter_problem"} == cls_methods
+    for name in BACKENDS:
+        cls = backend_class(name)
+        assigned = {m for k in cls.__mro__[:-1]
+                    for m in re.findall(r"self\.(\w+)\s*[:=]", inspect.getsource(k))}
+        missing = {a for a in attrs if not hasattr(cls, a) and a not in assigned}
+        missing |= {m for m in methods | cls_methods if not callable(getattr(cls, m, None))}
+        missing |= {a for a in cls_attrs if not hasattr(cls, a)}
+        assert not missing, f"{name} lacks {sorted(missing)}"
+    assert backend_class("llamacpp").loads_weight_files and not backend_class("hf").loads_weight_files
+
+
+def test_the_tiny_hf_generator_instance_has_every_protocol_attribute():
+    from ftis_edge.generate.base import Generator
+    gen = _tiny_hf()
+    attrs, _ = _protocol_members(Generator)
+    assert all(hasattr(gen, a) for a in attrs), sorted(a for a in attrs if not hasattr(gen, a))
+
+
 # ---------------------------------------------------------------------------- real models
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from ftis_edge.objective import (METHODS, ObjectiveError, filter_dropped, ftis_loss,
+from ftis_edge.errors import FtisError
+from ftis_edge.objective import (METHODS, ObjectiveError, ess_fraction, filter_dropped, ftis_loss,
                                  group_advantages, kl_k3)
 
 torch.set_num_threads(1)
@@ -592,10 +593,12 @@ def _good():
     (dict(level="sequence", gen_logp_sum=torch.tensor([-1.0])), r"gen_logp_sum must be a float tensor"),
 ])
 def test_bad_input_raises(change, message):
+    """A clear one-line user error (FtisError: the CLI prints it as one line), not a traceback."""
     kwargs = {**_good(), **change}
-    with pytest.raises(ObjectiveError, match=message):
+    with pytest.raises(ObjectiveError, match=message) as err:
         ftis_loss(kwargs.pop("logp"), kwargs.pop("gen_logp"), kwargs.pop("advantages"),
                   kwargs.pop("mask"), **kwargs)
+    assert isinstance(err.value, FtisError) and "\n" not in str(err.value)
 
 
 def test_kept_num_samples_smaller_than_kept_raises():
@@ -604,8 +607,12 @@ def test_kept_num_samples_smaller_than_kept_raises():
                   normalize="kept", num_samples=1, kl_threshold=100.0)
 
 
-def test_objective_error_is_value_error():
-    assert issubclass(ObjectiveError, ValueError)
+def test_ess_fraction():
+    """(Σw)² / (n Σw²): 1 for equal weights, 1/n for one dominant weight; 0 all zero, NaN for none."""
+    assert ess_fraction([0.5, 0.5, 0.5, 0.5]) == approx(1.0)
+    assert ess_fraction([1.0, 0.0, 0.0, 0.0]) == approx(0.25)
+    assert ess_fraction(torch.tensor([1.0, 3.0])) == approx(16 / (2 * 10))
+    assert ess_fraction([0.0, 0.0]) == 0.0 and math.isnan(ess_fraction([]))
 
 
 # --------------------------------------------------------------------------- properties

@@ -91,3 +91,18 @@ def test_auto_engines_on_this_machine():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="^model.device: cuda, but torch sees no CUDA GPU"):
             devices.pick_device("cuda")
+
+
+def test_the_memory_estimate_is_said_at_start_up_with_the_real_prompt_length(smol, arith, caplog):
+    """preflight.check_fit: the first round's real prompt length goes into fit.py's estimate, said in one line."""
+    import logging
+
+    from ftis_edge import fit
+    cfg = from_dict({"train": {"trainable": "full"}})
+    with caplog.at_level(logging.INFO, logger="ftis_edge.preflight"):
+        ok, line = preflight.check_fit(cfg, smol, arith)
+    assert [r.getMessage() for r in caplog.records] == [f"memory: {line}"] and "\n" not in line
+    prompt = preflight.longest_first_prompt(cfg, smol, arith)
+    expected = fit.estimate(fit.shape_of(smol), fit.Setup.from_config(cfg, prompt_tokens=prompt))
+    assert f"RAM {expected.ram_bytes / fit.GB:.1f} GB" in line and "full" in line
+    assert ok == ("does not fit" not in line)

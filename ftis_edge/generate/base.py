@@ -53,17 +53,37 @@ class GeneratorOptions:
 
 
 class Generator(Protocol):
-    """A loaded model that samples groups of completions and takes the learner's new weights."""
+    """A loaded model that samples groups of completions and takes the learner's new weights.
+
+    Everything callers use is listed here (node, evaluate, sync, benchmarks); building one and
+    checking an adapter path are class-level: ``GeneratorBackend`` below. tests/test_generate.py
+    checks that every registered backend has each member.
+    """
 
     backend: str                   # its name in registry.BACKENDS
     precision: str                 # weights it samples with ("f16", "quantized", "f32")
     eos_token_ids: list[int]       # tokens that end a completion (kept in token_ids, not in text)
+    stop_texts: tuple[str, ...]    # texts that end a completion too (set_stop_texts)
+    n_vocab: int                   # logits per position (token ids at or past it are refused)
+    n_ctx: int                     # tokens a sequence may hold (prompt + completion)
     stats: dict                    # the last generate(): tokens, seconds, tok_s, prompt_tokens, n
     adapter_version: int | None    # learner version of the weights in use
+    loads_weight_files: bool       # True: takes new weights from files sync.WeightSync writes
+                                   #   (llama.cpp); False: samples from the learner's live model (hf)
 
     def generate(self, prompt_ids: Sequence[int], n: int, sampler: SamplerSettings, *,
                  ignore_eos: bool = False) -> list[Completion]:
         """Sample ``n`` completions of one prompt (a GRPO group)."""
+        ...
+
+    def generate_many(self, prompts: Sequence[Sequence[int]], n: int, samplers: Sequence[SamplerSettings],
+                      on_done=None) -> list[list[Completion]]:
+        """``n`` completions of each prompt (the same as ``generate`` one at a time); ``on_done(i,
+        completions)`` as each prompt finishes."""
+        ...
+
+    def set_stop_texts(self, texts: Sequence[str], tokenizer=None) -> None:
+        """End sequences at these texts too (a base model's next plain-format turn; stops.py)."""
         ...
 
     def score(self, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]],
@@ -83,4 +103,19 @@ class Generator(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+
+class GeneratorBackend(Protocol):
+    """The class a registry entry names: how to build one, and which adapter paths it can load."""
+
+    backend: str
+    loads_weight_files: bool       # known before building one (sync.WeightSync.from_bundle asks)
+
+    def create(self, bundle, options: GeneratorOptions) -> Generator:
+        """Build it on a ``models.ModelBundle`` (a classmethod)."""
+        ...
+
+    def adapter_problem(self, path) -> str | None:
+        """Why ``path`` is not an adapter this backend can load, or None (a staticmethod)."""
         ...

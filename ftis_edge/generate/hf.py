@@ -28,6 +28,7 @@ class HFGenerator(SamplingGenerator):
 
     backend = "hf"
     precision = "f32"
+    loads_weight_files = False     # samples from the learner's live model: sync writes no file
 
     def __init__(self, model, tokenizer, *, device=None, eos_token_ids: Sequence[int] | None = None,
                  batch_size: int | None = None, n_ctx: int | None = None):

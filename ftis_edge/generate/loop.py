@@ -35,6 +35,7 @@ class SamplingGenerator:
 
     backend = ""
     precision = ""
+    loads_weight_files = True      # base.Generator: new weights arrive as files (hf: False)
 
     def __init__(self):
         self.adapter_path: str | None = None

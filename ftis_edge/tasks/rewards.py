@@ -13,9 +13,11 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..turns import END_MARKERS
+
 # end-of-turn markers a completion may end with: EOS texts, and the plain prompt format's next
-# turn (models.PLAIN_TURN_STOP), where a base model's sequence is stopped (generate/stops.py)
-END_TOKENS = ("<|im_end|>", "<|endoftext|>", "</s>", "<eos>", "<end_of_turn>", "<|eot_id|>", "\nUser:")
+# turn, where a base model's sequence is stopped (turns.py)
+END_TOKENS = END_MARKERS
 REWARD_MODES = ("binary", "shaped")
 # How an answer is compared with the reference: math-verify equivalence (gsm8k, math500, arith),
 # the exact string, a regular expression (the reference is the pattern), or a reasoning-gym

@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path[:0] = [str(ROOT), str(HERE.parent)]
 
+from ftis_edge import config  # noqa: E402
 from ftis_edge.metrics import LOG_FILE, METRICS_FILE, read_metrics, write_control  # noqa: E402
 from procs import RelayProc  # noqa: E402
 
@@ -49,25 +50,14 @@ NODES = {
 }
 
 
-def _toml(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return repr(value)
-
-
 def node_file(work: Path, node_id: str, relay: str) -> Path:
     merged = {s: dict(v) for s, v in COMMON.items()}
     for s, v in NODES[node_id].items():
         merged.setdefault(s, {}).update(v)
     merged["node"].update({"id": node_id, "run_dir": f"runs/{node_id}"})
     merged["swarm"]["relay"] = relay
-    lines = []
-    for section, values in merged.items():
-        lines += [f"[{section}]"] + [f"{k} = {_toml(v)}" for k, v in values.items()] + [""]
     path = work / f"{node_id}.toml"
-    path.write_text("\n".join(lines))
+    path.write_text(config.to_toml(config.from_dict(merged), comments=False))
     return path
 
 
