@@ -7,6 +7,7 @@ in plain llama-cpp-python gets the same held-out eval as the node's own weights.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path

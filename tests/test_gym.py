@@ -13,7 +13,7 @@ import pytest
 
 from ftis_edge import config
 from ftis_edge.tasks import TaskError, get_task, task_from_config, warm_up
-from ftis_edge.tasks.gym import NOT_REPRODUCIBLE, dataset_names
+from ftis_edge.tasks.gym_source import NOT_REPRODUCIBLE, dataset_names
 from ftis_edge.tasks.gym_verify import math_text_ok
 
 ROOT = Path(__file__).resolve().parents[1]

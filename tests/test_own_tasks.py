@@ -169,9 +169,9 @@ def test_eval_builds_every_task_kind_by_name(on_path, tmp_path):
     def build(*argv):
         p = argparse.ArgumentParser()
         evaluate.add_arguments(p)
-        args = p.parse_args(list(argv))
-        evaluate._check_args(args)
-        return evaluate._build_task(args)
+        spec = evaluate.EvalSpec.from_args(p.parse_args(list(argv)))
+        evaluate._check_spec(spec)
+        return evaluate._build_task(spec)
 
     assert build("--task", "reasoning_gym:chain_sum").tags[0].startswith("rg/chain_sum/")
     plain = write(tmp_path / "plain.jsonl", [{"question": f"{i}?", "answer": str(i)} for i in range(10)])

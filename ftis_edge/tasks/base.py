@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from ..errors import FtisError
+from .errors import TaskError
 from .grader import score, score_many
 from .rewards import RewardSettings
 
@@ -28,10 +28,6 @@ FEW_SHOT = (
      "<think>4 bags × 5 marbles = 20 marbles</think>\n<answer>20</answer>"),
 )
 DEFAULT_FEW_SHOT = 2
-
-
-class TaskError(FtisError, ValueError):
-    """A task could not be built or asked: a bad option, a missing file, an unknown prompt id."""
 
 
 @dataclass(frozen=True)

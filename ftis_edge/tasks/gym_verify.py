@@ -20,7 +20,7 @@ import sys
 import types
 from collections import OrderedDict
 
-from .gym import Source, build_dataset, parse_id
+from .gym_source import Source, build_dataset, parse_id
 
 SAFE_NAMES = frozenset({"sin", "cos", "tan", "exp", "log", "ln", "sqrt", "pi", "Abs", "asin", "acos",
                         "atan", "sinh", "cosh", "tanh", "sec", "csc", "cot", "oo"})
