@@ -95,6 +95,9 @@ def _serve(args) -> int:
         return 2
 
 
+STATUS_NODE_ID = "ftis-relay-status"     # the node id `status` says HELLO as on an open relay
+
+
 def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float = 3.0) -> dict:
     """Ask a relay for its stats; raises TimeoutError when it does not answer (saying so when
     the handshake failed: the relay needs CURVE keys, or refused ours)."""
@@ -111,6 +114,8 @@ def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float =
     poller.register(mon, zmq.POLLIN)
     failed = ""
     try:
+        if keys is None:      # an open relay answers STATS only after HELLO (issue 30)
+            s.send_multipart([P.HELLO, orjson.dumps({"node_id": STATUS_NODE_ID, "protocol": P.RELAY_PROTOCOL})])
         s.send_multipart([P.STATS])
         deadline = time.monotonic() + timeout_s
         while True:
@@ -125,14 +130,18 @@ def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float =
                           "the CURVE handshake failed: wrong --server-key, or the relay runs without CURVE")
                 continue
             if s in events:
+                frames = s.recv_multipart()
+                if frames[0] == P.WELCOME:          # the answer to our HELLO: STATS follows
+                    continue
                 break
             if left <= 0:
                 msg = f"no answer from {address} within {timeout_s} s"
                 raise TimeoutError(f"{msg}: {failed}" if failed else
                                    msg + ("" if keys else " (is it running? if it uses CURVE, pass --keys and --server-key)"))
-        frames = s.recv_multipart()
         if frames[0] != P.STATS or len(frames) != 2:
-            raise TimeoutError(f"unexpected reply from {address}: {frames[0][:20]!r}")
+            raise TimeoutError(f"unexpected reply from {address}: {b' '.join(frames)[:60]!r}")
+        if keys is None:
+            s.send_multipart([P.BYE], zmq.NOBLOCK)
         return orjson.loads(frames[1])
     finally:
         s.disable_monitor()
