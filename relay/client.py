@@ -261,6 +261,15 @@ class RelayClient:
             self._pending_cv.wait_for(lambda: self._n_pending() <= at_most, timeout_s)
             return self._n_pending()
 
+    def acked_ids(self) -> list[str]:
+        """Rollout ids the relay ACKed that are still kept for re-publishing (keep_acked_s,
+        keep_acked_max): what a load harness audits against its subscribers."""
+        while True:                 # the I/O thread changes it without a lock: copy again
+            try:
+                return [rid.decode() for rid in list(self._acked)]
+            except RuntimeError:
+                continue
+
     def health(self) -> dict:
         """{"state": connecting | connected | unreachable | refused, "reason": one line,
         "since": unix time the state began, "relay": address}."""

@@ -91,6 +91,11 @@ class AcceptBudget:
     def fair_share(self, now: float) -> float:
         return self.rate / max(1, self.active(now))
 
+    def within_share(self, key: bytes, now: float) -> bool:
+        """The source's recent accept rate is below its fair share (False when unlimited:
+        there is no share to be within)."""
+        return self.rate > 0 and self.source_rate(key, now) < self.fair_share(now)
+
     def source_rate(self, key: bytes, now: float) -> float:
         src = self.sources.get(key)
         return 0.0 if src is None else self._rate(src, now)

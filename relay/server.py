@@ -93,7 +93,6 @@ class Peer:
     nacked: int = 0
     skipped: int = 0          # rollouts it missed because it fell behind the replay buffer
     blocked_since: float | None = None    # its pipe has been full since (monotonic)
-    last_accept: float = 0.0
 
 
 class Relay:
@@ -487,12 +486,17 @@ class Relay:
                     self._nack(rid, peer, rollout_id, "rate_limited",
                                round(max(0.05, 1.0 / max(self.cfg.rate_msgs, 1e-3)), 3))
                     return
-            # The global budget; a connection that had nothing accepted for a second still
-            # gets one through, so a flood of many connections cannot starve a quiet node.
-            if not self.accept.bucket.take(1.0, now) and now - peer.last_accept < 1.0:
-                self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
-                return
-        if not topic.room_for(len(payload)):
+        # The source a flood is shed from: the key on CURVE, else the connection.
+        source = b"k" + peer.key_name.encode() if peer.key_name else b"c" + rid
+        # A publisher within its fair share of the accept budget may use the replay buffer's
+        # small reserve when holding subscribers have filled it (issue 30.5).
+        quiet = self.accept.within_share(source, now)
+        if not bridged and not self.accept.admit(source, now):
+            # The global budget, shared per source: while it is spent, only sources above
+            # their share (rate / active sources) are refused (issue 29.2).
+            self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
+            return
+        if not topic.room_for(len(payload), reserve=quiet):
             self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
             return
         via.append(self._epoch_s)
@@ -507,7 +511,6 @@ class Relay:
         if len(self.seen) > self.cfg.dedup_size:
             self.seen.popitem(last=False)
         peer.acked += 1
-        peer.last_accept = now
         self.counts["accepted"] += 1
         self._send(rid, [P.ACK, rollout_id, P.pack_seq(seq), self.epoch])
 

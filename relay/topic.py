@@ -101,16 +101,24 @@ class Topic:
         self.indexes: dict[tuple, Index] = {}     # budgeted subscribers' candidates, one per filter set
         self.hold_seq: int | None = None          # lowest cursor of subscribers that hold the buffer
 
-    def room_for(self, size: int) -> bool:
-        """True when appending `size` bytes evicts nothing a holding subscriber still needs."""
-        count, nbytes, first = len(self.entries), self.nbytes, self.first_seq
-        while count and (count + 1 > self.max_count or nbytes + size > self.max_bytes):
-            if self.hold_seq is not None and first >= self.hold_seq:
-                return False
+    def room_for(self, size: int, reserve: bool = False) -> bool:
+        """True when appending `size` bytes evicts nothing a holding subscriber still needs.
+
+        reserve: the buffer may grow past its bounds by a sixteenth (count and bytes) for
+        this one, rather than evict what is held (quiet publishers under a flood)."""
+        count, nbytes, first, hold = len(self.entries), self.nbytes, self.first_seq, self.hold_seq
+        while count and (count + 1 > self.max_count or nbytes + size > self.max_bytes) \
+                and (hold is None or first < hold):
             nbytes -= self.entries[first].size
             first += 1
             count -= 1
-        return True
+        if not count:
+            return True
+        max_count, max_bytes = self.max_count, self.max_bytes
+        if reserve:
+            max_count += max(1, max_count // 16)
+            max_bytes += max(size, max_bytes // 16)
+        return count + 1 <= max_count and nbytes + size <= max_bytes
 
     def append(self, e_rid: bytes, sender_rid: bytes, sender: bytes, payload: bytes, attrs: bytes,
                task: str | None, tok: str | None, now: float) -> Entry:
@@ -122,7 +130,9 @@ class Topic:
                                       now, task, tok)
         self.next_seq += 1
         self.nbytes += len(payload)
-        while self.entries and (len(self.entries) > self.max_count or self.nbytes > self.max_bytes):
+        hold = self.hold_seq
+        while self.entries and (len(self.entries) > self.max_count or self.nbytes > self.max_bytes) \
+                and (hold is None or self.first_seq < hold):          # (past a bound by the reserve)
             old = self.entries.pop(self.first_seq)
             self.nbytes -= old.size
             self.first_seq += 1

@@ -140,3 +140,31 @@ def test_allow_list_and_identity_rule():
     assert identity_refusal(True, "alice", "alice") is None
     assert identity_refusal(True, "bob", "alice")[0] == P.IDENTITY
     assert identity_refusal(False, "anyone", None) is None    # open relay: ids are claims
+
+
+def test_accept_budget_is_shed_from_the_flooders_not_a_publisher_within_its_share():
+    """Two sources at 100/s against a 20/s budget, and an honest one sending a node's round
+    (4 groups at once) every 2 s: every honest rollout is admitted at once, the flooders
+    together get about the budget."""
+    ab = AcceptBudget(rate=20.0, burst=20.0)
+    honest = flood = 0
+    for step in range(1000):                           # 10 s, 10 ms steps
+        now = step / 100
+        flood += ab.admit(b"flooder-1", now) + ab.admit(b"flooder-2", now + 0.005)
+        if step % 200 == 0:
+            honest += sum(ab.admit(b"honest", now + 0.001) for _ in range(4))
+            assert ab.within_share(b"honest", now + 0.002)
+    assert honest == 20
+    assert 150 <= flood <= 20 * 10 + 2 * 20, flood     # ~ the budget (+ its burst and the debt bound)
+    assert not ab.within_share(b"flooder-1", 10.0)
+    assert not AcceptBudget(rate=0.0, burst=0.0).within_share(b"x", 0.0) and AcceptBudget(0.0, 0.0).admit(b"x", 0.0)
+
+
+def test_the_replay_buffers_reserve_takes_a_quiet_publisher_when_holders_filled_it():
+    t = _topic(max_count=16, max_bytes=1 << 20)
+    _pub(t, "flooder", 16, 0.0)
+    t.hold_seq = 1                                     # an everything-subscriber has none of them yet
+    assert not t.room_for(10) and t.room_for(10, reserve=True)
+    e = _pub(t, "quiet", 1, 0.0)[0]
+    assert t.entries[1].sender == b"flooder" and t.entries[e.seq] is e     # nothing held was evicted
+    assert not t.room_for(10, reserve=True)            # the reserve is bounded (16 / 16 = 1 here)
