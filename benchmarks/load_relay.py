@@ -255,7 +255,7 @@ def main(argv=None) -> int:
 
     addrs = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.relays)]
     relays = [subprocess.Popen([sys.executable, "-m", "relay", "--bind", a, "--log-level", "WARNING",
-                                "--trust-bridge", "b1", "--trust-bridge", "b2"], cwd=ROOT) for a in addrs]
+                                "--trust-bridge", "b1", "--trust-bridge", "b2", "--open-bridges"], cwd=ROOT) for a in addrs]
     bridges = []
     try:
         for a in addrs:

@@ -64,6 +64,9 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-bridge", action="append", default=[], metavar="NAME",
                    help="federation bridge allowed to forward others' rollouts (repeatable): its node id, "
                         "which on a CURVE relay is its key's name")
+    p.add_argument("--open-bridges", action="store_true",
+                   help="honour --trust-bridge on an open relay (no --keys), where a node id is only a claim: "
+                        "anyone who says HELLO as a trusted name may then publish as any node")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
@@ -84,7 +87,7 @@ def _serve(args) -> int:
                       max_topics=args.max_topics, max_topics_per_peer=args.max_topics_per_peer,
                       max_peers=args.max_peers, slow_after_s=args.slow_after, busy_retry_s=args.busy_retry,
                       peer_timeout_s=args.peer_timeout, sndhwm=args.sndhwm,
-                      trusted_bridges=frozenset(args.trust_bridge))
+                      trusted_bridges=frozenset(args.trust_bridge), open_bridges=args.open_bridges)
     try:
         return run(cfg)
     except (KeyFileError, ValueError) as e:

@@ -72,6 +72,7 @@ class RelayConfig:
     busy_retry_s: float = 0.25             # retry-after sent with NACK busy
     gather_s: float = 0.2                  # budgets: collect candidates this long before a fair pick
     trusted_bridges: frozenset = frozenset()   # node ids (key names on CURVE) allowed to forward others' rollouts
+    open_bridges: bool = False             # honour trusted_bridges on an open relay, where a node id is a claim
 
 
 @dataclass
@@ -101,6 +102,11 @@ class Relay:
         hint = P.check_bind(cfg.bind)
         if hint:
             raise ValueError(hint)
+        if cfg.trusted_bridges and not cfg.keys_dir and not cfg.open_bridges:
+            # On an open relay anyone may HELLO as the bridge's name (issue 25.4).
+            raise ValueError("--trust-bridge on an open relay trusts a claimed node id (anyone can HELLO as "
+                             f"{sorted(cfg.trusted_bridges)[0]!r} and publish as any node): use CURVE "
+                             "(--keys/--allow, the name is then a key's), or pass --open-bridges to accept that")
         self.epoch = os.urandom(8).hex().encode()
         self._epoch_s = self.epoch.decode()
         self.started = time.time()

@@ -45,7 +45,7 @@ def net():
     procs = {"relays": [], "bridges": [], "clients": []}
 
     def relays(n: int):
-        rs = [RelayProc("--trust-bridge", "ab", "--trust-bridge", "bc", "--trust-bridge", "ca") for _ in range(n)]
+        rs = [RelayProc("--trust-bridge", "ab", "--trust-bridge", "bc", "--trust-bridge", "ca", "--open-bridges") for _ in range(n)]
         for r in rs:
             r.wait_ready()
         procs["relays"] += rs

@@ -227,3 +227,32 @@ def test_identity_flood_loses_nothing_acked(tmp_path):
     res = orjson.loads(out.stdout.strip().splitlines()[-1])
     assert res["legit_acked"] >= 10 and res["legit_lost"] == 0, res
     assert res["flood_accepted"] < res["flood_sent"], res
+
+
+def test_the_bridge_role_on_an_open_relay_needs_an_explicit_opt_in(relay):
+    """Issue 25.4: on an open relay a node id is a claim, so `--trust-bridge NAME` let anyone
+    HELLO as NAME and publish as any node at a bridge's rate. Now such a relay does not start
+    without --open-bridges (one line saying why), and without a trusted bridge a plain client
+    HELLOing as a bridge name cannot forward: `NACK untrusted_bridge`."""
+    port = free_port()
+    out = subprocess.run([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{port}", "--trust-bridge",
+                          "bridge-1"], cwd=ROOT, capture_output=True, text=True, timeout=20)
+    assert out.returncode == 2 and "--open-bridges" in out.stderr and "claimed node id" in out.stderr, out
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    r = relay()                                      # the default: no bridge role at all
+    s = _dealer(r.address)
+    try:
+        assert _hello(s, "bridge-1")[0] == P.WELCOME
+        s.send_multipart([P.PUB, b"s", raw_rollout("forged-1"), orjson.dumps({"origin": "alice"})])
+        [nack] = _replies(s, n=1)
+        assert nack[0] == P.NACK and nack[2] == b"untrusted_bridge"
+    finally:
+        s.close(0)
+    r2 = relay("--trust-bridge", "bridge-1", "--open-bridges")     # the explicit opt-in still works
+    s = _dealer(r2.address)
+    try:
+        assert _hello(s, "bridge-1")[0] == P.WELCOME
+        s.send_multipart([P.PUB, b"s", raw_rollout("fwd-1"), orjson.dumps({"origin": "alice"})])
+        assert _replies(s, n=1)[0][0] == P.ACK
+    finally:
+        s.close(0)
