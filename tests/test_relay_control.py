@@ -16,11 +16,22 @@ from relay.client import RelayClient
 pytestmark = pytest.mark.timeout(60)
 
 
-def _dealer(ctx: zmq.Context, address: str) -> zmq.Socket:
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(address)
-    return s
+@pytest.fixture
+def dealer():
+    """dealer(address): a DEALER socket connected there, closed at the end of the test."""
+    ctx = zmq.Context()
+    socks = []
+
+    def make(address: str) -> zmq.Socket:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(address)
+        socks.append(s)
+        return s
+    yield make
+    for s in socks:
+        s.close(0)
+    ctx.term()
 
 
 def _hello(s: zmq.Socket, name: str) -> None:
@@ -36,69 +47,50 @@ def _replies(s: zmq.Socket, wait_s: float) -> list[list[bytes]]:
     return out
 
 
-def test_pong_size_does_not_grow_with_the_number_of_peers(relay):
+def test_pong_size_does_not_grow_with_the_number_of_peers(relay, dealer):
     r = relay()
-    ctx = zmq.Context()
-    socks = []
-    try:
-        probe = _dealer(ctx, r.address)
-        socks.append(probe)
-        _hello(probe, "probe")
-        probe.send_multipart([P.PING, orjson.dumps({"t": 1.0})])
-        [kind, few] = _replies(probe, 0.5)[0]
-        assert kind == P.PONG
-        for i in range(300):
-            s = _dealer(ctx, r.address)
-            socks.append(s)
-            s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"node-with-a-long-name-{i:04d}",
-                                                     "protocol": P.RELAY_PROTOCOL})])
-        for s in socks[1:]:
-            assert s.poll(5000) and s.recv_multipart()[0] == P.WELCOME
-        probe.send_multipart([P.PING, orjson.dumps({"t": 2.0})])
-        [kind, many] = _replies(probe, 0.5)[0]
-        pong = orjson.loads(many)
-        assert kind == P.PONG and pong["n_peers"] == 301 and pong["known"] is True
-        assert len(many) <= len(few) + 4, (len(few), len(many))    # was ~30 bytes per peer
-    finally:
-        for s in socks:
-            s.close(0)
-        ctx.term()
+    probe = dealer(r.address)
+    _hello(probe, "probe")
+    probe.send_multipart([P.PING, orjson.dumps({"t": 1.0})])
+    [kind, few] = _replies(probe, 0.5)[0]
+    assert kind == P.PONG
+    crowd = [dealer(r.address) for _ in range(300)]
+    for i, s in enumerate(crowd):
+        s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"node-with-a-long-name-{i:04d}",
+                                                 "protocol": P.RELAY_PROTOCOL})])
+    for s in crowd:
+        assert s.poll(5000) and s.recv_multipart()[0] == P.WELCOME
+    probe.send_multipart([P.PING, orjson.dumps({"t": 2.0})])
+    [kind, many] = _replies(probe, 0.5)[0]
+    pong = orjson.loads(many)
+    assert kind == P.PONG and pong["n_peers"] == 301 and pong["known"] is True
+    assert len(many) <= len(few) + 4, (len(few), len(many))    # was ~30 bytes per peer
 
 
-def test_pings_are_answered_at_a_bounded_rate(relay):
+def test_pings_are_answered_at_a_bounded_rate(relay, dealer):
     r = relay()
-    ctx = zmq.Context()
-    s = _dealer(ctx, r.address)
-    try:
-        _hello(s, "chatty")
-        for i in range(200):
-            s.send_multipart([P.PING, orjson.dumps({"t": i})])
-        pongs = [f for f in _replies(s, 1.0) if f[0] == P.PONG]
-        assert 1 <= len(pongs) <= P.CONTROL_BURST + 3, len(pongs)
-        assert r.stats()["rejected"]["ping_rate"] >= 190
-    finally:
-        s.close(0)
-        ctx.term()
+    s = dealer(r.address)
+    _hello(s, "chatty")
+    for i in range(200):
+        s.send_multipart([P.PING, orjson.dumps({"t": i})])
+    pongs = [f for f in _replies(s, 1.0) if f[0] == P.PONG]
+    assert 1 <= len(pongs) <= P.CONTROL_BURST + 3, len(pongs)
+    assert r.stats()["rejected"]["ping_rate"] >= 190
 
 
-def test_stats_is_refused_before_hello_on_an_open_relay(relay):
+def test_stats_is_refused_before_hello_on_an_open_relay(relay, dealer):
     r = relay()
-    ctx = zmq.Context()
-    s = _dealer(ctx, r.address)
-    try:
-        s.send_multipart([P.STATS])
-        got = _replies(s, 1.0)
-        assert got and all(f[0] != P.STATS for f in got), got
-        assert got[0][0] == P.NACK and got[0][2] == P.HELLO_FIRST.encode()
-        _hello(s, "operator")
-        s.send_multipart([P.STATS])
-        got = _replies(s, 1.0)
-        assert [f[0] for f in got] == [P.STATS] and orjson.loads(got[0][1])["peers"]
-        # the status command says HELLO first (and BYE after), so it still works
-        assert query_stats(r.address)["counts"]["hello"] >= 2
-    finally:
-        s.close(0)
-        ctx.term()
+    s = dealer(r.address)
+    s.send_multipart([P.STATS])
+    got = _replies(s, 1.0)
+    assert got and all(f[0] != P.STATS for f in got), got
+    assert got[0][0] == P.NACK and got[0][2] == P.HELLO_FIRST.encode()
+    _hello(s, "operator")
+    s.send_multipart([P.STATS])
+    got = _replies(s, 1.0)
+    assert [f[0] for f in got] == [P.STATS] and orjson.loads(got[0][1])["peers"]
+    # the status command says HELLO first (and BYE after), so it still works
+    assert query_stats(r.address)["counts"]["hello"] >= 2
 
 
 def test_the_client_reports_the_relays_peer_count(relay):
