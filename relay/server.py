@@ -143,6 +143,7 @@ class Relay:
         self._dirty: set[tuple[bytes, tuple]] = set()              # (topic, index key)
         self._budget_retry: set[tuple[bytes, bytes]] = set()       # (rid, topic) whose pipe was full
         self.delivered = self.delivered_bytes = 0     # all deliveries (plain ints: on the hot path)
+        self.readers: set[bytes] = set()              # subscribers that read: not full, sent > sndhwm
 
     # -------------------------------------------------------------- setup
     def _setup_curve(self) -> None:
@@ -556,18 +557,17 @@ class Relay:
         evict from there on (so ACKs stay honest; see the module docstring).
 
         A subscriber stops holding when its pipe has been full for slow_after_s while another
-        subscriber's is not: then it is the one that is slow, not the relay (under a flood the
-        relay's own I/O can stall every pipe at once, and that must not count). A frozen lone
-        subscriber stops pinging and is dropped after peer_timeout_s."""
+        subscriber of the topic *reads* (self.readers: its pipe is not full although it was
+        sent more than a pipe holds): then it is the one that is slow, not the relay (under a
+        flood the relay's own I/O can stall every pipe at once, and that must not count; and a
+        fresh pipe that was never filled proves nothing, so a crowd of fresh Sybil subscribers
+        cannot make a reading one "slow", issue 30.5). A frozen lone subscriber stops pinging
+        and is dropped after peer_timeout_s."""
         full = [p for rid in topic.full_subs if (p := self.peers.get(rid)) is not None]
         if not full:
             topic.hold_seq = None
             return
-        # O(everything-subscribers), not O(all): a budgeted subscriber is blocked only while
-        # it waits in _budget_retry
-        n_budget = len(topic.subscribers) - len(full)
-        flowing = any(p.blocked_since is None for p in full) or \
-            n_budget > sum(1 for _, t in self._budget_retry if t == topic.name)
+        flowing = not self.readers.isdisjoint(topic.subscribers)
         hold = None
         for p in full:
             b = p.blocked_since
@@ -591,13 +591,22 @@ class Relay:
         for topic in self.topics.values():
             self._update_hold(topic, now)
 
+    def _blocked(self, peer: Peer, now: float) -> None:
+        if peer.blocked_since is None:
+            peer.blocked_since = now
+        self.readers.discard(peer.rid)
+
+    def _flowed(self, peer: Peer) -> None:
+        peer.blocked_since = None
+        if peer.out_msgs > self.cfg.sndhwm:       # more than its pipe holds: it reads
+            self.readers.add(peer.rid)
+
     def _deliver(self, peer: Peer, e: Entry, now: float) -> bool:
         if not self._send(peer.rid, [P.DELIVER, e.body]):
-            if peer.blocked_since is None:
-                peer.blocked_since = now
+            self._blocked(peer, now)
             return False
-        peer.blocked_since = None
         peer.out_msgs += 1
+        self._flowed(peer)
         peer.out_bytes += e.size
         self.delivered += 1
         self.delivered_bytes += e.size
@@ -646,12 +655,11 @@ class Relay:
             self.delivered += sent
             self.delivered_bytes += nbytes
         if blocked:
-            if peer.blocked_since is None:
-                peer.blocked_since = now
+            self._blocked(peer, now)
             if gone:
                 self._drop_peer(rid)
         elif sent:
-            peer.blocked_since = None
+            self._flowed(peer)
 
     # -------------------------------------------------------------- budgets
     def _timer(self, due: float, rid: bytes, topic: bytes) -> None:
@@ -738,6 +746,7 @@ class Relay:
 
     def _drop_peer(self, rid: bytes) -> None:
         peer = self.peers.pop(rid, None)
+        self.readers.discard(rid)
         self.limits.forget(b"c" + rid)
         self.control_limits.forget(b"p" + rid)
         self.control_limits.forget(b"s" + rid)
