@@ -666,11 +666,11 @@ class RelayClient:
                 if last and seq > last + 1 and not self.budget_k:
                     self._n_gaps += seq - last - 1
                 self._last_seq = seq
-        seen = self._seen
-        if rid in seen or sender_b == self._node_b:
+        seen, key = self._seen, sender_b + b"\0" + rid    # by sender too: an id squatted by another
+        if key in seen or sender_b == self._node_b:    # sender must not hide the genuine copy
             self._n_duplicates += sender_b != self._node_b
             return
-        seen[rid] = None
+        seen[key] = None
         if len(seen) > self._dedup_max:
             seen.popitem(last=False)
         self._n_replayed += seq <= self._replay_until

@@ -25,6 +25,7 @@ skips are counted.
 from __future__ import annotations
 
 import collections
+import hashlib
 import heapq
 import itertools
 import logging
@@ -131,7 +132,7 @@ class Relay:
         self.accept = AcceptBudget(cfg.accept_rate, cfg.accept_burst)
         # PING and STATS per connection (keys b"p"/b"s" + routing id): 2/s, bursts of 4
         self.control_limits = RateLimits(P.CONTROL_RATE, P.CONTROL_BURST, 0.0, 0.0, 8 * cfg.max_peers)
-        self.seen: collections.OrderedDict[bytes, tuple[bytes, int]] = collections.OrderedDict()
+        self.seen: collections.OrderedDict[bytes, tuple[bytes, int, bytes]] = collections.OrderedDict()
         self.rejected: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
         self.running = False
@@ -477,8 +478,17 @@ class Relay:
             self._nack(rid, peer, b"", e.reason)
             return
         rollout_id = pk.rollout_id.encode()
-        known = self.seen.get(rollout_id)
-        if known is not None:        # a resend after a lost ACK (or a bridge's copy): ACK again, deliver once
+        # Dedup binds the id to its sender (origin) and its payload: another identity cannot
+        # squat an id (first writer wins) so that the genuine copy, arriving later through a
+        # bridge, is dropped as a duplicate (issue 30.2).
+        seen_key = sender + b"\0" + rollout_id
+        digest = hashlib.blake2b(payload, digest_size=16).digest()
+        known = self.seen.get(seen_key)
+        if known is not None:
+            if known[2] != digest:   # the same sender's id with another payload: not a resend
+                self._nack(rid, peer, rollout_id, "id_conflict")
+                return
+            # a resend after a lost ACK (or a bridge's copy): ACK again, deliver once
             self.counts["duplicate"] += 1
             self._send(rid, [P.ACK, rollout_id, P.pack_seq(known[1]), self.epoch])
             return
@@ -514,7 +524,7 @@ class Relay:
         if topic.indexes:
             for key in topic.index_new(e):
                 self._dirty.add((topic.name, key))
-        self.seen[rollout_id] = (topic_name, seq)
+        self.seen[seen_key] = (topic_name, seq, digest)
         if len(self.seen) > self.cfg.dedup_size:
             self.seen.popitem(last=False)
         peer.acked += 1
