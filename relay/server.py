@@ -507,7 +507,7 @@ class Relay:
         source = b"k" + peer.key_name.encode() if peer.key_name else b"c" + rid
         # A publisher within its fair share of the accept budget may use the replay buffer's
         # small reserve when holding subscribers have filled it (issue 30.5).
-        quiet = self.accept.within_share(source, now)
+        quiet = not bridged and self.accept.within_share(source, now)
         if not bridged and not self.accept.admit(source, now):
             # The global budget, shared per source: while it is spent, only sources above
             # their share (rate / active sources) are refused (issue 29.2).
