@@ -25,7 +25,6 @@ skips are counted.
 from __future__ import annotations
 
 import collections
-import hashlib
 import heapq
 import itertools
 import logging
@@ -132,7 +131,7 @@ class Relay:
         self.accept = AcceptBudget(cfg.accept_rate, cfg.accept_burst)
         # PING and STATS per connection (keys b"p"/b"s" + routing id): 2/s, bursts of 4
         self.control_limits = RateLimits(P.CONTROL_RATE, P.CONTROL_BURST, 0.0, 0.0, 8 * cfg.max_peers)
-        self.seen: collections.OrderedDict[bytes, tuple[bytes, int, bytes]] = collections.OrderedDict()
+        self.seen: collections.OrderedDict[bytes, tuple[bytes, int]] = collections.OrderedDict()   # sender\0id -> (topic, seq)
         self.rejected: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
         self.running = False
@@ -480,13 +479,15 @@ class Relay:
         rollout_id = pk.rollout_id.encode()
         # Dedup binds the id to its sender (origin) and its payload: another identity cannot
         # squat an id (first writer wins) so that the genuine copy, arriving later through a
-        # bridge, is dropped as a duplicate (issue 30.2).
+        # bridge, is dropped as a duplicate (issue 30.2). The payload is compared with the
+        # buffered copy on a repeat only (nothing is hashed on the accept path).
         seen_key = sender + b"\0" + rollout_id
-        digest = hashlib.blake2b(payload, digest_size=16).digest()
         known = self.seen.get(seen_key)
         if known is not None:
-            if known[2] != digest:   # the same sender's id with another payload: not a resend
-                self._nack(rid, peer, rollout_id, "id_conflict")
+            t = self.topics.get(known[0])
+            first = t.entries.get(known[1]) if t is not None else None
+            if first is not None and not (first.size == len(payload) and first.body.endswith(payload)):
+                self._nack(rid, peer, rollout_id, "id_conflict")   # the same sender's id, another payload
                 return
             # a resend after a lost ACK (or a bridge's copy): ACK again, deliver once
             self.counts["duplicate"] += 1
@@ -524,7 +525,7 @@ class Relay:
         if topic.indexes:
             for key in topic.index_new(e):
                 self._dirty.add((topic.name, key))
-        self.seen[seen_key] = (topic_name, seq, digest)
+        self.seen[seen_key] = (topic_name, seq)
         if len(self.seen) > self.cfg.dedup_size:
             self.seen.popitem(last=False)
         peer.acked += 1

@@ -256,3 +256,30 @@ def test_the_bridge_role_on_an_open_relay_needs_an_explicit_opt_in(relay):
         assert _replies(s, n=1)[0][0] == P.ACK
     finally:
         s.close(0)
+
+
+def test_a_known_rollout_id_is_bound_to_its_sender_and_payload(relay):
+    """Issue 30.2 at one relay: the same sender's id again with the same payload is a resend
+    (ACKed, delivered once); with another payload it is `NACK id_conflict`; another sender's
+    copy of the id is its own rollout (delivered, and the receiver refuses it if forged)."""
+    r = relay()
+    pub, other, sub = _dealer(r.address), _dealer(r.address), _dealer(r.address)
+    try:
+        for s, name in ((pub, "alice"), (other, "mallory"), (sub, "bob")):
+            assert _hello(s, name)[0] == P.WELCOME
+        sub.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
+        assert _replies(sub, n=1)[0][0] == P.SUBOK
+        pub.send_multipart([P.PUB, b"s", raw_rollout("r1", b"genuine")])
+        pub.send_multipart([P.PUB, b"s", raw_rollout("r1", b"genuine")])
+        pub.send_multipart([P.PUB, b"s", raw_rollout("r1", b"changed")])
+        other.send_multipart([P.PUB, b"s", raw_rollout("r1", b"squat")])
+        got = _replies(pub, n=3)
+        assert [f[0] for f in got] == [P.ACK, P.ACK, P.NACK] and got[2][2] == b"id_conflict", got
+        assert _replies(other, n=1)[0][0] == P.ACK
+        delivered = [P.unpack_deliver(f[1]) for f in _replies(sub, n=2) if f[0] == P.DELIVER]
+        by_sender = {d[3]: d[6] for d in delivered}
+        assert len(delivered) == 2 and by_sender[b"alice"].endswith(b"genuine") \
+            and by_sender[b"mallory"].endswith(b"squat"), delivered
+    finally:
+        for s in (pub, other, sub):
+            s.close(0)
