@@ -504,16 +504,17 @@ class Relay:
                     self._nack(rid, peer, rollout_id, "rate_limited",
                                round(max(0.05, 1.0 / max(self.cfg.rate_msgs, 1e-3)), 3))
                     return
-        # The source a flood is shed from: the key on CURVE, else the connection.
-        source = b"k" + peer.key_name.encode() if peer.key_name else b"c" + rid
-        # A publisher within its fair share of the accept budget may use the replay buffer's
-        # small reserve when holding subscribers have filled it (issue 30.5).
-        quiet = not bridged and self.accept.within_share(source, now)
-        if not bridged and not self.accept.admit(source, now):
-            # The global budget, shared per source: while it is spent, only sources above
-            # their share (rate / active sources) are refused (issue 29.2).
-            self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
-            return
+        quiet = False
+        if not bridged and self.accept.rate > 0:
+            # The global budget, shared per source (the key on CURVE, else the connection):
+            # while it is spent, only sources above their share (rate / active sources) are
+            # refused (issue 29.2). A source within its share may also use the replay
+            # buffer's small reserve when holding subscribers have filled it (issue 30.5).
+            source = b"k" + peer.key_name.encode() if peer.key_name else b"c" + rid
+            quiet = self.accept.within_share(source, now)
+            if not self.accept.admit(source, now):
+                self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
+                return
         if not topic.room_for(len(payload), reserve=quiet):
             self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
             return
