@@ -578,6 +578,7 @@ class Relay:
         full = [p for rid in topic.full_subs if (p := self.peers.get(rid)) is not None]
         if not full:
             topic.hold_seq = None
+            topic.trim()
             return
         flowing = not self.readers.isdisjoint(topic.subscribers)
         hold = None
@@ -588,6 +589,7 @@ class Relay:
             c = p.cursors.get(topic.name, topic.next_seq)
             hold = c if hold is None else min(hold, c)
         topic.hold_seq = hold
+        topic.trim()                  # what the reserve held past a bound, once it was sent
 
     def _pump_all(self) -> None:
         now = time.monotonic()

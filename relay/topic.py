@@ -130,13 +130,18 @@ class Topic:
                                       now, task, tok)
         self.next_seq += 1
         self.nbytes += len(payload)
+        self.trim()
+        return e
+
+    def trim(self) -> None:
+        """Evict the oldest while past a bound, but nothing held (the buffer may be past a
+        bound by the reserve until the holders have what it holds)."""
         hold = self.hold_seq
         while self.entries and (len(self.entries) > self.max_count or self.nbytes > self.max_bytes) \
-                and (hold is None or self.first_seq < hold):          # (past a bound by the reserve)
+                and (hold is None or self.first_seq < hold):
             old = self.entries.pop(self.first_seq)
             self.nbytes -= old.size
             self.first_seq += 1
-        return e
 
     def index_for(self, filters: dict | None) -> Index:
         """The candidate index shared by every budgeted subscriber with these filters (built

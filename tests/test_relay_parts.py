@@ -168,3 +168,14 @@ def test_the_replay_buffers_reserve_takes_a_quiet_publisher_when_holders_filled_
     e = _pub(t, "quiet", 1, 0.0)[0]
     assert t.entries[1].sender == b"flooder" and t.entries[e.seq] is e     # nothing held was evicted
     assert not t.room_for(10, reserve=True)            # the reserve is bounded (16 / 16 = 1 here)
+
+
+def test_what_the_reserve_held_past_a_bound_is_trimmed_once_it_was_sent():
+    t = _topic(max_count=16)
+    _pub(t, "flooder", 16, 0.0)
+    t.hold_seq = 1
+    _pub(t, "quiet", 1, 0.0)
+    assert len(t.entries) == 17
+    t.hold_seq = 18                                    # the holders have everything now
+    t.trim()
+    assert len(t.entries) == 16 and t.first_seq == 2
