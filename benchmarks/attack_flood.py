@@ -1,14 +1,25 @@
-"""Attack: an identity flood on an open relay (issue 13, hole 4).
+"""Attacks on the relay's budgets: an identity flood (issue 13, hole 4) and a flood of the
+global accept budget (issue 29.2).
 
-N identities, each on its own connection (spread over several processes), say HELLO and
-publish ~4 KB rollouts flat out, ignoring every NACK. Meanwhile a legitimate publisher sends a
-rollout every 50 ms through the real client to a legitimate subscriber. The relay must keep
-its promise: every rollout it ACKed to the legitimate publisher reaches the subscriber.
+identity (default): N identities, each on its own connection (spread over several processes),
+say HELLO and publish ~4 KB rollouts flat out, ignoring every NACK. Meanwhile a legitimate
+publisher sends a rollout every 50 ms through the real client to a legitimate subscriber. The
+relay must keep its promise: every rollout it ACKed to the legitimate publisher reaches the
+subscriber.
 
     python benchmarks/attack_flood.py [--identities 500] [--seconds 12] [--json]
 
 Prints: flood sent / accepted (held = not accepted), legitimate rollouts ACKed / lost, and the
 relay's peak memory (VmHWM) and refusals by reason.
+
+accept-budget: F flooding identities publish at --flood-rate rollouts/s each, ignoring every
+NACK, against a relay whose global accept budget (--accept-rate) they exceed together; an
+honest publisher (the real client) publishes a node's round, --round groups at once, every
+--period s, to an everything-subscriber. Overload must be shed from the flooders: the honest
+publisher is never `busy`, loses nothing, and its p99 publish-to-delivery stays <= 1 s.
+
+    python benchmarks/attack_flood.py --scenario accept-budget [--flooders 2 --flood-rate 100
+        --accept-rate 50 --round 4 --period 2 --seconds 12] [--json]
 """
 from __future__ import annotations
 
@@ -72,6 +83,112 @@ def _flooder(address: str, first: int, n: int, seconds: float, out: mp.Queue) ->
     out.put((sent, acked))
 
 
+def _paced_flooder(address: str, name: str, rate: float, seconds: float, out: mp.Queue) -> None:
+    """One identity publishing at `rate` rollouts/s, whatever the relay answers."""
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(address)
+    s.send_multipart([P.HELLO, orjson.dumps({"node_id": name, "protocol": P.RELAY_PROTOCOL})])
+    sent = acked = 0
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        while sent < (time.time() - t0) * rate:
+            try:
+                s.send_multipart([P.PUB, b"swarm", rollout(f"{name}-{sent}")], zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            sent += 1
+        while s.poll(0):
+            acked += s.recv_multipart()[0] == P.ACK
+        time.sleep(0.002)
+    s.close(0)
+    ctx.term()
+    out.put((sent, acked))
+
+
+def _start_relay(address: str, *flags: str) -> subprocess.Popen:
+    relay = subprocess.Popen([sys.executable, "-m", "relay", "--bind", address, "--log-level", "WARNING", *flags],
+                             cwd=ROOT, stdout=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            query_stats(address, timeout_s=0.5)
+            break
+        except TimeoutError:
+            pass
+    return relay
+
+
+def _connected(*clients) -> None:
+    for _ in range(200):
+        if all(c.stats()["connected"] for c in clients):
+            return
+        time.sleep(0.05)
+
+
+def accept_budget_flood(args) -> dict:
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    relay = _start_relay(address, "--accept-rate", str(args.accept_rate), "--accept-burst", str(args.accept_rate),
+                         "--rate", "0", "--rate-mb", "0")
+    try:
+        pub = RelayClient(address, swarm="swarm", node_id="honest", subscribe=False).start()
+        sub = RelayClient(address, swarm="swarm", node_id="everything").start()
+        _connected(pub, sub)
+        q: mp.Queue = mp.Queue()
+        flood = [mp.Process(target=_paced_flooder, args=(address, f"flooder-{i}", args.flood_rate, args.seconds, q))
+                 for i in range(args.flooders)]
+        for p in flood:
+            p.start()
+        time.sleep(1.0)                           # the flood is on: the budget is spent
+        published: dict[str, float] = {}
+        arrived: dict[str, float] = {}
+        t_end = time.time() + args.seconds - 2.0
+        next_round = time.time()
+        while time.time() < t_end or (pub.pending() and time.time() < t_end + 10):
+            now = time.time()
+            if now >= next_round and now < t_end:
+                next_round += args.period
+                for _ in range(args.round):      # a node's round: its groups at once
+                    rid = f"honest-{len(published)}"
+                    published[rid] = time.time()
+                    pub.publish_bytes(rollout(rid))
+            for d in sub.poll(timeout_s=0.01):
+                if d.rollout_id in published:
+                    arrived.setdefault(d.rollout_id, time.time())
+        deadline = time.time() + 5
+        while time.time() < deadline and set(published) - set(arrived):
+            for d in sub.poll(timeout_s=0.1):
+                arrived.setdefault(d.rollout_id, time.time())
+        totals = [q.get(timeout=60) for _ in flood]
+        for p in flood:
+            p.join(10)
+        lat = sorted(arrived[r] - published[r] for r in arrived if r in published)
+        stats = query_stats(address)
+        res = {
+            "scenario": "accept-budget", "flooders": args.flooders, "flood_rate": args.flood_rate,
+            "accept_rate": args.accept_rate, "round": args.round, "period": args.period,
+            "flood_sent": sum(t[0] for t in totals), "flood_accepted": sum(t[1] for t in totals),
+            "honest_published": len(published), "honest_acked": pub.stats()["acked"],
+            "honest_lost": len(set(published) - set(arrived)), "honest_nacked": pub.stats()["nacked"],
+            "p50_ms": round(1e3 * lat[len(lat) // 2], 1) if lat else None,
+            "p99_ms": round(1e3 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None,
+            "max_ms": round(1e3 * lat[-1], 1) if lat else None,
+            "relay_rejected": stats["rejected"],
+        }
+        pub.close()
+        sub.close()
+    finally:
+        relay.terminate()
+        relay.wait(10)
+    return res
+
+
+def _free_port() -> int:
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _vm_hwm_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -86,27 +203,33 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, default=4, help="processes the flood is spread over")
     ap.add_argument("--seconds", type=float, default=12.0, help="flood duration")
     ap.add_argument("--json", action="store_true", help="also print the result as one JSON line")
+    ap.add_argument("--scenario", choices=("identity", "accept-budget"), default="identity")
+    ap.add_argument("--flooders", type=int, default=2, help="accept-budget: flooding identities")
+    ap.add_argument("--flood-rate", type=float, default=100.0, help="accept-budget: rollouts/s per flooder")
+    ap.add_argument("--accept-rate", type=float, default=50.0, help="accept-budget: the relay's global budget")
+    ap.add_argument("--round", type=int, default=4, help="accept-budget: groups the honest node publishes at once")
+    ap.add_argument("--period", type=float, default=2.0, help="accept-budget: s between the honest node's rounds")
     args = ap.parse_args(argv)
+    if args.scenario == "accept-budget":
+        res = accept_budget_flood(args)
+        print(f"accept-budget flood: {res['flooders']} flooders x {res['flood_rate']:g} rollouts/s against a global "
+              f"budget of {res['accept_rate']:g}/s; honest node: {res['round']} groups every {res['period']:g} s")
+        print(f"flood: {res['flood_sent']} sent, {res['flood_accepted']} accepted")
+        print(f"honest: {res['honest_published']} published, {res['honest_acked']} ACKed, {res['honest_lost']} lost, "
+              f"nacks {res['honest_nacked']}; publish-to-delivery p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms, "
+              f"max {res['max_ms']} ms")
+        print(f"relay: rejected {res['relay_rejected']}")
+        if args.json:
+            print(orjson.dumps(res).decode())
+        ok = res["honest_lost"] == 0 and res["p99_ms"] is not None and res["p99_ms"] <= 1000
+        return 0 if ok else 1
 
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
-    relay = subprocess.Popen([sys.executable, "-m", "relay", "--bind", address, "--log-level", "WARNING"],
-                             cwd=ROOT, stdout=subprocess.DEVNULL)
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    relay = _start_relay(address)
     try:
-        for _ in range(100):
-            try:
-                query_stats(address, timeout_s=0.5)
-                break
-            except TimeoutError:
-                pass
         pub = RelayClient(address, swarm="swarm", node_id="alice", subscribe=False).start()
         sub = RelayClient(address, swarm="swarm", node_id="bob").start()
-        for _ in range(100):
-            if pub.stats()["connected"] and sub.stats()["connected"]:
-                break
-            time.sleep(0.05)
+        _connected(pub, sub)
         q: mp.Queue = mp.Queue()
         per = -(-args.identities // args.procs)
         flood = [mp.Process(target=_flooder, args=(address, i * per, min(per, args.identities - i * per),

@@ -1,11 +1,14 @@
 """Load harness: 1,000+ synthetic nodes against one relay, or against three federated relays.
 
     python benchmarks/load_relay.py [--nodes 1000] [--period 8] [--k 4] [--seconds 60]
-                                    [--relays 1|3] [--procs 4] [--audit 2]
+                                    [--relays 1|3] [--procs 4] [--audit 2] [--clients swarm|bare]
 
-No models: every node is a bare DEALER socket speaking the relay protocol (HELLO, SUB with a
-delivery budget, PUB with retries and `busy` back-off, PING), several hundred of them per
-process in one poll loop, spread over several processes so the harness is not the bottleneck.
+No models. By default (--clients swarm) every node is a real `SwarmClient` (decode=False):
+the node's own I/O thread, acks, retries, `busy` back-off and its keep-alive (a PING every
+heartbeat_s = 1 s, as a node sends), spread over several processes. --clients bare runs
+each node as a bare DEALER socket speaking the relay protocol (HELLO, SUB, PUB with retries,
+a PING every 5 s), several hundred per process in one poll loop: cheaper for the harness, but
+it under-states the keep-alive traffic a relay sees from real nodes.
 Payloads are real encoded rollouts (ftis_edge.wire, 8 completions x 128 tokens from the
 SmolLM2 fixture, ~4 KB), each with a fresh rollout id that carries its publish time.
 
@@ -180,6 +183,49 @@ def run_nodes(addresses: list[str], names: list[str], k: int, period: float, sec
     ctx.term()
 
 
+def run_swarm_clients(addresses: list[str], names: list[str], k: int, period: float, seconds: float,
+                      publish: bool, go, out) -> None:
+    """One harness process: real SwarmClients (their own I/O threads and keep-alive)."""
+    from ftis_edge.swarm import SwarmClient
+    tpl = templates()
+    clients = [SwarmClient(addresses[i % len(addresses)], swarm="swarm", node_id=name, decode=False,
+                           budget_k=k, budget_window_s=period, warn_every_s=1e9).start()
+               for i, name in enumerate(names)]
+    go.wait()
+    t0 = time.time()
+    sched = [(t0 + random.uniform(0, period), i) for i in range(len(clients))] if publish else []
+    heapq.heapify(sched)
+    stop_pub, stop_all = t0 + seconds, t0 + seconds + 20.0
+    got, got_in, nbytes = [0] * len(clients), [0] * len(clients), 0
+    seen: list[list[bytes]] = [[] for _ in clients]
+    lat: list[float] = []
+    while time.time() < stop_all:
+        now = time.time()
+        while sched and sched[0][0] <= now:
+            t, i = heapq.heappop(sched)
+            if t < stop_pub:
+                clients[i].publish_bytes(stamp(tpl[random.randrange(len(tpl))])[1])
+                heapq.heappush(sched, (t + period, i))
+        for i, c in enumerate(clients):
+            for d in c.poll():
+                t = time.time()
+                got[i] += 1
+                nbytes += d.nbytes
+                if t < stop_pub:
+                    got_in[i] += 1
+                    lat.append(t - sent_at(d.rollout_id.encode()))
+                if not publish:
+                    seen[i].append(d.rollout_id.encode())
+        time.sleep(0.02)
+    acked = [rid.encode() for c in clients for rid in c.acked_ids()]
+    unacked = sum(c.pending() for c in clients)
+    for c in clients:
+        c.close()
+    out.put({"publish": publish, "k": k, "nodes": len(clients), "acked": acked, "seen": seen,
+             "unacked": unacked, "got": got, "got_in": got_in, "bytes": nbytes,
+             "lat": lat if len(lat) <= 200_000 else random.sample(lat, 200_000)})
+
+
 def _cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -203,11 +249,13 @@ def main(argv=None) -> int:
     ap.add_argument("--relays", type=int, default=1, choices=(1, 3), help="one relay, or three in a line")
     ap.add_argument("--procs", type=int, default=4, help="harness processes for the nodes")
     ap.add_argument("--audit", type=int, default=1, help="everything-subscribers per relay (loss check)")
+    ap.add_argument("--clients", choices=("swarm", "bare"), default="swarm",
+                    help="real SwarmClients (the node's keep-alive) or bare DEALER sockets")
     args = ap.parse_args(argv)
 
     addrs = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.relays)]
     relays = [subprocess.Popen([sys.executable, "-m", "relay", "--bind", a, "--log-level", "WARNING",
-                                "--trust-bridge", "b1", "--trust-bridge", "b2"], cwd=ROOT) for a in addrs]
+                                "--trust-bridge", "b1", "--trust-bridge", "b2", "--open-bridges"], cwd=ROOT) for a in addrs]
     bridges = []
     try:
         for a in addrs:
@@ -225,11 +273,12 @@ def main(argv=None) -> int:
         go, out = ctx.Event(), ctx.Queue()
         names = [f"n{i:05d}" for i in range(args.nodes)]
         chunks = [names[i::args.procs] for i in range(args.procs)]
-        workers = [ctx.Process(target=run_nodes, args=(addrs, ch, args.k, args.period, args.seconds, True, go, out))
+        node = run_swarm_clients if args.clients == "swarm" else run_nodes
+        workers = [ctx.Process(target=node, args=(addrs, ch, args.k, args.period, args.seconds, True, go, out))
                    for ch in chunks]
         audit_names = [f"audit{i}" for i in range(args.audit * args.relays)]    # round-robin over relays
-        workers.append(ctx.Process(target=run_nodes, args=(addrs, audit_names, 0, args.period, args.seconds,
-                                                           False, go, out)))
+        workers.append(ctx.Process(target=node, args=(addrs, audit_names, 0, args.period, args.seconds,
+                                                      False, go, out)))
         for w in workers:
             w.start()
         time.sleep(5.0 + args.nodes / 400)      # connections, HELLOs and SUBs land
@@ -267,7 +316,7 @@ def main(argv=None) -> int:
     busy = sum(s["rejected"].get("busy", 0) for s in stats)
     windows = dt_pub / args.period
     pub_bytes = sum(r["bytes"] for r in pubs)
-    print(f"load: {args.nodes} synthetic nodes, 1 group / {args.period:g} s each, K = {args.k or 'all'} per "
+    print(f"load: {args.nodes} {'real SwarmClient' if args.clients == 'swarm' else 'bare-socket'} nodes, 1 group / {args.period:g} s each, K = {args.k or 'all'} per "
           f"{args.period:g} s, {args.relays} relay(s){' in a line' if args.relays == 3 else ''}, "
           f"{dt_pub:.0f} s, {args.procs} harness processes + {len(audit_names)} audit subscriber(s); "
           f"payload ~{np.mean([len(t) for t in templates()]) / 1024:.1f} KB real encoded groups; "
@@ -286,7 +335,7 @@ def main(argv=None) -> int:
               f"skipped_slow {s['counts'].get('skipped_slow', 0)}")
     print(f"rollouts lost (ACKed, not at an everything-subscriber): {per_audit_lost}, "
           f"duplicates there: {per_audit_dup}  ({len(acked)} ACKed)")
-    print(orjson.dumps({"nodes": args.nodes, "relays": args.relays, "k": args.k, "period": args.period,
+    print(orjson.dumps({"nodes": args.nodes, "clients": args.clients, "relays": args.relays, "k": args.k, "period": args.period,
                         "acked": len(acked), "deliveries_s": deliveries / dt_pub, "egress_mb_s": egress / dt_pub / 1e6,
                         "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
                         "cpu": cpu, "rss_mb": rss, "hwm_mb": hwm, "lost": per_audit_lost, "dup": per_audit_dup,

@@ -3,7 +3,8 @@
 It is two ordinary relay clients (`relay.client.RelayClient`: publish + subscribe, no
 decoding) that forward each other's deliveries with `publish_bytes(payload, origin=sender)`.
 Each relay must trust the bridge (`--trust-bridge NAME`; on a CURVE relay NAME is the
-bridge's key name), so it keeps the original sender on forwarded rollouts. Loops are cut
+bridge's key name; an open relay also needs `--open-bridges`, since there NAME is a claim),
+so it keeps the original sender on forwarded rollouts. Loops are cut
 three ways: a relay never sends a rollout back on the connection it came from, a bridge never
 forwards a rollout to a relay that already has it (relays ACK a known rollout id without
 delivering it again), and nodes drop rollout ids they have already seen. Acks, retries,

@@ -64,6 +64,9 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-bridge", action="append", default=[], metavar="NAME",
                    help="federation bridge allowed to forward others' rollouts (repeatable): its node id, "
                         "which on a CURVE relay is its key's name")
+    p.add_argument("--open-bridges", action="store_true",
+                   help="honour --trust-bridge on an open relay (no --keys), where a node id is only a claim: "
+                        "anyone who says HELLO as a trusted name may then publish as any node")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
@@ -84,7 +87,7 @@ def _serve(args) -> int:
                       max_topics=args.max_topics, max_topics_per_peer=args.max_topics_per_peer,
                       max_peers=args.max_peers, slow_after_s=args.slow_after, busy_retry_s=args.busy_retry,
                       peer_timeout_s=args.peer_timeout, sndhwm=args.sndhwm,
-                      trusted_bridges=frozenset(args.trust_bridge))
+                      trusted_bridges=frozenset(args.trust_bridge), open_bridges=args.open_bridges)
     try:
         return run(cfg)
     except (KeyFileError, ValueError) as e:
@@ -93,6 +96,9 @@ def _serve(args) -> int:
     except zmq.ZMQError as e:
         print(f"ftis-relay: cannot bind {args.bind}: {e}", file=sys.stderr)
         return 2
+
+
+STATUS_NODE_ID = "ftis-relay-status"     # the node id `status` says HELLO as on an open relay
 
 
 def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float = 3.0) -> dict:
@@ -111,6 +117,8 @@ def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float =
     poller.register(mon, zmq.POLLIN)
     failed = ""
     try:
+        if keys is None:      # an open relay answers STATS only after HELLO (issue 30)
+            s.send_multipart([P.HELLO, orjson.dumps({"node_id": STATUS_NODE_ID, "protocol": P.RELAY_PROTOCOL})])
         s.send_multipart([P.STATS])
         deadline = time.monotonic() + timeout_s
         while True:
@@ -125,14 +133,18 @@ def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float =
                           "the CURVE handshake failed: wrong --server-key, or the relay runs without CURVE")
                 continue
             if s in events:
+                frames = s.recv_multipart()
+                if frames[0] == P.WELCOME:          # the answer to our HELLO: STATS follows
+                    continue
                 break
             if left <= 0:
                 msg = f"no answer from {address} within {timeout_s} s"
                 raise TimeoutError(f"{msg}: {failed}" if failed else
                                    msg + ("" if keys else " (is it running? if it uses CURVE, pass --keys and --server-key)"))
-        frames = s.recv_multipart()
         if frames[0] != P.STATS or len(frames) != 2:
-            raise TimeoutError(f"unexpected reply from {address}: {frames[0][:20]!r}")
+            raise TimeoutError(f"unexpected reply from {address}: {b' '.join(frames)[:60]!r}")
+        if keys is None:
+            s.send_multipart([P.BYE], zmq.NOBLOCK)
         return orjson.loads(frames[1])
     finally:
         s.disable_monitor()

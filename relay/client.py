@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import queue
 import random
 import threading
 import time
@@ -113,12 +112,15 @@ class RelayClient:
         self.filters = {k: sorted(v) for k, v in (filters or {}).items() if v}
         self.warn_every_s = warn_every_s
         self._topic = swarm.encode()
-        self._outbox: queue.SimpleQueue[_Outgoing] = queue.SimpleQueue()
+        # The one pending count is len(_outbox) + len(_pending): published, not yet ACKed nor
+        # refused for good. publish() appends to _outbox under _lock; the I/O thread moves
+        # what it drains into _pending under the same lock, so no rollout is ever in neither.
+        self._outbox: collections.deque[_Outgoing] = collections.deque()
         self._inbox: collections.deque = collections.deque(maxlen=inbox_max)
         self._inbox_cv = threading.Condition()
         self._lock = threading.Lock()                  # guards counters, peers and health below
         self._pending_cv = threading.Condition(self._lock)   # wait_pending(): the pending count fell
-        self._pending: dict[bytes, _Outgoing] = {}     # I/O thread only
+        self._pending: dict[bytes, _Outgoing] = {}     # I/O thread writes (filled from _outbox under _lock)
         self._next_retry = 0.0                         # earliest time a pending rollout is due
         self._busy_until = 0.0                         # the relay said `busy`: send nothing before
         self._resubscribe = False                      # set_budget() asked for a new SUB
@@ -136,6 +138,7 @@ class RelayClient:
         self._stats = collections.Counter()
         self._nacked = collections.Counter()
         self._peers: dict[str, dict] = {}
+        self._relay_peers: int | None = None          # connections the relay knows (its PONG)
         self._epoch: str | None = None
         self._last_seq = 0
         self._replay_until = 0
@@ -152,7 +155,6 @@ class RelayClient:
         self._waker = Waker()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context | None = None
-        self._n_pending = 0
         self._n_unsent = 0                             # I/O thread: pending, never sent yet
 
     # -------------------------------------------------------------- public API
@@ -195,10 +197,10 @@ class RelayClient:
         if origin or task or tok or via:
             attrs = orjson.dumps({k: v for k, v in (("origin", origin), ("task", task), ("tok", tok),
                                                     ("via", via)) if v})
+        out = _Outgoing(rollout_id.encode(), payload, attrs)
         with self._lock:
-            self._n_pending += 1
+            self._outbox.append(out)
             self._stats["published"] += 1
-        self._outbox.put(_Outgoing(rollout_id.encode(), payload, attrs))
         self._waker.wake()
 
     def poll(self, max_items: int | None = None, timeout_s: float = 0.0) -> list:
@@ -242,10 +244,13 @@ class RelayClient:
         if not self._waker.closed:
             self._waker.wake()
 
+    def _n_pending(self) -> int:
+        return len(self._outbox) + len(self._pending)
+
     def pending(self) -> int:
         """Published and not yet acknowledged (nor refused for good)."""
         with self._lock:
-            return self._n_pending
+            return self._n_pending()
 
     def wait_pending(self, at_most: int = 0, timeout_s: float | None = None) -> int:
         """Block until at most `at_most` rollouts are pending (or timeout_s passed); returns
@@ -253,8 +258,17 @@ class RelayClient:
         waiters once per burst of ACKs (sleep-polling pending() cost a publisher more CPU
         than publishing, profiled in bench_relay.py)."""
         with self._pending_cv:
-            self._pending_cv.wait_for(lambda: self._n_pending <= at_most, timeout_s)
-            return self._n_pending
+            self._pending_cv.wait_for(lambda: self._n_pending() <= at_most, timeout_s)
+            return self._n_pending()
+
+    def acked_ids(self) -> list[str]:
+        """Rollout ids the relay ACKed that are still kept for re-publishing (keep_acked_s,
+        keep_acked_max): what a load harness audits against its subscribers."""
+        while True:                 # the I/O thread changes it without a lock: copy again
+            try:
+                return [rid.decode() for rid in list(self._acked)]
+            except RuntimeError:
+                continue
 
     def health(self) -> dict:
         """{"state": connecting | connected | unreachable | refused, "reason": one line,
@@ -267,7 +281,8 @@ class RelayClient:
         with self._lock:
             return {
                 "connected": self._connected, "relay_epoch": self._epoch,
-                "latency_ms": self._latency_ms, "pending": self._n_pending,
+                "latency_ms": self._latency_ms, "pending": self._n_pending(),
+                "relay_peers": self._relay_peers,
                 "health": self._health["state"],
                 **{k: self._stats.get(k, 0) for k in (
                     "published", "acked", "sent", "resent", "republished", "received",
@@ -277,8 +292,8 @@ class RelayClient:
             }
 
     def peers(self) -> list[dict]:
-        """Nodes seen in the relay's peer list (all its clients) or through their rollouts,
-        with last_seen (unix s) and the number of rollouts received from each."""
+        """Nodes seen through their rollouts, with last_seen (unix s) and the number of
+        rollouts received from each (how many clients the relay has: stats()["relay_peers"])."""
         with self._lock:
             return [dict(node_id=k, **v) for k, v in sorted(self._peers.items())]
 
@@ -422,21 +437,22 @@ class RelayClient:
     def _drain_outbox(self, sock: zmq.Socket, now: float) -> None:
         # Publish order is kept: while an earlier rollout waits unsent (not connected yet,
         # busy, a full pipe), later ones wait behind it for _retry, which sends in order.
-        if self._outbox.empty():        # most loop turns (a raised queue.Empty costs more)
+        if not self._outbox:            # most loop turns
             return
-        send_now = self._connected and now >= self._busy_until and not self._n_unsent
-        while True:
-            try:
-                out = self._outbox.get_nowait()
-            except queue.Empty:
-                return
-            if out.rollout_id in self._pending:      # the same rollout published twice
-                with self._lock:
-                    self._n_pending -= 1
-                    self._pending_cv.notify_all()
-                continue
-            self._pending[out.rollout_id] = out
-            self._n_unsent += 1
+        pending, fresh, dropped = self._pending, [], 0
+        with self._lock:
+            while self._outbox:
+                out = self._outbox.popleft()
+                if out.rollout_id in pending:       # the same rollout published twice
+                    dropped += 1
+                    continue
+                pending[out.rollout_id] = out
+                fresh.append(out)
+            if dropped:
+                self._pending_cv.notify_all()
+        self._n_unsent += len(fresh)
+        send_now = self._connected and now >= self._busy_until and self._n_unsent == len(fresh)
+        for out in fresh:
             # Once one cannot go out, the rest wait for _retry too, which sends in publish order.
             send_now = send_now and self._transmit(sock, out, now)
             if not send_now:
@@ -517,7 +533,7 @@ class RelayClient:
                     if out is not None:
                         self._n_unsent -= out.attempts == 0   # (a stray ACK of a re-published one)
                         acked[frames[1]] = (mono, out.payload, out.attrs)
-                        n_acked += 1                # _flush lowers the pending count
+                        n_acked += 1                # _flush wakes wait_pending()
                 else:
                     self._on_message(sock, frames)
             except Exception:       # a bad frame must not kill the client
@@ -551,9 +567,10 @@ class RelayClient:
             if self._check_epoch(sock, obj.get("epoch")) or not obj.get("known"):
                 if self._health["state"] != REFUSED:
                     self._hello(sock)          # a relay that does not know us yet
-            for node in obj.get("peers") or []:
-                if isinstance(node, str) and node != self.node_id:
-                    self._touch_peer(node)
+            n = obj.get("n_peers")
+            if isinstance(n, int):
+                with self._lock:
+                    self._relay_peers = n
         elif kind == P.WELCOME and len(frames) == 2:
             obj = orjson.loads(frames[1])
             self._check_epoch(sock, obj.get("epoch"))
@@ -587,7 +604,6 @@ class RelayClient:
                     self._pending[rid] = _Outgoing(rid, payload, attrs)
                     self._n_unsent += 1
                     with self._lock:
-                        self._n_pending += 1
                         self._stats["republished"] += 1
             self._acked.clear()
             self._next_retry = now
@@ -630,9 +646,8 @@ class RelayClient:
                 out.not_before = self._busy_until
             self._next_retry = min(self._next_retry, out.not_before)
             return
-        del self._pending[rid]        # refused for good: counted, not retried
         with self._lock:
-            self._n_pending -= 1
+            del self._pending[rid]        # refused for good: counted, not retried
             self._pending_cv.notify_all()
 
     def _on_deliver_body(self, body: bytes) -> None:
@@ -651,11 +666,11 @@ class RelayClient:
                 if last and seq > last + 1 and not self.budget_k:
                     self._n_gaps += seq - last - 1
                 self._last_seq = seq
-        seen = self._seen
-        if rid in seen or sender_b == self._node_b:
+        seen, key = self._seen, sender_b + b"\0" + rid    # by sender too: an id squatted by another
+        if key in seen or sender_b == self._node_b:    # sender must not hide the genuine copy
             self._n_duplicates += sender_b != self._node_b
             return
-        seen[rid] = None
+        seen[key] = None
         if len(seen) > self._dedup_max:
             seen.popitem(last=False)
         self._n_replayed += seq <= self._replay_until
@@ -683,8 +698,7 @@ class RelayClient:
             self._n_bytes_in = self._n_gaps = self._n_duplicates = self._n_replayed = 0
         senders = collections.Counter(map(_first, items)) if items else {}
         with self._lock:
-            if b["acked"]:
-                self._n_pending -= b["acked"]
+            if b["acked"]:                  # (their ACKs took them out of _pending)
                 self._pending_cv.notify_all()
             self._stats.update(b)
             peers = self._peers
@@ -709,7 +723,4 @@ class RelayClient:
                     self._stats["inbox_dropped"] += dropped
             self._burst_items = []
 
-    def _touch_peer(self, node: str) -> None:
-        with self._lock:
-            p = self._peers.setdefault(node, {"last_seen": 0.0, "rollouts": 0})
-            p["last_seen"] = time.time()
+

@@ -16,7 +16,7 @@ client -> relay                         relay -> client
                 filters: {task, tok}]}
   PUB     topic payload [attrs]           ACK     rollout_id seq(u64) epoch
   PING    {t}                             NACK    rollout_id reason [{retry_after_s, detail}]
-  STATS                                   PONG    {t, epoch, known, peers}
+  STATS (after HELLO)                     PONG    {t, epoch, known, n_peers}
   BYE                                     STATS   {...}
 """
 from __future__ import annotations
@@ -28,7 +28,9 @@ HELLO, WELCOME, SUB, PUB, ACK, NACK = b"HELLO", b"WELCOME", b"SUB", b"PUB", b"AC
 DELIVER, PING, PONG, STATS, BYE = b"DELIVER", b"PING", b"PONG", b"STATS", b"BYE"
 SUBOK = b"SUBOK"
 
-RELAY_PROTOCOL = 2            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding
+RELAY_PROTOCOL = 3            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding;
+                              # 3: PONG has n_peers, no peer list; STATS after HELLO; PING/STATS rate-limited
+CONTROL_RATE, CONTROL_BURST = 2.0, 4.0   # PINGs (and STATS) per second per connection the relay answers
 SEQ = struct.Struct("<Q")
 MAX_TOPIC_LEN = 128
 MAX_NODE_ID_LEN = 128

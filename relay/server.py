@@ -2,7 +2,10 @@
 deduplication, rate limits, delivery budgets and bounded, non-blocking fan-out.
 
 It imports `relay.protocol` (and `relay.keys` for CURVE) and nothing of the node: it runs
-with pyzmq + orjson only.
+with pyzmq + orjson only. What touches no socket lives beside it: the replay buffer and the
+candidate indexes (`relay.topic`), the budget and fair-share rules (`relay.budget`), token
+buckets and the accept budget (`relay.limits`), the CURVE allow-list (`relay.auth`). This
+module keeps the loop, the handlers and the hot fan-out path.
 
 Fan-out never blocks: the relay keeps, per subscriber and topic, a cursor into the topic's
 replay buffer and sends with NOBLOCK on a ROUTER_MANDATORY socket. When a subscriber's pipe
@@ -35,7 +38,11 @@ import orjson
 import zmq
 
 from relay import protocol as P
+from relay.auth import AllowList, ZapAuth, identity_refusal
+from relay.budget import Budget
 from relay.frames import LAST as _LAST, MORE as _MORE, send_frame
+from relay.limits import AcceptBudget, RateLimits
+from relay.topic import Entry, Index, Topic, passes
 
 log = logging.getLogger("ftis-relay")
 
@@ -65,172 +72,7 @@ class RelayConfig:
     busy_retry_s: float = 0.25             # retry-after sent with NACK busy
     gather_s: float = 0.2                  # budgets: collect candidates this long before a fair pick
     trusted_bridges: frozenset = frozenset()   # node ids (key names on CURVE) allowed to forward others' rollouts
-
-
-class TokenBucket:
-    """rate tokens/s, up to burst; rate 0 means unlimited."""
-
-    __slots__ = ("rate", "burst", "tokens", "t")
-
-    def __init__(self, rate: float, burst: float):
-        self.rate, self.burst, self.tokens, self.t = rate, burst, burst, time.monotonic()
-
-    def refill(self, now: float) -> None:
-        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
-        self.t = now
-
-    def take(self, n: float = 1.0, now: float | None = None) -> bool:
-        if self.rate <= 0:
-            return True
-        self.refill(time.monotonic() if now is None else now)
-        if self.tokens >= n:
-            self.tokens -= n
-            return True
-        return False
-
-
-@dataclass(slots=True)
-class Entry:
-    seq: int
-    rollout_id: bytes
-    sender_rid: bytes
-    sender: bytes          # node id
-    size: int              # payload bytes
-    body: bytes            # the DELIVER frame (metadata + payload), built once for all subscribers
-    t: float               # accepted at (monotonic)
-    task: str | None
-    tok: str | None
-
-
-class Topic:
-    """Sequence numbers and a bounded replay buffer (by count and by bytes)."""
-
-    def __init__(self, name: bytes, max_count: int, max_bytes: int, epoch: bytes):
-        self.name, self.epoch = name, epoch
-        self.entries: dict[int, Entry] = {}
-        self.first_seq = 1
-        self.next_seq = 1
-        self.nbytes = 0
-        self.max_count, self.max_bytes = max_count, max_bytes
-        self.subscribers: set[bytes] = set()
-        self.full_subs: set[bytes] = set()        # ... of which subscribe to everything (cursor pumps)
-        self.indexes: dict[tuple, Index] = {}     # budgeted subscribers' candidates, one per filter set
-        self.hold_seq: int | None = None          # lowest cursor of subscribers that hold the buffer
-
-    def room_for(self, size: int) -> bool:
-        """True when appending `size` bytes evicts nothing a holding subscriber still needs."""
-        count, nbytes, first = len(self.entries), self.nbytes, self.first_seq
-        while count and (count + 1 > self.max_count or nbytes + size > self.max_bytes):
-            if self.hold_seq is not None and first >= self.hold_seq:
-                return False
-            nbytes -= self.entries[first].size
-            first += 1
-            count -= 1
-        return True
-
-    def append(self, e_rid: bytes, sender_rid: bytes, sender: bytes, payload: bytes, attrs: bytes,
-               task: str | None, tok: str | None, now: float) -> int:
-        seq = self.next_seq
-        self.entries[seq] = Entry(seq, e_rid, sender_rid, sender, len(payload),
-                                  P.pack_deliver(seq, self.name, self.epoch, sender, e_rid, attrs, payload),
-                                  now, task, tok)
-        self.next_seq += 1
-        self.nbytes += len(payload)
-        while self.entries and (len(self.entries) > self.max_count or self.nbytes > self.max_bytes):
-            old = self.entries.pop(self.first_seq)
-            self.nbytes -= old.size
-            self.first_seq += 1
-        return seq
-
-    def index_for(self, filters: dict | None) -> "Index":
-        """The candidate index shared by every budgeted subscriber with these filters (built
-        from the replay buffer when the first one subscribes)."""
-        key = Index.key(filters)
-        idx = self.indexes.get(key)
-        if idx is None:
-            idx = self.indexes[key] = Index(filters)
-            for seq in range(self.first_seq, self.next_seq):
-                e = self.entries[seq]
-                if idx.matches(e):
-                    idx.add(e, self.first_seq)
-        return idx
-
-
-SENDER_HISTORY = 64           # seqs an index keeps per publisher (newest unsent is picked among them)
-
-
-class Index:
-    """Per topic and filter set: every publisher's newest rollouts (that pass the filters), in
-    order of its latest activity. Budgeted subscribers with the same filters share one, so a
-    new rollout costs O(indexes + hungry subscribers), not O(all subscribers)."""
-
-    __slots__ = ("filters", "newest", "subs", "hungry", "_active")
-
-    def __init__(self, filters: dict | None):
-        self.filters = filters
-        self.newest: collections.OrderedDict[bytes, collections.deque] = collections.OrderedDict()
-        self.subs: set[bytes] = set()         # budgeted subscribers using it
-        self.hungry: set[bytes] = set()       # ... of which have budget left this window
-        self._active = (0.0, 0.0, 0)          # (computed at, window, count) cache
-
-    def active_senders(self, now: float, window_s: float, entries: dict) -> int:
-        """Publishers of rollouts that pass these filters heard from within window_s (cached
-        for 0.5 s: asked once per pump; activity order lets the count stop at the first stale)."""
-        at, w, n = self._active
-        if now - at > 0.5 or w != window_s:
-            n = 0
-            for seqs in reversed(self.newest.values()):
-                e = entries.get(seqs[-1])
-                if e is None or now - e.t > window_s:
-                    break
-                n += 1
-            self._active = (now, window_s, n)
-        return n
-
-    def is_active(self, sender: bytes, now: float, window_s: float, entries: dict) -> bool:
-        seqs = self.newest.get(sender)
-        e = entries.get(seqs[-1]) if seqs else None
-        return e is not None and now - e.t <= window_s
-
-    @staticmethod
-    def key(filters: dict | None) -> tuple:
-        return tuple(sorted((k, tuple(sorted(v))) for k, v in (filters or {}).items()))
-
-    def matches(self, e: "Entry") -> bool:
-        # An untagged rollout passes (a publisher that does not tag is not filtered out; the
-        # receiver validates every field anyway); a tagged one must match.
-        f = self.filters
-        return f is None or not ((e.task is not None and "task" in f and e.task not in f["task"])
-                                 or (e.tok is not None and "tok" in f and e.tok not in f["tok"]))
-
-    def add(self, e: "Entry", first_seq: int) -> None:
-        seqs = self.newest.pop(e.sender, None)
-        if seqs is None:
-            seqs = collections.deque(maxlen=SENDER_HISTORY)
-        seqs.append(e.seq)
-        self.newest[e.sender] = seqs            # the end: most recently active
-        newest = self.newest
-        while newest:                           # publishers whose newest left the buffer
-            first = next(iter(newest.values()))
-            if first[-1] >= first_seq:
-                break
-            newest.popitem(last=False)
-
-
-@dataclass
-class Budget:
-    """A subscriber's delivery budget on one topic: at most k rollouts per window_s, at most
-    a fair share per publisher, newest first, from rollouts not older than one window."""
-
-    k: int
-    window_s: float
-    index: Index | None = None
-    start_seq: int = 1        # rollouts from here on (the SUB's cursor) are candidates
-    window_start: float = 0.0
-    pick_at: float = 0.0      # candidates gather until then, so a pick sees every publisher
-    sent: int = 0
-    served: collections.Counter = field(default_factory=collections.Counter)   # sender -> this window
-    sent_seqs: set = field(default_factory=set)     # seqs sent to it that are still fresh
+    open_bridges: bool = False             # honour trusted_bridges on an open relay, where a node id is a claim
 
 
 @dataclass
@@ -252,44 +94,6 @@ class Peer:
     nacked: int = 0
     skipped: int = 0          # rollouts it missed because it fell behind the replay buffer
     blocked_since: float | None = None    # its pipe has been full since (monotonic)
-    last_accept: float = 0.0
-
-
-class _Auth:
-    """ZAP for CURVE: the allow-list maps each public key to its certificate's name, which
-    becomes the connection's User-Id; refused handshakes are counted and logged at INFO."""
-
-    def __init__(self, ctx: zmq.Context, allow_dir: str, refused: collections.Counter):
-        from zmq.auth.thread import ThreadAuthenticator
-        from zmq.utils import z85
-        from relay.keys import allowed_names
-        names = allowed_names(allow_dir)
-        alog = logging.getLogger("ftis-relay.auth")
-
-        class Authenticator(ThreadAuthenticator):
-            address = ""
-
-            async def handle_zap_message(self, msg):
-                self.address = msg[3].decode(errors="replace") if len(msg) > 3 else "?"
-                await super().handle_zap_message(msg)
-
-            async def _authenticate_curve(self, domain, client_key):
-                if client_key in names:
-                    return True, b"OK"
-                refused["unknown_key"] += 1
-                alog.info("refused CURVE handshake from %s: key %s is not in the allow list",
-                          self.address, z85.encode(client_key).decode())
-                return False, b"Unknown key"
-
-            def curve_user_id(self, client_public_key):
-                return names[client_public_key]
-
-        self.names = names
-        self.thread = Authenticator(ctx, log=logging.getLogger("ftis-relay.zap"))
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.thread.stop()
 
 
 class Relay:
@@ -298,11 +102,16 @@ class Relay:
         hint = P.check_bind(cfg.bind)
         if hint:
             raise ValueError(hint)
+        if cfg.trusted_bridges and not cfg.keys_dir and not cfg.open_bridges:
+            # On an open relay anyone may HELLO as the bridge's name (issue 25.4).
+            raise ValueError("--trust-bridge on an open relay trusts a claimed node id (anyone can HELLO as "
+                             f"{sorted(cfg.trusted_bridges)[0]!r} and publish as any node): use CURVE "
+                             "(--keys/--allow, the name is then a key's), or pass --open-bridges to accept that")
         self.epoch = os.urandom(8).hex().encode()
         self._epoch_s = self.epoch.decode()
         self.started = time.time()
         self.ctx = zmq.Context()
-        self.auth: _Auth | None = None
+        self.auth: ZapAuth | None = None
         self.refused_handshakes: collections.Counter[str] = collections.Counter()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -317,9 +126,12 @@ class Relay:
         self.sock.bind(cfg.bind)
         self.topics: dict[bytes, Topic] = {}
         self.peers: dict[bytes, Peer] = {}
-        self.buckets: collections.OrderedDict[bytes, tuple[TokenBucket, TokenBucket]] = collections.OrderedDict()
-        self.accept_bucket = TokenBucket(cfg.accept_rate, cfg.accept_burst)
-        self.seen: collections.OrderedDict[bytes, tuple[bytes, int]] = collections.OrderedDict()
+        self.limits = RateLimits(cfg.rate_msgs, cfg.rate_burst, cfg.rate_bytes,
+                                 max(cfg.rate_bytes * 2, cfg.max_message_bytes), 4 * cfg.max_peers)
+        self.accept = AcceptBudget(cfg.accept_rate, cfg.accept_burst)
+        # PING and STATS per connection (keys b"p"/b"s" + routing id): 2/s, bursts of 4
+        self.control_limits = RateLimits(P.CONTROL_RATE, P.CONTROL_BURST, 0.0, 0.0, 8 * cfg.max_peers)
+        self.seen: collections.OrderedDict[bytes, tuple[bytes, int]] = collections.OrderedDict()   # sender\0id -> (topic, seq)
         self.rejected: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
         self.running = False
@@ -331,6 +143,7 @@ class Relay:
         self._dirty: set[tuple[bytes, tuple]] = set()              # (topic, index key)
         self._budget_retry: set[tuple[bytes, bytes]] = set()       # (rid, topic) whose pipe was full
         self.delivered = self.delivered_bytes = 0     # all deliveries (plain ints: on the hot path)
+        self.readers: set[bytes] = set()              # subscribers that read: not full, sent > sndhwm
 
     # -------------------------------------------------------------- setup
     def _setup_curve(self) -> None:
@@ -338,7 +151,8 @@ class Relay:
         public, secret = load_server_keys(self.cfg.keys_dir)
         if not self.cfg.allow_dir:
             raise ValueError("--keys needs --allow DIR (the public certificates of allowed clients)")
-        self.auth = _Auth(self.ctx, self.cfg.allow_dir, self.refused_handshakes)
+        from relay.keys import allowed_names
+        self.auth = ZapAuth(self.ctx, AllowList(allowed_names(self.cfg.allow_dir), self.refused_handshakes))
         self.sock.curve_secretkey = secret
         self.sock.curve_publickey = public
         self.sock.curve_server = True
@@ -461,7 +275,7 @@ class Relay:
         elif kind == P.SUB:
             self._on_sub(rid, peer, args)
         elif kind == P.STATS:
-            self._send(rid, [P.STATS, orjson.dumps(self.stats())])
+            self._on_stats(rid, peer)
         elif kind == P.BYE:
             self._drop_peer(rid)
         else:
@@ -496,10 +310,10 @@ class Relay:
         if obj.get("protocol") != P.RELAY_PROTOCOL:
             self._refuse_hello(rid, "bad_version", f"relay protocol {P.RELAY_PROTOCOL}")
             return
-        if self.curve and node_id != user_id:
-            # The key is the identity: its certificate's name is the only node id it may use.
+        refusal = identity_refusal(self.curve, node_id, user_id)
+        if refusal is not None:
             log.info("refused HELLO as %r from %s: its key is named %r", node_id, address or "?", user_id)
-            self._refuse_hello(rid, P.IDENTITY, f"this key may only connect as {user_id!r}")
+            self._refuse_hello(rid, *refusal)
             return
         peer = self.peers.get(rid)
         if peer is None and len(self.peers) >= self.cfg.max_peers:
@@ -580,13 +394,27 @@ class Relay:
             "budget": {"k": b.k, "window_s": b.window_s} if b else None})])
 
     def _on_ping(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
+        # O(1) per PING, and at most PING_RATE per connection: a PONG carries the peer count,
+        # never the peer list (that made 1,000 pinging clients O(N^2) bytes/s, issue 30)
+        if not self.control_limits.allow(b"p" + rid, 0, time.monotonic()):
+            self.rejected["ping_rate"] += 1
+            return
         obj = self._control(args, 1)
         if obj is None:
             return
-        reply = {"t": obj.get("t"), "epoch": self.epoch.decode(), "known": peer is not None}
-        if peer is not None:
-            reply["peers"] = [p.node_id.decode(errors="replace") for p in self.peers.values() if p.node_id]
-        self._send(rid, [P.PONG, orjson.dumps(reply)])
+        self._send(rid, [P.PONG, orjson.dumps({"t": obj.get("t"), "epoch": self._epoch_s,
+                                               "known": peer is not None, "n_peers": len(self.peers)})])
+
+    def _on_stats(self, rid: bytes, peer: Peer | None) -> None:
+        """STATS costs O(peers): only for connections that said HELLO (on CURVE every
+        connection holds an allowed key), at most STATS_RATE per connection."""
+        if peer is None and not self.curve:
+            self._refuse_hello(rid, P.HELLO_FIRST)
+            return
+        if not self.control_limits.allow(b"s" + rid, 0, time.monotonic()):
+            self.rejected["stats_rate"] += 1
+            return
+        self._send(rid, [P.STATS, orjson.dumps(self.stats())])
 
     def _nack(self, rid: bytes, peer: Peer | None, rollout_id: bytes, reason: str,
               retry_after_s: float | None = None) -> None:
@@ -615,16 +443,6 @@ class Relay:
         if not (isinstance(via, list) and len(via) < P.MAX_VIA and all(isinstance(v, str) for v in via)):
             return None
         return a
-
-    def _bucket(self, key: bytes) -> tuple[TokenBucket, TokenBucket]:
-        b = self.buckets.get(key)
-        if b is None:
-            b = self.buckets[key] = (
-                TokenBucket(self.cfg.rate_msgs, self.cfg.rate_burst),
-                TokenBucket(self.cfg.rate_bytes, max(self.cfg.rate_bytes * 2, self.cfg.max_message_bytes)))
-            if len(self.buckets) > 4 * self.cfg.max_peers:
-                self.buckets.popitem(last=False)
-        return b
 
     def _on_pub(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
         if len(args) not in (2, 3):
@@ -659,8 +477,19 @@ class Relay:
             self._nack(rid, peer, b"", e.reason)
             return
         rollout_id = pk.rollout_id.encode()
-        known = self.seen.get(rollout_id)
-        if known is not None:        # a resend after a lost ACK (or a bridge's copy): ACK again, deliver once
+        # Dedup binds the id to its sender (origin) and its payload: another identity cannot
+        # squat an id (first writer wins) so that the genuine copy, arriving later through a
+        # bridge, is dropped as a duplicate (issue 30.2). The payload is compared with the
+        # buffered copy on a repeat only (nothing is hashed on the accept path).
+        seen_key = sender + b"\0" + rollout_id
+        known = self.seen.get(seen_key)
+        if known is not None:
+            t = self.topics.get(known[0])
+            first = t.entries.get(known[1]) if t is not None else None
+            if first is not None and not (first.size == len(payload) and first.body.endswith(payload)):
+                self._nack(rid, peer, rollout_id, "id_conflict")   # the same sender's id, another payload
+                return
+            # a resend after a lost ACK (or a bridge's copy): ACK again, deliver once
             self.counts["duplicate"] += 1
             self._send(rid, [P.ACK, rollout_id, P.pack_seq(known[1]), self.epoch])
             return
@@ -671,35 +500,36 @@ class Relay:
         now = time.monotonic()
         if not bridged:
             for key in (b"c" + rid, b"n" + peer.node_id):       # per connection, per node id (= key on CURVE)
-                msgs, nbytes = self._bucket(key)
-                if not (msgs.take(1.0, now) and nbytes.take(len(payload), now)):
+                if not self.limits.allow(key, len(payload), now):
                     self._nack(rid, peer, rollout_id, "rate_limited",
                                round(max(0.05, 1.0 / max(self.cfg.rate_msgs, 1e-3)), 3))
                     return
-            # The global budget; a connection that had nothing accepted for a second still
-            # gets one through, so a flood of many connections cannot starve a quiet node.
-            if not self.accept_bucket.take(1.0, now) and now - peer.last_accept < 1.0:
+        quiet = False
+        if not bridged and self.accept.rate > 0:
+            # The global budget, shared per source (the key on CURVE, else the connection):
+            # while it is spent, only sources above their share (rate / active sources) are
+            # refused (issue 29.2). A source within its share may also use the replay
+            # buffer's small reserve when holding subscribers have filled it (issue 30.5).
+            source = b"k" + peer.key_name.encode() if peer.key_name else b"c" + rid
+            quiet = self.accept.within_share(source, now)
+            if not self.accept.admit(source, now):
                 self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
                 return
-        if not topic.room_for(len(payload)):
+        if not topic.room_for(len(payload), reserve=quiet):
             self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
             return
         via.append(self._epoch_s)
         attrs["via"] = via
-        seq = topic.append(rollout_id, rid, sender, payload, orjson.dumps(attrs), attrs.get("task"),
-                           attrs.get("tok"), now)
+        e = topic.append(rollout_id, rid, sender, payload, orjson.dumps(attrs), attrs.get("task"),
+                         attrs.get("tok"), now)
+        seq = e.seq
         if topic.indexes:
-            e = topic.entries[seq]
-            for key, idx in topic.indexes.items():
-                if idx.matches(e):
-                    idx.add(e, topic.first_seq)
-                    if idx.hungry:
-                        self._dirty.add((topic.name, key))
-        self.seen[rollout_id] = (topic_name, seq)
+            for key in topic.index_new(e):
+                self._dirty.add((topic.name, key))
+        self.seen[seen_key] = (topic_name, seq)
         if len(self.seen) > self.cfg.dedup_size:
             self.seen.popitem(last=False)
         peer.acked += 1
-        peer.last_accept = now
         self.counts["accepted"] += 1
         self._send(rid, [P.ACK, rollout_id, P.pack_seq(seq), self.epoch])
 
@@ -739,18 +569,18 @@ class Relay:
         evict from there on (so ACKs stay honest; see the module docstring).
 
         A subscriber stops holding when its pipe has been full for slow_after_s while another
-        subscriber's is not: then it is the one that is slow, not the relay (under a flood the
-        relay's own I/O can stall every pipe at once, and that must not count). A frozen lone
-        subscriber stops pinging and is dropped after peer_timeout_s."""
+        subscriber of the topic *reads* (self.readers: its pipe is not full although it was
+        sent more than a pipe holds): then it is the one that is slow, not the relay (under a
+        flood the relay's own I/O can stall every pipe at once, and that must not count; and a
+        fresh pipe that was never filled proves nothing, so a crowd of fresh Sybil subscribers
+        cannot make a reading one "slow", issue 30.5). A frozen lone subscriber stops pinging
+        and is dropped after peer_timeout_s."""
         full = [p for rid in topic.full_subs if (p := self.peers.get(rid)) is not None]
         if not full:
             topic.hold_seq = None
+            topic.trim()
             return
-        # O(everything-subscribers), not O(all): a budgeted subscriber is blocked only while
-        # it waits in _budget_retry
-        n_budget = len(topic.subscribers) - len(full)
-        flowing = any(p.blocked_since is None for p in full) or \
-            n_budget > sum(1 for _, t in self._budget_retry if t == topic.name)
+        flowing = not self.readers.isdisjoint(topic.subscribers)
         hold = None
         for p in full:
             b = p.blocked_since
@@ -759,6 +589,7 @@ class Relay:
             c = p.cursors.get(topic.name, topic.next_seq)
             hold = c if hold is None else min(hold, c)
         topic.hold_seq = hold
+        topic.trim()                  # what the reserve held past a bound, once it was sent
 
     def _pump_all(self) -> None:
         now = time.monotonic()
@@ -774,20 +605,22 @@ class Relay:
         for topic in self.topics.values():
             self._update_hold(topic, now)
 
-    @staticmethod
-    def _passes(f: dict, e: Entry) -> bool:
-        """A subscriber's filters: an untagged rollout passes (a publisher that does not tag
-        is not filtered out; the receiver validates every field anyway); a tagged one must match."""
-        return not ((e.task is not None and "task" in f and e.task not in f["task"])
-                    or (e.tok is not None and "tok" in f and e.tok not in f["tok"]))
+    def _blocked(self, peer: Peer, now: float) -> None:
+        if peer.blocked_since is None:
+            peer.blocked_since = now
+        self.readers.discard(peer.rid)
+
+    def _flowed(self, peer: Peer) -> None:
+        peer.blocked_since = None
+        if peer.out_msgs > self.cfg.sndhwm:       # more than its pipe holds: it reads
+            self.readers.add(peer.rid)
 
     def _deliver(self, peer: Peer, e: Entry, now: float) -> bool:
         if not self._send(peer.rid, [P.DELIVER, e.body]):
-            if peer.blocked_since is None:
-                peer.blocked_since = now
+            self._blocked(peer, now)
             return False
-        peer.blocked_since = None
         peer.out_msgs += 1
+        self._flowed(peer)
         peer.out_bytes += e.size
         self.delivered += 1
         self.delivered_bytes += e.size
@@ -809,7 +642,7 @@ class Relay:
             self.counts["skipped_slow"] += topic.first_seq - cur
             cur = topic.first_seq
         entries, batch, f = topic.entries, self.cfg.pump_batch, peer.filters.get(name)
-        node_id, rid, sock, deliver, passes = peer.node_id, peer.rid, self.sock, P.DELIVER, self._passes
+        node_id, rid, sock, deliver = peer.node_id, peer.rid, self.sock, P.DELIVER
         sent = nbytes = 0
         blocked = gone = False
         try:
@@ -836,12 +669,11 @@ class Relay:
             self.delivered += sent
             self.delivered_bytes += nbytes
         if blocked:
-            if peer.blocked_since is None:
-                peer.blocked_since = now
+            self._blocked(peer, now)
             if gone:
                 self._drop_peer(rid)
         elif sent:
-            peer.blocked_since = None
+            self._flowed(peer)
 
     # -------------------------------------------------------------- budgets
     def _timer(self, due: float, rid: bytes, topic: bytes) -> None:
@@ -881,11 +713,8 @@ class Relay:
             if got is None:
                 continue
             peer, topic, b = got
-            if now - b.window_start >= b.window_s:      # a new window: budget and shares reset
-                b.window_start, b.sent, b.pick_at = now, 0, 0.0
-                b.served.clear()
-                stale = now - b.window_s
-                b.sent_seqs = {s for s in b.sent_seqs if (e := topic.entries.get(s)) is not None and e.t >= stale}
+            if b.window_over(now):                      # a new window: budget and shares reset
+                b.new_window(now, topic.entries)
                 b.index.hungry.add(rid)
                 self._timer(now + b.window_s, rid, name)
             todo[(rid, name)] = None
@@ -910,72 +739,31 @@ class Relay:
             b.index.hungry.discard(peer.rid)
             return
         if b.pick_at == 0.0:
-            if self._best(peer, topic, b, now, 1 << 30) is None:
+            if b.pick(peer.node_id, peer.rid, now, topic.entries, 1 << 30) is None:
                 return                                # nothing yet: a new rollout wakes it
             b.pick_at = now + self.cfg.gather_s      # first candidates of this window: gather
             self._timer(b.pick_at, peer.rid, topic.name)
             return
         if now < b.pick_at:
             return
-        # Fair share among the publishers this subscriber can be offered: those whose rollouts
-        # pass its filters, not counting itself (its own rollouts are never offered to it).
-        active = b.index.active_senders(now, b.window_s, topic.entries)
-        active -= b.index.is_active(peer.node_id, now, b.window_s, topic.entries)
-        share = max(1, -(-b.k // max(1, active)))
+        share = b.fair_share(peer.node_id, now, topic.entries)
         while b.sent < b.k:
-            best = self._best(peer, topic, b, now, share)
-            if best is None:
+            e = b.pick(peer.node_id, peer.rid, now, topic.entries, share)
+            if e is None:
                 return                                # stays hungry: a new rollout wakes it
-            sender, e = best
             if not self._deliver(peer, e, now):
                 self._budget_retry.add((peer.rid, topic.name))
                 return
-            b.sent_seqs.add(e.seq)
-            b.served[sender] += 1
-            b.sent += 1
+            b.record(e)
             self.counts["budget_sent"] += 1
         b.index.hungry.discard(peer.rid)
 
-    def _best(self, peer: Peer, topic: Topic, b: Budget, now: float, share: int) -> tuple[bytes, Entry] | None:
-        """The next pick: newest activity first, the first publisher never served this window,
-        else the least served one below `share`; None when no publisher has a candidate. Looks
-        at most max(8K, 32) publishers (picks take the most recently active first)."""
-        entries, sent, served = topic.entries, b.sent_seqs, b.served
-        stale, start = now - b.window_s, b.start_seq
-        best, best_n, looked = None, share, 0
-        newest = b.index.newest
-        for sender in reversed(newest):
-            seqs = newest[sender]
-            last = entries.get(seqs[-1])
-            if last is None or last.t < stale:        # activity order: every later one is older
-                break
-            if sender == peer.node_id:                # never your own
-                continue
-            looked += 1
-            if looked > max(8 * b.k, 32):
-                break
-            n = served[sender] if sender in served else 0
-            if n >= best_n:
-                continue
-            for s in reversed(seqs):                  # its newest rollout not yet sent to this one
-                if s < start:
-                    break
-                if s in sent:
-                    continue
-                e = entries.get(s)
-                if e is None or e.t < stale:
-                    break
-                if e.sender_rid == peer.rid:          # a bridge: not back to where it came from
-                    continue
-                best, best_n = (sender, e), n
-                break
-            if best is not None and best_n == 0:
-                break
-        return best
-
     def _drop_peer(self, rid: bytes) -> None:
         peer = self.peers.pop(rid, None)
-        self.buckets.pop(b"c" + rid, None)
+        self.readers.discard(rid)
+        self.limits.forget(b"c" + rid)
+        self.control_limits.forget(b"p" + rid)
+        self.control_limits.forget(b"s" + rid)
         for t in self.topics.values():
             if rid in t.subscribers:
                 t.subscribers.discard(rid)

@@ -417,8 +417,8 @@ def test_cli_errors_are_clear(tmp_path):
 
 
 def test_federation_bridge_joins_two_relays(relay):
-    ra = relay("--trust-bridge", "bridge-1")
-    rb = relay("--trust-bridge", "bridge-1")
+    ra = relay("--trust-bridge", "bridge-1", "--open-bridges")
+    rb = relay("--trust-bridge", "bridge-1", "--open-bridges")
     bridge = subprocess.Popen([sys.executable, "-m", "relay", "bridge", "--swarm", "s", "--node-id", "bridge-1",
                                ra.address, rb.address, "--log-level", "WARNING"], cwd=ROOT)
     clients = {"a1": SwarmClient(ra.address, swarm="s", node_id="a1").start(),

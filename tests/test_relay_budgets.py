@@ -179,3 +179,56 @@ def test_a_subscribers_own_publishing_takes_no_share_of_its_budget(relay):
     finally:
         a.close()
         b.close()
+
+
+def test_a_reading_subscriber_is_not_judged_slow_because_of_sybil_pipes(relay):
+    """Issue 30.5: "slow" means full while another subscriber *reads*. A budgeted Sybil
+    subscriber's pipe is never full (K per window) but proves nothing: before, it made a
+    reading subscriber whose reads stalled for longer than --slow-after (a busy node) "slow",
+    so it lost its hold on the buffer and skipped ACKed rollouts. Now it keeps its hold
+    (publishers get `busy`) and receives every ACKed rollout."""
+    r = relay("--rate", "0", "--rate-mb", "0", "--replay", "50", "--slow-after", "0.5", "--sndhwm", "50",
+              "--peer-timeout", "300")
+    pubs = [RelayClient(r.address, swarm="s", node_id=f"p{i}", subscribe=False).start() for i in range(2)]
+    ctx = zmq.Context()
+    reader = ctx.socket(zmq.DEALER)
+    reader.setsockopt(zmq.LINGER, 0)
+    reader.setsockopt(zmq.RCVHWM, 1)
+    reader.setsockopt(zmq.RCVBUF, 4096)
+    reader.connect(r.address)
+    sybils = []
+    try:
+        _connected(*pubs)
+        reader.send_multipart([P.HELLO, orjson.dumps({"node_id": "reader", "protocol": P.RELAY_PROTOCOL})])
+        reader.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
+        for i in range(5):
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(r.address)
+            s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"sybil-{i}", "protocol": P.RELAY_PROTOCOL})])
+            s.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0,
+                                                         "budget": {"k": 1, "window_s": 60}})])
+            sybils.append(s)
+        time.sleep(0.5)
+        n = 300
+        for i in range(n):                       # 30 KB each: more than the socket buffers hide
+            for p in pubs:
+                p.publish_bytes(raw_rollout(f"{p.node_id}-{i}", b"x" * 30_000))
+        got, deadline = set(), time.time() + 60
+        while len(got) < 2 * n and time.time() < deadline:
+            if reader.poll(100):
+                f = reader.recv_multipart()
+                if f[0] == P.DELIVER:
+                    got.add(P.unpack_deliver(f[1])[4])
+                    if len(got) == 100:
+                        time.sleep(2.0)          # a stall (the node is busy): its pipe fills
+        s = r.stats()
+        me = [p for p in s["peers"] if p["node_id"] == "reader"][0]
+        assert me["skipped"] == 0 and len(got) == 2 * n, (me, len(got))
+        assert s["rejected"].get("busy", 0) > 0, s["rejected"]      # the flood was held back instead
+    finally:
+        for sock in (reader, *sybils):
+            sock.close(0)
+        for c in pubs:
+            c.close()
+        ctx.term()

@@ -45,7 +45,7 @@ def net():
     procs = {"relays": [], "bridges": [], "clients": []}
 
     def relays(n: int):
-        rs = [RelayProc("--trust-bridge", "ab", "--trust-bridge", "bc", "--trust-bridge", "ca") for _ in range(n)]
+        rs = [RelayProc("--trust-bridge", "ab", "--trust-bridge", "bc", "--trust-bridge", "ca", "--open-bridges") for _ in range(n)]
         for r in rs:
             r.wait_ready()
         procs["relays"] += rs
@@ -176,3 +176,48 @@ def test_a_bridge_restart_loses_nothing_acked(net):
     got += sub.poll()
     assert pub.pending() == 0 and pub.stats()["acked"] == len(sent)
     assert sorted(x.rollout_id for x in got) == sorted(sent)        # every ACKed rollout, exactly once
+
+
+def test_an_insider_cannot_squat_rollout_ids_across_a_bridge(net):
+    """Issue 30.2: mallory, subscribed on relay A, republishes each of alice's new rollouts to
+    relay B (as herself) before the bridge A-B carries them (here: the bridge starts after
+    her, which is what being faster than it amounts to). Relays used to deduplicate by rollout
+    id alone (first writer wins), so B dropped the bridge's genuine copies and carol on C never
+    got them from alice. Dedup now binds the id to its sender and payload: carol gets every one
+    of alice's rollouts from alice; mallory's copies are refused at decode (sender_mismatch)."""
+    relays, bridge, client = net
+    a, b, c = relays(3)
+    bridge("bc", b, c)
+    alice = client(a, "alice", subscribe=False)
+    spy = client(a, "mallory", decode=False)              # the insider: reads A ...
+    squat = client(b, "mallory", subscribe=False)          # ... and writes to B
+    carol = client(c, "carol")
+    assert _wait(lambda: _bridged(b, "bc") and _bridged(c, "bc"), 15)
+    assert _wait(lambda: all(x.stats()["connected"] for x in (alice, spy, squat, carol)), 10)
+    sent = []
+    for _ in range(20):
+        ro = make_rollout("alice", n=2, tokens=16)
+        sent.append(ro.rollout_id)
+        alice.publish(ro)
+    squatted = set()
+
+    def squat_all() -> bool:
+        for d in spy.poll():
+            if d.sender == "alice":
+                squat.publish_bytes(d.payload)
+                squatted.add(d.rollout_id)
+        return squatted == set(sent) and squat.pending() == 0
+
+    assert _wait(squat_all, 15), len(squatted)
+    got = []
+    assert _wait(lambda: got.extend(carol.poll()) or len(got) >= 20, 10)   # mallory's copies reach C
+    bridge("ab", a, b)                                                         # then the genuine ones
+
+    def genuine() -> set:
+        got.extend(carol.poll())
+        return {x.rollout_id for x in got if x.sender == "alice" and x.error is None}
+
+    _wait(lambda: genuine() >= set(sent), 20)
+    assert genuine() == set(sent), len(genuine())
+    forged = [x for x in got if x.sender == "mallory"]
+    assert len(forged) == 20 and all(x.error is not None and x.error.reason == "sender_mismatch" for x in forged)

@@ -227,3 +227,59 @@ def test_identity_flood_loses_nothing_acked(tmp_path):
     res = orjson.loads(out.stdout.strip().splitlines()[-1])
     assert res["legit_acked"] >= 10 and res["legit_lost"] == 0, res
     assert res["flood_accepted"] < res["flood_sent"], res
+
+
+def test_the_bridge_role_on_an_open_relay_needs_an_explicit_opt_in(relay):
+    """Issue 25.4: on an open relay a node id is a claim, so `--trust-bridge NAME` let anyone
+    HELLO as NAME and publish as any node at a bridge's rate. Now such a relay does not start
+    without --open-bridges (one line saying why), and without a trusted bridge a plain client
+    HELLOing as a bridge name cannot forward: `NACK untrusted_bridge`."""
+    port = free_port()
+    out = subprocess.run([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{port}", "--trust-bridge",
+                          "bridge-1"], cwd=ROOT, capture_output=True, text=True, timeout=20)
+    assert out.returncode == 2 and "--open-bridges" in out.stderr and "claimed node id" in out.stderr, out
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    r = relay()                                      # the default: no bridge role at all
+    s = _dealer(r.address)
+    try:
+        assert _hello(s, "bridge-1")[0] == P.WELCOME
+        s.send_multipart([P.PUB, b"s", raw_rollout("forged-1"), orjson.dumps({"origin": "alice"})])
+        [nack] = _replies(s, n=1)
+        assert nack[0] == P.NACK and nack[2] == b"untrusted_bridge"
+    finally:
+        s.close(0)
+    r2 = relay("--trust-bridge", "bridge-1", "--open-bridges")     # the explicit opt-in still works
+    s = _dealer(r2.address)
+    try:
+        assert _hello(s, "bridge-1")[0] == P.WELCOME
+        s.send_multipart([P.PUB, b"s", raw_rollout("fwd-1"), orjson.dumps({"origin": "alice"})])
+        assert _replies(s, n=1)[0][0] == P.ACK
+    finally:
+        s.close(0)
+
+
+def test_a_known_rollout_id_is_bound_to_its_sender_and_payload(relay):
+    """Issue 30.2 at one relay: the same sender's id again with the same payload is a resend
+    (ACKed, delivered once); with another payload it is `NACK id_conflict`; another sender's
+    copy of the id is its own rollout (delivered, and the receiver refuses it if forged)."""
+    r = relay()
+    pub, other, sub = _dealer(r.address), _dealer(r.address), _dealer(r.address)
+    try:
+        for s, name in ((pub, "alice"), (other, "mallory"), (sub, "bob")):
+            assert _hello(s, name)[0] == P.WELCOME
+        sub.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
+        assert _replies(sub, n=1)[0][0] == P.SUBOK
+        pub.send_multipart([P.PUB, b"s", raw_rollout("r1", b"genuine")])
+        pub.send_multipart([P.PUB, b"s", raw_rollout("r1", b"genuine")])
+        pub.send_multipart([P.PUB, b"s", raw_rollout("r1", b"changed")])
+        other.send_multipart([P.PUB, b"s", raw_rollout("r1", b"squat")])
+        got = _replies(pub, n=3)
+        assert [f[0] for f in got] == [P.ACK, P.ACK, P.NACK] and got[2][2] == b"id_conflict", got
+        assert _replies(other, n=1)[0][0] == P.ACK
+        delivered = [P.unpack_deliver(f[1]) for f in _replies(sub, n=2) if f[0] == P.DELIVER]
+        by_sender = {d[3]: d[6] for d in delivered}
+        assert len(delivered) == 2 and by_sender[b"alice"].endswith(b"genuine") \
+            and by_sender[b"mallory"].endswith(b"squat"), delivered
+    finally:
+        for s in (pub, other, sub):
+            s.close(0)

@@ -1,0 +1,67 @@
+"""Who may connect, and as whom: the CURVE allow-list decision (ZAP) and the HELLO identity
+rule. `AllowList` and `identity_refusal` are pure (tested without sockets); `ZapAuth` only
+plugs the allow-list into pyzmq's ZAP thread."""
+from __future__ import annotations
+
+import collections
+import logging
+
+from relay import protocol as P
+
+alog = logging.getLogger("ftis-relay.auth")
+
+
+class AllowList:
+    """Public key (raw 32 bytes) -> its certificate's name, which is the only node id a
+    client with that key may use. Refusals are counted (by reason) and logged at INFO."""
+
+    def __init__(self, names: dict[bytes, str], refused: collections.Counter):
+        self.names, self.refused = names, refused
+
+    def authorize(self, client_key: bytes, address: str) -> bool:
+        if client_key in self.names:
+            return True
+        from zmq.utils import z85
+        self.refused["unknown_key"] += 1
+        alog.info("refused CURVE handshake from %s: key %s is not in the allow list",
+                  address, z85.encode(client_key).decode())
+        return False
+
+    def name_of(self, client_key: bytes) -> str:
+        return self.names[client_key]
+
+
+def identity_refusal(curve: bool, node_id: str, key_name: str | None) -> tuple[str, str] | None:
+    """(NACK reason, detail) when a HELLO's node id may not be used on this connection: on
+    CURVE the key is the identity, so the id must be its certificate's name."""
+    if curve and node_id != key_name:
+        return P.IDENTITY, f"this key may only connect as {key_name!r}"
+    return None
+
+
+class ZapAuth:
+    """pyzmq's ZAP thread, deciding by an AllowList; the key's name becomes the connection's
+    User-Id (the relay reads it off HELLO)."""
+
+    def __init__(self, ctx, allow: AllowList):
+        from zmq.auth.thread import ThreadAuthenticator
+
+        class Authenticator(ThreadAuthenticator):
+            address = ""
+
+            async def handle_zap_message(self, msg):
+                self.address = msg[3].decode(errors="replace") if len(msg) > 3 else "?"
+                await super().handle_zap_message(msg)
+
+            async def _authenticate_curve(self, domain, client_key):
+                return (True, b"OK") if allow.authorize(client_key, self.address) else (False, b"Unknown key")
+
+            def curve_user_id(self, client_public_key):
+                return allow.name_of(client_public_key)
+
+        self.allow = allow
+        self.thread = Authenticator(ctx, log=logging.getLogger("ftis-relay.zap"))
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.thread.stop()
