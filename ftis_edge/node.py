@@ -25,6 +25,7 @@ import torch
 
 from . import checkpoint, preflight, rundir
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
+from .plausibility import PlausibilityConfig
 from .config import Config, to_toml
 from .errors import FtisError, one_line
 from .generate.base import SamplerSettings
@@ -109,7 +110,8 @@ class Node:
                              vocab_size=self.bundle.vocab_size, book=self.book,
                              decode=ids_decoder(self.bundle.tokenizer()), stop_ids=self.bundle.eos_token_ids,
                              rescore_budget_s=cfg.swarm.rescore_budget_s,
-                             max_staleness=cfg.swarm.max_staleness)
+                             max_staleness=cfg.swarm.max_staleness,
+                             max_group_completions=cfg.task.num_generations)   # no group larger than ours
         if cfg.mode != "alone":
             from .swarm import ClientKeys, SwarmClient
             keys = None
@@ -284,7 +286,8 @@ class Node:
         from .learner import LearnerOOM
         cfg = self.cfg
         kw = dict(method=cfg.train.method, C=cfg.train.C, eps=cfg.train.epsilon,
-                  kl_threshold=cfg.train.kl_threshold, normalize=cfg.train.normalize)
+                  kl_threshold=cfg.train.kl_threshold, normalize=cfg.train.normalize,
+                  plausible=PlausibilityConfig() if cfg.train.peer_plausibility else None)
         while True:
             try:
                 return self.learner.step(samples, **kw)
