@@ -15,11 +15,10 @@ Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
   completions in a measurement), and a completion cut mid-character ends in U+FFFD, which
   re-encodes differently;
 * the reward is recomputed here from the text, within a total time budget a round that is
-  shared across senders (``fair_grading_order``): senders whose answers timed out go last,
-  then the one that has used the least grading time; one rollout may take at most an equal
-  share of what is left and stops at its first timed-out answer, so a flooder with slow
-  answers spends its own share, never an honest peer's; the wait for grader workers that
-  earlier overruns killed is nobody's share. A rollout with an answer on which the grader
+  shared across senders (``fair_grading_order``): senders whose answers made the grader
+  overrun go last, the others take turns, one rollout each; one rollout may take at most an
+  equal share of what is left and stops at its first overrun, so a flooder with slow
+  answers spends its own share, never an honest peer's. A rollout with an answer on which the grader
   overran is refused (``grader_timeout``) and counts towards its sender's quarantine; one
   the budget or the workers did not reach in full is refused as ``no_grading_time`` and
   does not;
@@ -246,12 +245,12 @@ def overran(breakdown: dict) -> bool:
     return bool(breakdown.get("timed_out")) and str(breakdown.get("reason", "")).startswith("grading took longer")
 
 
-def fair_grading_order(queues: dict, spent: dict, slow: set) -> str:
-    """The sender whose next rollout is graded: senders whose answers have timed out go last;
-    then the one that has used the least grading time this round, then the one with fewer
-    rollouts waiting (then the first to arrive). So fast honest answers never wait behind a
-    flood of slow ones, and a sender that makes the grader overrun pays with its own share."""
-    return min(queues, key=lambda s: (s in slow, spent.get(s, 0.0), len(queues[s])))
+def fair_grading_order(queues: dict, turns: dict, slow: set) -> str:
+    """The sender whose next rollout is graded: senders whose answers made the grader overrun
+    go last; the others take turns, one rollout each, those with fewer rollouts waiting first.
+    So fast honest answers never wait behind a flood of slow ones, and a sender that makes the
+    grader overrun pays with its own share."""
+    return min(queues, key=lambda s: (s in slow, turns.get(s, 0), len(queues[s])))
 
 
 class Intake:
@@ -278,6 +277,7 @@ class Intake:
         self.max_staleness = max_staleness
         self.max_buffer = max_buffer
         self.max_group_completions = max_group_completions
+        self._grader_killed = False      # the last grading killed a worker (an answer overran)
         self.buffer: list[PeerGroup] = []
         self.round_counts: dict[str, int] = defaultdict(int)
 
@@ -365,33 +365,37 @@ class Intake:
         queues: dict[str, deque] = defaultdict(deque)
         for k, (sender, _, _, _) in enumerate(fresh):
             queues[sender].append(k)
-        spent: dict[str, float] = defaultdict(float)
         slow = {s for s in queues if self.book.get(s).grader_timeouts}   # known to be expensive
         grades: dict[int, list] = {}
+        turns: dict[str, int] = defaultdict(int)
+        if self._grader_killed:  # an overrun last time killed workers: let them restart (a hot spare
+            # takes over at once after one kill, so within a call one overrun costs no one else)
+            get_grader().warm_up(timeout=self.rescore_budget_s / 2)
+            self._grader_killed = False
         while queues:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            sender = fair_grading_order(queues, spent, slow)
+            sender = fair_grading_order(queues, turns, slow)
             share = left / len(queues)           # this sender's and every other waiting sender's
             k = queues[sender].popleft()
             if not queues[sender]:
                 del queues[sender]
             _, r, prompt, _ = fresh[k]
-            get_grader().warm_up(timeout=share)  # workers killed by earlier overruns: not this sender's wait
-            t0 = time.monotonic()
-            grades[k] = self._grade_rollout(r, prompt.reference, min(t0 + share, deadline))
-            spent[sender] += time.monotonic() - t0
+            grades[k] = self._grade_rollout(r, prompt.reference, min(time.monotonic() + share, deadline))
+            turns[sender] += 1
             if any(overran(b) for _, b in grades[k]):
                 slow.add(sender)
+                self._grader_killed = True
         return grades
 
     def _grade_rollout(self, r: Rollout, reference: str, until: float) -> list:
-        out = []
+        out, stop = [], False
         for c in r.completions:
             left = until - time.monotonic()
-            if out and overran(out[-1][1]) or left <= 0:
-                out.append((0.0, {"timed_out": True, "reason": "not graded: the rollout used up its share"}))
+            stop = stop or bool(out) and overran(out[-1][1])
+            if stop or left <= 0:
+                out.append((0.0, {"timed_out": True, "reason": "not graded: an earlier answer overran, or its share was used up"}))
                 continue
             out += self.task.reward_many([c.text], [reference], total_budget_s=left)
         return out

@@ -321,10 +321,10 @@ def test_a_flood_of_slow_answers_cannot_starve_an_honest_peer_of_grading(smol, t
     to the flooder, and the flooder ends up quarantined."""
     import time
     from ftis_edge.tasks import warm_up
-    warm_up()
     prompt = next(task.prompts(seed=3))
     intake = intake_for(smol, task, rescore_budget_s=4.0)
     for rnd in (1, 2, 3):
+        warm_up()      # between rounds a node generates and trains: killed grader workers restart
         slow = [rollout(smol, task, node="mallory", prompt=prompt, texts=["<answer>99999^99999</answer>"] * 4)[0]
                 for _ in range(10)]
         honest = [rollout(smol, task, node="alice", prompt=prompt,
