@@ -325,7 +325,7 @@ def test_a_flood_of_slow_answers_cannot_starve_an_honest_peer_of_grading(smol, t
     intake = intake_for(smol, task, rescore_budget_s=4.0)
     for rnd in (1, 2, 3):
         warm_up()      # between rounds a node generates and trains: killed grader workers restart
-        slow = [rollout(smol, task, node="mallory", prompt=prompt, texts=["<answer>99999^99999</answer>"] * 4)[0]
+        slow = [rollout(smol, task, node="mallory", prompt=prompt, texts=["<answer>\\sqrt{99999^{99999}}</answer>"] * 4)[0]
                 for _ in range(10)]
         honest = [rollout(smol, task, node="alice", prompt=prompt,
                           texts=[f"<answer>{prompt.reference}</answer>", "<answer>1</answer>"] * 2)[0]
