@@ -84,7 +84,8 @@ def test_every_objective_stat_has_a_micro_batch_rule():
 
 # keys registered after tests/data/recorded_run was recorded (re-record it to empty this set)
 ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
-                             "samples/span_level", "spans", "sampling/span_logp_difference/mean"}
+                             "samples/span_level", "spans", "sampling/span_logp_difference/mean",
+                             "trust/implausible", "trust/threshold"}
 
 
 def test_the_recorded_fixture_uses_only_registered_keys():
