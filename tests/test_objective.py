@@ -649,8 +649,10 @@ def test_properties(batch, method, normalize, kl_threshold, pad):
     loss_p, grad_p, _ = loss_and_grad(torch.cat([torch.where(mask, logp, NAN), junk], 1),
                                       torch.cat([torch.where(mask, gen_logp, 7.0), junk], 1), adv,
                                       torch.cat([mask, zeros], 1), **kw)
-    torch.testing.assert_close(loss_p, loss, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(grad_p[:, :T], grad, rtol=1e-6, atol=1e-7)
+    # A wider tensor sums in another order: float32 may differ by a few ulps (a drawn case
+    # reached 1.03e-6 relative); a NaN/Inf that leaked from the padding would not be close at all.
+    torch.testing.assert_close(loss_p, loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_p[:, :T], grad, rtol=1e-5, atol=1e-7)
 
 
 @settings(max_examples=100, deadline=None)
