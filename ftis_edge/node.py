@@ -87,7 +87,8 @@ class Node:
         self.progress.phase(phases.LOADING, what=f"{cfg.model.spec} ({cfg.model.backend}, {cfg.train.trainable})",
                             last_s=last_s)
         if last_s is not None:
-            log.info("loading %s (%.0f s last time)", cfg.model.spec, last_s)
+            log.info("loading %s (%.0f s last time)", cfg.model.spec, last_s,
+                     extra={"console": False})     # node.log: a bad spec must still fail in one line
         self.bundle = resolve_model(cfg.model.spec)
         self.bundle.require_supported()     # an unsupported architecture fails here, not in a round
         self.task = task_from_config(cfg.task)
