@@ -28,8 +28,9 @@ FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "recorded_
 
 
 def peer_snapshot(n: int) -> dict:
-    """A real PeerBook after n senders each sent one rollout (half accepted)."""
-    book = PeerBook(quarantine_after=5)
+    """A real PeerBook after n senders each sent one rollout (half accepted); its cap raised to
+    n (a node's book holds MAX_PEERS): what is measured here is the dashboard."""
+    book = PeerBook(quarantine_after=5, max_peers=max(n, 1))
     for i in range(n):
         node = f"sybil-{i:05d}"
         (book.accept if i % 2 else book.reject)(node, *(() if i % 2 else ("decode",)))
