@@ -45,9 +45,7 @@ BODY = os.urandom(4000)
 
 def rollout(rid: str) -> bytes:
     """A message with a valid rollout prefix (codec none): all the relay ever reads."""
-    r = rid.encode()
-    return P.PREFIX_FIXED.pack(P.ROLLOUT_MAGIC, P.ROLLOUT_VERSION, 0, 0, len(r)) + r + \
-        len(BODY).to_bytes(4, "little") + BODY
+    return P.pack_prefix("none", rid, "", "", len(BODY)) + BODY
 
 
 def _flooder(address: str, first: int, n: int, seconds: float, out: mp.Queue) -> None:

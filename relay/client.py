@@ -188,7 +188,8 @@ class RelayClient:
                       task: str | None = None, tok: str | None = None, via: list | None = None) -> None:
         """Queue an encoded rollout; it is sent and retried in the background until ACKed.
 
-        `task` / `tok` tag it for subscribers' filters. `origin` (federation bridges only)
+        `task` / `tok`: the tags its prefix holds (the relay filters on the prefix and refuses
+        a PUB whose tags differ, `tag_mismatch`). `origin` (federation bridges only)
         names the node that sent it first; the relay accepts it only from trusted bridges."""
         if self._waker.closed:
             raise RuntimeError("client is closed")

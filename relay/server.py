@@ -476,6 +476,12 @@ class Relay:
         except P.PrefixError as e:
             self._nack(rid, peer, b"", e.reason)
             return
+        # The tags subscribers filter on are the rollout's own (its prefix, which is what a
+        # receiver decodes): a PUB whose attrs claim others is refused (issue 25.2).
+        if attrs.get("task", pk.task) != pk.task or attrs.get("tok", pk.tok) != pk.tok:
+            self._nack(rid, peer, pk.rollout_id.encode(), "tag_mismatch")
+            return
+        attrs["task"], attrs["tok"] = pk.task, pk.tok
         rollout_id = pk.rollout_id.encode()
         # Dedup binds the id to its sender (origin) and its payload: another identity cannot
         # squat an id (first writer wins) so that the genuine copy, arriving later through a
@@ -520,8 +526,7 @@ class Relay:
             return
         via.append(self._epoch_s)
         attrs["via"] = via
-        e = topic.append(rollout_id, rid, sender, payload, orjson.dumps(attrs), attrs.get("task"),
-                         attrs.get("tok"), now)
+        e = topic.append(rollout_id, rid, sender, payload, orjson.dumps(attrs), pk.task, pk.tok, now)
         seq = e.seq
         if topic.indexes:
             for key in topic.index_new(e):

@@ -31,8 +31,8 @@ def make_rollout(node_id: str, n: int = 4, tokens: int = 24, **kw) -> wire.Rollo
     comps = [wire.WireCompletion(_RNG.integers(0, 49152, tokens), -_RNG.exponential(1.0, tokens),
                                  f"answer {i} #### {i}", reward=float(i % 2), finish_reason="stop")
              for i in range(n)]
-    return wire.Rollout(node_id=node_id, swarm="s", task="arith", prompt_id=uuid.uuid4().hex[:8],
-                        completions=comps, vocab_size=49152, model_fp="m", tokenizer_fp="t", **kw)
+    return wire.Rollout(node_id=node_id, swarm="s", prompt_id=uuid.uuid4().hex[:8], completions=comps,
+                        vocab_size=49152, model_fp="m", **{"task": "arith", "tokenizer_fp": "t", **kw})
 
 
 def collect(clients: dict[str, SwarmClient], until, timeout_s: float = 10.0) -> dict[str, list]:

@@ -1,0 +1,54 @@
+"""Issue 25.2 on a real relay: a rollout's tags are its own (the relay filters on the prefix a
+receiver decodes, and refuses a PUB whose attrs claim other tags), and fake identities cannot
+spend an honest publisher's share of a subscriber's delivery budget."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from ftis_edge import wire
+from relay import protocol as P
+from test_relay import make_rollout
+from test_relay_trust import _dealer, _hello, _replies
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _sub(s, filters: dict | None = None, budget: dict | None = None) -> None:
+    s.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0, "filters": filters,
+                                                 "budget": budget})])
+    assert _replies(s, n=1)[0][0] == P.SUBOK
+
+
+def test_a_rollouts_tags_are_read_from_its_prefix_not_claimed(relay):
+    """The issue's attack: gsm8k payloads tagged `arith` in the PUB attrs. The relay refuses the
+    lie (`NACK tag_mismatch`), an arith subscriber gets nothing, and what a gsm8k subscriber
+    gets carries the tags the rollout decodes to (also a reasoning-gym tag)."""
+    r = relay()
+    pub, arith, gsm = _dealer(r.address), _dealer(r.address), _dealer(r.address)
+    try:
+        for s, name in ((pub, "sybil"), (arith, "a"), (gsm, "g")):
+            assert _hello(s, name)[0] == P.WELCOME
+        _sub(arith, {"task": ["arith"]})
+        _sub(gsm, {"task": ["gsm8k", "rg/leg_counting/0"]})
+        lie = wire.encode(make_rollout("sybil", task="gsm8k"))
+        pub.send_multipart([P.PUB, b"s", lie, orjson.dumps({"task": "arith"})])
+        nack = _replies(pub, n=1)[0]
+        assert nack[0] == P.NACK and nack[2] == b"tag_mismatch", nack
+        tok_lie = wire.encode(make_rollout("sybil", task="gsm8k"))
+        pub.send_multipart([P.PUB, b"s", tok_lie, orjson.dumps({"task": "gsm8k", "tok": "other"})])
+        assert _replies(pub, n=1)[0][2] == b"tag_mismatch"
+        honest = [wire.encode(make_rollout("sybil", task=t)) for t in ("gsm8k", "rg/leg_counting/0", "arith")]
+        for m in honest:                   # untagged attrs: the prefix's tags are used
+            pub.send_multipart([P.PUB, b"s", m])
+        assert [f[0] for f in _replies(pub, n=3)] == [P.ACK] * 3
+        got = [P.unpack_deliver(f[1]) for f in _replies(gsm, n=2) if f[0] == P.DELIVER]
+        assert [wire.decode(d[6]).task for d in got] == ["gsm8k", "rg/leg_counting/0"]
+        assert [orjson.loads(d[5])["task"] for d in got] == ["gsm8k", "rg/leg_counting/0"]
+        assert {orjson.loads(d[5])["tok"] for d in got} == {"t"}
+        only = [P.unpack_deliver(f[1]) for f in _replies(arith, n=1) if f[0] == P.DELIVER]
+        assert [wire.decode(d[6]).task for d in only] == ["arith"]      # never the gsm8k lie
+        assert not _replies(arith, wait_ms=300)
+    finally:
+        for s in (pub, arith, gsm):
+            s.close(0)
