@@ -406,8 +406,11 @@ class Node:
         with self.cpu.phase("train"):
             stats = self._train(samples) if samples else {"skipped": 1, "samples": 0}
         record["time/train_s"] = time.time() - t0
-        for use in peer_usage(samples, stats.get("per_sample")):
+        uses = peer_usage(samples, stats.get("per_sample"))
+        for use in uses:
             self.book.get(use.node_id).record_use(use)
+        if self.swarm is not None:      # the relay's budget favours them over fresh ids (issue 25.2)
+            self.swarm.mark_useful({u.node_id for u in uses if not u.dropped})
         t0 = time.time()
         self.progress.phase(phases.SYNCING)
         with self.cpu.phase("sync"):

@@ -124,6 +124,8 @@ class RelayClient:
         self._next_retry = 0.0                         # earliest time a pending rollout is due
         self._busy_until = 0.0                         # the relay said `busy`: send nothing before
         self._resubscribe = False                      # set_budget() asked for a new SUB
+        self._useful: collections.OrderedDict[str, None] = collections.OrderedDict()   # most recent last
+        self._send_useful = False                      # mark_useful() changed it: tell the relay
         self._node_b = node_id.encode()
         self._epoch_b = b""                            # the relay's epoch as bytes (DELIVER carries it)
         self._burst = collections.Counter()            # I/O thread: one recv burst's counters ...
@@ -244,6 +246,26 @@ class RelayClient:
         self._resubscribe = True
         if not self._waker.closed:
             self._waker.wake()
+
+    def mark_useful(self, node_ids) -> None:
+        """Tell the relay which publishers were useful (a node: those whose groups it trained
+        on). A budgeted subscription favours them over ids that never were (fake identities
+        share a small probation slice, docs/relay.md "Delivery budgets"); the relay keeps the
+        P.MAX_USEFUL most recently named."""
+        with self._lock:
+            for n in node_ids:
+                if isinstance(n, str) and n and n != self.node_id:
+                    self._useful.pop(n, None)
+                    self._useful[n] = None
+            while len(self._useful) > P.MAX_USEFUL:
+                self._useful.popitem(last=False)
+            self._send_useful = bool(self._useful)
+        if not self._waker.closed:
+            self._waker.wake()
+
+    def _useful_list(self) -> list[str]:
+        with self._lock:
+            return list(reversed(self._useful))
 
     def _n_pending(self) -> int:
         return len(self._outbox) + len(self._pending)
@@ -385,6 +407,9 @@ class RelayClient:
                 if self._resubscribe and self._connected:
                     self._resubscribe = False
                     self._subscribe(sock)
+                if self._send_useful and self._connected and self.budget_k:
+                    self._send_useful = False
+                    self._send(sock, [P.USEFUL, self._topic, orjson.dumps({"ids": self._useful_list()})])
                 if now >= self._next_retry:       # what waits goes before what is new
                     self._retry(sock, now)
                 self._drain_outbox(sock, now)
@@ -433,6 +458,8 @@ class RelayClient:
             req["budget"] = {"k": self.budget_k, "window_s": self.budget_window_s}
         if self.filters:
             req["filters"] = self.filters
+        if self._useful:
+            req["useful"] = self._useful_list()
         self._send(sock, [P.SUB, self._topic, orjson.dumps(req)])
 
     def _drain_outbox(self, sock: zmq.Socket, now: float) -> None:

@@ -17,7 +17,10 @@ client -> relay                         relay -> client
   PUB     topic payload [attrs]           ACK     rollout_id seq(u64) epoch
   PING    {t}                             NACK    rollout_id reason [{retry_after_s, detail}]
   STATS (after HELLO)                     PONG    {t, epoch, known, n_peers}
-  BYE                                     STATS   {...}
+  USEFUL  topic {ids: [node ids]}         STATS   {...}
+  BYE
+(USEFUL: the publishers a budgeted subscriber found useful, which its budget favours; SUB may
+carry the same list as "useful", so a re-subscription keeps it.)
 """
 from __future__ import annotations
 
@@ -26,11 +29,13 @@ from typing import NamedTuple
 
 HELLO, WELCOME, SUB, PUB, ACK, NACK = b"HELLO", b"WELCOME", b"SUB", b"PUB", b"ACK", b"NACK"
 DELIVER, PING, PONG, STATS, BYE = b"DELIVER", b"PING", b"PONG", b"STATS", b"BYE"
-SUBOK = b"SUBOK"
+SUBOK, USEFUL = b"SUBOK", b"USEFUL"
 
-RELAY_PROTOCOL = 3            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding;
-                              # 3: PONG has n_peers, no peer list; STATS after HELLO; PING/STATS rate-limited
-CONTROL_RATE, CONTROL_BURST = 2.0, 4.0   # PINGs (and STATS) per second per connection the relay answers
+RELAY_PROTOCOL = 4            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding;
+                              # 3: PONG has n_peers, no peer list; STATS after HELLO; PING/STATS rate-limited;
+                              # 4: USEFUL (and SUB "useful"); rollout tags read from the prefix
+MAX_USEFUL = 64               # publishers one USEFUL / SUB may name (the most recently useful)
+CONTROL_RATE, CONTROL_BURST = 2.0, 4.0   # PINGs (and STATS, USEFUL) per second per connection the relay answers
 SEQ = struct.Struct("<Q")
 MAX_TOPIC_LEN = 128
 MAX_NODE_ID_LEN = 128

@@ -276,6 +276,8 @@ class Relay:
             self._on_sub(rid, peer, args)
         elif kind == P.STATS:
             self._on_stats(rid, peer)
+        elif kind == P.USEFUL:
+            self._on_useful(rid, peer, args)
         elif kind == P.BYE:
             self._drop_peer(rid)
         else:
@@ -361,11 +363,14 @@ class Relay:
         if not isinstance(last_seq, int) or last_seq < 0 or obj.get("epoch") != self.epoch.decode():
             last_seq = 0       # another epoch's sequence numbers mean nothing here
         budget = obj.get("budget")
+        old = peer.budgets.get(topic.name)
+        useful = _useful_ids(obj.get("useful"))
+        useful = useful if useful is not None else (old.useful if old is not None else frozenset())
         self._forget_budget(peer, topic)
         if isinstance(budget, dict) and isinstance(budget.get("k"), int) and budget["k"] > 0:
             w = budget.get("window_s")
             w = float(w) if isinstance(w, (int, float)) and 0.1 <= w <= 3600 else 10.0
-            peer.budgets[topic.name] = Budget(min(budget["k"], 10_000), w)
+            peer.budgets[topic.name] = Budget(min(budget["k"], 10_000), w, useful=useful)
         filters = obj.get("filters")
         peer.filters.pop(topic.name, None)
         if isinstance(filters, dict):
@@ -404,6 +409,26 @@ class Relay:
             return
         self._send(rid, [P.PONG, orjson.dumps({"t": obj.get("t"), "epoch": self._epoch_s,
                                                "known": peer is not None, "n_peers": len(self.peers)})])
+
+    def _on_useful(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
+        """The publishers this subscriber found useful: its budget on the topic favours them
+        (relay.budget). It only ever changes the sender's own budget, so it needs no trust."""
+        if peer is None:
+            self._send(rid, [P.NACK, b"", P.HELLO_FIRST.encode()])
+            return
+        if not self.control_limits.allow(b"u" + rid, 0, time.monotonic()):
+            self.rejected["useful_rate"] += 1
+            return
+        obj = self._control(args, 2)
+        ids = _useful_ids(obj.get("ids")) if obj is not None else None
+        b = peer.budgets.get(args[0]) if len(args) == 2 else None
+        if ids is None or b is None:
+            self.rejected["bad_useful"] += 1
+            return
+        b.useful = ids
+        self.counts["useful"] += 1
+        if b.index is not None:
+            self._dirty.add((args[0], Index.key(b.index.filters)))
 
     def _on_stats(self, rid: bytes, peer: Peer | None) -> None:
         """STATS costs O(peers): only for connections that said HELLO (on CURVE every
@@ -751,9 +776,9 @@ class Relay:
             return
         if now < b.pick_at:
             return
-        share = b.fair_share(peer.node_id, now, topic.entries)
+        share, guarded = b.fair_share(peer.node_id, now, topic.entries)
         while b.sent < b.k:
-            e = b.pick(peer.node_id, peer.rid, now, topic.entries, share)
+            e = b.pick(peer.node_id, peer.rid, now, topic.entries, share, guarded)
             if e is None:
                 return                                # stays hungry: a new rollout wakes it
             if not self._deliver(peer, e, now):
@@ -769,6 +794,7 @@ class Relay:
         self.limits.forget(b"c" + rid)
         self.control_limits.forget(b"p" + rid)
         self.control_limits.forget(b"s" + rid)
+        self.control_limits.forget(b"u" + rid)
         for t in self.topics.values():
             if rid in t.subscribers:
                 t.subscribers.discard(rid)
@@ -814,6 +840,14 @@ class Relay:
             "refused_handshakes": dict(self.refused_handshakes),
             "counts": {**self.counts, "delivered": self.delivered, "delivered_bytes": self.delivered_bytes},
         }
+
+
+def _useful_ids(ids) -> frozenset | None:
+    """A USEFUL / SUB list of node ids (the first MAX_USEFUL of them); None when malformed."""
+    if not isinstance(ids, list):
+        return None
+    return frozenset(i.encode() for i in ids[:P.MAX_USEFUL]
+                     if isinstance(i, str) and 0 < len(i) <= P.MAX_NODE_ID_LEN)
 
 
 def run(cfg: RelayConfig) -> int:

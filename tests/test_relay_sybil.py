@@ -3,11 +3,15 @@ receiver decodes, and refuses a PUB whose attrs claim other tags), and fake iden
 spend an honest publisher's share of a subscriber's delivery budget."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import orjson
 import pytest
 
 from ftis_edge import wire
 from relay import protocol as P
+from procs import ROOT
 from test_relay import make_rollout
 from test_relay_trust import _dealer, _hello, _replies
 
@@ -52,3 +56,21 @@ def test_a_rollouts_tags_are_read_from_its_prefix_not_claimed(relay):
     finally:
         for s in (pub, arith, gsm):
             s.close(0)
+
+
+def test_forty_fake_ids_cannot_starve_a_publisher_the_subscriber_found_useful():
+    """benchmarks/attack_flood.py --scenario sybil-budget: 40 fake ids at 5 rollouts/s tagged with
+    the subscriber's task, an honest publisher at 2/s, K = 8 per 2 s. A subscriber that told the
+    relay the honest one was useful (as a node does after training on its groups) gets >= 90% of
+    its fair share (all it publishes: 4 a window <= K - probation), and the fake ids get at most
+    the probation slice (1 a window); one that named nobody shows the attack (the old relay:
+    the honest publisher got nearly nothing)."""
+    out = subprocess.run([sys.executable, "benchmarks/attack_flood.py", "--scenario", "sybil-budget",
+                          "--seconds", "8", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode in (0, 1), out.stderr[-2000:]
+    res = orjson.loads(out.stdout.strip().splitlines()[-1])
+    assert res["honest_fair_share"] >= 14 and res["sybil_acked"] >= 1000, res
+    assert res["marks_honest_share"] >= 0.9, res
+    assert res["marks_sybil"] <= 8 / 2 + 2, res                     # the probation slice, per window
+    assert res["plain_honest_share"] < 0.5, res                     # the attack, where nobody was named
+    assert out.returncode == 0
