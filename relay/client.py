@@ -142,6 +142,7 @@ class RelayClient:
         self._peers: dict[str, dict] = {}
         self._relay_peers: int | None = None          # connections the relay knows (its PONG)
         self._epoch: str | None = None
+        self._relay_name: str | None = None
         self._last_seq = 0
         self._replay_until = 0
         self._connected = False
@@ -330,6 +331,11 @@ class RelayClient:
     @property
     def relay_epoch(self) -> str | None:
         return self._epoch
+
+    @property
+    def relay_name(self) -> str | None:
+        """The relay's name (its WELCOME): a node of it is NODE@name on other relays."""
+        return self._relay_name
 
     # -------------------------------------------------------------- health
     def _set_health(self, state: str, reason: str = "") -> None:
@@ -601,6 +607,8 @@ class RelayClient:
                     self._relay_peers = n
         elif kind == P.WELCOME and len(frames) == 2:
             obj = orjson.loads(frames[1])
+            if isinstance(obj.get("relay"), str):
+                self._relay_name = obj["relay"]
             self._check_epoch(sock, obj.get("epoch"))
             self._set_health(CONNECTED)
             self._subscribe(sock)

@@ -10,7 +10,7 @@ Every message is a ZeroMQ multipart message; the first frame names its type. Cli
 DEALER socket, the relay a ROUTER socket (which prepends the client's routing id).
 
 client -> relay                         relay -> client
-  HELLO   {node_id, protocol}             WELCOME {epoch, heartbeat_s, identity}
+  HELLO   {node_id, protocol}             WELCOME {epoch, heartbeat_s, identity, relay}
   SUB     topic {epoch, last_seq,         SUBOK   topic {epoch, first_seq, next_seq, budget}
                [budget: {k, window_s},    DELIVER meta+payload      (see pack_deliver)
                 filters: {task, tok}]}
@@ -33,7 +33,10 @@ SUBOK, USEFUL = b"SUBOK", b"USEFUL"
 
 RELAY_PROTOCOL = 4            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding;
                               # 3: PONG has n_peers, no peer list; STATS after HELLO; PING/STATS rate-limited;
-                              # 4: USEFUL (and SUB "useful"); rollout tags read from the prefix
+                              # 4: USEFUL (and SUB "useful"); rollout tags read from the prefix;
+                              #    WELCOME names the relay; bridged origins are NODE@RELAY
+NAMESPACE = "@"               # a bridged node's id on other relays: NODE@RELAY (its home relay's name);
+                              # local node ids may not contain it, so no local id is ever a bridged one
 MAX_USEFUL = 64               # publishers one USEFUL / SUB may name (the most recently useful)
 CONTROL_RATE, CONTROL_BURST = 2.0, 4.0   # PINGs (and STATS, USEFUL) per second per connection the relay answers
 SEQ = struct.Struct("<Q")
@@ -196,6 +199,11 @@ def unpack_deliver(body: bytes) -> tuple[int, bytes, bytes, bytes, bytes, bytes,
     if o > len(body):           # a short field shows here, or as an IndexError above
         raise ValueError("DELIVER truncated")
     return seq, topic, epoch, sender, rid, attrs, body[o:]
+
+
+def home_id(sender: str) -> str:
+    """The node id a rollout names itself by: a bridged sender NODE@RELAY is NODE."""
+    return sender.partition(NAMESPACE)[0]
 
 
 def pack_seq(seq: int) -> bytes:

@@ -30,6 +30,7 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -73,6 +74,8 @@ class RelayConfig:
     gather_s: float = 0.2                  # budgets: collect candidates this long before a fair pick
     trusted_bridges: frozenset = frozenset()   # node ids (key names on CURVE) allowed to forward others' rollouts
     open_bridges: bool = False             # honour trusted_bridges on an open relay, where a node id is a claim
+    name: str = ""                         # this relay's name: bridged ids from here are NODE@name
+                                           # ("" = HOST:PORT of bind, with this machine's host name)
 
 
 @dataclass
@@ -107,6 +110,14 @@ class Relay:
             raise ValueError("--trust-bridge on an open relay trusts a claimed node id (anyone can HELLO as "
                              f"{sorted(cfg.trusted_bridges)[0]!r} and publish as any node): use CURVE "
                              "(--keys/--allow, the name is then a key's), or pass --open-bridges to accept that")
+        self.name = cfg.name or f"{socket.gethostname()}:{cfg.bind.rsplit(':', 1)[-1]}"
+        if P.NAMESPACE in self.name or not 0 < len(self.name) <= 64:
+            raise ValueError(f"relay name {self.name!r}: 1..64 characters without {P.NAMESPACE!r}")
+        # --trust-bridge NAME (any other relay's namespace) or NAME=RELAY,RELAY (only those)
+        self.bridges: dict[str, frozenset | None] = {}
+        for t in cfg.trusted_bridges:
+            bname, _, ns = t.partition("=")
+            self.bridges[bname] = frozenset(filter(None, ns.split(","))) if ns else None
         self.epoch = os.urandom(8).hex().encode()
         self._epoch_s = self.epoch.decode()
         self.started = time.time()
@@ -309,6 +320,9 @@ class Relay:
         if not isinstance(node_id, str) or not 0 < len(node_id.encode()) <= P.MAX_NODE_ID_LEN:
             self._refuse_hello(rid, "bad_hello")
             return
+        if P.NAMESPACE in node_id:
+            self._refuse_hello(rid, "bad_hello", f"{P.NAMESPACE!r} is reserved for bridged ids (NODE{P.NAMESPACE}RELAY)")
+            return
         if obj.get("protocol") != P.RELAY_PROTOCOL:
             self._refuse_hello(rid, "bad_version", f"relay protocol {P.RELAY_PROTOCOL}")
             return
@@ -331,7 +345,8 @@ class Relay:
         self.peers[rid] = peer
         self.counts["hello"] += 1
         self._send(rid, [P.WELCOME, orjson.dumps({"epoch": self.epoch.decode(), "heartbeat_s": self.cfg.heartbeat_s,
-                                                  "identity": "key" if self.curve else "claimed"})])
+                                                  "identity": "key" if self.curve else "claimed",
+                                                  "relay": self.name})])
 
     def _use_topic(self, rid: bytes, peer: Peer, name: bytes) -> Topic | str:
         """The topic, or the NACK reason why this connection may not use it."""
@@ -469,6 +484,15 @@ class Relay:
             return None
         return a
 
+    def _origin_allowed(self, bridge: str, origin: str) -> bool:
+        """A bridged origin is NODE@RELAY (issue 30.2): never a local id (those have no '@', and
+        on CURVE they are keys' names), never this relay's namespace, and one of the bridge's
+        namespaces when its --trust-bridge names them."""
+        node, at, ns = origin.partition(P.NAMESPACE)
+        allowed = self.bridges[bridge]
+        return bool(node and at and ns) and P.NAMESPACE not in ns and ns != self.name \
+            and (allowed is None or ns in allowed)
+
     def _on_pub(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
         if len(args) not in (2, 3):
             self._nack(rid, peer, b"", "bad_frame")
@@ -485,10 +509,15 @@ class Relay:
                 return
         bridged = "origin" in attrs          # a federation bridge forwarding another node's rollout
         if bridged:
-            if peer.node_id.decode(errors="replace") not in self.cfg.trusted_bridges:
+            bname = peer.node_id.decode(errors="replace")
+            if bname not in self.bridges:
                 self._nack(rid, peer, b"", "untrusted_bridge")
                 return
-            sender = attrs.pop("origin").encode()
+            origin = attrs.pop("origin")
+            if not self._origin_allowed(bname, origin):
+                self._nack(rid, peer, b"", "bad_origin")
+                return
+            sender = origin.encode()
         via = attrs.get("via", [])
         if self._epoch_s in via:              # it was here already: a federation loop
             self._nack(rid, peer, b"", "loop")
@@ -814,6 +843,7 @@ class Relay:
         now = time.monotonic()
         return {
             "epoch": self.epoch.decode(),
+            "name": self.name,
             "uptime_s": round(time.time() - self.started, 1),
             "bind": self.cfg.bind,
             "curve": self.curve,

@@ -437,8 +437,10 @@ def test_federation_bridge_joins_two_relays(relay):
         time.sleep(0.5)
         for n, c in clients.items():
             got[n] += c.poll()
+            home = {"a1": ra, "a2": ra, "b1": rb}
             assert sorted((x.sender, x.rollout.rollout_id) for x in got[n]) == sorted(
-                (s, r) for r, s in sent.items() if s != n), n       # original senders, exactly once
+                (s if home[s] is home[n] else f"{s}@{home[s].stats()['name']}", r)
+                for r, s in sent.items() if s != n), n       # original senders (NODE@RELAY across), exactly once
             assert all(x.error is None for x in got[n])
         # an untrusted node cannot pose as a bridge
         liar = SwarmClient(ra.address, swarm="s", node_id="liar").start()

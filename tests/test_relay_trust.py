@@ -252,7 +252,7 @@ def test_the_bridge_role_on_an_open_relay_needs_an_explicit_opt_in(relay):
     s = _dealer(r2.address)
     try:
         assert _hello(s, "bridge-1")[0] == P.WELCOME
-        s.send_multipart([P.PUB, b"s", raw_rollout("fwd-1"), orjson.dumps({"origin": "alice"})])
+        s.send_multipart([P.PUB, b"s", raw_rollout("fwd-1"), orjson.dumps({"origin": "alice@relay-a"})])
         assert _replies(s, n=1)[0][0] == P.ACK
     finally:
         s.close(0)
