@@ -143,6 +143,7 @@ class RelayClient:
         self._relay_peers: int | None = None          # connections the relay knows (its PONG)
         self._epoch: str | None = None
         self._relay_name: str | None = None
+        self._rx_bytes = 0                             # I/O thread: rollout bytes read since the last WELCOME
         self._last_seq = 0
         self._replay_until = 0
         self._connected = False
@@ -404,7 +405,8 @@ class RelayClient:
                 now = time.monotonic()
                 if now >= next_ping:
                     next_ping = now + self.heartbeat_s
-                    self._send(sock, [P.PING, orjson.dumps({"t": time.time()})])
+                    # rx: rollout bytes read since the WELCOME (the relay bounds what it queues by it)
+                    self._send(sock, [P.PING, orjson.dumps({"t": time.time(), "rx": self._rx_bytes})])
                     self._check_silence(now)
                     if not self._connected and (self._health["state"] != REFUSED or now >= next_hello):
                         self._hello(sock)      # harmless if it is merely slow
@@ -606,6 +608,7 @@ class RelayClient:
                 with self._lock:
                     self._relay_peers = n
         elif kind == P.WELCOME and len(frames) == 2:
+            self._rx_bytes = 0             # what came before it was counted by the relay's base
             obj = orjson.loads(frames[1])
             if isinstance(obj.get("relay"), str):
                 self._relay_name = obj["relay"]
@@ -696,6 +699,7 @@ class RelayClient:
         except ValueError:
             return
         self._n_bytes_in += len(payload)
+        self._rx_bytes += len(payload)
         if epoch == self._epoch_b:
             last = self._last_seq
             if seq > last:

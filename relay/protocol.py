@@ -15,7 +15,7 @@ client -> relay                         relay -> client
                [budget: {k, window_s},    DELIVER meta+payload      (see pack_deliver)
                 filters: {task, tok}]}
   PUB     topic payload [attrs]           ACK     rollout_id seq(u64) epoch
-  PING    {t}                             NACK    rollout_id reason [{retry_after_s, detail}]
+  PING    {t, rx}                         NACK    rollout_id reason [{retry_after_s, detail}]
   STATS (after HELLO)                     PONG    {t, epoch, known, n_peers}
   USEFUL  topic {ids: [node ids]}         STATS   {...}
   BYE
@@ -34,7 +34,8 @@ SUBOK, USEFUL = b"SUBOK", b"USEFUL"
 RELAY_PROTOCOL = 4            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding;
                               # 3: PONG has n_peers, no peer list; STATS after HELLO; PING/STATS rate-limited;
                               # 4: USEFUL (and SUB "useful"); rollout tags read from the prefix;
-                              #    WELCOME names the relay; bridged origins are NODE@RELAY
+                              #    WELCOME names the relay; bridged origins are NODE@RELAY; PING rx
+                              #    (rollout bytes read since WELCOME: the relay bounds queued bytes by it)
 NAMESPACE = "@"               # a bridged node's id on other relays: NODE@RELAY (its home relay's name);
                               # local node ids may not contain it, so no local id is ever a bridged one
 MAX_USEFUL = 64               # publishers one USEFUL / SUB may name (the most recently useful)

@@ -65,6 +65,7 @@ class RelayConfig:
     peer_timeout_s: float = 15.0           # forget a silent client after this
     heartbeat_s: float = 1.0               # advertised client ping interval
     sndhwm: int = 1000                     # messages queued per client pipe
+    max_queued_bytes: int = 64 << 20       # rollout bytes sent to a client that it has not said it read (0 = unbounded)
     pump_batch: int = 256                  # deliveries per subscriber per loop turn
     max_peers: int = 10_000                # HELLO floods on an open relay cannot exhaust memory
     max_topics: int = 64                   # topics in total (each holds up to replay_bytes)
@@ -97,6 +98,12 @@ class Peer:
     nacked: int = 0
     skipped: int = 0          # rollouts it missed because it fell behind the replay buffer
     blocked_since: float | None = None    # its pipe has been full since (monotonic)
+    rx_base: int = 0          # out_bytes when it was last WELCOMEd: its PING's rx counts from there
+    rx_bytes: int = 0         # rollout bytes it said it read (PING rx), since then
+
+    def queued_bytes(self) -> int:
+        """Rollout bytes sent that it has not said it read: what its pipe can hold at most."""
+        return self.out_bytes - self.rx_base - self.rx_bytes
 
 
 class Relay:
@@ -342,6 +349,7 @@ class Relay:
         peer.key_name = user_id
         peer.address = address
         peer.last_seen = time.monotonic()
+        peer.rx_base, peer.rx_bytes = peer.out_bytes, 0   # the client counts rx anew from this WELCOME
         self.peers[rid] = peer
         self.counts["hello"] += 1
         self._send(rid, [P.WELCOME, orjson.dumps({"epoch": self.epoch.decode(), "heartbeat_s": self.cfg.heartbeat_s,
@@ -422,6 +430,9 @@ class Relay:
         obj = self._control(args, 1)
         if obj is None:
             return
+        rx = obj.get("rx")
+        if peer is not None and isinstance(rx, int) and rx > peer.rx_bytes:
+            peer.rx_bytes = min(rx, peer.out_bytes - peer.rx_base)
         self._send(rid, [P.PONG, orjson.dumps({"t": obj.get("t"), "epoch": self._epoch_s,
                                                "known": peer is not None, "n_peers": len(self.peers)})])
 
@@ -674,7 +685,20 @@ class Relay:
         if peer.out_msgs > self.cfg.sndhwm:       # more than its pipe holds: it reads
             self.readers.add(peer.rid)
 
+    def _room(self, peer: Peer) -> int:
+        """Rollout bytes it may be sent now: its queued bytes are bounded (issue 30.5), by
+        what it said it read (PING rx); an empty queue always takes one rollout."""
+        cap = self.cfg.max_queued_bytes
+        if not cap:
+            return 1 << 62
+        q = peer.queued_bytes()
+        return max(cap, self.cfg.max_message_bytes) if q <= 0 else cap - q
+
     def _deliver(self, peer: Peer, e: Entry, now: float) -> bool:
+        if e.size > self._room(peer):
+            self.counts["queue_full_bytes"] += 1
+            self._blocked(peer, now)
+            return False
         if not self._send(peer.rid, [P.DELIVER, e.body]):
             self._blocked(peer, now)
             return False
@@ -704,11 +728,16 @@ class Relay:
         node_id, rid, sock, deliver = peer.node_id, peer.rid, self.sock, P.DELIVER
         sent = nbytes = 0
         blocked = gone = False
+        room = self._room(peer)
         try:
             while cur < end and sent < batch:
                 e = entries[cur]
                 # never echo back (to the publisher, or a bridge to where it came from)
                 if e.sender != node_id and e.sender_rid != rid and (f is None or passes(f, e)):
+                    if nbytes + e.size > room:      # its queued bytes are bounded: a full pipe
+                        self.counts["queue_full_bytes"] += 1
+                        blocked = True
+                        break
                     send_frame(sock, rid, _MORE)    # EAGAIN here when the pipe is full
                     send_frame(sock, deliver, _MORE)
                     send_frame(sock, e.body, _LAST)
@@ -857,7 +886,7 @@ class Relay:
                            for t, b in p.budgets.items()},
                 "last_seen_s": round(now - p.last_seen, 2),
                 "in_msgs": p.in_msgs, "in_bytes": p.in_bytes,
-                "out_msgs": p.out_msgs, "out_bytes": p.out_bytes,
+                "out_msgs": p.out_msgs, "out_bytes": p.out_bytes, "queued_bytes": p.queued_bytes(),
                 "acked": p.acked, "nacked": p.nacked, "skipped": p.skipped,
                 "lag": sum(self.topics[t].next_seq - c for t, c in p.cursors.items()
                            if t in self.topics and t not in p.budgets),

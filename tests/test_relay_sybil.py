@@ -1,17 +1,22 @@
 """Issue 25.2 on a real relay: a rollout's tags are its own (the relay filters on the prefix a
 receiver decodes, and refuses a PUB whose attrs claim other tags), and fake identities cannot
-spend an honest publisher's share of a subscriber's delivery budget."""
+spend an honest publisher's share of a subscriber's delivery budget. Issue 30.5: what the relay
+queues for one subscriber is bounded in bytes."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import orjson
 import pytest
 
 from ftis_edge import wire
 from relay import protocol as P
+from relay.client import RelayClient
 from procs import ROOT
+from test_relay_boundary import raw_rollout
 from test_relay import make_rollout
 from test_relay_trust import _dealer, _hello, _replies
 
@@ -74,3 +79,38 @@ def test_forty_fake_ids_cannot_starve_a_publisher_the_subscriber_found_useful():
     assert res["marks_sybil"] <= 8 / 2 + 2, res                     # the probation slice, per window
     assert res["plain_honest_share"] < 0.5, res                     # the attack, where nobody was named
     assert out.returncode == 0
+
+
+def test_queued_bytes_per_subscriber_are_bounded(relay):
+    """Issue 30.5: the relay's outgoing queue per peer was bounded only in messages (--sndhwm
+    1000), so a subscriber that does not read large rollouts made the relay hold up to 1000 of
+    them (4 GB at 4 MiB each). Now it sends a peer at most --max-queued-mb of rollout bytes
+    beyond what the peer's PINGs say it read: a stuck subscriber gets ~8 MB of 24 MB, while a
+    reading one (the real client) still gets everything."""
+    r = relay("--rate", "0", "--rate-mb", "0", "--replay-mb", "128", "--max-queued-mb", "8")
+    stuck = _dealer(r.address)
+    pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
+    reader = RelayClient(r.address, swarm="s", node_id="reader").start()
+    try:
+        assert _hello(stuck, "stuck")[0] == P.WELCOME
+        _sub(stuck)
+        deadline = time.time() + 10
+        while not (pub.stats()["connected"] and reader.stats()["connected"]):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)
+        body = os.urandom(1 << 20)
+        for i in range(24):
+            pub.publish_bytes(raw_rollout(f"big-{i}", body))
+        got, deadline = set(), time.time() + 30
+        while len(got) < 24 and time.time() < deadline:
+            got.update(d.rollout_id for d in reader.poll(timeout_s=0.1))
+        assert len(got) == 24                                   # a reader loses nothing
+        peers = {p["node_id"]: p for p in r.stats()["peers"]}
+        assert peers["stuck"]["out_bytes"] <= (8 << 20) + (1 << 20) + 4096, peers["stuck"]
+        assert peers["stuck"]["blocked"] and r.stats()["counts"]["queue_full_bytes"] > 0
+        assert peers["reader"]["out_bytes"] >= 24 << 20 and peers["reader"]["queued_bytes"] <= 8 << 20
+    finally:
+        stuck.close(0)
+        pub.close()
+        reader.close()
