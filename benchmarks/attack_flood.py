@@ -311,17 +311,15 @@ def main(argv=None) -> int:
         if args.seconds == ap.get_default("seconds"):
             args.seconds = 10.0
         res = sybil_budget(args)
-        print(f"sybil budget: {res['sybils']} fake ids x {res['sybil_rate']:g} rollouts/s on an open relay; "
-              f"subscribers K = {res['k']} per {res['window_s']:g} s; honest publisher {res['honest_rate']:g}/s")
-        print(f"fake ids: {res['sybil_sent']} sent, {res['sybil_acked']} ACKed")
-        print(f"honest publisher's fair share: {res['honest_fair_share']} rollouts (all it published during the attack)")
-        print(f"subscriber that marked it useful: honest {res['marks_honest']} ({res['marks_honest_share']:.0%}), "
-              f"fake {res['marks_sybil']}")
-        print(f"subscriber that marked nobody:    honest {res['plain_honest']} ({res['plain_honest_share']:.0%}), "
-              f"fake {res['plain_sybil']}")
-        if args.json:
-            print(orjson.dumps(res).decode())
-        return 0 if res["marks_honest_share"] >= 0.9 else 1
+        return _report(res, args.json, res["marks_honest_share"] >= 0.9, [
+            f"sybil budget: {res['sybils']} fake ids x {res['sybil_rate']:g} rollouts/s on an open relay; "
+            f"subscribers K = {res['k']} per {res['window_s']:g} s; honest publisher {res['honest_rate']:g}/s",
+            f"fake ids: {res['sybil_sent']} sent, {res['sybil_acked']} ACKed",
+            f"honest publisher's fair share: {res['honest_fair_share']} rollouts (all it published during the attack)",
+            f"subscriber that marked it useful: honest {res['marks_honest']} ({res['marks_honest_share']:.0%}), "
+            f"fake {res['marks_sybil']}",
+            f"subscriber that marked nobody:    honest {res['plain_honest']} ({res['plain_honest_share']:.0%}), "
+            f"fake {res['plain_sybil']}"])
     if args.scenario == "accept-budget":
         res = accept_budget_flood(args)
         print(f"accept-budget flood: {res['flooders']} flooders x {res['flood_rate']:g} rollouts/s against a global "
@@ -381,15 +379,21 @@ def main(argv=None) -> int:
         relay.terminate()
         relay.wait(10)
     held = 1 - res["flood_accepted"] / max(1, res["flood_sent"])
-    print(f"identity flood: {res['identities']} identities x {res['seconds']:.0f} s on one open relay")
-    print(f"flood: {res['flood_sent']} sent, {res['flood_accepted']} accepted ({held:.1%} held back)")
-    print(f"legitimate pair: {res['legit_published']} published, {res['legit_acked']} ACKed, "
-          f"{res['legit_lost']} ACKed but lost, nacks {res['legit_nacked']}")
-    print(f"relay: peak RSS {res['relay_vm_hwm_mb']} MB, rejected {res['relay_rejected']}, "
-          f"skipped {res['relay_skipped']}")
-    if args.json:
+    return _report(res, args.json, res["legit_lost"] == 0, [
+        f"identity flood: {res['identities']} identities x {res['seconds']:.0f} s on one open relay",
+        f"flood: {res['flood_sent']} sent, {res['flood_accepted']} accepted ({held:.1%} held back)",
+        f"legitimate pair: {res['legit_published']} published, {res['legit_acked']} ACKed, "
+        f"{res['legit_lost']} ACKed but lost, nacks {res['legit_nacked']}",
+        f"relay: peak RSS {res['relay_vm_hwm_mb']} MB, rejected {res['relay_rejected']}, "
+        f"skipped {res['relay_skipped']}"])
+
+
+def _report(res: dict, as_json: bool, ok: bool, lines: list[str]) -> int:
+    """Print a scenario's lines (and its result as one JSON line); the exit code says ok."""
+    print("\n".join(lines))
+    if as_json:
         print(orjson.dumps(res).decode())
-    return 0 if res["legit_lost"] == 0 else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
