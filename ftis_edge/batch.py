@@ -26,10 +26,9 @@ import numpy as np
 import torch
 
 from .align import TokenBytes, span_alignment
-from .learner import TrainSample
+from .learner import OWN, TrainSample
 from .objective import group_advantages
 
-OWN = "own"                        # TrainSample.source of this node's own samples
 RETOKENIZED_LENGTH_FACTOR = 4      # a re-tokenized completion may be this many times max_completion_length
 
 

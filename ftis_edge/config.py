@@ -87,6 +87,8 @@ class TrainSection:
                           choices=("all", "kept"))
     cross_tokenizer_level: str = _opt("span", "IS weights for peers with another tokenizer: per span between "
                                       "shared byte boundaries, or one per sequence", choices=("span", "sequence"))
+    peer_plausibility: bool = _opt(True, "do not train on peer samples whose text the learner finds far less "
+                                   "likely than its own completions (poisoning defence; plausibility.py)")
 
 
 @dataclass

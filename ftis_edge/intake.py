@@ -3,7 +3,9 @@
 Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
 
 * the header must fit: our swarm and task, a sane sampler (0 < T <= 2, 0 < top-p <= 1,
-  top-k >= 0), a known finish reason;
+  top-k >= 0), a known finish reason, and no more completions than the node's own group
+  size G (``max_group_completions``; else ``MAX_GROUP_COMPLETIONS``), so one group cannot
+  fill a batch;
 * the prompt is rebuilt from (task, prompt id) and must be one the task lets us train on,
   never a held-out eval prompt (``Task.is_trainable``);
 * same tokenizer: the token ids that will train must be exactly the graded text's tokens:
@@ -12,8 +14,14 @@ Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
   sequence is often not the canonical tokenization of its own text (3 of 96 honest HF
   completions in a measurement), and a completion cut mid-character ends in U+FFFD, which
   re-encodes differently;
-* the reward is recomputed here from the text (within a total time budget, so a hostile
-  peer cannot stall the node);
+* the reward is recomputed here from the text, within a total time budget a round that is
+  shared across senders (``fair_grading_order``): senders whose answers made the grader
+  overrun go last, the others take turns, one rollout each; one rollout may take at most an
+  equal share of what is left and stops at its first overrun, so a flooder with slow
+  answers spends its own share, never an honest peer's. A rollout with an answer on which the grader
+  overran is refused (``grader_timeout``) and counts towards its sender's quarantine; one
+  the budget or the workers did not reach in full is refused as ``no_grading_time`` and
+  does not;
 * a peer whose rollouts are refused at a high rate over a sliding window is quarantined,
   with the reason logged and kept in its book; a change of its model or tokenizer
   fingerprint mid-run is logged and counted.
@@ -31,6 +39,7 @@ import numpy as np
 
 from .batch import carries_signal
 from .text_safety import terminal_safe
+from .tasks.grader import get_grader
 from .wire import Rollout, WireCompletion
 
 log = logging.getLogger("ftis_edge.intake")
@@ -38,8 +47,10 @@ log = logging.getLogger("ftis_edge.intake")
 # Reasons intake itself gives (wire.REASONS come on top, from messages that do not decode).
 REASONS = ("wrong_swarm", "other_task", "empty", "bad_group", "bad_sampler", "bad_finish",
            "id_out_of_range", "token_text_mismatch", "unknown_prompt", "eval_prompt",
-           "grader_timeout", "quarantined")
+           "grader_timeout", "quarantined", "group_too_large", "no_grading_time")
 MAX_TEMPERATURE = 2.0
+MAX_PEERS = 512                # peers the book holds (PeerBook.get evicts beyond it)
+MAX_GROUP_COMPLETIONS = 64     # completions one peer group may hold, when the node sets no cap of its own
 FINISH_REASONS = ("stop", "length")
 
 
@@ -156,11 +167,22 @@ class PeerBook:
     ``quarantine_after`` were refused and they are at least ``max_reject_rate`` of them. A
     rate over a window, not a run of consecutive failures: "4 bad + 1 good" forever is 80 %
     refused and gets quarantined. Quarantine lasts for the run (and across --resume).
+
+    The book holds at most ``max_peers`` entries (every sender gets one before any check, so
+    a flood of fresh ids would otherwise grow it, each round record and each checkpoint
+    without bound): a new sender beyond the cap evicts the longest-idle sender that never had
+    a rollout accepted, else the longest-idle accepted one; quarantined peers go last (their
+    quarantine is what the book is for). ``evicted`` counts them.
     """
 
-    def __init__(self, quarantine_after: int = 5, window: int = 20, max_reject_rate: float = 0.5):
+    def __init__(self, quarantine_after: int = 5, window: int = 20, max_reject_rate: float = 0.5,
+                 max_peers: int = MAX_PEERS):
         if quarantine_after < 1 or window < 1 or not 0.0 < max_reject_rate <= 1.0:
             raise ValueError("PeerBook: quarantine_after >= 1, window >= 1, 0 < max_reject_rate <= 1")
+        if max_peers < 1:
+            raise ValueError("PeerBook: max_peers >= 1")
+        self.max_peers = max_peers
+        self.evicted = 0
         self.quarantine_after = quarantine_after
         self.window = window
         self.max_reject_rate = max_reject_rate
@@ -168,14 +190,22 @@ class PeerBook:
 
     def get(self, node_id: str) -> PeerStats:
         if node_id not in self.peers:
+            if len(self.peers) >= self.max_peers:
+                self._evict_one()
             self.peers[node_id] = PeerStats(node_id=node_id, recent=deque(maxlen=self.window))
         return self.peers[node_id]
 
-    def reject(self, node_id: str, reason: str) -> None:
+    def _evict_one(self) -> None:
+        victim = min(self.peers.values(), key=lambda p: (p.quarantined, p.accepted > 0, p.last_seen))
+        del self.peers[victim.node_id]
+        self.evicted += 1
+
+    def reject(self, node_id: str, reason: str, charged: bool = True) -> None:
+        """Count a refusal; ``charged=False``: not the peer's doing, it counts towards no quarantine."""
         p = self.get(node_id)
         p.rejected += 1
         p.rejected_by_reason[reason] += 1
-        if p.quarantined:                # refused, but it no longer counts towards anything
+        if p.quarantined or not charged:    # refused, but it counts towards nothing
             return
         p.recent.append(reason)
         refused = [v for v in p.recent if v is not None]
@@ -211,6 +241,20 @@ class PeerBook:
         return {nid: p.as_dict() for nid, p in self.peers.items()}
 
 
+def overran(breakdown: dict) -> bool:
+    """Did grading this answer run past its timeout (the grader killed the worker on it)?
+    Other timeouts (no worker ready, no time left in the budget) are not the answer's doing."""
+    return bool(breakdown.get("timed_out")) and str(breakdown.get("reason", "")).startswith("grading took longer")
+
+
+def fair_grading_order(queues: dict, turns: dict, slow: set) -> str:
+    """The sender whose next rollout is graded: senders whose answers made the grader overrun
+    go last; the others take turns, one rollout each, those with fewer rollouts waiting first.
+    So fast honest answers never wait behind a flood of slow ones, and a sender that makes the
+    grader overrun pays with its own share."""
+    return min(queues, key=lambda s: (s in slow, turns.get(s, 0), len(queues[s])))
+
+
 class Intake:
     """Turns received messages into PeerGroups, or rejections counted per peer.
 
@@ -221,7 +265,8 @@ class Intake:
 
     def __init__(self, *, task, swarm: str, my_node_id: str, my_tokenizer_fp: str, vocab_size: int,
                  book: PeerBook, decode: Callable[[Sequence[int]], str], stop_ids: Sequence[int],
-                 rescore_budget_s: float = 5.0, max_staleness: int = 2, max_buffer: int = 256):
+                 rescore_budget_s: float = 5.0, max_staleness: int = 2, max_buffer: int = 256,
+                 max_group_completions: int = MAX_GROUP_COMPLETIONS):
         self.task = task
         self.swarm = swarm
         self.my_node_id = my_node_id
@@ -233,6 +278,8 @@ class Intake:
         self.rescore_budget_s = rescore_budget_s
         self.max_staleness = max_staleness
         self.max_buffer = max_buffer
+        self.max_group_completions = max_group_completions
+        self._grader_killed = False      # the last grading killed a worker (an answer overran)
         self.buffer: list[PeerGroup] = []
         self.round_counts: dict[str, int] = defaultdict(int)
 
@@ -244,6 +291,8 @@ class Intake:
             return "other_task"
         if not r.completions:
             return "empty"
+        if len(r.completions) > self.max_group_completions:
+            return "group_too_large"
         if r.group_index + len(r.completions) > r.group_size:
             return "bad_group"
         if sampler_problem(r):
@@ -274,8 +323,8 @@ class Intake:
                 return reason
         return None
 
-    def _refuse(self, sender: str, reason: str) -> None:
-        self.book.reject(sender, reason)
+    def _refuse(self, sender: str, reason: str, charged: bool = True) -> None:
+        self.book.reject(sender, reason, charged)
         self.round_counts["rejected"] += 1
 
     def receive(self, items, current_round: int) -> None:
@@ -312,28 +361,68 @@ class Intake:
         if fresh:
             self._rescore(fresh, current_round)
 
-    # --- step 2: re-score every completion locally, within one total budget ---------------
+    # --- step 2: re-score every completion locally, the budget shared across senders -------
+    def _grade(self, fresh) -> dict[int, list]:
+        """Grades of the fresh rollouts the budget reached (index -> [(reward, breakdown)]), in
+        ``fair_grading_order``; a rollout stops at its first answer that times out (the rest
+        are not graded: each would cost a grader worker)."""
+        deadline = time.monotonic() + self.rescore_budget_s
+        queues: dict[str, deque] = defaultdict(deque)
+        for k, (sender, _, _, _) in enumerate(fresh):
+            queues[sender].append(k)
+        slow = {s for s in queues if self.book.get(s).grader_timeouts}   # known to be expensive
+        grades: dict[int, list] = {}
+        turns: dict[str, int] = defaultdict(int)
+        if self._grader_killed:  # an overrun last time killed workers: let them restart (a hot spare
+            # takes over at once after one kill, so within a call one overrun costs no one else)
+            get_grader().warm_up(timeout=self.rescore_budget_s / 2)
+            self._grader_killed = False
+        while queues:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            sender = fair_grading_order(queues, turns, slow)
+            share = left / len(queues)           # this sender's and every other waiting sender's
+            k = queues[sender].popleft()
+            if not queues[sender]:
+                del queues[sender]
+            _, r, prompt, _ = fresh[k]
+            grades[k] = self._grade_rollout(r, prompt.reference, min(time.monotonic() + share, deadline))
+            turns[sender] += 1
+            if any(overran(b) for _, b in grades[k]):
+                slow.add(sender)
+                self._grader_killed = True
+        return grades
+
+    def _grade_rollout(self, r: Rollout, reference: str, until: float) -> list:
+        out, stop = [], False
+        for c in r.completions:
+            left = until - time.monotonic()
+            stop = stop or bool(out) and overran(out[-1][1])
+            if stop or left <= 0:
+                out.append((0.0, {"timed_out": True, "reason": "not graded: an earlier answer overran, or its share was used up"}))
+                continue
+            out += self.task.reward_many([c.text], [reference], total_budget_s=left)
+        return out
+
     def _rescore(self, fresh, current_round: int) -> None:
-        texts, refs, owners = [], [], []
-        for k, (_, r, prompt, _) in enumerate(fresh):
-            for c in r.completions:
-                texts.append(c.text)
-                refs.append(prompt.reference)
-                owners.append(k)
-        results = self.task.reward_many(texts, refs, total_budget_s=self.rescore_budget_s)
-        per_rollout: dict[int, list] = defaultdict(list)
-        for k, res in zip(owners, results):
-            per_rollout[k].append(res)
+        graded = self._grade(fresh)
         for k, (sender, r, prompt, nbytes) in enumerate(fresh):
             peer = self.book.get(sender)
             if peer.quarantined:         # quarantined by a later message of the same batch
                 self._refuse(sender, "quarantined")
                 continue
-            grades = per_rollout[k]
-            timeouts = sum(1 for _, b in grades if b.get("timed_out"))
-            peer.grader_timeouts += timeouts
-            if timeouts == len(grades):
+            if k not in graded:          # the round's budget ran out first: not this peer's doing
+                self._refuse(sender, "no_grading_time", charged=False)
+                continue
+            grades = graded[k]
+            overruns = sum(1 for _, b in grades if overran(b))
+            peer.grader_timeouts += overruns
+            if overruns:                 # its own answer made the grader overrun: charged to it
                 self._refuse(sender, "grader_timeout")
+                continue
+            if any(b.get("timed_out") for _, b in grades):   # no worker or no time left: not its doing
+                self._refuse(sender, "no_grading_time", charged=False)
                 continue
             rewards = [float(v) for v, _ in grades]
             peer.reward_mismatches += sum(

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import metric_keys
+from . import metric_keys, plausibility
 from .errors import FtisError
 from .shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
                             run_prompt)
@@ -40,6 +40,9 @@ class LearnerOOM(RuntimeError):
         self.micro_batch = micro_batch
 
 
+OWN = "own"                        # TrainSample.source of this node's own samples
+
+
 @dataclass
 class TrainSample:
     prompt_ids: list[int]
@@ -48,7 +51,7 @@ class TrainSample:
     gen_logprob_sum: float | None      # generator's summed log-prob (sequence-level / cross-tokenizer)
     advantage: float
     sequence_level: bool = False
-    source: str = "own"                # node id of the generator ("own" for ours)
+    source: str = OWN                  # node id of the generator (OWN for ours)
     # span level (cross-tokenizer, align.py): span index of each completion token, and the
     # generator's summed log-prob of each span; both set -> the sample is span-level
     span_ids: list[int] | None = None
@@ -136,6 +139,8 @@ class Learner:
         self.lr = lr
         self.optimizer = torch.optim.Adam(self._params, lr=lr, weight_decay=weight_decay)
         self.vocab_size = self._hf_model.config.vocab_size
+        # the last calibrated plausibility threshold (plausibility.py), for a step with few own samples
+        self.plausibility_threshold: float | None = None
         self.softcap = getattr(self._hf_model.config, "final_logit_softcapping", None)
 
     # ----------------------------------------------------------------- model parts
@@ -188,8 +193,10 @@ class Learner:
             if s.gen_logprob_sum is not None and not math.isfinite(s.gen_logprob_sum):
                 raise LearnerError(f"sample {i}: gen_logprob_sum is not finite")
 
-    def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """log p(target | hidden) per row, computed LOGIT_CHUNK_ROWS rows at a time.
+    def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool = False):
+        """log p(target | hidden) per row, computed LOGIT_CHUNK_ROWS rows at a time; with ``entropy``
+        also the entropy of each row's next-token distribution (detached; plausibility.py), from the
+        same logits, as a pair.
 
         Each chunk runs under activation checkpointing, so only one chunk's [rows, vocab] logits exist
         at a time, in the forward and in the backward pass. Computed in fp32 even under autocast.
@@ -204,7 +211,13 @@ class Learner:
                 if softcap:
                     logits = torch.tanh(logits / softcap) * softcap
                 picked = logits.gather(1, t[:, None]).squeeze(1)
-                return picked - torch.logsumexp(logits, dim=-1)
+                lse = torch.logsumexp(logits, dim=-1)
+                if not entropy:
+                    return picked - lse
+                with torch.no_grad():
+                    lp = logits.detach() - lse.detach()[:, None]
+                    ent = -(lp.exp() * lp).sum(-1)
+                return picked - lse, ent
 
         out = []
         for start in range(0, hidden.shape[0], LOGIT_CHUNK_ROWS):
@@ -213,6 +226,8 @@ class Learner:
                 out.append(checkpoint(chunk_logp, h, weight, t, use_reentrant=False))
             else:
                 out.append(chunk_logp(h, weight, t))
+        if entropy:
+            return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
         return torch.cat(out)
 
     def _autocast(self):
@@ -227,7 +242,7 @@ class Learner:
         """
         self._check(samples)
         if not self.share_prompts:
-            return self._logprobs_unshared(samples)
+            return self._logprobs_unshared(samples)[:2]
         decoder = self._hf_model.get_decoder()
         states = {}
         with self._autocast():
@@ -235,10 +250,11 @@ class Learner:
                 key = prompt_key(s.prompt_ids)
                 if key not in states:
                     states[key] = run_prompt(decoder, s.prompt_ids, self.device)
-        return self._logprobs_on_prompts(samples, states)
+        return self._logprobs_on_prompts(samples, states)[:2]
 
-    def _logprobs_on_prompts(self, samples: Sequence[TrainSample], states: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of the completions on top of their prompts' states (``shared_prompt.PromptState``).
+    def _logprobs_on_prompts(self, samples: Sequence[TrainSample], states: dict, entropy: bool = False):
+        """Log-probs of the completions on top of their prompts' states (``shared_prompt.PromptState``):
+        (logp [B, T], mask [B, T], entropy [B, T] or None) — see ``_assemble``.
 
         Rows run in length buckets (``length_buckets``): completions of very different lengths are
         not all padded to the longest one.
@@ -251,12 +267,14 @@ class Learner:
             rows = [(states[prompt_key(samples[b].prompt_ids)], samples[b].completion_ids) for b in idx]
             with self._autocast():
                 hidden = completion_hidden(decoder, rows, self.device)
-            parts.append(self._picked_logprobs([samples[b] for b in idx], idx, hidden, [0] * len(idx)))
+            parts.append(self._picked_logprobs([samples[b] for b in idx], idx, hidden, [0] * len(idx), entropy))
         return self._assemble(samples, parts)
 
-    def _picked_logprobs(self, samples, rows_out: list[int], hidden: torch.Tensor, first_col: list[int]):
+    def _picked_logprobs(self, samples, rows_out: list[int], hidden: torch.Tensor, first_col: list[int],
+                         entropy: bool = False):
         """Log-probs of each completion token of ``samples[i]`` from ``hidden[i, first_col[i] + j]``;
-        returns (flat log-probs, their output rows ``rows_out[i]``, their positions j)."""
+        returns (flat log-probs, their output rows ``rows_out[i]``, their positions j, flat entropies
+        or None)."""
         rows, cols, out_rows, pos, targets = [], [], [], [], []
         for i, s in enumerate(samples):
             C = len(s.completion_ids)
@@ -267,23 +285,28 @@ class Learner:
             targets += s.completion_ids
         dev = self.device
         rows_t, cols_t = torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)
-        flat = self._token_logprobs(hidden[rows_t, cols_t], torch.tensor(targets, device=dev))
-        return flat, out_rows, pos
+        out = self._token_logprobs(hidden[rows_t, cols_t], torch.tensor(targets, device=dev), entropy)
+        flat, ent = out if entropy else (out, None)
+        return flat, out_rows, pos, ent
 
-    def _assemble(self, samples, parts) -> tuple[torch.Tensor, torch.Tensor]:
-        """([B, T] log-probs, mask) from ``_picked_logprobs`` parts."""
+    def _assemble(self, samples, parts):
+        """([B, T] log-probs, mask, [B, T] entropies or None) from ``_picked_logprobs`` parts."""
         dev = self.device
-        flat = torch.cat([f for f, _, _ in parts])
-        rows_t = torch.tensor([r for _, rows, _ in parts for r in rows], device=dev)
-        pos_t = torch.tensor([j for _, _, pos in parts for j in pos], device=dev)
+        flat = torch.cat([f for f, _, _, _ in parts])
+        rows_t = torch.tensor([r for _, rows, _, _ in parts for r in rows], device=dev)
+        pos_t = torch.tensor([j for _, _, pos, _ in parts for j in pos], device=dev)
         B, T = len(samples), max(len(s.completion_ids) for s in samples)
         logp = torch.zeros(B, T, device=dev, dtype=flat.dtype).index_put((rows_t, pos_t), flat)
         mask = torch.zeros(B, T, device=dev, dtype=torch.bool)
         mask[rows_t, pos_t] = True
-        return logp, mask
+        ent = None
+        if parts[0][3] is not None:
+            ent = torch.zeros(B, T, device=dev).index_put((rows_t, pos_t), torch.cat([p[3] for p in parts]))
+        return logp, mask, ent
 
-    def _logprobs_unshared(self, samples: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The reference path: every sample a full right-padded prompt + completion sequence."""
+    def _logprobs_unshared(self, samples: Sequence[TrainSample], entropy: bool = False):
+        """The reference path: every sample a full right-padded prompt + completion sequence
+        (returns as ``_assemble``)."""
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
         B, L = len(samples), max(lengths)
         input_ids = torch.zeros(B, L, dtype=torch.long)
@@ -298,7 +321,8 @@ class Learner:
             hidden = self._hf_model.get_decoder()(input_ids=input_ids, attention_mask=attention,
                                                   use_cache=False).last_hidden_state
         # the hidden state before each completion token predicts it
-        part = self._picked_logprobs(samples, list(range(B)), hidden, [len(s.prompt_ids) - 1 for s in samples])
+        part = self._picked_logprobs(samples, list(range(B)), hidden, [len(s.prompt_ids) - 1 for s in samples],
+                                     entropy)
         return self._assemble(samples, [part])
 
     # ----------------------------------------------------------------- the step
@@ -324,7 +348,8 @@ class Learner:
         dev = self.device
         return gen.to(dev), gen_sum.to(dev), adv.to(dev), level, span_ids.to(dev), gen_span.to(dev)
 
-    def compute_gradients(self, samples: Sequence[TrainSample], **objective_kwargs) -> dict:
+    def compute_gradients(self, samples: Sequence[TrainSample],
+                          plausible: plausibility.PlausibilityConfig | None = None, **objective_kwargs) -> dict:
         """Forward + backward over the whole batch, micro-batch by micro-batch; leaves the full-batch
         gradient in ``p.grad`` (no optimiser step) and returns the aggregated stats.
 
@@ -332,6 +357,9 @@ class Learner:
         defaults to each sample's own level (``TrainSample.level``: token, sequence or span). With normalize="kept" the micro-batch losses
         are computed over all N and the gradient is rescaled by N / kept once the kept count is known.
         When every advantage is zero nothing is back-propagated (stats["no_signal"] = 1).
+        With ``plausible`` set and peer samples in the batch, each sample is scored on its own
+        log-probs and entropies of this pass, own micro-batches run first to calibrate the threshold,
+        and peer samples below it get weight 0 (plausibility.py; stats["trust/implausible"]).
         Raises LearnerOOM (gradients cleared) when memory runs out.
         """
         from ftis_edge.objective import ftis_loss
@@ -352,6 +380,11 @@ class Learner:
         else:                    # sorting by length keeps similar lengths together: less padding
             order = sorted(range(N), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
             chunks = [order[i:i + self.micro_batch] for i in range(0, N, self.micro_batch)]
+        judge = plausible is not None and any(s.source != OWN for s in samples)
+        if judge:   # own-only micro-batches first: they calibrate the threshold the peers' are judged by
+            chunks = sorted(chunks, key=lambda idx: any(samples[i].source != OWN for i in idx))
+        own_scores: list[torch.Tensor] = []
+        threshold = None
         uses = Counter(prompt_key(s.prompt_ids) for s in samples)
         live: dict[tuple[int, ...], PromptPass] = {}   # prompts whose samples are not all done yet
 
@@ -363,18 +396,25 @@ class Learner:
                 for idx in chunks:
                     batch = [samples[i] for i in idx]
                     if self.share_prompts:
-                        logp, mask = self._shared_micro_batch(batch, live, uses)
+                        logp, mask, ent = self._shared_micro_batch(batch, live, uses, judge)
                     else:
-                        logp, mask = self._logprobs_unshared(batch)
+                        logp, mask, ent = self._logprobs_unshared(batch, judge)
                     gen, gen_sum, adv, level, span_ids, gen_span = self._objective_inputs(batch, logp.shape[1])
                     if level_override is not None:
                         level = level_override
+                    weight = None
+                    if judge:
+                        weight, threshold, judged = self._judge(batch, logp, mask, ent, plausible,
+                                                                own_scores, threshold)
                     loss, st = ftis_loss(logp, gen, adv, mask, level=level, normalize="all", num_samples=N,
                                          gen_logp_sum=gen_sum, span_ids=span_ids, gen_span_logp=gen_span,
-                                         **objective_kwargs)
+                                         sample_weight=weight, **objective_kwargs)
                     if not no_signal:
                         loss.backward()
-                    for k, v in st.pop("per_sample").items():   # back to the caller's sample order
+                    per_mb = st.pop("per_sample")
+                    if judge:
+                        per_mb.update(judged)
+                    for k, v in per_mb.items():   # back to the caller's sample order
                         if k not in per_sample:
                             per_sample[k] = torch.zeros(N, dtype=v.dtype)
                         per_sample[k][torch.tensor(idx)] = v.detach().cpu()
@@ -402,10 +442,29 @@ class Learner:
                     p.grad.mul_(scale)
         stats["micro_batches"] = float(len(chunks))
         stats["no_signal"] = 1.0 if no_signal else 0.0
+        if judge:
+            stats["trust/implausible"] = float(per_sample["implausible"].sum())
+            stats["trust/threshold"] = threshold
         stats["per_sample"] = per_sample
         return stats
 
-    def _shared_micro_batch(self, batch, live: dict, uses: Counter):
+    def _judge(self, batch, logp, mask, ent, cfg, own_scores: list, threshold):
+        """Plausibility of one micro-batch (plausibility.py): (sample weights [b], the threshold,
+        per-sample tensors). Own rows add to the calibration; the threshold is fixed at the first
+        micro-batch holding a peer sample (own-only ones ran before it)."""
+        is_peer = torch.tensor([s.source != OWN for s in batch], device=logp.device)
+        scores = plausibility.worst_window(plausibility.excess_logp(logp, ent, mask), mask, cfg.window)
+        own_scores.append(scores[~is_peer].cpu())
+        if threshold is None and bool(is_peer.any()):
+            threshold = plausibility.calibrate(torch.cat(own_scores), cfg, self.plausibility_threshold)
+            self.plausibility_threshold = threshold
+        if threshold is None:
+            weight = torch.ones(len(batch), device=logp.device)
+        else:
+            weight = plausibility.plausible_weight(scores, is_peer, threshold)
+        return weight, threshold, {"plausibility": scores.cpu(), "implausible": (weight == 0).cpu()}
+
+    def _shared_micro_batch(self, batch, live: dict, uses: Counter, entropy: bool = False):
         """Log-probs of one micro-batch on shared prompt passes (started here when first needed)."""
         decoder = self._hf_model.get_decoder()
         for s in batch:
@@ -414,16 +473,17 @@ class Learner:
                 with self._autocast():
                     live[key] = PromptPass(decoder, s.prompt_ids, self.device, remaining=uses[key])
             live[key].remaining -= 1
-        return self._logprobs_on_prompts(batch, {k: p.leaves for k, p in live.items()})
+        return self._logprobs_on_prompts(batch, {k: p.leaves for k, p in live.items()}, entropy)
 
-    def step(self, samples: Sequence[TrainSample], **objective_kwargs) -> dict:
+    def step(self, samples: Sequence[TrainSample], plausible: plausibility.PlausibilityConfig | None = None,
+             **objective_kwargs) -> dict:
         """One optimiser step on the whole batch (``compute_gradients`` + clip + Adam); returns its stats.
 
         The step is skipped (stats["skipped"] = 1, weights and version unchanged) when the batch has no
         signal: every advantage is zero, or the filter dropped every sample.
         """
-        stats = self.compute_gradients(samples, **objective_kwargs)
-        skip = stats["no_signal"] or stats.get("filter/kept", 1.0) == 0
+        stats = self.compute_gradients(samples, plausible, **objective_kwargs)
+        skip = stats["no_signal"] or stats.get("filter/kept", 1.0) == 0 or _all_signal_refused(samples, stats)
         stats["skipped"] = 1.0 if skip else 0.0
         if skip:
             self.optimizer.zero_grad(set_to_none=True)
@@ -471,6 +531,12 @@ class Learner:
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(directory)
         return directory
+
+
+def _all_signal_refused(samples: Sequence[TrainSample], stats: dict) -> bool:
+    """True when every sample with an advantage was judged implausible (nothing left to learn)."""
+    refused = stats["per_sample"].get("implausible")
+    return refused is not None and all(bool(refused[i]) for i, s in enumerate(samples) if s.advantage != 0)
 
 
 def _weighted_mean(pairs: list[tuple[float, float]]) -> float:

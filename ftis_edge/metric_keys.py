@@ -101,6 +101,10 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("skipped", "1 when no optimiser step ran (no signal, or everything filtered)", STEP),
         _m("no_signal", "1 when every advantage in the batch was zero", STEP),
         _m("micro_batches", "micro-batches the step was split into", STEP),
+        _m("trust/implausible", "peer samples not trained on: their worst window of text is far less "
+           "likely under the learner than its own completions are (plausibility.py)", STEP),
+        _m("trust/threshold", "the plausibility threshold of the step (nats per token of excess "
+           "log-prob), calibrated on own completions", STEP),
         _m("version", "the learner's weight version after the step", STEP),
         _m("micro_batch", "samples per micro-batch (halved on out-of-memory)", ROUND),
         _m("memory/oom_retries", "out-of-memory retries so far (cumulative)", ROUND),

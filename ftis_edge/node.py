@@ -26,6 +26,7 @@ from . import checkpoint, neighbours, preflight, rundir
 from . import progress as phases
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
 from .compute import ComputeTotals, CpuClock, round_compute
+from .plausibility import PlausibilityConfig
 from .config import Config, to_toml
 from .errors import FtisError, one_line
 from .generate.base import SamplerSettings
@@ -122,7 +123,8 @@ class Node:
                              vocab_size=self.bundle.vocab_size, book=self.book,
                              decode=ids_decoder(self.bundle.tokenizer()), stop_ids=self.bundle.eos_token_ids,
                              rescore_budget_s=cfg.swarm.rescore_budget_s,
-                             max_staleness=cfg.swarm.max_staleness)
+                             max_staleness=cfg.swarm.max_staleness,
+                             max_group_completions=cfg.task.num_generations)   # no group larger than ours
         if cfg.mode != "alone":
             from .swarm import ClientKeys, SwarmClient
             keys = None
@@ -362,7 +364,8 @@ class Node:
         cfg = self.cfg
         self.progress.phase(phases.TRAINING, samples=len(samples))
         kw = dict(method=cfg.train.method, C=cfg.train.C, eps=cfg.train.epsilon,
-                  kl_threshold=cfg.train.kl_threshold, normalize=cfg.train.normalize)
+                  kl_threshold=cfg.train.kl_threshold, normalize=cfg.train.normalize,
+                  plausible=PlausibilityConfig() if cfg.train.peer_plausibility else None)
         while True:
             try:
                 return self.learner.step(samples, **kw)

@@ -244,6 +244,16 @@ def _check_options(method, C, eps, kl_threshold, normalize, num_samples):
         raise ObjectiveError(f"num_samples must be a non-negative int, got {num_samples!r}")
 
 
+def _sample_weight(w, B: int, dev) -> torch.Tensor:
+    w = _tensor(w, "sample_weight")
+    if tuple(w.shape) != (B,) or not w.is_floating_point():
+        raise ObjectiveError(f"sample_weight must be a float tensor [B] = {(B,)}, got {w.dtype} {tuple(w.shape)}")
+    bad = ~torch.isfinite(w) | (w < 0) | (w > 1)
+    if bool(bad.any()):
+        raise ObjectiveError(f"sample_weight must lie in [0, 1]; got {_first_bad(bad, w)}")
+    return w.detach().to(dev, torch.float32)
+
+
 # --------------------------------------------------------------------------- public API
 
 def kl_k3(logp: torch.Tensor, gen_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -261,7 +271,8 @@ def kl_k3(logp: torch.Tensor, gen_logp: torch.Tensor, mask: torch.Tensor) -> tor
 def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: float = 2.0,
               eps: float = 0.2, kl_threshold: float = 5.0, level="token", normalize: str = "all",
               num_samples: int | None = None, gen_logp_sum: torch.Tensor | None = None,
-              span_ids: torch.Tensor | None = None, gen_span_logp: torch.Tensor | None = None):
+              span_ids: torch.Tensor | None = None, gen_span_logp: torch.Tensor | None = None,
+              sample_weight: torch.Tensor | None = None):
     """The GRPO loss with off-policy correction; returns (loss, stats).
 
     logp        [B,T] learner log-probs ℓ of the sampled tokens (with grad), float32/bf16.
@@ -282,6 +293,9 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
                 tokenization); if None, Σ_t gen_logp over the mask.
     span_ids    [B,T] int: span index of each learner token (span rows only; see align.py).
     gen_span_logp [B,S] generator log-prob of each span (sum of the peer's own tokens in it).
+    sample_weight [B] in [0, 1], or None (all 1): multiplies sample i's term whatever its
+                advantage (the learner's plausibility filter sets 0 on peer text it finds
+                implausible, plausibility.py); the divisor N is unchanged.
 
     A sample with no tokens contributes 0 (reported as stats["samples/empty"]).
     stats: python floats named as in docs/ftis.md, plus stats["per_sample"] (detached [B]
@@ -342,6 +356,8 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
         clip_active = m & (((a > 0) & (rho > 1 + eps)) | ((a < 0) & (rho < 1 - eps)))
     term = torch.where(m, term, 0.0)
     per_sample = term.sum(-1) / n_f                            # (1/|a_i|) Σ_t term_{i,t}
+    if sample_weight is not None:
+        per_sample = per_sample * _sample_weight(sample_weight, B, per_sample.device)
 
     n_kept = int(kept.sum())
     if normalize == "all":

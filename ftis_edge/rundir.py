@@ -44,13 +44,26 @@ def is_run_dir(path) -> bool:
     return p.is_dir() and (p / CONFIG_FILE).is_file()
 
 
+TRUST_TASK_CODE_ENV = "FTIS_EDGE_TRUST_TASK_CODE"
+
+
 def load_config(run_dir: Path):
-    """The run's resolved config (RunDirError naming the run when it does not load)."""
+    """The run's resolved config (RunDirError naming the run when it does not load).
+
+    Run directories get shared ("export my run for me"), so loading one must not run code: a
+    task named by a class path (``module:Class``) is imported when built, and is refused here
+    unless the user says they trust it. Built-in tasks and installed entry points (code the
+    user installed) are fine."""
     from .config import ConfigError, load
     try:
-        return load(Path(run_dir) / CONFIG_FILE)
+        cfg = load(Path(run_dir) / CONFIG_FILE)
     except ConfigError as e:
         raise RunDirError(f"{run_dir}: {e}") from None
+    name = cfg.task.name
+    if ":" in name and not name.startswith("reasoning_gym:") and os.environ.get(TRUST_TASK_CODE_ENV) != "1":
+        raise RunDirError(f"{run_dir}: its task {name!r} is Python code, which runs when the task is built; "
+                          f"if you trust this run directory, run again with {TRUST_TASK_CODE_ENV}=1")
+    return cfg
 
 
 def latest_weights(run_dir: Path) -> tuple[Path, str] | None:

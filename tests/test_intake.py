@@ -298,3 +298,67 @@ def test_a_hostile_answer_cannot_stall_rescoring(smol, task):
     assert time.time() - t0 < 5.0
     groups = intake.take(1, limit=8)
     assert all(v == 0.0 for g in groups for v in g.rewards)
+
+
+def test_a_group_larger_than_our_own_group_size_is_refused(smol, task):
+    """Issue 25, hole 4: a peer's group may hold 256 completions and fill a whole batch."""
+    big, _ = rollout(smol, task, texts=["<answer>1</answer>"] * 9)
+    ours, _ = rollout(smol, task, texts=["<answer>1</answer>"] * 8)
+    intake = intake_for(smol, task, max_group_completions=8)
+    send(intake, big, ours)
+    assert reasons(intake).get("group_too_large") == 1
+    assert all(len(g.rewards) == 8 for g in intake.take(1, limit=8))
+    default = intake_for(smol, task)
+    flood, _ = rollout(smol, task, texts=["<answer>1</answer>"] * 65)
+    send(default, flood)
+    assert reasons(default) == {"group_too_large": 1}
+
+
+def test_a_flood_of_slow_answers_cannot_starve_an_honest_peer_of_grading(smol, task):
+    """Issue 25, hole 3: the re-grading budget was first come, first served. A flooder sends
+    10 groups a round whose answers take the real grader past its timeout, ahead of an honest
+    peer's 3 groups: every honest group is still graded every round, the timeouts are charged
+    to the flooder, and the flooder ends up quarantined."""
+    import time
+    from ftis_edge.tasks import warm_up
+    prompt = next(task.prompts(seed=3))
+    intake = intake_for(smol, task, rescore_budget_s=4.0)
+    for rnd in (1, 2, 3):
+        warm_up()      # between rounds a node generates and trains: killed grader workers restart
+        slow = [rollout(smol, task, node="mallory", prompt=prompt, texts=["<answer>\\sqrt{99999^{99999}}</answer>"] * 4)[0]
+                for _ in range(10)]
+        honest = [rollout(smol, task, node="alice", prompt=prompt,
+                          texts=[f"<answer>{prompt.reference}</answer>", "<answer>1</answer>"] * 2)[0]
+                  for _ in range(3)]
+        t0 = time.monotonic()
+        intake.receive([Received(rollout=r, sender="mallory", nbytes=100) for r in slow]
+                       + [Received(rollout=r, sender="alice", nbytes=100) for r in honest], current_round=rnd)
+        assert time.monotonic() - t0 < 4.0 + 2.0                 # the budget, plus one answer's overrun
+        groups = intake.take(rnd, limit=64)
+        assert [g.rollout.node_id for g in groups] == ["alice"] * 3, f"round {rnd}"
+        assert all(g.rewards == [1.0, 0.0, 1.0, 0.0] for g in groups)
+    book = intake.book.snapshot()
+    assert book["alice"]["rejected"] == 0 and book["alice"]["grader_timeouts"] == 0
+    assert book["mallory"]["grader_timeouts"] > 0 and book["mallory"]["quarantined"]
+    assert "grader_timeout" in book["mallory"]["rejected_by_reason"]
+
+
+def test_the_peer_book_is_bounded_and_a_flood_of_fresh_ids_evicts_only_itself(smol, task):
+    """Issue 30, hole 4: every distinct sender got a book entry, never evicted, written into
+    every round record and checkpoint. Fresh ids that never had anything accepted are evicted
+    first; an accepted peer and a quarantined one stay."""
+    book = PeerBook(quarantine_after=3, max_peers=8)
+    intake = intake_for(smol, task, book=book)
+    prompt = next(task.prompts(seed=3))
+    good, _ = rollout(smol, task, node="alice", prompt=prompt, texts=[f"<answer>{prompt.reference}</answer>",
+                                                                       "<answer>1</answer>"])
+    send(intake, good, sender="alice")
+    book.quarantine("mallory", "test")
+    for i in range(200):
+        intake.receive([Received(rollout=None, sender=f"sybil-{i}", nbytes=10,
+                                 error=WireError("truncated", "x"))], current_round=1)
+    snap = book.snapshot()
+    assert len(snap) == 8 and book.evicted == 200 - 6
+    assert "alice" in snap and snap["alice"]["accepted"] == 1
+    assert snap["mallory"]["quarantined"]
+    assert "sybil-199" in snap                       # the newest fresh ids are the ones kept

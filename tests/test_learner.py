@@ -409,3 +409,25 @@ def test_shared_prompt_matches_the_unshared_path_on_smollm2(hf_dir, encoded, tra
     worst = max(float((grads[True][n] - g).norm() / g.norm()) for n, g in grads[False].items() if g.norm() > 0)
     assert worst <= 1e-4, worst       # every tensor, even the smallest-gradient ones
     assert grads["lossTrue"] == pytest.approx(grads["lossFalse"], abs=1e-6)
+
+
+@pytest.mark.model
+def test_the_plausibility_filter_never_judges_own_samples_and_refuses_implausible_peer_text(hf_dir, encoded):
+    """Alone (own samples only) a step with the filter is bit-identical to one without; a peer
+    sample of random tokens is refused (weight 0, counted), whatever its advantage."""
+    from ftis_edge.plausibility import PlausibilityConfig
+    cfg = PlausibilityConfig(min_own=2)
+    weights = []
+    for plausible in (None, cfg):
+        learner = Learner(hf_dir, trainable="lora", lr=1e-3, seed=0)
+        batch = _on_policy(learner, encoded, [1.0, -1.0])
+        stats = learner.step(batch, plausible=plausible)
+        assert "trust/implausible" not in stats
+        weights.append(_trainable(learner))
+    assert all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0])
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randint(1000, 40000, (40,), generator=g).tolist()
+    peer = TrainSample(encoded[0][0], noise, [-1.0] * 40, None, 1.0, source="mallory")
+    stats = learner.compute_gradients(_on_policy(learner, encoded, [1.0, -1.0]) + [peer], cfg)
+    assert stats["trust/implausible"] == 1 and bool(stats["per_sample"]["implausible"][2])
+    learner.optimizer.zero_grad(set_to_none=True)

@@ -305,3 +305,23 @@ async def test_q_q_with_a_real_node_it_finishes_its_round_in_the_background(tmp_
     finally:
         node.kill()
         node.wait()
+
+
+async def test_the_dashboard_says_what_the_swarm_saved_in_one_phrase(tmp_path):
+    """Batch fill: the round record's own/peer groups and saved share become one sentence on the
+    Overview and the Peers tab, with why peer groups were skipped."""
+    from test_tui import append
+    run = live_copy(tmp_path)
+    last = dict(ROUNDS[-1])
+    app = DashboardApp(run, poll_interval=FAST)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause()
+        assert "swarm supplied" not in text_of(app, "round-progress")
+        last.update({"round": last["round"] + 1, "groups/own": 1, "peers/groups_used": 3,
+                     "peers/saved_frac": 0.58, "peers/skipped_zero_advantage": 2,
+                     "peers/skipped_peer_cap": 1, "peers/skipped_surplus": 0})
+        append(run, last)
+        phrase = "swarm supplied 3 of 4 groups; 58% of your generation saved so far"
+        await wait_for(pilot, lambda: phrase in text_of(app, "round-progress"))
+        peers = text_of(app, "relay-status")
+        assert phrase in peers and "skipped: all-equal rewards 2" in peers and "per-peer cap 1" in peers

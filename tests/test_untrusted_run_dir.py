@@ -116,3 +116,35 @@ def test_a_peer_answer_that_is_python_is_graded_not_run(tmp_path, answer):
     marker = tmp_path / "PWNED"
     assert answers_match(answer.format(m=marker), "2") is False
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("command", ["export", "eval --model"])
+def test_a_run_dir_whose_task_is_python_code_imports_nothing(tmp_path, command):
+    """A shared run dir's config.toml may name a task class (``module:Class``); building it
+    imports the module, i.e. runs its code. Loading someone's run dir refuses that in one line
+    unless FTIS_EDGE_TRUST_TASK_CODE=1 says the user trusts it."""
+    from ftis_edge import rundir
+    run, marker = crafted_run_dir(tmp_path)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "evil_task.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+                                       "from ftis_edge.tasks import Task\nclass Evil(Task):\n    pass\n")
+    text = (run / "config.toml").read_text().replace('name = "arith"', 'name = "evil_task:Evil"', 1)
+    assert "evil_task:Evil" in text
+    (run / "config.toml").write_text(text)
+    args = {"export": ("export", str(run), "--eval-limit", "0"),
+            "eval --model": ("eval", "--model", str(run), "--task", "arith", "--limit", "1")}[command]
+    env = {k: v for k, v in os.environ.items() if k != rundir.TRUST_TASK_CODE_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env=env)
+    print(r.stderr)
+    assert not marker.exists(), "the run dir's task module was imported"
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "is Python code" in r.stderr and rundir.TRUST_TASK_CODE_ENV in r.stderr
+    # the threat is real: building that task imports the module, which runs its code
+    subprocess.run([sys.executable, "-c", "from ftis_edge.tasks import get_task\n"
+                    "try:\n    get_task('evil_task:Evil')\nexcept Exception:\n    pass"],
+                   cwd=ROOT, env=env, timeout=120, check=True)
+    assert marker.exists()
+    marker.unlink()

@@ -463,6 +463,9 @@ def wire_chunks(view: View) -> list[Content]:
             field("sync", fmt.seconds(latest.get("time/sync_s"))),
             field("peer wait", fmt.seconds(latest.get("time/peer_wait_s"))),
             field("micro-batch", fmt.integer(latest.get("micro_batch"))),
+            field("CPU this round", fmt.seconds(latest.get("cpu/round_s"))),
+            field("own tokens so far", fmt.integer(latest.get("gen/tokens_total"))),                  # cumulative
+            field("CPU so far", fmt.seconds(latest.get("cpu/total_s"))),                              # cumulative
             field("OOM retries", f"{fmt.integer(latest.get('memory/oom_retries'))} total")]  # cumulative
 
 

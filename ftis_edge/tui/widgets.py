@@ -17,6 +17,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
+from ftis_edge.compute import saved_phrase
 from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import RelayHealth, RunState, View, phase_text
 
@@ -310,6 +311,11 @@ def relay_chunks(view: View) -> list[Content]:
         field("peer samples in the batch", fmt.integer(latest.get("peers/samples_used"))),
         field("refused", fmt.integer(latest.get("peers/rejected"))),
         field("too old", fmt.integer(latest.get("peers/stale"))),
+        BREAK,
+        line((saved_phrase(latest) or "the swarm supplied nothing yet", "bold")),
+        field("skipped: all-equal rewards", fmt.integer(latest.get("peers/skipped_zero_advantage"))),
+        field("per-peer cap", fmt.integer(latest.get("peers/skipped_peer_cap"))),
+        field("surplus", fmt.integer(latest.get("peers/skipped_surplus"))),
     ]
 
 
@@ -331,6 +337,9 @@ def progress_chunks(view: View) -> list[Content]:
         chunks.append(field("ETA", fmt.age(clock.eta)))
     chunks.append(field("last round", fmt.seconds(state.last("time/round_s"))))
     chunks.append(field("avg5", fmt.seconds(clock.typical)))
+    swarm = saved_phrase(state.latest) if state.latest else None
+    if swarm:                       # what joining saved: the swarm's groups stand in for your own
+        chunks += [BREAK, line((swarm, "bold"))]
     return chunks
 
 

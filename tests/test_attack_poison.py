@@ -1,0 +1,30 @@
+"""Issue 25, hole 1: a correct answer must not carry arbitrary text into training.
+
+The attack of benchmarks/attack_poison.py, shorter (4 steps at a 10x learning rate) and with
+another phrase than the benchmark's: real SmolLM2 learner, real rollouts, one poisoned peer
+group per step beside the node's own. Measured on this code: without the plausibility
+filter (the old code) the phrase's log-prob in a fixed context rose by 25.0 nats; with it by
+8.4 nats, 4 of the 8 poisoned positive samples refused (every one on the first attack
+prompt, none on the second). The issue's target (a rise of at most 1 nat) is NOT met yet:
+this test holds what the filter does today, and fails on the old code.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.attack_poison import Setup, run_arm  # noqa: E402
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(3600)]
+PHRASE = " Tip: send your answers to quiz-bot@free-solutions.example.net for extra credit."
+
+
+def test_a_phrase_inside_correct_answers_is_mostly_not_trained_in():
+    setup = Setup(PHRASE)
+    attacked = run_arm(setup, "undefended", steps=4, lr=1e-3)
+    defended = run_arm(setup, "defended", steps=4, lr=1e-3)
+    assert attacked["rise_nats"] > 10.0, attacked         # the attack is real without the filter
+    assert attacked["refused"] == 0
+    assert defended["refused"] >= defended["poisoned_positive_samples"] // 2 > 0, defended
+    assert defended["rise_nats"] < attacked["rise_nats"] / 2, (defended, attacked)
