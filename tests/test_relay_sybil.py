@@ -11,8 +11,11 @@ import time
 
 import orjson
 import pytest
+import torch
 
 from ftis_edge import wire
+from ftis_edge.learner import OWN, TrainSample
+from ftis_edge.node import useful_peers
 from relay import protocol as P
 from relay.client import RelayClient
 from procs import ROOT
@@ -61,6 +64,17 @@ def test_a_rollouts_tags_are_read_from_its_prefix_not_claimed(relay):
     finally:
         for s in (pub, arith, gsm):
             s.close(0)
+
+
+def test_the_node_names_as_useful_only_peers_whose_samples_it_trained_on():
+    """What a node tells the relay after a step (SwarmClient.mark_useful): peers with a sample
+    neither dropped by the F- filter nor judged implausible; nobody when no step ran."""
+    samples = [TrainSample([1], [2], [-1.0], None, 0.5, source=s)
+               for s in (OWN, "alice", "mallory", "bob", "bob", "eve")]
+    flags = {"dropped": torch.tensor([0, 0, 0, 1, 0, 1], dtype=torch.bool),
+             "implausible": torch.tensor([0, 0, 1, 0, 0, 0], dtype=torch.bool)}
+    assert useful_peers(samples, flags) == {"alice", "bob"}
+    assert useful_peers(samples, None) == set()
 
 
 def test_forty_fake_ids_cannot_starve_a_publisher_the_subscriber_found_useful():
