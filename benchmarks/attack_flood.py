@@ -20,6 +20,16 @@ publisher is never `busy`, loses nothing, and its p99 publish-to-delivery stays 
 
     python benchmarks/attack_flood.py --scenario accept-budget [--flooders 2 --flood-rate 100
         --accept-rate 50 --round 4 --period 2 --seconds 12] [--json]
+
+sybil-budget (issue 25.2): --sybils fake identities publish --sybil-rate rollouts/s each, tagged
+with the subscribers' task, on an open relay, while an honest publisher (the real client) sends
+--honest-rate/s. Two budgeted subscribers (K = --k per --window s) side by side: one told the
+relay the honest publisher was useful (USEFUL, as a node does after training on its groups),
+one never did. The honest publisher must get >= 90% of its fair share from the first: all it
+publishes, since --honest-rate x --window <= K - probation (K // 8).
+
+    python benchmarks/attack_flood.py --scenario sybil-budget [--sybils 40 --sybil-rate 5 --k 8
+        --window 2 --honest-rate 2 --seconds 10] [--json]
 """
 from __future__ import annotations
 
@@ -43,11 +53,9 @@ from relay.client import RelayClient  # noqa: E402
 BODY = os.urandom(4000)
 
 
-def rollout(rid: str) -> bytes:
+def rollout(rid: str, task: str = "") -> bytes:
     """A message with a valid rollout prefix (codec none): all the relay ever reads."""
-    r = rid.encode()
-    return P.PREFIX_FIXED.pack(P.ROLLOUT_MAGIC, P.ROLLOUT_VERSION, 0, 0, len(r)) + r + \
-        len(BODY).to_bytes(4, "little") + BODY
+    return P.pack_prefix("none", rid, task, "", len(BODY)) + BODY
 
 
 def _flooder(address: str, first: int, n: int, seconds: float, out: mp.Queue) -> None:
@@ -105,6 +113,90 @@ def _paced_flooder(address: str, name: str, rate: float, seconds: float, out: mp
     s.close(0)
     ctx.term()
     out.put((sent, acked))
+
+
+def _sybil_crowd(address: str, n: int, rate: float, delay_s: float, seconds: float, out: mp.Queue) -> None:
+    """n identities, one connection each, each publishing `rate` gsm8k-tagged rollouts/s."""
+    ctx = zmq.Context()
+    socks = []
+    for i in range(n):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(address)
+        s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"sybil-{i}", "protocol": P.RELAY_PROTOCOL})])
+        socks.append(s)
+    time.sleep(delay_s)
+    sent = acked = 0
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        due = int((time.time() - t0) * rate) + 1
+        for i, s in enumerate(socks):
+            for j in range(sent // n, due):
+                try:
+                    s.send_multipart([P.PUB, b"swarm", rollout(f"sybil-{i}-{j}", "gsm8k")], zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            while s.poll(0):
+                acked += s.recv_multipart()[0] == P.ACK
+        sent = due * n
+        time.sleep(0.01)
+    for s in socks:
+        s.close(0)
+    ctx.term()
+    out.put((sent, acked))
+
+
+def sybil_budget(args) -> dict:
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    relay = _start_relay(address)
+    warm = 2.0 * args.window
+    try:
+        alice = RelayClient(address, swarm="swarm", node_id="alice", subscribe=False).start()
+        subs = {name: RelayClient(address, swarm="swarm", node_id=name, budget_k=args.k,
+                                  budget_window_s=args.window, filters={"task": ["gsm8k"]}).start()
+                for name in ("marks", "plain")}
+        _connected(alice, *subs.values())
+        q: mp.Queue = mp.Queue()
+        crowd = mp.Process(target=_sybil_crowd, args=(address, args.sybils, args.sybil_rate, warm, args.seconds, q))
+        crowd.start()
+        got = {name: [] for name in subs}
+        published: list[str] = []
+        t0 = time.time()
+        marked = False
+        while time.time() - t0 < warm + args.seconds:
+            now = time.time() - t0
+            while len(published) < now * args.honest_rate:
+                rid = f"alice-{len(published)}"
+                alice.publish_bytes(rollout(rid, "gsm8k"), task="gsm8k")
+                published.append(rid)
+            if not marked and now >= warm - 0.5:
+                # what a node does after a round: the ids whose groups it trained on (alice's)
+                subs["marks"].mark_useful({d.sender for d in got["marks"]})
+                marked = True
+            for name, c in subs.items():
+                got[name] += [d for d in c.poll(timeout_s=0.005)]
+        tail = time.time() + 1.0
+        while time.time() < tail:
+            for name, c in subs.items():
+                got[name] += c.poll(timeout_s=0.05)
+        sent, acked = q.get(timeout=60)
+        crowd.join(10)
+        measured = set(published[int(warm * args.honest_rate):])     # published once the crowd was on
+        res = {"scenario": "sybil-budget", "sybils": args.sybils, "sybil_rate": args.sybil_rate, "k": args.k,
+               "window_s": args.window, "honest_rate": args.honest_rate, "seconds": args.seconds,
+               "sybil_sent": sent, "sybil_acked": acked, "honest_fair_share": len(measured)}
+        for name, items in got.items():
+            during = [d for d in items if d.sender != "alice" or d.rollout_id in measured]
+            res[f"{name}_honest"] = sum(d.rollout_id in measured for d in during)
+            res[f"{name}_sybil"] = sum(d.sender.startswith("sybil-") for d in during)
+        res["marks_honest_share"] = round(res["marks_honest"] / max(1, len(measured)), 3)
+        res["plain_honest_share"] = round(res["plain_honest"] / max(1, len(measured)), 3)
+        for c in (alice, *subs.values()):
+            c.close()
+    finally:
+        relay.terminate()
+        relay.wait(10)
+    return res
 
 
 def _start_relay(address: str, *flags: str) -> subprocess.Popen:
@@ -203,13 +295,31 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, default=4, help="processes the flood is spread over")
     ap.add_argument("--seconds", type=float, default=12.0, help="flood duration")
     ap.add_argument("--json", action="store_true", help="also print the result as one JSON line")
-    ap.add_argument("--scenario", choices=("identity", "accept-budget"), default="identity")
+    ap.add_argument("--scenario", choices=("identity", "accept-budget", "sybil-budget"), default="identity")
+    ap.add_argument("--sybils", type=int, default=40, help="sybil-budget: fake identities")
+    ap.add_argument("--sybil-rate", type=float, default=5.0, help="sybil-budget: rollouts/s per fake identity")
+    ap.add_argument("--k", type=int, default=8, help="sybil-budget: the subscribers' K per window")
+    ap.add_argument("--window", type=float, default=2.0, help="sybil-budget: the subscribers' budget window, s")
+    ap.add_argument("--honest-rate", type=float, default=2.0, help="sybil-budget: the honest publisher's rollouts/s")
     ap.add_argument("--flooders", type=int, default=2, help="accept-budget: flooding identities")
     ap.add_argument("--flood-rate", type=float, default=100.0, help="accept-budget: rollouts/s per flooder")
     ap.add_argument("--accept-rate", type=float, default=50.0, help="accept-budget: the relay's global budget")
     ap.add_argument("--round", type=int, default=4, help="accept-budget: groups the honest node publishes at once")
     ap.add_argument("--period", type=float, default=2.0, help="accept-budget: s between the honest node's rounds")
     args = ap.parse_args(argv)
+    if args.scenario == "sybil-budget":
+        if args.seconds == ap.get_default("seconds"):
+            args.seconds = 10.0
+        res = sybil_budget(args)
+        return _report(res, args.json, res["marks_honest_share"] >= 0.9, [
+            f"sybil budget: {res['sybils']} fake ids x {res['sybil_rate']:g} rollouts/s on an open relay; "
+            f"subscribers K = {res['k']} per {res['window_s']:g} s; honest publisher {res['honest_rate']:g}/s",
+            f"fake ids: {res['sybil_sent']} sent, {res['sybil_acked']} ACKed",
+            f"honest publisher's fair share: {res['honest_fair_share']} rollouts (all it published during the attack)",
+            f"subscriber that marked it useful: honest {res['marks_honest']} ({res['marks_honest_share']:.0%}), "
+            f"fake {res['marks_sybil']}",
+            f"subscriber that marked nobody:    honest {res['plain_honest']} ({res['plain_honest_share']:.0%}), "
+            f"fake {res['plain_sybil']}"])
     if args.scenario == "accept-budget":
         res = accept_budget_flood(args)
         print(f"accept-budget flood: {res['flooders']} flooders x {res['flood_rate']:g} rollouts/s against a global "
@@ -269,15 +379,21 @@ def main(argv=None) -> int:
         relay.terminate()
         relay.wait(10)
     held = 1 - res["flood_accepted"] / max(1, res["flood_sent"])
-    print(f"identity flood: {res['identities']} identities x {res['seconds']:.0f} s on one open relay")
-    print(f"flood: {res['flood_sent']} sent, {res['flood_accepted']} accepted ({held:.1%} held back)")
-    print(f"legitimate pair: {res['legit_published']} published, {res['legit_acked']} ACKed, "
-          f"{res['legit_lost']} ACKed but lost, nacks {res['legit_nacked']}")
-    print(f"relay: peak RSS {res['relay_vm_hwm_mb']} MB, rejected {res['relay_rejected']}, "
-          f"skipped {res['relay_skipped']}")
-    if args.json:
+    return _report(res, args.json, res["legit_lost"] == 0, [
+        f"identity flood: {res['identities']} identities x {res['seconds']:.0f} s on one open relay",
+        f"flood: {res['flood_sent']} sent, {res['flood_accepted']} accepted ({held:.1%} held back)",
+        f"legitimate pair: {res['legit_published']} published, {res['legit_acked']} ACKed, "
+        f"{res['legit_lost']} ACKed but lost, nacks {res['legit_nacked']}",
+        f"relay: peak RSS {res['relay_vm_hwm_mb']} MB, rejected {res['relay_rejected']}, "
+        f"skipped {res['relay_skipped']}"])
+
+
+def _report(res: dict, as_json: bool, ok: bool, lines: list[str]) -> int:
+    """Print a scenario's lines (and its result as one JSON line); the exit code says ok."""
+    print("\n".join(lines))
+    if as_json:
         print(orjson.dumps(res).decode())
-    return 0 if res["legit_lost"] == 0 else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch
 from . import checkpoint, neighbours, preflight, rundir
 from . import progress as phases
 from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
+from .learner import OWN
 from .compute import ComputeTotals, CpuClock, round_compute
 from .plausibility import PlausibilityConfig
 from .config import Config, to_toml
@@ -48,6 +49,16 @@ def derive_seed(*parts) -> int:
 
 
 
+
+
+def useful_peers(samples, per_sample: dict | None) -> set[str]:
+    """Peers with a sample the step trained on: neither dropped by the F- filter nor judged
+    implausible (per_sample: the step's per-sample flags, in batch order; none: no step ran)."""
+    if not per_sample:
+        return set()
+    flags = [per_sample[k] for k in ("dropped", "implausible") if per_sample.get(k) is not None]
+    return {s.source for i, s in enumerate(samples)
+            if s.source != OWN and not any(bool(f[i]) for f in flags)}
 
 class Node:
     def __init__(self, cfg: Config, *, resume: bool = False, fresh_if_missing: bool = False,
@@ -410,8 +421,11 @@ class Node:
         with self.cpu.phase("train"):
             stats = self._train(samples) if samples else {"skipped": 1, "samples": 0}
         record["time/train_s"] = time.time() - t0
-        for use in peer_usage(samples, stats.get("per_sample")):
+        uses = peer_usage(samples, stats.get("per_sample"))
+        for use in uses:
             self.book.get(use.node_id).record_use(use)
+        if self.swarm is not None:      # the relay's budget favours them over fresh ids (issue 25.2)
+            self.swarm.mark_useful(useful_peers(samples, stats.get("per_sample")))
         t0 = time.time()
         self.progress.phase(phases.SYNCING)
         with self.cpu.phase("sync"):

@@ -69,7 +69,7 @@ class SwarmClient(RelayClient):
         if self.decode:
             try:
                 rollout = wire.decode(payload, self.limits)
-                if rollout.node_id != sender:
+                if rollout.node_id != P.home_id(sender):     # NODE@RELAY across a bridge
                     raise WireError("sender_mismatch", f"rollout claims node {rollout.node_id!r}, "
                                                        f"relay says it came from {sender!r}")
                 if rollout.rollout_id.encode() != rid:

@@ -4,14 +4,16 @@ One message = ONE node's completions for ONE prompt (a whole GRPO group in verti
 or this node's part of a shared group in horizontal mode), so the header cost is shared by
 the whole group.
 
-Layout (protocol 2; protocol 1 had no token byte lengths)::
+Layout (protocol 3; 2 had task and tokenizer in the body header, 1 no token byte lengths)::
 
-    prefix (uncompressed, read by the relay without decompressing anything)
+    prefix (uncompressed, read by the relay without decompressing anything; relay/protocol.py)
       b"FTR"            magic
       u8  protocol      PROTOCOL_VERSION
       u8  codec         0 none | 1 zlib | 2 lzma (raw LZMA2, stdlib)
-      u8  id_kind, u8 id_len, id bytes: rollout_id (dedup key at the relay); kind 1 =
-                        lowercase hex packed two chars per byte, kind 0 = ASCII
+      task, tokenizer_fp, rollout_id: each u8 kind, u8 len, bytes (kind 1 = lowercase hex
+                        packed two chars per byte, kind 0 = UTF-8 / ASCII for the id); the
+                        task tag and tokenizer fingerprint are only here, so the relay's
+                        filters see exactly what a receiver decodes; the id is the dedup key
       u32 body_len      size of the body once decompressed (bomb guard: checked before)
     payload = codec(body)
     body
@@ -69,7 +71,6 @@ DEFAULT_CODEC = "lzma"
 # (64 MB window, lc=3) cost time per call and ~1% in size (measured on real rollouts).
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9, "dict_size": 1 << 20, "lc": 1, "lp": 0, "pb": 0}]
 
-_PREFIX_FIXED = _P.PREFIX_FIXED             # magic, protocol, codec, id kind, id length
 _U32 = struct.Struct("<I")
 
 # Every reason a received message that does not decode is refused for (WireError.reason, the
@@ -258,23 +259,19 @@ def _check_float(name: str, value, lo: float, hi: float) -> float:
 # ---------------------------------------------------------------- binary header
 # The header is binary, not JSON: on a ~800-token group a JSON header (key names, hex
 # fingerprints as text) cost ~0.45 B/token after compression, this one about half.
-_STR_FIELDS = ("node_id", "swarm", "task", "prompt_id", "group_id", "model_fp", "tokenizer_fp",
-               "model_name")
+_STR_FIELDS = ("node_id", "swarm", "prompt_id", "group_id", "model_fp", "model_name")
+# (task and tokenizer_fp travel in the prefix, where the relay filters on them)
 _NUMS = struct.Struct("<IIQQIdIddIi")   # group_index, group_size, round, adapter_version,
 _NUM_FIELDS = ("group_index", "group_size", "round", "adapter_version", "vocab_size",
                "temperature", "top_k", "top_p", "sent_at", "n_escape", "n_prompt")
-_HEX = frozenset("0123456789abcdef")
 
 
 def _pack_str(value: str) -> bytes:
-    """u8 kind (0 UTF-8, 1 lowercase hex packed to bytes), u8 length, bytes."""
-    if value and len(value) % 2 == 0 and set(value) <= _HEX:
-        raw, kind = bytes.fromhex(value), 1
-    else:
-        raw, kind = value.encode("utf-8"), 0
-    if len(raw) > 255:
-        raise WireError("bad_header", f"string field of {len(raw)} bytes (limit 255)")
-    return bytes((kind, len(raw))) + raw
+    """u8 kind (0 UTF-8, 1 lowercase hex packed to bytes), u8 length, bytes (as the prefix's)."""
+    try:
+        return _P.pack_str(value)
+    except _P.PrefixError as e:
+        raise WireError(e.reason, e.message) from None
 
 
 class _Reader:
@@ -421,8 +418,10 @@ def encode(rollout: Rollout, *, codec: str = DEFAULT_CODEC,
         payload = lzma.compress(body, format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
     else:
         payload = body
-    msg = _PREFIX_FIXED.pack(MAGIC, PROTOCOL_VERSION, CODECS[codec], 0, 0)[:-2] + _pack_str(rid) \
-        + _U32.pack(len(body)) + payload
+    try:
+        msg = _P.pack_prefix(codec, rid, r.task, r.tokenizer_fp, len(body)) + payload
+    except _P.PrefixError as e:
+        raise WireError(e.reason, e.message) from None
     if len(msg) > limits.max_message_bytes:
         raise WireError("too_large", f"{len(msg)} bytes > limit {limits.max_message_bytes}")
     return msg
@@ -430,7 +429,7 @@ def encode(rollout: Rollout, *, codec: str = DEFAULT_CODEC,
 
 # ---------------------------------------------------------------- decode
 
-Peek = _P.RolloutPrefix     # protocol, codec, rollout_id, body_len, payload_offset
+Peek = _P.RolloutPrefix     # protocol, codec, rollout_id, body_len, payload_offset, task, tok
 
 
 def peek(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Peek:
@@ -518,6 +517,7 @@ def _decode(data: bytes, limits: WireLimits) -> Rollout:
     if 4 + hlen > len(body):
         raise WireError("truncated", "body ends inside the header")
     h = _unpack_header(body[4:4 + hlen])
+    h["task"], h["tokenizer_fp"] = p.task, p.tok     # from the prefix (what the relay filtered on)
     _validate_fields(h, limits)
 
     vocab = h["vocab_size"]

@@ -4,7 +4,9 @@ It is two ordinary relay clients (`relay.client.RelayClient`: publish + subscrib
 decoding) that forward each other's deliveries with `publish_bytes(payload, origin=sender)`.
 Each relay must trust the bridge (`--trust-bridge NAME`; on a CURVE relay NAME is the
 bridge's key name; an open relay also needs `--open-bridges`, since there NAME is a claim),
-so it keeps the original sender on forwarded rollouts. Loops are cut
+so it keeps the original sender on forwarded rollouts, namespaced by its home relay: alice of
+relay A is `alice@A` on every other relay (`--trust-bridge NAME=A,C` limits the namespaces a
+bridge may assert), so no bridge can pose as a local node. Loops are cut
 three ways: a relay never sends a rollout back on the connection it came from, a bridge never
 forwards a rollout to a relay that already has it (relays ACK a known rollout id without
 delivering it again), and nodes drop rollout ids they have already seen. Acks, retries,
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from relay import protocol as P
 from relay.client import RelayClient
 from relay.keys import ClientKeys
 
@@ -47,7 +50,9 @@ class Bridge:
                 if dst.relay_epoch in via:        # that relay had it already (it came from there)
                     self.forwarded["not_sent_back"] += 1
                     continue
-                dst.publish_bytes(item.payload, origin=item.sender, task=item.attrs.get("task"),
+                # a node of src is NODE@src on dst (a bridged one keeps its home namespace)
+                origin = item.sender if P.NAMESPACE in item.sender else f"{item.sender}{P.NAMESPACE}{src.relay_name}"
+                dst.publish_bytes(item.payload, origin=origin, task=item.attrs.get("task"),
                                   tok=item.attrs.get("tok"), via=via)
                 self.forwarded[key] += 1
                 moved += 1

@@ -61,9 +61,14 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy-retry", type=float, default=d.busy_retry_s, help="retry-after sent with NACK busy, s")
     p.add_argument("--peer-timeout", type=float, default=d.peer_timeout_s, help="forget silent clients after s")
     p.add_argument("--sndhwm", type=int, default=d.sndhwm, help="messages queued per client before it counts as blocked")
-    p.add_argument("--trust-bridge", action="append", default=[], metavar="NAME",
+    p.add_argument("--max-queued-mb", type=float, default=d.max_queued_bytes / 2**20,
+                   help="rollout MB sent to a client and not yet read (its PINGs say) before it counts as blocked; 0 = unbounded")
+    p.add_argument("--trust-bridge", action="append", default=[], metavar="NAME[=RELAY,...]",
                    help="federation bridge allowed to forward others' rollouts (repeatable): its node id, "
-                        "which on a CURVE relay is its key's name")
+                        "which on a CURVE relay is its key's name; =RELAY,... limits the relays whose nodes "
+                        "(NODE@RELAY) it may forward")
+    p.add_argument("--name", default=d.name, help="this relay's name: its nodes are NODE@NAME on other relays "
+                                                  "(default: HOST:PORT)")
     p.add_argument("--open-bridges", action="store_true",
                    help="honour --trust-bridge on an open relay (no --keys), where a node id is only a claim: "
                         "anyone who says HELLO as a trusted name may then publish as any node")
@@ -87,7 +92,9 @@ def _serve(args) -> int:
                       max_topics=args.max_topics, max_topics_per_peer=args.max_topics_per_peer,
                       max_peers=args.max_peers, slow_after_s=args.slow_after, busy_retry_s=args.busy_retry,
                       peer_timeout_s=args.peer_timeout, sndhwm=args.sndhwm,
-                      trusted_bridges=frozenset(args.trust_bridge), open_bridges=args.open_bridges)
+                      max_queued_bytes=int(args.max_queued_mb * 2**20),
+                      trusted_bridges=frozenset(args.trust_bridge), open_bridges=args.open_bridges,
+                      name=args.name)
     try:
         return run(cfg)
     except (KeyFileError, ValueError) as e:

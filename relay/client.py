@@ -124,6 +124,8 @@ class RelayClient:
         self._next_retry = 0.0                         # earliest time a pending rollout is due
         self._busy_until = 0.0                         # the relay said `busy`: send nothing before
         self._resubscribe = False                      # set_budget() asked for a new SUB
+        self._useful: collections.OrderedDict[str, None] = collections.OrderedDict()   # most recent last
+        self._send_useful = False                      # mark_useful() changed it: tell the relay
         self._node_b = node_id.encode()
         self._epoch_b = b""                            # the relay's epoch as bytes (DELIVER carries it)
         self._burst = collections.Counter()            # I/O thread: one recv burst's counters ...
@@ -140,6 +142,8 @@ class RelayClient:
         self._peers: dict[str, dict] = {}
         self._relay_peers: int | None = None          # connections the relay knows (its PONG)
         self._epoch: str | None = None
+        self._relay_name: str | None = None
+        self._rx_bytes = 0                             # I/O thread: rollout bytes read since the last WELCOME
         self._last_seq = 0
         self._replay_until = 0
         self._connected = False
@@ -188,7 +192,8 @@ class RelayClient:
                       task: str | None = None, tok: str | None = None, via: list | None = None) -> None:
         """Queue an encoded rollout; it is sent and retried in the background until ACKed.
 
-        `task` / `tok` tag it for subscribers' filters. `origin` (federation bridges only)
+        `task` / `tok`: the tags its prefix holds (the relay filters on the prefix and refuses
+        a PUB whose tags differ, `tag_mismatch`). `origin` (federation bridges only)
         names the node that sent it first; the relay accepts it only from trusted bridges."""
         if self._waker.closed:
             raise RuntimeError("client is closed")
@@ -243,6 +248,26 @@ class RelayClient:
         self._resubscribe = True
         if not self._waker.closed:
             self._waker.wake()
+
+    def mark_useful(self, node_ids) -> None:
+        """Tell the relay which publishers were useful (a node: those whose groups it trained
+        on). A budgeted subscription favours them over ids that never were (fake identities
+        share a small probation slice, docs/relay.md "Delivery budgets"); the relay keeps the
+        P.MAX_USEFUL most recently named."""
+        with self._lock:
+            for n in node_ids:
+                if isinstance(n, str) and n and n != self.node_id:
+                    self._useful.pop(n, None)
+                    self._useful[n] = None
+            while len(self._useful) > P.MAX_USEFUL:
+                self._useful.popitem(last=False)
+            self._send_useful = bool(self._useful)
+        if not self._waker.closed:
+            self._waker.wake()
+
+    def _useful_list(self) -> list[str]:
+        with self._lock:
+            return list(reversed(self._useful))
 
     def _n_pending(self) -> int:
         return len(self._outbox) + len(self._pending)
@@ -307,6 +332,11 @@ class RelayClient:
     @property
     def relay_epoch(self) -> str | None:
         return self._epoch
+
+    @property
+    def relay_name(self) -> str | None:
+        """The relay's name (its WELCOME): a node of it is NODE@name on other relays."""
+        return self._relay_name
 
     # -------------------------------------------------------------- health
     def _set_health(self, state: str, reason: str = "") -> None:
@@ -375,7 +405,8 @@ class RelayClient:
                 now = time.monotonic()
                 if now >= next_ping:
                     next_ping = now + self.heartbeat_s
-                    self._send(sock, [P.PING, orjson.dumps({"t": time.time()})])
+                    # rx: rollout bytes read since the WELCOME (the relay bounds what it queues by it)
+                    self._send(sock, [P.PING, orjson.dumps({"t": time.time(), "rx": self._rx_bytes})])
                     self._check_silence(now)
                     if not self._connected and (self._health["state"] != REFUSED or now >= next_hello):
                         self._hello(sock)      # harmless if it is merely slow
@@ -384,6 +415,9 @@ class RelayClient:
                 if self._resubscribe and self._connected:
                     self._resubscribe = False
                     self._subscribe(sock)
+                if self._send_useful and self._connected and self.budget_k:
+                    self._send_useful = False
+                    self._send(sock, [P.USEFUL, self._topic, orjson.dumps({"ids": self._useful_list()})])
                 if now >= self._next_retry:       # what waits goes before what is new
                     self._retry(sock, now)
                 self._drain_outbox(sock, now)
@@ -432,6 +466,8 @@ class RelayClient:
             req["budget"] = {"k": self.budget_k, "window_s": self.budget_window_s}
         if self.filters:
             req["filters"] = self.filters
+        if self._useful:
+            req["useful"] = self._useful_list()
         self._send(sock, [P.SUB, self._topic, orjson.dumps(req)])
 
     def _drain_outbox(self, sock: zmq.Socket, now: float) -> None:
@@ -572,7 +608,10 @@ class RelayClient:
                 with self._lock:
                     self._relay_peers = n
         elif kind == P.WELCOME and len(frames) == 2:
+            self._rx_bytes = 0             # what came before it was counted by the relay's base
             obj = orjson.loads(frames[1])
+            if isinstance(obj.get("relay"), str):
+                self._relay_name = obj["relay"]
             self._check_epoch(sock, obj.get("epoch"))
             self._set_health(CONNECTED)
             self._subscribe(sock)
@@ -660,6 +699,7 @@ class RelayClient:
         except ValueError:
             return
         self._n_bytes_in += len(payload)
+        self._rx_bytes += len(payload)
         if epoch == self._epoch_b:
             last = self._last_seq
             if seq > last:

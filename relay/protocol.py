@@ -10,14 +10,17 @@ Every message is a ZeroMQ multipart message; the first frame names its type. Cli
 DEALER socket, the relay a ROUTER socket (which prepends the client's routing id).
 
 client -> relay                         relay -> client
-  HELLO   {node_id, protocol}             WELCOME {epoch, heartbeat_s, identity}
+  HELLO   {node_id, protocol}             WELCOME {epoch, heartbeat_s, identity, relay}
   SUB     topic {epoch, last_seq,         SUBOK   topic {epoch, first_seq, next_seq, budget}
                [budget: {k, window_s},    DELIVER meta+payload      (see pack_deliver)
                 filters: {task, tok}]}
   PUB     topic payload [attrs]           ACK     rollout_id seq(u64) epoch
-  PING    {t}                             NACK    rollout_id reason [{retry_after_s, detail}]
+  PING    {t, rx}                         NACK    rollout_id reason [{retry_after_s, detail}]
   STATS (after HELLO)                     PONG    {t, epoch, known, n_peers}
-  BYE                                     STATS   {...}
+  USEFUL  topic {ids: [node ids]}         STATS   {...}
+  BYE
+(USEFUL: the publishers a budgeted subscriber found useful, which its budget favours; SUB may
+carry the same list as "useful", so a re-subscription keeps it.)
 """
 from __future__ import annotations
 
@@ -26,11 +29,17 @@ from typing import NamedTuple
 
 HELLO, WELCOME, SUB, PUB, ACK, NACK = b"HELLO", b"WELCOME", b"SUB", b"PUB", b"ACK", b"NACK"
 DELIVER, PING, PONG, STATS, BYE = b"DELIVER", b"PING", b"PONG", b"STATS", b"BYE"
-SUBOK = b"SUBOK"
+SUBOK, USEFUL = b"SUBOK", b"USEFUL"
 
-RELAY_PROTOCOL = 3            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding;
-                              # 3: PONG has n_peers, no peer list; STATS after HELLO; PING/STATS rate-limited
-CONTROL_RATE, CONTROL_BURST = 2.0, 4.0   # PINGs (and STATS) per second per connection the relay answers
+RELAY_PROTOCOL = 4            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding;
+                              # 3: PONG has n_peers, no peer list; STATS after HELLO; PING/STATS rate-limited;
+                              # 4: USEFUL (and SUB "useful"); rollout tags read from the prefix;
+                              #    WELCOME names the relay; bridged origins are NODE@RELAY; PING rx
+                              #    (rollout bytes read since WELCOME: the relay bounds queued bytes by it)
+NAMESPACE = "@"               # a bridged node's id on other relays: NODE@RELAY (its home relay's name);
+                              # local node ids may not contain it, so no local id is ever a bridged one
+MAX_USEFUL = 64               # publishers one USEFUL / SUB may name (the most recently useful)
+CONTROL_RATE, CONTROL_BURST = 2.0, 4.0   # PINGs (and STATS, USEFUL) per second per connection the relay answers
 SEQ = struct.Struct("<Q")
 MAX_TOPIC_LEN = 128
 MAX_NODE_ID_LEN = 128
@@ -49,13 +58,20 @@ REFUSED_AT_HELLO = frozenset({IDENTITY, "too_many_peers", "bad_version", "bad_he
 
 # ---------------------------------------------------------------- the rollout prefix
 # Written by ftis_edge.wire.encode, read by the relay without decompressing anything:
-#   b"FTR" | u8 protocol | u8 codec | u8 id kind | u8 id len | rollout id | u32 body length
+#   b"FTR" | u8 protocol | u8 codec | task | tokenizer | rollout id | u32 body length
+# where task, tokenizer and id are each (u8 kind, u8 length, bytes): kind 1 = lowercase hex
+# packed two chars per byte, kind 0 = the string's bytes (printable ASCII for the id, printable
+# UTF-8 for the tags). The task tag and tokenizer fingerprint live here and nowhere else in the
+# rollout: the relay filters on exactly what a receiver decodes (issue 25.2).
 ROLLOUT_MAGIC = b"FTR"
-ROLLOUT_VERSION = 2          # 2: token byte lengths in the body (wire.py); 1 is refused
+ROLLOUT_VERSION = 3          # 3: task and tokenizer in the prefix (not the body header);
+                             # 2: token byte lengths in the body (wire.py); older ones are refused
 ROLLOUT_CODECS = {"none": 0, "zlib": 1, "lzma": 2}
 _CODEC_NAMES = {v: k for k, v in ROLLOUT_CODECS.items()}
-PREFIX_FIXED = struct.Struct("<3sBBBB")     # magic, protocol, codec, id kind, id length
+PREFIX_FIXED = struct.Struct("<3sBB")     # magic, protocol, codec
+MAX_TAG_BYTES = 128          # a task tag or tokenizer fingerprint (the PUB attrs' limit too)
 _U32 = struct.Struct("<I")
+_HEX = frozenset("0123456789abcdef")
 
 
 class PrefixError(ValueError):
@@ -77,6 +93,46 @@ class RolloutPrefix(NamedTuple):
     rollout_id: str
     body_len: int
     payload_offset: int
+    task: str
+    tok: str
+
+
+def pack_str(value: str, limit: int = 255) -> bytes:
+    """(u8 kind, u8 length, bytes): even-length lowercase hex packs to bytes (kind 1)."""
+    if value and len(value) % 2 == 0 and set(value) <= _HEX:
+        raw, kind = bytes.fromhex(value), 1
+    else:
+        raw, kind = value.encode("utf-8"), 0
+    if len(raw) > limit:
+        raise PrefixError("bad_header", f"string field of {len(raw)} bytes (limit {limit})")
+    return bytes((kind, len(raw))) + raw
+
+
+def pack_prefix(codec: str, rollout_id: str, task: str, tok: str, body_len: int) -> bytes:
+    """The prefix of a rollout whose body (once decompressed) is body_len bytes."""
+    return (PREFIX_FIXED.pack(ROLLOUT_MAGIC, ROLLOUT_VERSION, ROLLOUT_CODECS[codec])
+            + pack_str(task, MAX_TAG_BYTES) + pack_str(tok, MAX_TAG_BYTES) + pack_str(rollout_id)
+            + _U32.pack(body_len))
+
+
+def _field(data, off: int, n: int, what: str, ascii_only: bool) -> tuple[str, int]:
+    """One (kind, length, bytes) string of the prefix at off: (string, offset after it)."""
+    if n < off + 2:
+        raise PrefixError("truncated", "message ends inside the prefix")
+    kind, ln = data[off], data[off + 1]
+    raw = bytes(data[off + 2:off + 2 + ln])
+    if len(raw) < ln:
+        raise PrefixError("truncated", "message ends inside the prefix")
+    if kind == 1:
+        return raw.hex(), off + 2 + ln
+    if kind == 0:
+        try:
+            s = raw.decode("ascii" if ascii_only else "utf-8")
+        except UnicodeDecodeError:
+            s = None
+        if s is not None and s.isprintable():
+            return s, off + 2 + ln
+    raise PrefixError("bad_header", f"{what} must be printable {'ASCII' if ascii_only else 'UTF-8'}")
 
 
 def peek_rollout(data: bytes, max_message_bytes: int = MAX_ROLLOUT_BYTES,
@@ -89,29 +145,26 @@ def peek_rollout(data: bytes, max_message_bytes: int = MAX_ROLLOUT_BYTES,
         raise PrefixError("too_large", f"{n} bytes > limit {max_message_bytes}")
     if n < PREFIX_FIXED.size:
         raise PrefixError("truncated", f"{n} bytes is shorter than the prefix")
-    magic, version, codec, id_kind, id_len = PREFIX_FIXED.unpack_from(data, 0)
+    magic, version, codec = PREFIX_FIXED.unpack_from(data, 0)
     if magic != ROLLOUT_MAGIC:
         raise PrefixError("bad_header", "not an ftis rollout (bad magic)")
     if version != ROLLOUT_VERSION:
         raise PrefixError("bad_version", f"protocol {version}, this node speaks {ROLLOUT_VERSION}")
     if codec not in _CODEC_NAMES:
         raise PrefixError("bad_header", f"unknown codec {codec}")
-    off = PREFIX_FIXED.size
-    if n < off + id_len + 4:
-        raise PrefixError("truncated", "message ends inside the prefix")
-    raw = bytes(data[off:off + id_len])
-    if id_kind == 1:
-        rid = raw.hex()
-    elif id_kind == 0 and raw.isascii() and raw.decode("ascii").isprintable():
-        rid = raw.decode("ascii")
-    else:
-        raise PrefixError("bad_header", "rollout_id must be printable ASCII")
+    task, off = _field(data, PREFIX_FIXED.size, n, "task", False)
+    tok, off = _field(data, off, n, "tokenizer", False)
+    if len(task.encode()) > MAX_TAG_BYTES or len(tok.encode()) > MAX_TAG_BYTES:
+        raise PrefixError("bad_header", f"task and tokenizer tags are at most {MAX_TAG_BYTES} bytes")
+    rid, off = _field(data, off, n, "rollout_id", True)
     if not 0 < len(rid) <= 64:
         raise PrefixError("bad_header", f"rollout_id must be 1..64 chars, got {len(rid)}")
-    (body_len,) = _U32.unpack_from(data, off + id_len)
+    if n < off + 4:
+        raise PrefixError("truncated", "message ends inside the prefix")
+    (body_len,) = _U32.unpack_from(data, off)
     if body_len > max_body_bytes:
         raise PrefixError("too_large", f"body of {body_len} bytes > limit {max_body_bytes}")
-    return RolloutPrefix(version, _CODEC_NAMES[codec], rid, body_len, off + id_len + 4)
+    return RolloutPrefix(version, _CODEC_NAMES[codec], rid, body_len, off + 4, task, tok)
 
 
 # ---------------------------------------------------------------- DELIVER
@@ -147,6 +200,11 @@ def unpack_deliver(body: bytes) -> tuple[int, bytes, bytes, bytes, bytes, bytes,
     if o > len(body):           # a short field shows here, or as an IndexError above
         raise ValueError("DELIVER truncated")
     return seq, topic, epoch, sender, rid, attrs, body[o:]
+
+
+def home_id(sender: str) -> str:
+    """The node id a rollout names itself by: a bridged sender NODE@RELAY is NODE."""
+    return sender.partition(NAMESPACE)[0]
 
 
 def pack_seq(seq: int) -> bytes:

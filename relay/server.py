@@ -30,6 +30,7 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ class RelayConfig:
     peer_timeout_s: float = 15.0           # forget a silent client after this
     heartbeat_s: float = 1.0               # advertised client ping interval
     sndhwm: int = 1000                     # messages queued per client pipe
+    max_queued_bytes: int = 64 << 20       # rollout bytes sent to a client that it has not said it read (0 = unbounded)
     pump_batch: int = 256                  # deliveries per subscriber per loop turn
     max_peers: int = 10_000                # HELLO floods on an open relay cannot exhaust memory
     max_topics: int = 64                   # topics in total (each holds up to replay_bytes)
@@ -73,6 +75,8 @@ class RelayConfig:
     gather_s: float = 0.2                  # budgets: collect candidates this long before a fair pick
     trusted_bridges: frozenset = frozenset()   # node ids (key names on CURVE) allowed to forward others' rollouts
     open_bridges: bool = False             # honour trusted_bridges on an open relay, where a node id is a claim
+    name: str = ""                         # this relay's name: bridged ids from here are NODE@name
+                                           # ("" = HOST:PORT of bind, with this machine's host name)
 
 
 @dataclass
@@ -94,6 +98,12 @@ class Peer:
     nacked: int = 0
     skipped: int = 0          # rollouts it missed because it fell behind the replay buffer
     blocked_since: float | None = None    # its pipe has been full since (monotonic)
+    rx_base: int = 0          # out_bytes when it was last WELCOMEd: its PING's rx counts from there
+    rx_bytes: int = 0         # rollout bytes it said it read (PING rx), since then
+
+    def queued_bytes(self) -> int:
+        """Rollout bytes sent that it has not said it read: what its pipe can hold at most."""
+        return self.out_bytes - self.rx_base - self.rx_bytes
 
 
 class Relay:
@@ -107,6 +117,14 @@ class Relay:
             raise ValueError("--trust-bridge on an open relay trusts a claimed node id (anyone can HELLO as "
                              f"{sorted(cfg.trusted_bridges)[0]!r} and publish as any node): use CURVE "
                              "(--keys/--allow, the name is then a key's), or pass --open-bridges to accept that")
+        self.name = cfg.name or f"{socket.gethostname()}:{cfg.bind.rsplit(':', 1)[-1]}"
+        if P.NAMESPACE in self.name or not 0 < len(self.name) <= 64:
+            raise ValueError(f"relay name {self.name!r}: 1..64 characters without {P.NAMESPACE!r}")
+        # --trust-bridge NAME (any other relay's namespace) or NAME=RELAY,RELAY (only those)
+        self.bridges: dict[str, frozenset | None] = {}
+        for t in cfg.trusted_bridges:
+            bname, _, ns = t.partition("=")
+            self.bridges[bname] = frozenset(filter(None, ns.split(","))) if ns else None
         self.epoch = os.urandom(8).hex().encode()
         self._epoch_s = self.epoch.decode()
         self.started = time.time()
@@ -276,6 +294,8 @@ class Relay:
             self._on_sub(rid, peer, args)
         elif kind == P.STATS:
             self._on_stats(rid, peer)
+        elif kind == P.USEFUL:
+            self._on_useful(rid, peer, args)
         elif kind == P.BYE:
             self._drop_peer(rid)
         else:
@@ -307,6 +327,9 @@ class Relay:
         if not isinstance(node_id, str) or not 0 < len(node_id.encode()) <= P.MAX_NODE_ID_LEN:
             self._refuse_hello(rid, "bad_hello")
             return
+        if P.NAMESPACE in node_id:
+            self._refuse_hello(rid, "bad_hello", f"{P.NAMESPACE!r} is reserved for bridged ids (NODE{P.NAMESPACE}RELAY)")
+            return
         if obj.get("protocol") != P.RELAY_PROTOCOL:
             self._refuse_hello(rid, "bad_version", f"relay protocol {P.RELAY_PROTOCOL}")
             return
@@ -326,10 +349,12 @@ class Relay:
         peer.key_name = user_id
         peer.address = address
         peer.last_seen = time.monotonic()
+        peer.rx_base, peer.rx_bytes = peer.out_bytes, 0   # the client counts rx anew from this WELCOME
         self.peers[rid] = peer
         self.counts["hello"] += 1
         self._send(rid, [P.WELCOME, orjson.dumps({"epoch": self.epoch.decode(), "heartbeat_s": self.cfg.heartbeat_s,
-                                                  "identity": "key" if self.curve else "claimed"})])
+                                                  "identity": "key" if self.curve else "claimed",
+                                                  "relay": self.name})])
 
     def _use_topic(self, rid: bytes, peer: Peer, name: bytes) -> Topic | str:
         """The topic, or the NACK reason why this connection may not use it."""
@@ -361,11 +386,14 @@ class Relay:
         if not isinstance(last_seq, int) or last_seq < 0 or obj.get("epoch") != self.epoch.decode():
             last_seq = 0       # another epoch's sequence numbers mean nothing here
         budget = obj.get("budget")
+        old = peer.budgets.get(topic.name)
+        useful = _useful_ids(obj.get("useful"))
+        useful = useful if useful is not None else (old.useful if old is not None else frozenset())
         self._forget_budget(peer, topic)
         if isinstance(budget, dict) and isinstance(budget.get("k"), int) and budget["k"] > 0:
             w = budget.get("window_s")
             w = float(w) if isinstance(w, (int, float)) and 0.1 <= w <= 3600 else 10.0
-            peer.budgets[topic.name] = Budget(min(budget["k"], 10_000), w)
+            peer.budgets[topic.name] = Budget(min(budget["k"], 10_000), w, useful=useful)
         filters = obj.get("filters")
         peer.filters.pop(topic.name, None)
         if isinstance(filters, dict):
@@ -402,8 +430,31 @@ class Relay:
         obj = self._control(args, 1)
         if obj is None:
             return
+        rx = obj.get("rx")
+        if peer is not None and isinstance(rx, int) and rx > peer.rx_bytes:
+            peer.rx_bytes = min(rx, peer.out_bytes - peer.rx_base)
         self._send(rid, [P.PONG, orjson.dumps({"t": obj.get("t"), "epoch": self._epoch_s,
                                                "known": peer is not None, "n_peers": len(self.peers)})])
+
+    def _on_useful(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
+        """The publishers this subscriber found useful: its budget on the topic favours them
+        (relay.budget). It only ever changes the sender's own budget, so it needs no trust."""
+        if peer is None:
+            self._send(rid, [P.NACK, b"", P.HELLO_FIRST.encode()])
+            return
+        if not self.control_limits.allow(b"u" + rid, 0, time.monotonic()):
+            self.rejected["useful_rate"] += 1
+            return
+        obj = self._control(args, 2)
+        ids = _useful_ids(obj.get("ids")) if obj is not None else None
+        b = peer.budgets.get(args[0]) if len(args) == 2 else None
+        if ids is None or b is None:
+            self.rejected["bad_useful"] += 1
+            return
+        b.useful = ids
+        self.counts["useful"] += 1
+        if b.index is not None:
+            self._dirty.add((args[0], Index.key(b.index.filters)))
 
     def _on_stats(self, rid: bytes, peer: Peer | None) -> None:
         """STATS costs O(peers): only for connections that said HELLO (on CURVE every
@@ -444,6 +495,15 @@ class Relay:
             return None
         return a
 
+    def _origin_allowed(self, bridge: str, origin: str) -> bool:
+        """A bridged origin is NODE@RELAY (issue 30.2): never a local id (those have no '@', and
+        on CURVE they are keys' names), never this relay's namespace, and one of the bridge's
+        namespaces when its --trust-bridge names them."""
+        node, at, ns = origin.partition(P.NAMESPACE)
+        allowed = self.bridges[bridge]
+        return bool(node and at and ns) and P.NAMESPACE not in ns and ns != self.name \
+            and (allowed is None or ns in allowed)
+
     def _on_pub(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
         if len(args) not in (2, 3):
             self._nack(rid, peer, b"", "bad_frame")
@@ -460,10 +520,15 @@ class Relay:
                 return
         bridged = "origin" in attrs          # a federation bridge forwarding another node's rollout
         if bridged:
-            if peer.node_id.decode(errors="replace") not in self.cfg.trusted_bridges:
+            bname = peer.node_id.decode(errors="replace")
+            if bname not in self.bridges:
                 self._nack(rid, peer, b"", "untrusted_bridge")
                 return
-            sender = attrs.pop("origin").encode()
+            origin = attrs.pop("origin")
+            if not self._origin_allowed(bname, origin):
+                self._nack(rid, peer, b"", "bad_origin")
+                return
+            sender = origin.encode()
         via = attrs.get("via", [])
         if self._epoch_s in via:              # it was here already: a federation loop
             self._nack(rid, peer, b"", "loop")
@@ -476,6 +541,12 @@ class Relay:
         except P.PrefixError as e:
             self._nack(rid, peer, b"", e.reason)
             return
+        # The tags subscribers filter on are the rollout's own (its prefix, which is what a
+        # receiver decodes): a PUB whose attrs claim others is refused (issue 25.2).
+        if attrs.get("task", pk.task) != pk.task or attrs.get("tok", pk.tok) != pk.tok:
+            self._nack(rid, peer, pk.rollout_id.encode(), "tag_mismatch")
+            return
+        attrs["task"], attrs["tok"] = pk.task, pk.tok
         rollout_id = pk.rollout_id.encode()
         # Dedup binds the id to its sender (origin) and its payload: another identity cannot
         # squat an id (first writer wins) so that the genuine copy, arriving later through a
@@ -520,8 +591,7 @@ class Relay:
             return
         via.append(self._epoch_s)
         attrs["via"] = via
-        e = topic.append(rollout_id, rid, sender, payload, orjson.dumps(attrs), attrs.get("task"),
-                         attrs.get("tok"), now)
+        e = topic.append(rollout_id, rid, sender, payload, orjson.dumps(attrs), pk.task, pk.tok, now)
         seq = e.seq
         if topic.indexes:
             for key in topic.index_new(e):
@@ -615,7 +685,20 @@ class Relay:
         if peer.out_msgs > self.cfg.sndhwm:       # more than its pipe holds: it reads
             self.readers.add(peer.rid)
 
+    def _room(self, peer: Peer) -> int:
+        """Rollout bytes it may be sent now: its queued bytes are bounded (issue 30.5), by
+        what it said it read (PING rx); an empty queue always takes one rollout."""
+        cap = self.cfg.max_queued_bytes
+        if not cap:
+            return 1 << 62
+        q = peer.queued_bytes()
+        return max(cap, self.cfg.max_message_bytes) if q <= 0 else cap - q
+
     def _deliver(self, peer: Peer, e: Entry, now: float) -> bool:
+        if e.size > self._room(peer):
+            self.counts["queue_full_bytes"] += 1
+            self._blocked(peer, now)
+            return False
         if not self._send(peer.rid, [P.DELIVER, e.body]):
             self._blocked(peer, now)
             return False
@@ -645,11 +728,16 @@ class Relay:
         node_id, rid, sock, deliver = peer.node_id, peer.rid, self.sock, P.DELIVER
         sent = nbytes = 0
         blocked = gone = False
+        room = self._room(peer)
         try:
             while cur < end and sent < batch:
                 e = entries[cur]
                 # never echo back (to the publisher, or a bridge to where it came from)
                 if e.sender != node_id and e.sender_rid != rid and (f is None or passes(f, e)):
+                    if nbytes + e.size > room:      # its queued bytes are bounded: a full pipe
+                        self.counts["queue_full_bytes"] += 1
+                        blocked = True
+                        break
                     send_frame(sock, rid, _MORE)    # EAGAIN here when the pipe is full
                     send_frame(sock, deliver, _MORE)
                     send_frame(sock, e.body, _LAST)
@@ -746,9 +834,9 @@ class Relay:
             return
         if now < b.pick_at:
             return
-        share = b.fair_share(peer.node_id, now, topic.entries)
+        share, guarded = b.fair_share(peer.node_id, now, topic.entries)
         while b.sent < b.k:
-            e = b.pick(peer.node_id, peer.rid, now, topic.entries, share)
+            e = b.pick(peer.node_id, peer.rid, now, topic.entries, share, guarded)
             if e is None:
                 return                                # stays hungry: a new rollout wakes it
             if not self._deliver(peer, e, now):
@@ -764,6 +852,7 @@ class Relay:
         self.limits.forget(b"c" + rid)
         self.control_limits.forget(b"p" + rid)
         self.control_limits.forget(b"s" + rid)
+        self.control_limits.forget(b"u" + rid)
         for t in self.topics.values():
             if rid in t.subscribers:
                 t.subscribers.discard(rid)
@@ -783,6 +872,7 @@ class Relay:
         now = time.monotonic()
         return {
             "epoch": self.epoch.decode(),
+            "name": self.name,
             "uptime_s": round(time.time() - self.started, 1),
             "bind": self.cfg.bind,
             "curve": self.curve,
@@ -796,7 +886,7 @@ class Relay:
                            for t, b in p.budgets.items()},
                 "last_seen_s": round(now - p.last_seen, 2),
                 "in_msgs": p.in_msgs, "in_bytes": p.in_bytes,
-                "out_msgs": p.out_msgs, "out_bytes": p.out_bytes,
+                "out_msgs": p.out_msgs, "out_bytes": p.out_bytes, "queued_bytes": p.queued_bytes(),
                 "acked": p.acked, "nacked": p.nacked, "skipped": p.skipped,
                 "lag": sum(self.topics[t].next_seq - c for t, c in p.cursors.items()
                            if t in self.topics and t not in p.budgets),
@@ -809,6 +899,14 @@ class Relay:
             "refused_handshakes": dict(self.refused_handshakes),
             "counts": {**self.counts, "delivered": self.delivered, "delivered_bytes": self.delivered_bytes},
         }
+
+
+def _useful_ids(ids) -> frozenset | None:
+    """A USEFUL / SUB list of node ids (the first MAX_USEFUL of them); None when malformed."""
+    if not isinstance(ids, list):
+        return None
+    return frozenset(i.encode() for i in ids[:P.MAX_USEFUL]
+                     if isinstance(i, str) and 0 < len(i) <= P.MAX_NODE_ID_LEN)
 
 
 def run(cfg: RelayConfig) -> int:

@@ -25,9 +25,9 @@ class Entry:
 
 
 def passes(filters: dict | None, e: Entry) -> bool:
-    """A subscriber's filters ({"task": set, "tok": set}, None = everything): an untagged
-    rollout passes (a publisher that does not tag is not filtered out; the receiver validates
-    every field anyway); a tagged one must match."""
+    """A subscriber's filters ({"task": set, "tok": set}, None = everything). Since rollout
+    protocol 3 every rollout's tags are read from its prefix (an empty tag is a tag like any
+    other, it does not slip through a filter); None only where no tag is known."""
     return filters is None or not ((e.task is not None and "task" in filters and e.task not in filters["task"])
                                    or (e.tok is not None and "tok" in filters and e.tok not in filters["tok"]))
 

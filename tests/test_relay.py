@@ -31,8 +31,8 @@ def make_rollout(node_id: str, n: int = 4, tokens: int = 24, **kw) -> wire.Rollo
     comps = [wire.WireCompletion(_RNG.integers(0, 49152, tokens), -_RNG.exponential(1.0, tokens),
                                  f"answer {i} #### {i}", reward=float(i % 2), finish_reason="stop")
              for i in range(n)]
-    return wire.Rollout(node_id=node_id, swarm="s", task="arith", prompt_id=uuid.uuid4().hex[:8],
-                        completions=comps, vocab_size=49152, model_fp="m", tokenizer_fp="t", **kw)
+    return wire.Rollout(node_id=node_id, swarm="s", prompt_id=uuid.uuid4().hex[:8], completions=comps,
+                        vocab_size=49152, model_fp="m", **{"task": "arith", "tokenizer_fp": "t", **kw})
 
 
 def collect(clients: dict[str, SwarmClient], until, timeout_s: float = 10.0) -> dict[str, list]:
@@ -437,8 +437,10 @@ def test_federation_bridge_joins_two_relays(relay):
         time.sleep(0.5)
         for n, c in clients.items():
             got[n] += c.poll()
+            home = {"a1": ra, "a2": ra, "b1": rb}
             assert sorted((x.sender, x.rollout.rollout_id) for x in got[n]) == sorted(
-                (s, r) for r, s in sent.items() if s != n), n       # original senders, exactly once
+                (s if home[s] is home[n] else f"{s}@{home[s].stats()['name']}", r)
+                for r, s in sent.items() if s != n), n       # original senders (NODE@RELAY across), exactly once
             assert all(x.error is None for x in got[n])
         # an untrusted node cannot pose as a bridge
         liar = SwarmClient(ra.address, swarm="s", node_id="liar").start()

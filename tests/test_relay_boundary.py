@@ -34,11 +34,9 @@ def _imported(importtime_stderr: str) -> set[str]:
     return names
 
 
-def raw_rollout(rid: str, body: bytes = b"") -> bytes:
+def raw_rollout(rid: str, body: bytes = b"", task: str = "", tok: str = "") -> bytes:
     """A message with a valid rollout prefix (codec none): all the relay ever reads."""
-    r = rid.encode()
-    return P.PREFIX_FIXED.pack(P.ROLLOUT_MAGIC, P.ROLLOUT_VERSION, 0, 0, len(r)) + r + \
-        len(body).to_bytes(4, "little") + body
+    return P.pack_prefix("none", rid, task, tok, len(body)) + body
 
 
 def _keys(tmp_path, *names: str):

@@ -41,10 +41,10 @@ def test_budget_k_per_window_fair_across_publishers_and_filtered(relay):
         _connected(*clients)
         time.sleep(0.3)
         for i in range(40):                                   # the greedy one publishes 20x more
-            greedy.publish_bytes(raw_rollout(f"g{i}"), task="gsm8k")
+            greedy.publish_bytes(raw_rollout(f"g{i}", task="gsm8k"), task="gsm8k")
         for c in calm:
-            c.publish_bytes(raw_rollout(f"{c.node_id}-0"), task="gsm8k")
-            c.publish_bytes(raw_rollout(f"{c.node_id}-1"), task="math500")
+            c.publish_bytes(raw_rollout(f"{c.node_id}-0", task="gsm8k"), task="gsm8k")
+            c.publish_bytes(raw_rollout(f"{c.node_id}-1", task="math500"))
         t0 = time.time()
         first = _drain(budget, lambda g: len(g) >= 4, 2.5)
         assert time.time() - t0 < 2.9

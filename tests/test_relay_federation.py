@@ -9,8 +9,11 @@ import time
 
 import orjson
 import pytest
+import zmq
 
+from ftis_edge import wire
 from ftis_edge.swarm import SwarmClient
+from relay import protocol as P
 from procs import ROOT, RelayProc
 from test_relay import make_rollout
 
@@ -44,8 +47,9 @@ class Bridge:
 def net():
     procs = {"relays": [], "bridges": [], "clients": []}
 
-    def relays(n: int):
-        rs = [RelayProc("--trust-bridge", "ab", "--trust-bridge", "bc", "--trust-bridge", "ca", "--open-bridges") for _ in range(n)]
+    def relays(n: int, flags: list | None = None):
+        rs = [RelayProc(*(flags[i] if flags else ("--trust-bridge", "ab", "--trust-bridge", "bc", "--trust-bridge", "ca",
+                                                   "--open-bridges"))) for i in range(n)]
         for r in rs:
             r.wait_ready()
         procs["relays"] += rs
@@ -103,11 +107,18 @@ def _exchange(clients: dict, per_node: int, timeout_s: float = 40) -> tuple[dict
     return sent, got
 
 
+def _seen_as(clients: dict, sender: str, receiver: str) -> str:
+    """A node's id as another node sees it: NODE on its own relay, NODE@RELAY across a bridge."""
+    home = clients[sender].relay_name
+    return sender if home == clients[receiver].relay_name else f"{sender}@{home}"
+
+
 def _assert_exactly_once(sent: dict, got: dict, clients: dict) -> None:
     for n, items in got.items():
         ids = [x.rollout_id for x in items]
         assert sorted(ids) == sorted(rid for rid, s in sent.items() if s != n), (n, len(ids))
-        assert all(x.error is None and x.sender == sent[x.rollout_id] for x in items)   # original senders
+        assert all(x.error is None and x.sender == _seen_as(clients, sent[x.rollout_id], n)
+                   for x in items), [x.sender for x in items]      # original senders, namespaced
         assert clients[n].stats()["duplicates"] == 0, (n, clients[n].stats())
 
 
@@ -215,9 +226,64 @@ def test_an_insider_cannot_squat_rollout_ids_across_a_bridge(net):
 
     def genuine() -> set:
         got.extend(carol.poll())
-        return {x.rollout_id for x in got if x.sender == "alice" and x.error is None}
+        return {x.rollout_id for x in got if x.sender == f"alice@{alice.relay_name}" and x.error is None}
 
     _wait(lambda: genuine() >= set(sent), 20)
     assert genuine() == set(sent), len(genuine())
-    forged = [x for x in got if x.sender == "mallory"]
+    forged = [x for x in got if x.sender == f"mallory@{squat.relay_name}"]
     assert len(forged) == 20 and all(x.error is not None and x.error.reason == "sender_mismatch" for x in forged)
+
+
+def test_bridged_ids_are_namespaced_so_no_bridge_can_pose_as_a_local_node(net):
+    """Issue 30.2: a trusted bridge could assert any `origin`, e.g. `bob`, the id of a node on
+    another relay (or of a CURVE-bound node of this one). Now a node of relay R is `NODE@R` on
+    every other relay: an origin without a namespace, in this relay's own namespace, or outside
+    the namespaces its --trust-bridge lists is `NACK bad_origin`, and no local node may HELLO
+    with an '@'. Line A - B - C, bob on B, carol on C; the insider `evil` is a trusted bridge on
+    C for relay A only; mallory on C claims `bob` (an open relay: a claim) and stays apart."""
+    relays, bridge, client = net
+    a, b, c = relays(3, [("--name", "relay-a", "--trust-bridge", "ab", "--open-bridges"),
+                         ("--name", "relay-b", "--trust-bridge", "ab", "--trust-bridge", "bc", "--open-bridges"),
+                         ("--name", "relay-c", "--trust-bridge", "bc=relay-a,relay-b", "--trust-bridge", "evil=relay-a",
+                          "--open-bridges")])
+    bridge("ab", a, b)
+    bridge("bc", b, c)
+    alice, bob = client(a, "alice", subscribe=False), client(b, "bob", subscribe=False)
+    mallory, carol = client(c, "bob", subscribe=False), client(c, "carol")
+    assert _wait(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
+    assert _wait(lambda: all(x.stats()["connected"] for x in (alice, bob, mallory, carol)), 10)
+    evil = zmq.Context.instance().socket(zmq.DEALER)
+    evil.setsockopt(zmq.LINGER, 0)
+    evil.connect(c.address)
+    try:
+        evil.send_multipart([P.HELLO, orjson.dumps({"node_id": "evil", "protocol": P.RELAY_PROTOCOL})])
+        assert evil.poll(5000) and evil.recv_multipart()[0] == P.WELCOME
+        answers = []
+        for origin in ("bob", "carol@relay-c", "bob@relay-b", "bob@relay-b@relay-a", "alice@relay-a"):
+            node = P.home_id(origin)
+            evil.send_multipart([P.PUB, b"s", wire.encode(make_rollout(node, n=2, tokens=8)),
+                                 orjson.dumps({"origin": origin})])
+            assert evil.poll(5000)
+            answers.append(evil.recv_multipart())
+        assert [x[0] for x in answers] == [P.NACK] * 4 + [P.ACK], answers
+        assert all(x[2] == b"bad_origin" for x in answers[:4]), answers
+        # no local id can look like a bridged one
+        evil.send_multipart([P.HELLO, orjson.dumps({"node_id": "bob@relay-b", "protocol": P.RELAY_PROTOCOL})])
+        assert evil.poll(5000) and evil.recv_multipart()[2] == b"bad_hello"
+    finally:
+        evil.close(0)
+    sent = {}
+    for c_, n in ((alice, "alice"), (bob, "bob"), (mallory, "bob")):
+        for _ in range(3):
+            ro = make_rollout(n, n=2, tokens=16)
+            sent[ro.rollout_id] = c_
+            c_.publish(ro)
+    got = []
+    _wait(lambda: got.extend(carol.poll()) or len({x.rollout_id for x in got} & set(sent)) >= 9, 20)
+    by_sender = {}
+    for x in got:
+        if x.rollout_id in sent:
+            assert x.error is None, x.error
+            by_sender.setdefault(x.sender, set()).add(sent[x.rollout_id])
+    # genuine bob is bob@relay-b, the local claimant is plain bob: two peers, never one
+    assert by_sender == {"alice@relay-a": {alice}, "bob@relay-b": {bob}, "bob": {mallory}}, by_sender

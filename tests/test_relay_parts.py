@@ -74,7 +74,7 @@ def test_fair_share_newest_first_and_never_your_own():
     _pub(t, "greedy", 20, now=1.0)
     _pub(t, "calm", 1, now=1.0)
     _pub(t, "me", 5, now=1.0)
-    share = b.fair_share(b"me", 1.5, t.entries)
+    share, _ = b.fair_share(b"me", 1.5, t.entries)
     assert share == 2                                # 4 / 2 other publishers
     picks = []
     while b.sent < b.k and (e := b.pick(b"me", b"rid-me", 1.5, t.entries, share)) is not None:
@@ -98,6 +98,29 @@ def test_a_window_resets_shares_and_stale_rollouts_are_not_offered():
     assert b.pick(b"sub", b"rid-sub", 10.0, t.entries, 1) is None
     _pub(t, "a", 1, now=10.5)
     assert b.pick(b"sub", b"rid-sub", 25.0, t.entries, 1) is None     # older than one window
+
+
+def test_fresh_ids_share_a_probation_slice_while_a_useful_publisher_is_active():
+    """Issue 25.2: 100 fake ids, each newer than the honest publisher's rollouts (so past the
+    activity scan's limit), cannot spend the budget of a subscriber that named it useful."""
+    t = _topic(max_count=1000)
+    b = _budget(t, k=8)
+    _pub(t, "honest", 6, now=1.0)
+    for i in range(100):
+        _pub(t, f"sybil-{i}", 2, now=2.0)
+    assert b.fair_share(b"me", 2.5, t.entries) == (1, False)         # nobody named: 8 / 101
+    b.useful = frozenset({b"honest", b"me"})                        # its own id counts for nothing
+    share, guarded = b.fair_share(b"me", 2.5, t.entries)
+    assert (share, guarded) == (8 - b.probation, True)
+    picks = []
+    while b.sent < b.k and (e := b.pick(b"me", b"rid-me", 2.5, t.entries, share, guarded)) is not None:
+        b.record(e)
+        picks.append(e.sender)
+    assert picks.count(b"honest") == 6 and len(picks) == 6 + b.probation, picks
+    assert b.probation_sent == b.probation == 1
+    b.new_window(30.0, t.entries)                                   # the honest one went quiet: no guard
+    _pub(t, "sybil-x", 1, now=30.0)
+    assert b.fair_share(b"me", 30.1, t.entries) == (8, False)
 
 
 def test_a_bridged_rollout_is_not_offered_back_to_the_connection_it_came_from():

@@ -84,11 +84,14 @@ def test_curve_binds_the_node_id_to_the_key(relay, curve):
         assert _hello(mallory, "mallory")[0] == P.WELCOME
         mallory.send_multipart([P.PUB, b"s", raw_rollout("fwd"), orjson.dumps({"origin": "alice"})])
         assert [f[2] for f in _replies(mallory)] == [b"untrusted_bridge"]
-        # The bridge's key name is trusted; forwarding keeps the original sender.
+        # The bridge's key name is trusted; forwarding keeps the original sender, namespaced by
+        # its relay; a local id (here alice's, bound to her key) it may not assert (issue 30.2).
         bridge = _dealer(r.address, keys["bridge-1"])
         assert _hello(bridge, "bridge-1")[0] == P.WELCOME
-        bridge.send_multipart([P.PUB, b"s", raw_rollout("fwd2"), orjson.dumps({"origin": "carol"})])
+        bridge.send_multipart([P.PUB, b"s", raw_rollout("fwd2"), orjson.dumps({"origin": "carol@relay-b"})])
         assert _replies(bridge)[0][0] == P.ACK
+        bridge.send_multipart([P.PUB, b"s", raw_rollout("fwd3"), orjson.dumps({"origin": "alice"})])
+        assert _replies(bridge)[0][2] == b"bad_origin"
         bridge.close(0)
         s = r.stats(keys["alice"])
         assert s["rejected"]["identity"] == 1 and s["identity"].startswith("key")
@@ -252,7 +255,7 @@ def test_the_bridge_role_on_an_open_relay_needs_an_explicit_opt_in(relay):
     s = _dealer(r2.address)
     try:
         assert _hello(s, "bridge-1")[0] == P.WELCOME
-        s.send_multipart([P.PUB, b"s", raw_rollout("fwd-1"), orjson.dumps({"origin": "alice"})])
+        s.send_multipart([P.PUB, b"s", raw_rollout("fwd-1"), orjson.dumps({"origin": "alice@relay-a"})])
         assert _replies(s, n=1)[0][0] == P.ACK
     finally:
         s.close(0)
