@@ -408,7 +408,9 @@ def test_shared_prompt_matches_the_unshared_path_on_smollm2(hf_dir, encoded, tra
     assert flat[False].norm() > 0 and rel <= 1e-5, rel
     worst = max(float((grads[True][n] - g).norm() / g.norm()) for n, g in grads[False].items() if g.norm() > 0)
     assert worst <= 1e-4, worst       # every tensor, even the smallest-gradient ones
-    assert grads["lossTrue"] == pytest.approx(grads["lossFalse"], abs=1e-6)
+    # the loss is a mean over tokens whose log-probs may differ by the 2e-5 nats allowed above
+    # (failed at abs 1e-6 on the unchanged base tree too: 1.3e-6 apart on this machine)
+    assert grads["lossTrue"] == pytest.approx(grads["lossFalse"], abs=1e-5)
 
 
 @pytest.mark.model
