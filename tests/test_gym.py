@@ -111,7 +111,7 @@ def test_a_peer_on_another_dataset_is_filtered_out_by_a_real_relay(relay, mix):
         time.sleep(0.3)
         sent = [p for _, p in zip(range(16), mix.prompts(seed=0))]
         for p in sent:
-            peer.publish_bytes(raw_rollout(p.id), task=mix.tag_of(p.id))
+            peer.publish_bytes(raw_rollout(p.id, task=mix.tag_of(p.id)), task=mix.tag_of(p.id))
         want = sorted(p.id for p in sent if p.meta["dataset"] == "chain_sum")
         got, deadline = [], time.time() + 5
         while time.time() < deadline and len(got) < len(want):
