@@ -250,7 +250,9 @@ def test_a_real_node_reports_its_phases_and_remembers_its_load_time(tmp_path):
     out = proc.stdout.read()
     assert proc.returncode == 0, out[-3000:]
     assert seen[0] == phases.LOADING and seen[-1] == phases.STOPPED, seen
-    for phase in (phases.GENERATING, phases.GRADING, phases.TRAINING, phases.SYNCING, phases.CHECKPOINTING):
+    # sampled every 20 ms: grading 16 arith answers can take less than that (it was missed once
+    # in CI), so it is not required here; the phases that last are
+    for phase in (phases.GENERATING, phases.TRAINING, phases.SYNCING, phases.CHECKPOINTING):
         assert phase in seen, (phase, seen)
     final = phases.read_progress(run)
     assert final["reason"] == "steps" and final["round"] == 2
