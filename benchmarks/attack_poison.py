@@ -113,7 +113,7 @@ def run_arm(setup: Setup, arm: str, steps: int, lr: float, progress_every: int =
     learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
     plausible = PlausibilityConfig() if arm == "defended" else None
     before = setup.phrase_logp(learner)
-    refused = poisoned = 0
+    refused = poisoned = repeated = 0
     t0 = time.time()
     for step in range(steps):
         batch = setup.own_group(step)
@@ -125,14 +125,15 @@ def run_arm(setup: Setup, arm: str, steps: int, lr: float, progress_every: int =
         imp = stats["per_sample"].get("implausible")
         if imp is not None:
             refused += sum(1 for i, s in enumerate(batch) if s.source != "own" and s.advantage > 0 and bool(imp[i]))
+            repeated += int(stats.get("trust/repeated_tokens", 0))
         if progress_every and (step + 1) % progress_every == 0:
             print(json.dumps({"arm": arm, "step": step + 1, "logp": round(setup.phrase_logp(learner), 2),
-                              "refused": refused, "poisoned": poisoned, "seconds": round(time.time() - t0, 1)}),
+                              "refused": refused, "repeated_tokens": repeated, "poisoned": poisoned, "seconds": round(time.time() - t0, 1)}),
                   flush=True)
     after = setup.phrase_logp(learner)
     return {"arm": arm, "steps": steps, "phrase_tokens": len(setup.phrase_ids), "logp_before": round(before, 2),
             "logp_after": round(after, 2), "rise_nats": round(after - before, 2),
-            "poisoned_positive_samples": poisoned, "refused": refused, "seconds": round(time.time() - t0, 1)}
+            "poisoned_positive_samples": poisoned, "refused": refused, "repeated_tokens": repeated, "seconds": round(time.time() - t0, 1)}
 
 
 def main(argv=None) -> int:
@@ -150,7 +151,8 @@ def main(argv=None) -> int:
         print(json.dumps(r) if args.json else
               f"{arm:>10}: phrase log-prob {r['logp_before']:.2f} -> {r['logp_after']:.2f} nats "
               f"({r['rise_nats']:+.2f}) after {r['steps']} steps; poisoned positive samples refused "
-              f"{r['refused']}/{r['poisoned_positive_samples']} ({r['seconds']} s)", flush=True)
+              f"{r['refused']}/{r['poisoned_positive_samples']}, repeated tokens masked {r['repeated_tokens']} "
+              f"({r['seconds']} s)", flush=True)
     return 0
 
 

@@ -141,6 +141,8 @@ class Learner:
         self.vocab_size = self._hf_model.config.vocab_size
         # the last calibrated plausibility threshold (plausibility.py), for a step with few own samples
         self.plausibility_threshold: float | None = None
+        # unlikely n-grams peer samples were trained on (plausibility.RepeatMemory): each is taught once
+        self.repeat_memory = plausibility.RepeatMemory()
         self.softcap = getattr(self._hf_model.config, "final_logit_softcapping", None)
 
     # ----------------------------------------------------------------- model parts
@@ -444,12 +446,13 @@ class Learner:
         stats["no_signal"] = 1.0 if no_signal else 0.0
         if judge:
             stats["trust/implausible"] = float(per_sample["implausible"].sum())
+            stats["trust/repeated_tokens"] = float(per_sample["repeated"].sum())
             stats["trust/threshold"] = threshold
         stats["per_sample"] = per_sample
         return stats
 
     def _judge(self, batch, logp, mask, ent, cfg, own_scores: list, threshold):
-        """Plausibility of one micro-batch (plausibility.py): (sample weights [b], the threshold,
+        """Plausibility of one micro-batch (plausibility.py): (token weights [b, T], the threshold,
         per-sample tensors). Own rows add to the calibration; the threshold is fixed at the first
         micro-batch holding a peer sample (own-only ones ran before it)."""
         is_peer = torch.tensor([s.source != OWN for s in batch], device=logp.device)
@@ -462,7 +465,19 @@ class Learner:
             weight = torch.ones(len(batch), device=logp.device)
         else:
             weight = plausibility.plausible_weight(scores, is_peer, threshold)
-        return weight, threshold, {"plausibility": scores.cpu(), "implausible": (weight == 0).cpu()}
+        refused = (weight == 0).cpu()
+        # a positive-advantage peer sample trains an unlikely n-gram once (the repeat memory)
+        tokens = weight[:, None].expand(logp.shape).clone()
+        repeated = torch.zeros(len(batch))
+        lp = logp.detach().float().cpu()
+        for b, s in enumerate(batch):
+            if s.source != OWN and s.advantage > 0 and not bool(refused[b]):
+                masked = self.repeat_memory.judge(list(s.completion_ids), lp[b][mask[b].cpu()].tolist(),
+                                                  cfg.ngram, cfg.ngram_logp)
+                if any(masked):
+                    tokens[b, :len(masked)] = torch.tensor([0.0 if m else 1.0 for m in masked])
+                    repeated[b] = float(sum(masked))
+        return tokens, threshold, {"plausibility": scores.cpu(), "implausible": refused, "repeated": repeated}
 
     def _shared_micro_batch(self, batch, live: dict, uses: Counter, entropy: bool = False):
         """Log-probs of one micro-batch on shared prompt passes (started here when first needed)."""

@@ -103,6 +103,8 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("micro_batches", "micro-batches the step was split into", STEP),
         _m("trust/implausible", "peer samples not trained on: their worst window of text is far less "
            "likely under the learner than its own completions are (plausibility.py)", STEP),
+        _m("trust/repeated_tokens", "peer tokens not trained on: they repeat an unlikely n-gram an earlier "
+           "peer sample already taught (plausibility.RepeatMemory)", STEP),
         _m("trust/threshold", "the plausibility threshold of the step (nats per token of excess "
            "log-prob), calibrated on own completions", STEP),
         _m("version", "the learner's weight version after the step", STEP),

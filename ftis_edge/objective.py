@@ -244,10 +244,11 @@ def _check_options(method, C, eps, kl_threshold, normalize, num_samples):
         raise ObjectiveError(f"num_samples must be a non-negative int, got {num_samples!r}")
 
 
-def _sample_weight(w, B: int, dev) -> torch.Tensor:
+def _sample_weight(w, B: int, T: int, dev) -> torch.Tensor:
     w = _tensor(w, "sample_weight")
-    if tuple(w.shape) != (B,) or not w.is_floating_point():
-        raise ObjectiveError(f"sample_weight must be a float tensor [B] = {(B,)}, got {w.dtype} {tuple(w.shape)}")
+    if tuple(w.shape) not in ((B,), (B, T)) or not w.is_floating_point():
+        raise ObjectiveError(f"sample_weight must be a float tensor [B] = {(B,)} or [B, T] = {(B, T)}, "
+                             f"got {w.dtype} {tuple(w.shape)}")
     bad = ~torch.isfinite(w) | (w < 0) | (w > 1)
     if bool(bad.any()):
         raise ObjectiveError(f"sample_weight must lie in [0, 1]; got {_first_bad(bad, w)}")
@@ -293,9 +294,10 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
                 tokenization); if None, Σ_t gen_logp over the mask.
     span_ids    [B,T] int: span index of each learner token (span rows only; see align.py).
     gen_span_logp [B,S] generator log-prob of each span (sum of the peer's own tokens in it).
-    sample_weight [B] in [0, 1], or None (all 1): multiplies sample i's term whatever its
-                advantage (the learner's plausibility filter sets 0 on peer text it finds
-                implausible, plausibility.py); the divisor N is unchanged.
+    sample_weight [B] or [B,T] in [0, 1], or None (all 1): multiplies sample i's term (or each
+                token's term) whatever its advantage (the learner's plausibility filter sets 0
+                on peer text it finds implausible, plausibility.py); the divisors (N, and each
+                sample's token count) are unchanged, so a weight only ever removes signal.
 
     A sample with no tokens contributes 0 (reported as stats["samples/empty"]).
     stats: python floats named as in docs/ftis.md, plus stats["per_sample"] (detached [B]
@@ -305,6 +307,9 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
     b = _prepare(logp, gen_logp, mask, advantages, level, gen_logp_sum, span_ids, gen_span_logp)
     l, g, gsum, m, seq, n, A, B = b["l"], b["g"], b["gsum"], b["mask"], b["seq"], b["n"], b["A"], b["B"]
     span, sid, G, n_k = b["span"], b["sid"], b["G"], b["n_k"]
+    sw = None if sample_weight is None else _sample_weight(sample_weight, B, l.shape[1], l.device)
+    if sw is not None and sw.dim() == 2:   # a token of weight 0 gets no gradient at any level
+        l = torch.where(sw > 0, l, l.detach())   # (a sequence-level ratio sums every token's ℓ)
     n_f = n.clamp(min=1).to(torch.float32)
     empty = n == 0
     seq_t, span_t = seq[:, None], span[:, None]
@@ -355,9 +360,11 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
         term = -torch.minimum(rho * a, rho.clamp(1 - eps, 1 + eps) * a)
         clip_active = m & (((a > 0) & (rho > 1 + eps)) | ((a < 0) & (rho < 1 - eps)))
     term = torch.where(m, term, 0.0)
+    if sw is not None and sw.dim() == 2:
+        term = term * sw
     per_sample = term.sum(-1) / n_f                            # (1/|a_i|) Σ_t term_{i,t}
-    if sample_weight is not None:
-        per_sample = per_sample * _sample_weight(sample_weight, B, per_sample.device)
+    if sw is not None and sw.dim() == 1:
+        per_sample = per_sample * sw
 
     n_kept = int(kept.sum())
     if normalize == "all":

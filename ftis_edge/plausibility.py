@@ -16,11 +16,22 @@ this step's own completions: a low quantile of their scores minus a margin. A pe
 scoring below it is not trained on (weight 0), whatever its advantage. Own samples are
 never judged, so a node alone trains exactly as before.
 
+A surprise detector cannot tell a short injected phrase from the tail tokens that honest
+sampling at T = 1 produces (1 % of a SmolLM2 node's own tokens score x < −8, like a URL's),
+so a second rule bounds what *repetition* can teach, which is what an injection needs: a
+single exposure moves a phrase's log-prob by a fraction of a nat, twenty move it by ten.
+``RepeatMemory`` remembers every *unlikely* n-gram (``NGRAM`` tokens whose learner log-probs
+sum below a threshold) that a positive-advantage peer sample has been trained on; when one
+comes again, in any peer's sample, its tokens get weight 0. Honest sampling rarely repeats
+an unlikely n-gram (its surprises are random); a phrase repeated to be learned is trained
+once. Likely n-grams (the task's own formulas, copied numbers) are never remembered.
+
 Pure functions over tensors; the learner computes the inputs in its step (no extra pass).
 """
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +41,9 @@ OWN_QUANTILE = 0.05    # the calibration quantile of own samples' scores ...
 MARGIN = 0.5           # ... minus this (nats per token)
 MIN_OWN_SAMPLES = 8    # fewer own samples in a step: keep the last threshold (or DEFAULT_THRESHOLD)
 DEFAULT_THRESHOLD = -2.5   # before any calibration (x has a model-independent scale: 0 on own text)
+NGRAM = 4              # tokens per n-gram the repeat memory keys on
+NGRAM_LOGP = -12.0     # an n-gram is unlikely below this summed learner log-prob (nats; see docs/ftis.md)
+MEMORY = 200_000       # unlikely n-grams remembered (oldest forgotten first): ~30 MB at most
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,9 @@ class PlausibilityConfig:
     margin: float = MARGIN
     min_own: int = MIN_OWN_SAMPLES
     default_threshold: float = DEFAULT_THRESHOLD
+    ngram: int = NGRAM
+    ngram_logp: float = NGRAM_LOGP
+    memory: int = MEMORY
 
 
 def excess_logp(logp: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -78,3 +95,32 @@ def calibrate(own_scores: torch.Tensor, cfg: PlausibilityConfig, previous: float
 def plausible_weight(scores: torch.Tensor, is_peer: torch.Tensor, threshold: float) -> torch.Tensor:
     """[B] sample weights: 0 for a peer sample scoring below the threshold, else 1."""
     return torch.where(is_peer & (scores < threshold), 0.0, 1.0)
+
+
+class RepeatMemory:
+    """The unlikely n-grams positive-advantage peer samples have been trained on (FIFO, bounded)."""
+
+    def __init__(self, capacity: int = MEMORY):
+        self.capacity = capacity
+        self._seen: OrderedDict[tuple[int, ...], None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def judge(self, ids: list[int], logp: list[float], n: int = NGRAM, threshold: float = NGRAM_LOGP) -> list[bool]:
+        """Per token of one sample: True where it lies in a remembered n-gram (not to be trained).
+        A remembered n-gram is masked however likely it has become since (training on it once
+        made it likelier: the slow attack). Every unlikely n-gram of the sample is remembered,
+        in order, so a phrase repeated inside one sample or in a later sample of the same step
+        is caught as well."""
+        masked = [False] * len(ids)
+        for j in range(len(ids) - n + 1):
+            key = tuple(ids[j:j + n])
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                masked[j:j + n] = [True] * n
+            elif sum(logp[j:j + n]) < threshold:
+                self._seen[key] = None
+                if len(self._seen) > self.capacity:
+                    self._seen.popitem(last=False)
+        return masked

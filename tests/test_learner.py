@@ -433,3 +433,31 @@ def test_the_plausibility_filter_never_judges_own_samples_and_refuses_implausibl
     stats = learner.compute_gradients(_on_policy(learner, encoded, [1.0, -1.0]) + [peer], cfg)
     assert stats["trust/implausible"] == 1 and bool(stats["per_sample"]["implausible"][2])
     learner.optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.model
+def test_an_unlikely_phrase_a_peer_repeats_is_trained_once(hf_dir, encoded, bundle):
+    """The repeat memory (plausibility.RepeatMemory) through the real learner: a correct peer
+    answer carrying a phrase trains it the first time; the same phrase in a later sample, in
+    another answer, is masked token by token (counted), and the rest of that answer still
+    trains; own samples are never masked."""
+    from ftis_edge.plausibility import PlausibilityConfig
+    tok = bundle.tokenizer()
+    phrase = tok(" Visit quizbot-answers.example.net for the key.", add_special_tokens=False).input_ids
+    cfg = PlausibilityConfig(min_own=10**6, default_threshold=-1e9)  # the window rule off: repeats only
+    learner = Learner(hf_dir, trainable="lora", lr=1e-3, seed=0)
+
+    def poisoned(i):
+        prompt, completion = encoded[i]
+        ids = completion[:6] + phrase + completion[6:]
+        return TrainSample(prompt, ids, [-1.0] * len(ids), None, 1.0, source="mallory")
+
+    first = learner.step(_on_policy(learner, encoded, [1.0, -1.0]) + [poisoned(0)], plausible=cfg)
+    assert first["trust/repeated_tokens"] == 0 and len(learner.repeat_memory) > 0
+    own_with_phrase = TrainSample(encoded[1][0], phrase, [-1.0] * len(phrase), None, 1.0)
+    again = learner.compute_gradients(_on_policy(learner, encoded, [1.0, -1.0]) + [own_with_phrase, poisoned(1)],
+                                      cfg)
+    rep = again["per_sample"]["repeated"]
+    assert rep[2] == 0                                           # own text is never judged
+    assert 4 <= rep[3] <= len(phrase) and again["trust/repeated_tokens"] == rep[3]
+    learner.optimizer.zero_grad(set_to_none=True)

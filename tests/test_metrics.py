@@ -91,7 +91,7 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
                              "gen/tokens_total", "cpu/gen_s", "cpu/grade_s", "cpu/intake_s", "cpu/train_s",
                              "cpu/sync_s", "cpu/round_s", "cpu/total_s",
                              # issue 25: the plausibility filter
-                             "trust/implausible", "trust/threshold"}
+                             "trust/implausible", "trust/threshold", "trust/repeated_tokens"}
 
 
 def test_the_recorded_fixture_uses_only_registered_keys():

@@ -63,3 +63,59 @@ def test_bad_sample_weight_is_refused(w):
     logp, gen, adv, mask = _batch()
     with pytest.raises(ObjectiveError, match="sample_weight"):
         ftis_loss(logp, gen, adv, mask, sample_weight=torch.tensor(w))
+
+
+def test_a_token_weight_removes_only_that_tokens_gradient_and_keeps_the_divisors():
+    logp, gen, adv, mask = _batch()
+    w = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, _ = ftis_loss(logp, gen, adv, mask, sample_weight=w)
+    loss.backward()
+    assert logp.grad[1, 1] == 0 and logp.grad[1, 0] != 0 and bool((logp.grad[0] != 0).all())
+    plain = logp.detach().clone().requires_grad_(True)
+    ref, _ = ftis_loss(plain, gen, adv, mask)
+    ref.backward()
+    assert torch.allclose(logp.grad[:, 0], plain.grad[:, 0])   # same per-token scale: n_i unchanged
+    assert torch.allclose(logp.grad[0], plain.grad[0])
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (3, 2), (2, 2, 1)])
+def test_a_token_weight_of_the_wrong_shape_is_refused(shape):
+    logp, gen, adv, mask = _batch()
+    with pytest.raises(ObjectiveError, match="sample_weight"):
+        ftis_loss(logp, gen, adv, mask, sample_weight=torch.ones(shape))
+
+
+@pytest.mark.parametrize("method", ["f-tis", "f-vis", "nois"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_a_token_of_weight_zero_gets_no_gradient_at_any_level(method, level):
+    """A sequence-level ratio sums every token's log-prob: masking the term alone would still
+    push the masked token up; its log-prob must be cut from the graph."""
+    logp, _, adv, mask = _batch()
+    gen = logp.detach().clone()                 # ratio 1: no clipping hides a gradient
+    w = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    loss, _ = ftis_loss(logp, gen, adv, mask, sample_weight=w, method=method, level=level)
+    loss.backward()
+    assert logp.grad[0, 1] == 0 and logp.grad[1, 0] == 0
+    assert logp.grad[0, 0] != 0 and logp.grad[1, 1] != 0
+
+
+def test_repeat_memory_masks_an_unlikely_ngram_the_second_time_only():
+    from ftis_edge.plausibility import RepeatMemory
+    mem = RepeatMemory(capacity=100)
+    phrase, lp = [7, 8, 9, 10], [-5.0, -4.0, -4.0, -3.0]          # sum -16 < -12: unlikely
+    first = mem.judge([1, 2] + phrase + [3], [-0.1, -0.1] + lp + [-0.1], n=4, threshold=-12.0)
+    assert not any(first)                                           # the first exposure trains
+    again = mem.judge([5] + phrase, [-0.2] + [x + 3 for x in lp], n=4, threshold=-12.0)
+    assert again == [False, True, True, True, True]                 # masked, though likelier now
+    likely = mem.judge([1, 2, 3, 4, 1, 2, 3, 4], [-0.5] * 8, n=4, threshold=-12.0)
+    assert not any(likely) and not any(mem.judge([1, 2, 3, 4], [-0.5] * 4, n=4, threshold=-12.0))
+
+
+def test_repeat_memory_is_bounded_and_forgets_the_oldest():
+    from ftis_edge.plausibility import RepeatMemory
+    mem = RepeatMemory(capacity=3)
+    for k in range(5):
+        mem.judge([100 + k, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0)
+    assert len(mem) == 3
+    assert not any(mem.judge([100, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0))   # forgotten
+    assert all(mem.judge([104, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0))

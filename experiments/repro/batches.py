@@ -210,7 +210,7 @@ BATCHES.update({
 # (plan, issue 28)". B = 4 groups a round as before; a swarm node generates `own_groups` of
 # them and fills the rest with peers' groups (informative first, at most 2 of one peer),
 # generating what the swarm does not supply within max_wait_s itself.
-FILL_ROUNDS = 24                        # R by the pilot's rule: the largest R <= 32 that fits the budget
+FILL_ROUNDS = 32                        # R by the pilot's rule (docs/results.md): the largest R <= 32 that fits 5 h
 FILL_WAIT_S = 60.0                      # a node waits at most this long a round for peers' groups
 
 
