@@ -2,7 +2,8 @@
 
 The receiver is a fresh SmolLM2 LoRA learner. Each "step" calibrates on one own group (8 real
 SmolLM2 llama.cpp rollouts at T = 1, tests/data/real_rollouts.json: 2 arith + 3 GSM8K prompts)
-and judges honest peer samples through the real ``Learner.compute_gradients`` path:
+and judges honest peer samples on the other prompts through the real ``Learner.compute_gradients``
+path:
 
 * ``smollm2``: the fixture's other groups — another SmolLM2 node (llama.cpp, T = 1);
 * ``hf_t0.7``: completions sampled here by the HF backend (the full-fine-tuning setup's
@@ -17,8 +18,9 @@ and judges honest peer samples through the real ``Learner.compute_gradients`` pa
 Peer samples get advantage +1 (own 0), so the token-level repeat rule
 (``plausibility.RepeatMemory``, fresh for each step) judges them too; gradients are cleared
 after each step and no optimiser step is taken. Each own group (up to --calibrations) takes its
-turn as the calibration. Prints, per kind, the fraction of peer samples that keep their weight
-(target: >= 99%), the samples with tokens masked as repeated, and the fraction of tokens masked.
+turn as the calibration (the learner's own-score pool keeps the earlier turns' scores). Prints,
+per kind, the fraction of peer samples that keep their weight (target: >= 99%), the samples
+with tokens masked as repeated, and the fraction of tokens masked.
 
     python benchmarks/plausibility_fp.py [--hf-per-prompt 8] [--gemma-per-prompt 4]
         [--full-ft GGUF | --full-ft ''] [--calibrations 5] [--json]
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections import Counter
 import sys
@@ -36,6 +39,8 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
 
 from ftis_edge.learner import Learner, TrainSample  # noqa: E402
 from ftis_edge.plausibility import PlausibilityConfig, RepeatMemory  # noqa: E402
@@ -126,11 +131,14 @@ def main(argv=None) -> int:
     cfg = PlausibilityConfig()
     judged = {k: dict(kept=0, judged=0, repeated_samples=0, repeated_tokens=0, tokens=0)
               for k in ["smollm2", *kinds]}
+    scores: dict[str, list[float]] = {k: [] for k in judged}     # worst-window scores, to place the threshold
     thresholds = []
     for k, calib in enumerate(own[:args.calibrations]):
         peers = [("smollm2", TrainSample(s.prompt_ids, s.completion_ids, s.gen_logprobs, None, 1.0, source="peer"))
                  for j, g in enumerate(own) if j != k for s in g]
-        peers += [(kind, s) for kind, ss in kinds.items() for s in ss]
+        # peers on the calibration's own prompt would share its micro-batches (the learner runs each
+        # prompt's samples together) and the own samples that calibrate would be fewer than 8
+        peers += [(kind, s) for kind, ss in kinds.items() for s in ss if s.prompt_ids != calib[0].prompt_ids]
         learner.repeat_memory = RepeatMemory()        # one step's batch, as if the node had just started
         stats = learner.compute_gradients(calib + [s for _, s in peers], cfg)
         learner.optimizer.zero_grad(set_to_none=True)     # a backward ran; never a step
@@ -143,10 +151,12 @@ def main(argv=None) -> int:
             d["repeated_samples"] += bool(rep[j] > 0)
             d["repeated_tokens"] += int(rep[j])
             d["tokens"] += len(s.completion_ids)
+            scores[kind].append(float(stats["per_sample"]["plausibility"][j]))
     levels = {kind: dict(Counter(s.level for s in ss)) for kind, ss in kinds.items()}
     result = {"thresholds": [round(t, 3) for t in thresholds], "generation_s": gen_s, "levels": levels,
               **{kind: {**d, "kept_frac": round(d["kept"] / d["judged"], 4) if d["judged"] else None,
-                        "repeated_token_frac": round(d["repeated_tokens"] / d["tokens"], 5) if d["tokens"] else None}
+                        "repeated_token_frac": round(d["repeated_tokens"] / d["tokens"], 5) if d["tokens"] else None,
+                        "score_quantiles": _quantiles(scores[kind])}
                  for kind, d in judged.items()}}
     if args.json:
         print(json.dumps(result))
@@ -157,8 +167,14 @@ def main(argv=None) -> int:
         if d["judged"]:
             print(f"{kind:>13}: {d['kept']}/{d['judged']} keep their weight ({d['kept'] / d['judged']:.1%}); "
                   f"repeat rule: {d['repeated_samples']} samples masked, "
-                  f"{d['repeated_tokens']}/{d['tokens']} tokens ({d['repeated_tokens'] / d['tokens']:.2%})")
+                  f"{d['repeated_tokens']}/{d['tokens']} tokens ({d['repeated_tokens'] / d['tokens']:.2%}); "
+                  f"score quantiles 1/5/50 %: {_quantiles(scores[kind])}")
     return 0
+
+
+def _quantiles(xs: list[float]) -> list[float] | None:
+    t = torch.tensor([x for x in xs if math.isfinite(x)], dtype=torch.float64)
+    return [round(float(torch.quantile(t, q)), 2) for q in (0.01, 0.05, 0.5)] if t.numel() else None
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ never all live in memory at once.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -141,6 +141,7 @@ class Learner:
         self.vocab_size = self._hf_model.config.vocab_size
         # the last calibrated plausibility threshold (plausibility.py), for a step with few own samples
         self.plausibility_threshold: float | None = None
+        self.own_score_pool: deque[float] = deque(maxlen=plausibility.OWN_POOL)   # own samples' scores, over steps
         # unlikely n-grams peer samples were trained on (plausibility.RepeatMemory): each is taught once
         self.repeat_memory = plausibility.RepeatMemory()
         self.softcap = getattr(self._hf_model.config, "final_logit_softcapping", None)
@@ -459,7 +460,11 @@ class Learner:
         scores = plausibility.worst_window(plausibility.excess_logp(logp, ent, mask), mask, cfg.window)
         own_scores.append(scores[~is_peer].cpu())
         if threshold is None and bool(is_peer.any()):
-            threshold = plausibility.calibrate(torch.cat(own_scores), cfg, self.plausibility_threshold)
+            if self.own_score_pool.maxlen != cfg.pool:
+                self.own_score_pool = deque(self.own_score_pool, maxlen=cfg.pool)
+            self.own_score_pool.extend(float(v) for v in torch.cat(own_scores) if math.isfinite(float(v)))
+            threshold = plausibility.calibrate(torch.tensor(list(self.own_score_pool)), cfg,
+                                               self.plausibility_threshold)
             self.plausibility_threshold = threshold
         if threshold is None:
             weight = torch.ones(len(batch), device=logp.device)

@@ -12,7 +12,8 @@ Its expectation is 0 for text the learner samples itself at T = 1 (and > 0 at T 
 token is only suspicious where the learner was confident and the text went elsewhere; a
 low-probability token in a high-entropy place is not. A sample's score is the mean of x
 over its worst window of ``WINDOW`` consecutive tokens. The threshold is calibrated on
-this step's own completions: a low quantile of their scores minus a margin. A peer sample
+the node's own completions (the last ``OWN_POOL``): a low quantile of their scores minus a
+margin, never stricter than ``CEILING``. A peer sample
 scoring below it is not trained on (weight 0), whatever its advantage. Own samples are
 never judged, so a node alone trains exactly as before.
 
@@ -39,8 +40,12 @@ import torch
 WINDOW = 12            # tokens per window: a phrase shorter than this is diluted, one longer is caught
 OWN_QUANTILE = 0.05    # the calibration quantile of own samples' scores ...
 MARGIN = 0.5           # ... minus this (nats per token)
-MIN_OWN_SAMPLES = 8    # fewer own samples in a step: keep the last threshold (or DEFAULT_THRESHOLD)
+MIN_OWN_SAMPLES = 8    # fewer own samples remembered: keep the last threshold (or DEFAULT_THRESHOLD)
 DEFAULT_THRESHOLD = -2.5   # before any calibration (x has a model-independent scale: 0 on own text)
+CEILING = DEFAULT_THRESHOLD   # never stricter than this: a node whose own text is unusually tidy
+                              # (one prompt a round, T < 1) must not refuse honest T = 1 peers
+OWN_POOL = 256         # own samples' scores the calibration remembers, over steps: one group a round
+                       # (batch fill) is 8 samples of one prompt, too few for a 5 % quantile
 NGRAM = 4              # tokens per n-gram the repeat memory keys on
 NGRAM_LOGP = -12.0     # an n-gram is unlikely below this summed learner log-prob (nats; see docs/ftis.md)
 MEMORY = 200_000       # unlikely n-grams remembered (oldest forgotten first): ~30 MB at most
@@ -53,6 +58,8 @@ class PlausibilityConfig:
     margin: float = MARGIN
     min_own: int = MIN_OWN_SAMPLES
     default_threshold: float = DEFAULT_THRESHOLD
+    ceiling: float = CEILING
+    pool: int = OWN_POOL
     ngram: int = NGRAM
     ngram_logp: float = NGRAM_LOGP
     memory: int = MEMORY
@@ -84,12 +91,12 @@ def worst_window(x: torch.Tensor, mask: torch.Tensor, window: int) -> torch.Tens
 
 
 def calibrate(own_scores: torch.Tensor, cfg: PlausibilityConfig, previous: float | None) -> float:
-    """The threshold from this step's own samples' scores, or the previous one when there are
-    too few own samples (then the default before any calibration)."""
+    """The threshold from the remembered own samples' scores (never above ``cfg.ceiling``), or
+    the previous one when there are too few (then the default before any calibration)."""
     s = own_scores[torch.isfinite(own_scores)]
     if s.numel() < cfg.min_own:
         return cfg.default_threshold if previous is None else previous
-    return float(torch.quantile(s.double(), cfg.quantile)) - cfg.margin
+    return min(float(torch.quantile(s.double(), cfg.quantile)) - cfg.margin, cfg.ceiling)
 
 
 def plausible_weight(scores: torch.Tensor, is_peer: torch.Tensor, threshold: float) -> torch.Tensor:

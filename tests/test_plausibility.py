@@ -28,8 +28,10 @@ def test_excess_logp_adds_the_entropy_and_zeroes_padding():
 
 
 def test_calibrate_is_a_low_quantile_of_own_scores_minus_the_margin_else_the_last_one():
-    cfg = PlausibilityConfig(quantile=0.0, margin=0.5, min_own=3, default_threshold=-9.0)
+    cfg = PlausibilityConfig(quantile=0.0, margin=0.5, min_own=3, default_threshold=-9.0, ceiling=0.0)
     assert calibrate(torch.tensor([-1.0, -0.2, -0.4]), cfg, None) == pytest.approx(-1.5)
+    strict = PlausibilityConfig(quantile=0.0, margin=0.5, min_own=3, ceiling=-2.5)
+    assert calibrate(torch.tensor([-1.0, -0.2, -0.4]), strict, None) == -2.5   # never stricter than the ceiling
     assert calibrate(torch.tensor([-1.0, float("inf")]), cfg, -2.0) == -2.0   # too few: the last one
     assert calibrate(torch.tensor([]), cfg, None) == -9.0                       # none ever: the default
 
