@@ -468,8 +468,11 @@ class Learner:
             self.plausibility_threshold = threshold
         if threshold is None:
             weight = torch.ones(len(batch), device=logp.device)
-        else:
-            weight = plausibility.plausible_weight(scores, is_peer, threshold)
+        else:   # the window rule judges same-tokenizer text only: another model's honest text is
+            # as surprising to us as an injection (half of Gemma 3's; docs/relay.md), so it is
+            # judged by what repeats (the repeat memory below)
+            same_model = torch.tensor([s.level == "token" for s in batch], device=logp.device)
+            weight = plausibility.plausible_weight(scores, is_peer & same_model, threshold)
         refused = (weight == 0).cpu()
         # a positive-advantage peer sample trains an unlikely n-gram once (the repeat memory)
         tokens = weight[:, None].expand(logp.shape).clone()

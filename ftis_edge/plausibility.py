@@ -130,4 +130,17 @@ class RepeatMemory:
                 self._seen[key] = None
                 if len(self._seen) > self.capacity:
                     self._seen.popitem(last=False)
-        return masked
+        return close_gaps(masked, n)
+
+
+def close_gaps(masked: list[bool], gap: int) -> list[bool]:
+    """Also mask runs of at most ``gap`` unmasked tokens between two masked ones: the likely
+    n-grams inside a repeated phrase ("://", ".com") would otherwise train every time."""
+    out = list(masked)
+    last = None
+    for t, m in enumerate(masked):
+        if m:
+            if last is not None and 0 < t - last - 1 <= gap:
+                out[last + 1:t] = [True] * (t - last - 1)
+            last = t
+    return out

@@ -121,3 +121,10 @@ def test_repeat_memory_is_bounded_and_forgets_the_oldest():
     assert len(mem) == 3
     assert not any(mem.judge([100, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0))   # forgotten
     assert all(mem.judge([104, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0))
+
+
+def test_short_gaps_between_masked_tokens_are_masked_too():
+    from ftis_edge.plausibility import close_gaps
+    m = [True, False, False, True, False, False, False, False, False, True]
+    assert close_gaps(m, 4) == [True] * 4 + [False] * 5 + [True]
+    assert close_gaps([False, True, False], 4) == [False, True, False]      # no masked token after
