@@ -109,8 +109,10 @@ def node_config(node: DemoNode, root: Path, relay: str, *, rounds: int, threads:
         data.setdefault(section, {}).update(values)
     data["node"].update({"id": node.name, "run_dir": str(root / "{id}"), "rounds": rounds})
     data.setdefault("model", {})["threads"] = threads
-    # wait for every peer's groups of the round (no longer than max_wait_s)
-    data["swarm"] = {"relay": relay, "max_wait_s": max_wait_s,
+    # wait for every peer's groups of the round (no longer than max_wait_s), on top of its own:
+    # the demo shows every node's groups reaching every other (own_groups = 0), where a user's
+    # node fills its batch and stops waiting at the first peer groups (the default: docs/node.md)
+    data["swarm"] = {"relay": relay, "max_wait_s": max_wait_s, "own_groups": 0,
                      "max_peer_groups": peers * SMALL["task"]["prompts_per_round"]}
     path = root / f"{node.name}.toml"
     path.write_text(to_toml(from_dict(data)), encoding="utf-8")      # validated like a user's file

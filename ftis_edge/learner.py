@@ -384,6 +384,8 @@ class Learner:
             order = sorted(range(N), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
             chunks = [order[i:i + self.micro_batch] for i in range(0, N, self.micro_batch)]
         judge = plausible is not None and any(s.source != OWN for s in samples)
+        if judge:
+            self.repeat_memory.new_step()
         if judge:   # own-only micro-batches first: they calibrate the threshold the peers' are judged by
             chunks = sorted(chunks, key=lambda idx: any(samples[i].source != OWN for i in idx))
         own_scores: list[torch.Tensor] = []
@@ -481,7 +483,7 @@ class Learner:
         for b, s in enumerate(batch):
             if s.source != OWN and s.advantage > 0 and not bool(refused[b]):
                 masked = self.repeat_memory.judge(list(s.completion_ids), lp[b][mask[b].cpu()].tolist(),
-                                                  cfg.ngram, cfg.ngram_logp)
+                                                  cfg.ngram, cfg.ngram_logp, list(s.prompt_ids))
                 if any(masked):
                     tokens[b, :len(masked)] = torch.tensor([0.0 if m else 1.0 for m in masked])
                     repeated[b] = float(sum(masked))

@@ -105,10 +105,17 @@ def test_repeat_memory_masks_an_unlikely_ngram_the_second_time_only():
     from ftis_edge.plausibility import RepeatMemory
     mem = RepeatMemory(capacity=100)
     phrase, lp = [7, 8, 9, 10], [-5.0, -4.0, -4.0, -3.0]          # sum -16 < -12: unlikely
-    first = mem.judge([1, 2] + phrase + [3], [-0.1, -0.1] + lp + [-0.1], n=4, threshold=-12.0)
+    first = mem.judge([1, 2] + phrase + [3], [-0.1, -0.1] + lp + [-0.1], n=4, threshold=-12.0, prompt_ids=[50])
     assert not any(first)                                           # the first exposure trains
-    again = mem.judge([5] + phrase, [-0.2] + [x + 3 for x in lp], n=4, threshold=-12.0)
-    assert again == [False, True, True, True, True]                 # masked, though likelier now
+    same_question = mem.judge([5] + phrase, [-0.2] + lp, n=4, threshold=-12.0, prompt_ids=[50])
+    assert not any(same_question)              # honest answers to one question share its phrases
+    mem.new_step()
+    later = mem.judge([5] + phrase, [-0.2] + lp, n=4, threshold=-12.0, prompt_ids=[50])
+    assert all(later[1:])                      # the same question in a later step: masked
+    again = mem.judge([5] + phrase, [-0.2] + [x + 3 for x in lp], n=4, threshold=-12.0, prompt_ids=[60])
+    assert again == [True] * 5                 # masked, though likelier now ([5, 7, 8, 9] too: seen above)
+    back = mem.judge([6] + phrase, [-0.1] * 5, n=4, threshold=-12.0, prompt_ids=[50])
+    assert back == [False, True, True, True, True]   # seen under two questions: masked under either
     likely = mem.judge([1, 2, 3, 4, 1, 2, 3, 4], [-0.5] * 8, n=4, threshold=-12.0)
     assert not any(likely) and not any(mem.judge([1, 2, 3, 4], [-0.5] * 4, n=4, threshold=-12.0))
 
@@ -117,10 +124,10 @@ def test_repeat_memory_is_bounded_and_forgets_the_oldest():
     from ftis_edge.plausibility import RepeatMemory
     mem = RepeatMemory(capacity=3)
     for k in range(5):
-        mem.judge([100 + k, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0)
+        mem.judge([100 + k, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0, prompt_ids=[k])
     assert len(mem) == 3
-    assert not any(mem.judge([100, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0))   # forgotten
-    assert all(mem.judge([104, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0))
+    assert not any(mem.judge([100, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0, prompt_ids=[9]))   # forgotten
+    assert all(mem.judge([104, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0, prompt_ids=[9]))
 
 
 def test_short_gaps_between_masked_tokens_are_masked_too():
@@ -128,3 +135,12 @@ def test_short_gaps_between_masked_tokens_are_masked_too():
     m = [True, False, False, True, False, False, False, False, False, True]
     assert close_gaps(m, 4) == [True] * 4 + [False] * 5 + [True]
     assert close_gaps([False, True, False], 4) == [False, True, False]      # no masked token after
+
+
+def test_ngrams_the_answer_copies_from_its_prompt_are_never_masked():
+    from ftis_edge.plausibility import RepeatMemory
+    mem = RepeatMemory()
+    quoted, lp = [7, 8, 9, 10], [-3.5] * 4                  # -14 in all; with the token before: -10.6
+    for _ in range(3):
+        assert not any(mem.judge([1] + quoted, [-0.1] + lp, n=4, threshold=-12.0, prompt_ids=[3] + quoted + [4]))
+    assert len(mem) == 0
