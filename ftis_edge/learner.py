@@ -384,8 +384,6 @@ class Learner:
             order = sorted(range(N), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
             chunks = [order[i:i + self.micro_batch] for i in range(0, N, self.micro_batch)]
         judge = plausible is not None and any(s.source != OWN for s in samples)
-        if judge:
-            self.repeat_memory.new_step()
         if judge:   # own-only micro-batches first: they calibrate the threshold the peers' are judged by
             chunks = sorted(chunks, key=lambda idx: any(samples[i].source != OWN for i in idx))
         own_scores: list[torch.Tensor] = []

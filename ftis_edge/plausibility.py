@@ -23,8 +23,7 @@ so a second rule bounds what *repetition* can teach, which is what an injection 
 single exposure moves a phrase's log-prob by a fraction of a nat, twenty move it by ten.
 ``RepeatMemory`` remembers every *unlikely* n-gram (``NGRAM`` tokens whose learner log-probs
 sum below a threshold) that a positive-advantage peer sample has been trained on; when one
-comes again (in a later step, or under another question), in any peer's sample, its tokens
-get weight 0. Honest sampling rarely repeats
+comes again, in any peer's sample, its tokens get weight 0. Honest sampling rarely repeats
 an unlikely n-gram (its surprises are random); a phrase repeated to be learned is trained
 once. Likely n-grams (the task's own formulas, copied numbers) are never remembered.
 
@@ -106,17 +105,11 @@ def plausible_weight(scores: torch.Tensor, is_peer: torch.Tensor, threshold: flo
 
 
 class RepeatMemory:
-    """The unlikely n-grams positive-advantage peer samples have been trained on (FIFO, bounded),
-    each with the prompt it was first seen under."""
+    """The unlikely n-grams positive-advantage peer samples have been trained on (FIFO, bounded)."""
 
     def __init__(self, capacity: int = MEMORY):
         self.capacity = capacity
-        self.step = 0       # the learner counts its steps here (new_step)
-        # n-gram -> (prompt hash, step) of its first sight, or None once seen again elsewhere
-        self._seen: OrderedDict[tuple[int, ...], tuple[int, int] | None] = OrderedDict()
-
-    def new_step(self) -> None:
-        self.step += 1
+        self._seen: OrderedDict[tuple[int, ...], None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -124,26 +117,24 @@ class RepeatMemory:
     def judge(self, ids: list[int], logp: list[float], n: int = NGRAM, threshold: float = NGRAM_LOGP,
               prompt_ids: list[int] = ()) -> list[bool]:
         """Per token of one sample: True where it lies in a remembered n-gram (not to be trained),
-        except where that n-gram was first seen in this same step under this same prompt:
-        honest answers to one question share its unusual phrases, so one group's answers do
-        not mask each other; an injection repeated in a later step, under any prompt, is masked. A remembered n-gram is masked however likely it has become
-        since (training on it once made it likelier: the slow attack). N-grams of the prompt
-        itself are neither remembered nor masked: an answer copies its question."""
+        however likely training has made it since (the slow attack). Every unlikely n-gram of
+        the sample is remembered, in order, so a phrase repeated inside one sample, or in the
+        next sample of the same step, is caught too: an attacker gets one exposure, whichever
+        prompts it uses (keying the memory by prompt or step let it repeat a phrase under one
+        question: +2.3 nats in 15 steps, docs/relay.md). The price: honest answers to one
+        question that share an unusual phrase mask it after the first (0.5 % of their tokens).
+        N-grams of the prompt are neither remembered nor masked: an answer copies its question."""
         masked = [False] * len(ids)
-        here = (hash(tuple(prompt_ids)), self.step)
         quoted = {tuple(prompt_ids[j:j + n]) for j in range(len(prompt_ids) - n + 1)}
         for j in range(len(ids) - n + 1):
             key = tuple(ids[j:j + n])
             if key in quoted:
                 continue
             if key in self._seen:
-                first = self._seen[key]
                 self._seen.move_to_end(key)
-                if first != here:
-                    self._seen[key] = None
-                    masked[j:j + n] = [True] * n
+                masked[j:j + n] = [True] * n
             elif sum(logp[j:j + n]) < threshold:
-                self._seen[key] = here
+                self._seen[key] = None
                 if len(self._seen) > self.capacity:
                     self._seen.popitem(last=False)
         return close_gaps(masked, n)
