@@ -120,8 +120,8 @@ class RepeatMemory:
         however likely training has made it since (the slow attack). Every unlikely n-gram of
         the sample is remembered, in order, so a phrase repeated inside one sample, or in the
         next sample of the same step, is caught too: an attacker gets one exposure, whichever
-        prompts it uses (keying the memory by prompt or step let it repeat a phrase under one
-        question: +2.3 nats in 15 steps, docs/relay.md). The price: honest answers to one
+        prompts it uses (keyed by prompt, the memory let it repeat a phrase under one question:
+        +3.65 nats in 15 steps; by prompt and step, +1.31: docs/relay.md). The price: honest answers to one
         question that share an unusual phrase mask it after the first (0.5 % of their tokens).
         N-grams of the prompt are neither remembered nor masked: an answer copies its question."""
         masked = [False] * len(ids)
