@@ -169,8 +169,10 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     # delivery_budget -1 (everything): a node whose first load is slow (a cold cache converts
     # Gemma for minutes) may join after the other published its one round, outside a budgeted
     # subscriber's 10 s window (by design; test_relay_budgets covers budgets)
+    # own_groups 0: each node generates both groups and takes both of the other's (the path under
+    # test here; batch fill, which stops at the first peer group, is tests/test_fill.py's)
     common = {"swarm": {"relay": relay.address, "max_wait_s": 300.0, "max_peer_groups": 2,
-                        "delivery_budget": -1},
+                        "delivery_budget": -1, "own_groups": 0},
               "node": {"rounds": 1}, "task": {"prompts_per_round": 2, "num_generations": 4,
                                               "max_completion_length": 24, "reward": "shaped"}}
     a = start_node(write_config(tmp_path, "smol", **common))
@@ -222,9 +224,10 @@ def test_a_node_that_does_not_share_learns_from_peers_and_publishes_nothing(tmp_
     relay.wait_ready()
     common = {"node": {"rounds": 1}}
     sharer = start_node(write_config(tmp_path, "sharer", swarm={"relay": relay.address, "max_wait_s": 20.0,
-                                                                "max_peer_groups": 2}, **common))
+                                                                "max_peer_groups": 2, "own_groups": 0}, **common))
     listener = start_node(write_config(tmp_path, "listener", swarm={"relay": relay.address, "share": False,
-                                                                    "max_wait_s": 300.0, "max_peer_groups": 2},
+                                                                    "max_wait_s": 300.0, "max_peer_groups": 2,
+                                                                    "own_groups": 0},
                                        **common))
     try:
         finish(listener)

@@ -25,9 +25,10 @@ RECEIVER = {
     "model": {"spec": "smollm2-135m", "backend": "llamacpp", "precision": "f16"},
     "train": {"trainable": "lora", "learning_rate": 2e-4},
     # Wait for the peer (it sets the pace), take both of its groups, tolerate it being ahead.
-    "swarm": {"share": False, "max_wait_s": 600.0, "max_peer_groups": 2, "max_staleness": 4},
+    # own_groups 0: the reproduction's receivers generate all their groups, peers' come on top
+    "swarm": {"share": False, "max_wait_s": 600.0, "max_peer_groups": 2, "max_staleness": 4, "own_groups": 0},
 }
-PEER = {"swarm": {"share": True, "max_peer_groups": 0, "max_wait_s": 0.0}}
+PEER = {"swarm": {"share": True, "max_peer_groups": 0, "max_wait_s": 0.0, "own_groups": 0}}
 
 # The heterogeneous peers. The main one differs from the receivers in what is trained (all
 # weights), the engine (HF transformers from live weights) and the sampling temperature (0.7):
