@@ -78,11 +78,8 @@ def gemma_samples(smol, messages: list[list[dict]], n: int) -> list[TrainSample]
     gemma = resolve_model("gemma3-270m")
     groups = sample("llamacpp", gemma, [gemma.encode(gemma.render_prompt(m)) for m in messages], n, 1.0)
     g_bytes = TokenBytes(gemma.tokenizer())                         # node._publish
-    local = LocalTokenizer(                                         # node._local_tokenizer
-        prompt_ids=lambda msgs: smol.encode(smol.render_prompt(msgs)),
-        text_ids=lambda text: smol.tokenizer()(text, add_special_tokens=False, split_special_tokens=True)["input_ids"],
-        eos_token_id=smol.eos_token_ids[0] if smol.eos_token_ids else None,
-        max_completion_length=MAX_NEW, token_bytes=TokenBytes(smol.tokenizer()))
+    local = LocalTokenizer.of_bundle(smol, lambda msgs: smol.encode(smol.render_prompt(msgs)),   # as a node
+                                     max_completion_length=MAX_NEW, token_bytes=TokenBytes(smol.tokenizer()))
     out = []
     for msgs, comps in zip(messages, groups):
         wire = [WireCompletion(c.token_ids, c.logprobs, c.text, 0.0, c.finish_reason,

@@ -53,6 +53,17 @@ class LocalTokenizer:
     token_bytes: TokenBytes | None = None       # our tokens' bytes (None: we cannot place them: sequence level)
     cross_tokenizer_level: str = "span"         # train.cross_tokenizer_level: "span" | "sequence"
 
+    @classmethod
+    def of_bundle(cls, bundle, prompt_ids: Callable[[object], list[int]], *, max_completion_length: int,
+                  token_bytes: TokenBytes | None, cross_tokenizer_level: str = "span") -> "LocalTokenizer":
+        """The node's: ``bundle``'s tokenizer and EOS, with ``prompt_ids`` for the peer's prompt."""
+        return cls(prompt_ids=prompt_ids,
+                   text_ids=lambda text: bundle.tokenizer()(text, add_special_tokens=False,
+                                                            split_special_tokens=True)["input_ids"],
+                   eos_token_id=bundle.eos_token_ids[0] if bundle.eos_token_ids else None,
+                   max_completion_length=max_completion_length, token_bytes=token_bytes,
+                   cross_tokenizer_level=cross_tokenizer_level)
+
     def retokenize(self, text: str, *, finished: bool) -> list[int]:
         """A peer's completion text in our tokenizer (no BOS; our EOS when the peer stopped)."""
         ids = list(self.text_ids(text))

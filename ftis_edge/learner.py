@@ -477,14 +477,15 @@ class Learner:
         # a positive-advantage peer sample trains an unlikely n-gram once (the repeat memory)
         tokens = weight[:, None].expand(logp.shape).clone()
         repeated = torch.zeros(len(batch))
-        lp = logp.detach().float().cpu()
-        for b, s in enumerate(batch):
-            if s.source != OWN and s.advantage > 0 and not bool(refused[b]):
-                masked = self.repeat_memory.judge(list(s.completion_ids), lp[b][mask[b].cpu()].tolist(),
-                                                  cfg.ngram, cfg.ngram_logp, list(s.prompt_ids))
-                if any(masked):
-                    tokens[b, :len(masked)] = torch.tensor([0.0 if m else 1.0 for m in masked])
-                    repeated[b] = float(sum(masked))
+        taught = [b for b, s in enumerate(batch) if s.source != OWN and s.advantage > 0 and not bool(refused[b])]
+        lp, cpu_mask = (logp.detach().float().cpu(), mask.cpu()) if taught else (None, None)
+        for b in taught:
+            s = batch[b]
+            masked = self.repeat_memory.judge(list(s.completion_ids), lp[b][cpu_mask[b]].tolist(),
+                                              cfg.ngram, cfg.ngram_logp, list(s.prompt_ids))
+            if any(masked):
+                tokens[b, :len(masked)] = torch.tensor([0.0 if m else 1.0 for m in masked])
+                repeated[b] = float(sum(masked))
         return tokens, threshold, {"plausibility": scores.cpu(), "implausible": refused, "repeated": repeated}
 
     def _shared_micro_batch(self, batch, live: dict, uses: Counter, entropy: bool = False):

@@ -364,10 +364,8 @@ class Node:
     def _local_tokenizer(self) -> LocalTokenizer:
         """How peers' prompts and completion texts become our token ids (for build_batch)."""
         b = self.bundle
-        return LocalTokenizer(
-            prompt_ids=lambda prompt: b.encode(b.render_prompt(self.task.messages(prompt.question))),
-            text_ids=lambda text: b.tokenizer()(text, add_special_tokens=False, split_special_tokens=True)["input_ids"],
-            eos_token_id=b.eos_token_ids[0] if b.eos_token_ids else None,
+        return LocalTokenizer.of_bundle(
+            b, lambda prompt: b.encode(b.render_prompt(self.task.messages(prompt.question))),
             max_completion_length=self.cfg.task.max_completion_length,
             token_bytes=self._token_bytes(), cross_tokenizer_level=self.cfg.train.cross_tokenizer_level)
 

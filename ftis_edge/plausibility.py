@@ -62,7 +62,6 @@ class PlausibilityConfig:
     pool: int = OWN_POOL
     ngram: int = NGRAM
     ngram_logp: float = NGRAM_LOGP
-    memory: int = MEMORY
 
 
 def excess_logp(logp: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -121,8 +120,9 @@ class RepeatMemory:
         the sample is remembered, in order, so a phrase repeated inside one sample, or in the
         next sample of the same step, is caught too: an attacker gets one exposure, whichever
         prompts it uses (keyed by prompt, the memory let it repeat a phrase under one question:
-        +3.65 nats in 15 steps; by prompt and step, +1.31: docs/relay.md). The price: honest answers to one
-        question that share an unusual phrase mask it after the first (0.5 % of their tokens).
+        +3.65 nats in 15 steps; by prompt and step, +1.31: docs/relay.md). The price: honest
+        answers to one question that share an unusual phrase mask it after the first (0.5 % of
+        their tokens).
         N-grams of the prompt are neither remembered nor masked: an answer copies its question."""
         masked = [False] * len(ids)
         quoted = {tuple(prompt_ids[j:j + n]) for j in range(len(prompt_ids) - n + 1)}

@@ -11,11 +11,13 @@ the four invocations of the plan) fit the budget.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from ftis_edge.metrics import read_metrics  # noqa: E402
 
 # the plan's four invocations: (batch, receiver prefixes run together)
 INVOCATIONS = [("fill4", ("own1", "alone")), ("fill4", ("own2",)),
@@ -23,11 +25,7 @@ INVOCATIONS = [("fill4", ("own1", "alone")), ("fill4", ("own2",)),
 
 
 def rounds(run: Path) -> list[dict]:
-    f = run / "metrics.jsonl"
-    if not f.exists():
-        return []
-    recs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return [r for r in recs if r.get("type") == "round"]
+    return [r for r in read_metrics(run) if r.get("type") == "round"]
 
 
 def main() -> int:

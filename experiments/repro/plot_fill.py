@@ -6,7 +6,7 @@ generated tokens and own CPU-seconds, swarm arm vs the isolated twins (one line 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from itertools import accumulate
 from pathlib import Path
 
@@ -14,12 +14,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from ftis_edge.metrics import read_metrics  # noqa: E402
+
 COLORS = {"alone": "tab:gray", "own1": "tab:blue", "own2": "tab:green", "ftis": "tab:blue", "nois": "tab:red"}
 
 
 def rounds(run: Path) -> list[dict]:
-    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [r for r in recs if r.get("type") == "round"]
+    return [r for r in read_metrics(run) if r.get("type") == "round"]
 
 
 def main() -> int:
@@ -32,7 +34,7 @@ def main() -> int:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     seen = set()
     for run in sorted((args.runs / args.batch / f"s{args.seed}").iterdir()):
-        if not (run / "metrics.jsonl").exists():
+        if not run.is_dir() or not read_metrics(run):
             continue
         arm = run.name.rsplit("-", 1)[0]
         rs = rounds(run)
