@@ -140,3 +140,20 @@ def test_value_table_pairs_swarm_nodes_with_their_isolated_twins():
     cells = [c.strip() for c in rows[2].split("|")[1:-1]]
     assert cells[:3] == ["swarm4", "swarm − alone", "2"]
     assert cells[7] == "1/2" and cells[8].startswith("2.00")
+
+
+def test_ftis_nois_table_pairs_node_i_with_node_i_without_isolated_twins():
+    import analyze
+
+    def run(rewards, acc):
+        return {"rounds": [{"reward/own": r} for r in rewards],
+                "evals": {"id": {"accuracy": acc}, "ood": {"accuracy": acc / 2}}}
+    data = {"fill-hetero": {"ftis-0": {0: run([0.5] * 4, 0.6)}, "nois-0": {0: run([0.25] * 4, 0.4)},
+                            "ftis-3": {0: run([0.2] * 4, 0.3)}, "nois-3": {0: run([0.3] * 4, 0.3)},
+                            "ftis-1": {0: run([0.2] * 4, 0.3)}}}    # no nois-1: not a pair
+    rows = analyze.table_ftis_nois(data)
+    cells = [[c.strip() for c in r.split("|")[1:-1]] for r in rows[3:]]
+    assert [c[1].split(":")[0] for c in cells] == ["0", "3", "pooled"]
+    assert cells[0][5] == "+0.250" and cells[0][6] == "+0.200" and cells[1][5] == "-0.100"
+    assert cells[2][5].startswith("**0.075 ± 0.175**") and cells[2][8] == "1.27"
+    assert analyze.table_ftis_nois({"fill4": {}}) == []

@@ -307,7 +307,6 @@ def table_fill(data: dict) -> list[str]:
     lines = ["| batch | arm − alone | pairs | Δ running-mean reward | Δ eval ID | Δ eval OOD | reached | "
              "speed-up own tokens | speed-up own CPU-s | own groups / round | topped up / round | "
              "cumulative reward (SAPO) arm ÷ alone |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    arms_of: dict[str, dict[str, list]] = {}
     for batch in (b for b in FILL_BATCHES if b in data):
         recv = data[batch]
         by_arm: dict[str, list[tuple[dict, dict]]] = {}
@@ -315,7 +314,6 @@ def table_fill(data: dict) -> list[str]:
             for s, run in recv[run_name].items():
                 if s in recv.get(ref_name, {}):
                     by_arm.setdefault(run_name.rsplit("-", 1)[0], []).append((run, recv[ref_name][s]))
-        arms_of[batch] = {arm: pairs for arm, pairs in by_arm.items()}
         for arm, pairs in by_arm.items():
             d_rm = mean_se([running_mean_final(a) - running_mean_final(b) for a, b in pairs])
             d_e = {w: mean_se([a["evals"][w]["accuracy"] - b["evals"][w]["accuracy"] for a, b in pairs
@@ -330,13 +328,46 @@ def table_fill(data: dict) -> list[str]:
                 f"{fmt(*mean_se([_mean_key(a, 'groups/own') for a, _ in pairs]), 2)} | "
                 f"{fmt(*mean_se([_mean_key(a, 'groups/topped_up') for a, _ in pairs]), 2)} | "
                 f"{cum_a / cum_b if cum_b else float('nan'):.2f} ({cum_a:.1f} / {cum_b:.1f}) |")
-    hetero = arms_of.get("fill-hetero", {})
-    if "ftis" in hetero and "nois" in hetero:
-        nois = {id(b): a for a, b in hetero["nois"]}      # keyed by the shared isolated twin: node i, seed s
-        diffs = [running_mean_final(a) - running_mean_final(nois[id(b)]) for a, b in hetero["ftis"] if id(b) in nois]
-        lines += ["", "| fill-hetero | f-tis − nois (same node, same seed) | pairs | Δ running-mean reward |",
-                  "|---|---|---|---|",
-                  f"| fill-hetero | ftis − nois | {len(diffs)} | {fmt(*mean_se(diffs))}{_list(diffs)} |"]
+    lines += table_ftis_nois(data)
+    return lines
+
+
+HETERO_KIND = ("SmolLM2 LoRA", "SmolLM2 LoRA", "SmolLM2 full FT, HF, T = 0.7", "Gemma 3 LoRA (span)")
+
+
+def table_ftis_nois(data: dict) -> list[str]:
+    """H5(b): node i of arm ftis minus node i of arm nois (same node id and seed: the same prompts
+    and own sampling seeds), per node and pooled; paired by name, so it needs no isolated twin."""
+    recv = data.get("fill-hetero", {})
+    rows = []
+    for name in sorted(n for n in recv if n.startswith("ftis-")):
+        i = name.rsplit("-", 1)[1]
+        for s, a in recv[name].items():
+            b = recv.get(f"nois-{i}", {}).get(s)
+            if b is not None:
+                rows.append((int(i), s, a, b))
+    if not rows:
+        return []
+
+    def d_eval(a: dict, b: dict, w: str) -> float | None:
+        return a["evals"][w]["accuracy"] - b["evals"][w]["accuracy"] if w in a["evals"] and w in b["evals"] else None
+
+    lines = ["", "| fill-hetero | node | seed | running-mean reward f-tis | nois | Δ (f-tis − nois) | Δ eval ID | "
+             "Δ eval OOD | cumulative reward f-tis ÷ nois |", "|---|---|---|---|---|---|---|---|---|"]
+    for i, s, a, b in rows:
+        cum_a, cum_b = (sum(v or 0.0 for v in series(r, "reward/own")) for r in (a, b))
+        de = {w: d_eval(a, b, w) for w in ("id", "ood")}
+        lines.append(f"| fill-hetero | {i}: {HETERO_KIND[i] if i < len(HETERO_KIND) else '?'} | {s} | "
+                     f"{running_mean_final(a):.3f} | {running_mean_final(b):.3f} | "
+                     f"{running_mean_final(a) - running_mean_final(b):+.3f} | "
+                     + " | ".join("–" if de[w] is None else f"{de[w]:+.3f}" for w in ("id", "ood"))
+                     + f" | {cum_a / cum_b if cum_b else float('nan'):.2f} |")
+    diffs = [running_mean_final(a) - running_mean_final(b) for _, _, a, b in rows]
+    de = {w: mean_se([d_eval(a, b, w) for _, _, a, b in rows]) for w in ("id", "ood")}
+    cum_a = sum(v or 0.0 for _, _, a, _ in rows for v in series(a, "reward/own"))
+    cum_b = sum(v or 0.0 for _, _, _, b in rows for v in series(b, "reward/own"))
+    lines.append(f"| fill-hetero | pooled | | | | **{fmt(*mean_se(diffs))}** ({len(diffs)} pairs) | "
+                 f"{fmt(*de['id'])} | {fmt(*de['ood'])} | {cum_a / cum_b if cum_b else float('nan'):.2f} |")
     return lines
 
 
