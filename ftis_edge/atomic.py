@@ -3,15 +3,28 @@
 A reader (the dashboard, another node sharing ~/.cache/ftis-edge) sees the old version or the
 new one, never half of one; after a SIGKILL only a hidden ``.NAME.*.tmp`` is left behind.
 The temporary sits beside the target (same file system, so the rename is atomic).
+
+``one_builder`` lets one process build an expensive cache entry (a GGUF converted to PyTorch
+takes a minute or more) while the others that need it at the same moment wait, instead of
+every node of a first start converting the same file side by side.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:         # Windows (the README sends users to WSL2): no lock, every process builds
+    fcntl = None
+
+log = logging.getLogger(__name__)
 
 
 def _fsync(path: Path) -> None:
@@ -94,3 +107,27 @@ def sha256_of(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+@contextmanager
+def one_builder(path: str | os.PathLike, what: str = "") -> Iterator[None]:
+    """Hold the build lock of cache entry ``path`` (a hidden ``.NAME.lock`` beside it).
+
+    Check for the entry before (the fast path, no lock) and again inside: a process that waited
+    finds it built by the one that held the lock. The lock dies with its process, so a builder
+    killed mid-way frees the waiters (who then build it themselves)."""
+    path = Path(path)
+    if fcntl is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a+b") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is building %s; waiting for it", what or path.name)
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -340,13 +340,14 @@ class ModelBundle:
             self._tokenizer = AutoTokenizer.from_pretrained(self._hf_path)
             return self._tokenizer
         cached = self._conv_root() / f"{self.fingerprint}.tokenizer"
-        if (cached / "tokenizer_config.json").is_file():
-            self._tokenizer = AutoTokenizer.from_pretrained(cached)
-            return self._tokenizer
-        with slow_step(f"reading the tokenizer of {self.gguf_path.name} (once)"):
-            tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
-        _match_llamacpp_pretokenizer(tok, self._gguf_pre())
-        atomic.write_dir(cached, tok.save_pretrained, keep_existing=True)
+        built = (cached / "tokenizer_config.json").is_file
+        if not built():
+            with atomic.one_builder(cached, f"the tokenizer of {self.gguf_path.name}"):
+                if not built():
+                    with slow_step(f"reading the tokenizer of {self.gguf_path.name} (once)"):
+                        tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
+                    _match_llamacpp_pretokenizer(tok, self._gguf_pre())
+                    atomic.write_dir(cached, tok.save_pretrained, keep_existing=True)
         self._tokenizer = AutoTokenizer.from_pretrained(cached)   # the same object kind as later runs
         return self._tokenizer
 
@@ -398,18 +399,26 @@ class ModelBundle:
         if self.gguf_path is None:
             return self._hf_path
         target = self._conv_root() / self.fingerprint
-        if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
-            return target
-        t0 = time.time()
-        with slow_step(f"loading {self.gguf_path.name} into PyTorch (once; cached by its hash)"):
-            model = gguf_to_pytorch(self.gguf_path)
 
-        def fill(tmp: Path) -> None:
-            model.save_pretrained(tmp)
-            self.tokenizer().save_pretrained(tmp)
-            (tmp / "ftis_source.json").write_text(json.dumps(
-                {"gguf": str(self.gguf_path), "sha256": self.record["sha256"], "seconds": round(time.time() - t0, 1)}))
-        atomic.write_dir(target, fill, keep_existing=True)
+        def built() -> bool:
+            return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
+        if built():
+            return target
+        # several nodes started at once on a fresh machine: one converts, the others wait for it
+        with atomic.one_builder(target, f"{self.gguf_path.name} for PyTorch"):
+            if built():
+                return target
+            t0 = time.time()
+            with slow_step(f"loading {self.gguf_path.name} into PyTorch (once; cached by its hash)"):
+                model = gguf_to_pytorch(self.gguf_path)
+
+            def fill(tmp: Path) -> None:
+                model.save_pretrained(tmp)
+                self.tokenizer().save_pretrained(tmp)
+                (tmp / "ftis_source.json").write_text(json.dumps(
+                    {"gguf": str(self.gguf_path), "sha256": self.record["sha256"],
+                     "seconds": round(time.time() - t0, 1)}))
+            atomic.write_dir(target, fill, keep_existing=True)
         return target
 
     def f16_gguf(self) -> Path:
@@ -420,8 +429,11 @@ class ModelBundle:
         target = self._conv_root() / f"{self.fingerprint}.f16.gguf"
         if target.is_file():
             return target
-        with slow_step(f"re-exporting {self.gguf_path.name} as F16 (once)"):
-            return export_f16_gguf(self.gguf_path, target)      # written to a temp name, renamed into place
+        with atomic.one_builder(target, f"{self.gguf_path.name} as F16"):
+            if target.is_file():
+                return target
+            with slow_step(f"re-exporting {self.gguf_path.name} as F16 (once)"):
+                return export_f16_gguf(self.gguf_path, target)      # written to a temp name, renamed into place
 
     def _converted_gguf(self, kind: str) -> Path:
         """An HF model as GGUF: F16 by llama.cpp's converter, q8_0 / q4_k_m quantized from that F16."""
@@ -429,15 +441,18 @@ class ModelBundle:
         target = self._conv_root() / f"{self.fingerprint}.hf.{kind}.gguf"
         if target.is_file():
             return target
-        try:
-            if kind == "f16":
-                with slow_step(f"converting {self.name} to GGUF F16 with llama.cpp's converter (once)"):
-                    return convert_hf_to_gguf(self._hf_path, target, outtype="f16")
-            src = self._converted_gguf("f16")
-            with slow_step(f"quantizing {self.name} to {kind} (once)"):
-                return quantize_gguf(src, target, kind)
-        except GGUFError as e:
-            raise ModelError(f"model {self.spec!r}: {e}") from None
+        src = self._converted_gguf("f16") if kind != "f16" else None     # outside this entry's lock
+        with atomic.one_builder(target, f"{self.name} as GGUF {kind}"):
+            if target.is_file():
+                return target
+            try:
+                if src is None:
+                    with slow_step(f"converting {self.name} to GGUF F16 with llama.cpp's converter (once)"):
+                        return convert_hf_to_gguf(self._hf_path, target, outtype="f16")
+                with slow_step(f"quantizing {self.name} to {kind} (once)"):
+                    return quantize_gguf(src, target, kind)
+            except GGUFError as e:
+                raise ModelError(f"model {self.spec!r}: {e}") from None
 
     def base_gguf(self) -> Path:
         """The GGUF whose layout and metadata merged exports copy: the model's own, or its F16 conversion."""

@@ -43,3 +43,48 @@ def test_checkpoints_keep_the_last_two_complete_rounds(tmp_path):
     assert checkpoint.complete(tmp_path) == [2, 3]
     assert checkpoint.load_latest(tmp_path) == {"round": 3}
     assert leftovers(tmp_path / "checkpoints") == []
+
+
+BUILDER = """
+import os, sys, time
+from pathlib import Path
+from ftis_edge import atomic
+target, log = Path(sys.argv[1]), Path(sys.argv[2])
+if not target.exists():
+    with atomic.one_builder(target):
+        if not target.exists():
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()}\\n")
+            time.sleep(1.0)                     # a slow conversion
+            atomic.write_text(target, "built")
+print(target.read_text())
+"""
+
+
+def test_one_builder_lets_one_of_several_processes_build_a_cache_entry(tmp_path):
+    import subprocess
+    import sys
+    target, log = tmp_path / "cache" / "model.f16.gguf", tmp_path / "builds.log"
+    procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(target), str(log)], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4
+    assert outs == ["built"] * 4                      # every process got the entry
+    assert len(log.read_text().split()) == 1           # and only one built it
+
+
+def test_a_builder_killed_mid_way_frees_the_lock(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    target = tmp_path / "entry"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from ftis_edge import atomic\n"
+        "with atomic.one_builder(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)"), str(target)],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(10)
+    with atomic.one_builder(target):                   # does not hang: the lock died with its holder
+        atomic.write_text(target, "mine")
+    assert target.read_text() == "mine"
