@@ -75,9 +75,22 @@ def test_the_batch_fill_arms_are_the_pre_registered_ones(tmp_path):
             ("smollm2-135m", "llamacpp", "lora", 1.0), ("smollm2-135m", "llamacpp", "lora", 1.0),
             ("smollm2-135m", "hf", "full", 0.7), ("gemma3-270m", "llamacpp", "lora", 1.0)]
         assert nodes[3].train.cross_tokenizer_level == "span" and nodes[0].node.seed != nodes[1].node.seed
-    # a run without a GGUF of its weights (full fine-tuning on HF) is exported before its eval
-    cmd = run.run_eval_cmd(tmp_path / "nois-2", "id", 200, tmp_path / "e.json")
-    assert cmd[0] == "sh" and "export" in cmd[2] and "model-f16.gguf" in cmd[2]
+    # a run without a GGUF of its weights (full fine-tuning on HF) is exported once, then both
+    # evals run on the export, in one job (two jobs exported the same model side by side)
+    out = tmp_path / "runs"
+    for name in ("nois-2", "nois-3"):
+        (out / name).mkdir(parents=True)
+        (out / name / "metrics.jsonl").write_text('{"type": "stop", "reason": "steps"}\n')
+    (out / "nois-3" / "adapter").mkdir()
+    (out / "nois-3" / "adapter" / "latest.gguf").write_bytes(b"")
+    jobs = run.eval_jobs(batches.BATCHES["fill-hetero"], 0, out, 200, only={"nois-2", "nois-3"})
+    full = [cmd for cmd, log in jobs if log.parent.name == "nois-2"]
+    assert len(full) == 1 and full[0][:2] == ["sh", "-c"]
+    steps = full[0][2].split(" && ")
+    assert [" export " in s for s in steps] == [True, False, False]
+    assert all("--model " + str(out / "nois-2" / "export" / "model-f16.gguf") in s for s in steps[1:])
+    lora = [cmd for cmd, log in jobs if log.parent.name == "nois-3"]
+    assert len(lora) == 2 and all(cmd[-2:] == ["--model", str(out / "nois-3")] for cmd in lora)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, b in batches.BATCHES.items() if getattr(b, "expert", None)))

@@ -245,16 +245,20 @@ def evaluated_prompts(path: Path) -> int:
 
 def run_eval_cmd(run_dir: Path, which: str, limit: int, out_json: Path) -> list[str]:
     """Evaluate a node's own final weights whatever it trained (`eval --model RUN_DIR`: its LoRA
-    on its base model, or its merged model); a run without adapter/latest.gguf (full fine-tuning
-    on HF: live weights) is exported from its last checkpoint first."""
+    on its base model, or its merged model: ``export_cmd`` makes that first)."""
     cmd = eval_cmd(None, which, limit, "f16", out_json)
     if (run_dir / "adapter" / "latest.gguf").exists():
         return cmd + ["--model", str(run_dir)]
-    export = [str(BIN / "ftis-edge"), "export", str(run_dir), "--to", str(run_dir / "export"), "--quant", "f16",
-              "--eval-limit", "0"]
-    model = run_dir / "export" / "model-f16.gguf"
-    return ["sh", "-c", f"test -f {shlex.quote(str(model))} || {shlex.join(export)}; "
-                        f"{shlex.join(cmd + ['--model', str(model)])}"]
+    return cmd + ["--model", str(run_dir / "export" / "model-f16.gguf")]
+
+
+def export_cmd(run_dir: Path) -> list[str] | None:
+    """A run without adapter/latest.gguf (full fine-tuning on HF: live weights) is exported from
+    its last checkpoint to one merged GGUF, once, before its evals (None: nothing to export)."""
+    if (run_dir / "adapter" / "latest.gguf").exists() or (run_dir / "export" / "model-f16.gguf").exists():
+        return None
+    return [str(BIN / "ftis-edge"), "export", str(run_dir), "--to", str(run_dir / "export"), "--quant", "f16",
+            "--eval-limit", "0"]
 
 
 def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = None) -> list:
@@ -267,12 +271,15 @@ def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = N
         if not finished(rd) or (last_adapter(rd) is None and not own_weights):
             continue
         precision = merge(RECEIVER, batch.receivers[name])["model"]["precision"]   # evaluate as it generated
-        for which in EVAL_SETS:
-            target = rd / f"eval-{which}.json"
-            if not target.exists():
-                cmd = run_eval_cmd(rd, which, limit, target) if own_weights else \
-                    eval_cmd(rd, which, limit, precision, target)
-                jobs.append((cmd, rd / f"eval-{which}.out"))
+        cmds = [run_eval_cmd(rd, which, limit, rd / f"eval-{which}.json") if own_weights else
+                eval_cmd(rd, which, limit, precision, rd / f"eval-{which}.json")
+                for which in EVAL_SETS if not (rd / f"eval-{which}.json").exists()]
+        export = export_cmd(rd) if own_weights and cmds else None
+        if export is None:
+            jobs += [(cmd, Path(cmd[cmd.index("--json") + 1]).with_suffix(".out")) for cmd in cmds]
+        else:       # one job: export once, then its evals (two jobs would both export the same model)
+            script = " && ".join(shlex.join(c) for c in [export] + cmds)
+            jobs.append((["sh", "-c", script], rd / "eval.out"))
     return jobs
 
 
