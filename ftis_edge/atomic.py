@@ -4,9 +4,10 @@ A reader (the dashboard, another node sharing ~/.cache/ftis-edge) sees the old v
 new one, never half of one; after a SIGKILL only a hidden ``.NAME.*.tmp`` is left behind.
 The temporary sits beside the target (same file system, so the rename is atomic).
 
-``one_builder`` lets one process build an expensive cache entry (a GGUF converted to PyTorch
-takes a minute or more) while the others that need it at the same moment wait, instead of
-every node of a first start converting the same file side by side.
+``build_once`` lets one process build an expensive cache entry (a GGUF converted to PyTorch
+takes a minute or more) while the others that need it at the same moment wait for it
+(``one_builder``, its lock), instead of every node of a first start converting the same file
+side by side.
 """
 from __future__ import annotations
 
@@ -113,9 +114,8 @@ def sha256_of(path: str | os.PathLike) -> str:
 def one_builder(path: str | os.PathLike, what: str = "") -> Iterator[None]:
     """Hold the build lock of cache entry ``path`` (a hidden ``.NAME.lock`` beside it).
 
-    Check for the entry before (the fast path, no lock) and again inside: a process that waited
-    finds it built by the one that held the lock. The lock dies with its process, so a builder
-    killed mid-way frees the waiters (who then build it themselves)."""
+    The lock dies with its process, so a builder killed mid-way frees the waiters (who then
+    build it themselves). ``build_once`` is the way to use it."""
     path = Path(path)
     if fcntl is None:
         yield
@@ -131,3 +131,16 @@ def one_builder(path: str | os.PathLike, what: str = "") -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def build_once(path: str | os.PathLike, built: Callable[[], bool], build: Callable[[], object],
+               what: str = "") -> None:
+    """Make sure cache entry ``path`` exists: ``build()`` it unless ``built()`` says it is there.
+
+    ``built`` is asked before taking the lock (the fast path) and again holding it, so a process
+    that waited finds the entry made by the one that held the lock and does not build it again."""
+    if built():
+        return
+    with one_builder(path, what):
+        if not built():
+            build()

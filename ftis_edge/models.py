@@ -340,14 +340,14 @@ class ModelBundle:
             self._tokenizer = AutoTokenizer.from_pretrained(self._hf_path)
             return self._tokenizer
         cached = self._conv_root() / f"{self.fingerprint}.tokenizer"
-        built = (cached / "tokenizer_config.json").is_file
-        if not built():
-            with atomic.one_builder(cached, f"the tokenizer of {self.gguf_path.name}"):
-                if not built():
-                    with slow_step(f"reading the tokenizer of {self.gguf_path.name} (once)"):
-                        tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
-                    _match_llamacpp_pretokenizer(tok, self._gguf_pre())
-                    atomic.write_dir(cached, tok.save_pretrained, keep_existing=True)
+
+        def build() -> None:
+            with slow_step(f"reading the tokenizer of {self.gguf_path.name} (once)"):
+                tok = AutoTokenizer.from_pretrained(self.gguf_path.parent, gguf_file=self.gguf_path.name)
+            _match_llamacpp_pretokenizer(tok, self._gguf_pre())
+            atomic.write_dir(cached, tok.save_pretrained, keep_existing=True)
+        atomic.build_once(cached, (cached / "tokenizer_config.json").is_file, build,
+                          f"the tokenizer of {self.gguf_path.name}")
         self._tokenizer = AutoTokenizer.from_pretrained(cached)   # the same object kind as later runs
         return self._tokenizer
 
@@ -402,12 +402,8 @@ class ModelBundle:
 
         def built() -> bool:
             return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
-        if built():
-            return target
-        # several nodes started at once on a fresh machine: one converts, the others wait for it
-        with atomic.one_builder(target, f"{self.gguf_path.name} for PyTorch"):
-            if built():
-                return target
+
+        def build() -> None:
             t0 = time.time()
             with slow_step(f"loading {self.gguf_path.name} into PyTorch (once; cached by its hash)"):
                 model = gguf_to_pytorch(self.gguf_path)
@@ -419,6 +415,8 @@ class ModelBundle:
                     {"gguf": str(self.gguf_path), "sha256": self.record["sha256"],
                      "seconds": round(time.time() - t0, 1)}))
             atomic.write_dir(target, fill, keep_existing=True)
+        # several nodes started at once on a fresh machine: one converts, the others wait for it
+        atomic.build_once(target, built, build, f"{self.gguf_path.name} for PyTorch")
         return target
 
     def f16_gguf(self) -> Path:
@@ -427,32 +425,31 @@ class ModelBundle:
         if self.gguf_path is None:
             return self._converted_gguf("f16")
         target = self._conv_root() / f"{self.fingerprint}.f16.gguf"
-        if target.is_file():
-            return target
-        with atomic.one_builder(target, f"{self.gguf_path.name} as F16"):
-            if target.is_file():
-                return target
+
+        def build() -> None:
             with slow_step(f"re-exporting {self.gguf_path.name} as F16 (once)"):
-                return export_f16_gguf(self.gguf_path, target)      # written to a temp name, renamed into place
+                export_f16_gguf(self.gguf_path, target)      # written to a temp name, renamed into place
+        atomic.build_once(target, target.is_file, build, f"{self.gguf_path.name} as F16")
+        return target
 
     def _converted_gguf(self, kind: str) -> Path:
         """An HF model as GGUF: F16 by llama.cpp's converter, q8_0 / q4_k_m quantized from that F16."""
         self.require_supported()
         target = self._conv_root() / f"{self.fingerprint}.hf.{kind}.gguf"
-        if target.is_file():
-            return target
-        src = self._converted_gguf("f16") if kind != "f16" else None     # outside this entry's lock
-        with atomic.one_builder(target, f"{self.name} as GGUF {kind}"):
-            if target.is_file():
-                return target
+
+        def build() -> None:
             try:
-                if src is None:
+                if kind == "f16":
                     with slow_step(f"converting {self.name} to GGUF F16 with llama.cpp's converter (once)"):
-                        return convert_hf_to_gguf(self._hf_path, target, outtype="f16")
-                with slow_step(f"quantizing {self.name} to {kind} (once)"):
-                    return quantize_gguf(src, target, kind)
+                        convert_hf_to_gguf(self._hf_path, target, outtype="f16")
+                else:
+                    src = self._converted_gguf("f16")
+                    with slow_step(f"quantizing {self.name} to {kind} (once)"):
+                        quantize_gguf(src, target, kind)
             except GGUFError as e:
                 raise ModelError(f"model {self.spec!r}: {e}") from None
+        atomic.build_once(target, target.is_file, build, f"{self.name} as GGUF {kind}")
+        return target
 
     def base_gguf(self) -> Path:
         """The GGUF whose layout and metadata merged exports copy: the model's own, or its F16 conversion."""

@@ -50,13 +50,13 @@ import os, sys, time
 from pathlib import Path
 from ftis_edge import atomic
 target, log = Path(sys.argv[1]), Path(sys.argv[2])
-if not target.exists():
-    with atomic.one_builder(target):
-        if not target.exists():
-            with open(log, "a") as f:
-                f.write(f"{os.getpid()}\\n")
-            time.sleep(1.0)                     # a slow conversion
-            atomic.write_text(target, "built")
+
+def build():
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(1.0)                             # a slow conversion
+    atomic.write_text(target, "built")
+atomic.build_once(target, target.exists, build)
 print(target.read_text())
 """
 

@@ -122,6 +122,11 @@ def peer_stats(run: dict) -> dict:
     return out
 
 
+def cumulative_reward(runs) -> float:
+    """SAPO's metric: reward/own summed over the runs' rounds (a missing value counts 0)."""
+    return sum(v or 0.0 for run in runs for v in series(run, "reward/own"))
+
+
 def running_mean_final(run: dict) -> float:
     vals = [v or 0.0 for v in series(run, "reward/own")]
     return statistics.fmean(vals) if vals else float("nan")
@@ -320,8 +325,7 @@ def table_fill(data: dict) -> list[str]:
                                if w in a["evals"] and w in b["evals"]]) for w in ("id", "ood")}
             tok, reached = _speedup(pairs, "gen/tokens")
             cpu, _ = _speedup(pairs, "cpu/round_s")
-            cum_a = sum(v or 0.0 for a, _ in pairs for v in series(a, "reward/own"))
-            cum_b = sum(v or 0.0 for _, b in pairs for v in series(b, "reward/own"))
+            cum_a, cum_b = cumulative_reward(a for a, _ in pairs), cumulative_reward(b for _, b in pairs)
             lines.append(
                 f"| {batch} | {arm} − alone | {len(pairs)} | {fmt(*d_rm)} | {fmt(*d_e['id'])} | {fmt(*d_e['ood'])} | "
                 f"{reached}/{len(pairs)} | {fmt(*mean_se(tok), 2)}{_list(tok)} | {fmt(*mean_se(cpu), 2)}{_list(cpu)} | "
@@ -355,7 +359,7 @@ def table_ftis_nois(data: dict) -> list[str]:
     lines = ["", "| fill-hetero | node | seed | running-mean reward f-tis | nois | Δ (f-tis − nois) | Δ eval ID | "
              "Δ eval OOD | cumulative reward f-tis ÷ nois |", "|---|---|---|---|---|---|---|---|---|"]
     for i, s, a, b in rows:
-        cum_a, cum_b = (sum(v or 0.0 for v in series(r, "reward/own")) for r in (a, b))
+        cum_a, cum_b = cumulative_reward([a]), cumulative_reward([b])
         de = {w: d_eval(a, b, w) for w in ("id", "ood")}
         lines.append(f"| fill-hetero | {i}: {HETERO_KIND[i] if i < len(HETERO_KIND) else '?'} | {s} | "
                      f"{running_mean_final(a):.3f} | {running_mean_final(b):.3f} | "
@@ -364,8 +368,7 @@ def table_ftis_nois(data: dict) -> list[str]:
                      + f" | {cum_a / cum_b if cum_b else float('nan'):.2f} |")
     diffs = [running_mean_final(a) - running_mean_final(b) for _, _, a, b in rows]
     de = {w: mean_se([d_eval(a, b, w) for _, _, a, b in rows]) for w in ("id", "ood")}
-    cum_a = sum(v or 0.0 for _, _, a, _ in rows for v in series(a, "reward/own"))
-    cum_b = sum(v or 0.0 for _, _, _, b in rows for v in series(b, "reward/own"))
+    cum_a, cum_b = cumulative_reward(a for _, _, a, _ in rows), cumulative_reward(b for _, _, _, b in rows)
     lines.append(f"| fill-hetero | pooled | | | | **{fmt(*mean_se(diffs))}** ({len(diffs)} pairs) | "
                  f"{fmt(*de['id'])} | {fmt(*de['ood'])} | {cum_a / cum_b if cum_b else float('nan'):.2f} |")
     return lines
