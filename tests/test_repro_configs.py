@@ -155,18 +155,26 @@ def test_value_table_pairs_swarm_nodes_with_their_isolated_twins():
     assert cells[7] == "1/2" and cells[8].startswith("2.00")
 
 
-def test_ftis_nois_table_pairs_node_i_with_node_i_without_isolated_twins():
+def test_arm_vs_arm_table_pairs_node_i_with_node_i_without_isolated_twins():
     import analyze
 
-    def run(rewards, acc):
-        return {"rounds": [{"reward/own": r} for r in rewards],
+    def run(rewards, acc, tokens=100, cpu=10.0):
+        return {"rounds": [{"reward/own": r, "gen/tokens": tokens, "cpu/round_s": cpu} for r in rewards],
                 "evals": {"id": {"accuracy": acc}, "ood": {"accuracy": acc / 2}}}
     data = {"fill-hetero": {"ftis-0": {0: run([0.5] * 4, 0.6)}, "nois-0": {0: run([0.25] * 4, 0.4)},
                             "ftis-3": {0: run([0.2] * 4, 0.3)}, "nois-3": {0: run([0.3] * 4, 0.3)},
                             "ftis-1": {0: run([0.2] * 4, 0.3)}}}    # no nois-1: not a pair
-    rows = analyze.table_ftis_nois(data)
+    rows = analyze.table_arm_vs_arm(data, "fill-hetero", "ftis", "nois", analyze.HETERO_KIND)
     cells = [[c.strip() for c in r.split("|")[1:-1]] for r in rows[3:]]
     assert [c[1].split(":")[0] for c in cells] == ["0", "3", "pooled"]
+    assert cells[0][1] == "0: SmolLM2 LoRA" and cells[1][1] == "3: Gemma 3 LoRA (span)"
     assert cells[0][5] == "+0.250" and cells[0][6] == "+0.200" and cells[1][5] == "-0.100"
     assert cells[2][5].startswith("**0.075 ± 0.175**") and cells[2][8] == "1.27"
-    assert analyze.table_ftis_nois({"fill4": {}}) == []
+    assert analyze.table_arm_vs_arm({"fill4": {}}, "fill-hetero", "ftis", "nois") == []
+    # own1 − own2: what each arm paid, as totals over the run (node 0: own1 generated half)
+    data = {"fill4": {"own1-0": {0: run([0.5] * 4, 0.6, tokens=50, cpu=8.0)},
+                      "own2-0": {0: run([0.5] * 4, 0.6, tokens=100, cpu=10.0)}}}
+    cells = [[c.strip() for c in r.split("|")[1:-1]] for r in analyze.table_arm_vs_arm(data, "fill4", "own1", "own2")[3:]]
+    assert cells[0][1] == "0" and cells[0][5] == "+0.000"
+    assert cells[0][9:] == ["0.50", "0.80"] and cells[1][9:] == ["0.50", "0.80"]
+    assert any(r.startswith("| fill4 | 0 |") for r in analyze.table_fill(data))

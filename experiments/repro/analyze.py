@@ -308,7 +308,7 @@ def table_fill(data: dict) -> list[str]:
     """Issue 28 (docs/results.md, H4 and H5): each batch-fill node minus its isolated twin (same
     node id and seed), the speed-ups in own tokens and own CPU-seconds to reach the twin's final
     running-mean reward, SAPO's metric (cumulative reward over all nodes and rounds, as a ratio
-    to the isolated nodes'), and f-tis − nois node by node."""
+    to the isolated nodes'), and arm against arm node by node (own1 − own2, f-tis − nois)."""
     lines = ["| batch | arm − alone | pairs | Δ running-mean reward | Δ eval ID | Δ eval OOD | reached | "
              "speed-up own tokens | speed-up own CPU-s | own groups / round | topped up / round | "
              "cumulative reward (SAPO) arm ÷ alone |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -332,22 +332,34 @@ def table_fill(data: dict) -> list[str]:
                 f"{fmt(*mean_se([_mean_key(a, 'groups/own') for a, _ in pairs]), 2)} | "
                 f"{fmt(*mean_se([_mean_key(a, 'groups/topped_up') for a, _ in pairs]), 2)} | "
                 f"{cum_a / cum_b if cum_b else float('nan'):.2f} ({cum_a:.1f} / {cum_b:.1f}) |")
-    lines += table_ftis_nois(data)
+    for batch, arm_a, arm_b, kinds in ARM_VS_ARM:
+        lines += table_arm_vs_arm(data, batch, arm_a, arm_b, kinds)
     return lines
 
 
 HETERO_KIND = ("SmolLM2 LoRA", "SmolLM2 LoRA", "SmolLM2 full FT, HF, T = 0.7", "Gemma 3 LoRA (span)")
+ARM_VS_ARM = (("fill4", "own1", "own2", ()),                  # H4: own1 − own2, as pre-registered
+              ("fill-hetero", "ftis", "nois", HETERO_KIND))   # H5(b)
 
 
-def table_ftis_nois(data: dict) -> list[str]:
-    """H5(b): node i of arm ftis minus node i of arm nois (same node id and seed: the same prompts
-    and own sampling seeds), per node and pooled; paired by name, so it needs no isolated twin."""
-    recv = data.get("fill-hetero", {})
+def _total(runs, key: str) -> float:
+    return sum(v or 0 for run in runs for v in series(run, key))
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "–"
+
+
+def table_arm_vs_arm(data: dict, batch: str, arm_a: str, arm_b: str, kinds=()) -> list[str]:
+    """Node i of ``arm_a`` minus node i of ``arm_b`` (same node id and seed: the same prompts and
+    own sampling seeds), per node and pooled, with what each arm paid in own tokens and own
+    CPU-seconds over the run; paired by name, so it needs no isolated twin."""
+    recv = data.get(batch, {})
     rows = []
-    for name in sorted(n for n in recv if n.startswith("ftis-")):
+    for name in sorted(n for n in recv if n.startswith(f"{arm_a}-")):
         i = name.rsplit("-", 1)[1]
         for s, a in recv[name].items():
-            b = recv.get(f"nois-{i}", {}).get(s)
+            b = recv.get(f"{arm_b}-{i}", {}).get(s)
             if b is not None:
                 rows.append((int(i), s, a, b))
     if not rows:
@@ -356,21 +368,26 @@ def table_ftis_nois(data: dict) -> list[str]:
     def d_eval(a: dict, b: dict, w: str) -> float | None:
         return a["evals"][w]["accuracy"] - b["evals"][w]["accuracy"] if w in a["evals"] and w in b["evals"] else None
 
-    lines = ["", "| fill-hetero | node | seed | running-mean reward f-tis | nois | Δ (f-tis − nois) | Δ eval ID | "
-             "Δ eval OOD | cumulative reward f-tis ÷ nois |", "|---|---|---|---|---|---|---|---|---|"]
+    def costs(a_runs, b_runs) -> str:
+        return " | ".join(_ratio(_total(a_runs, k), _total(b_runs, k)) for k in ("gen/tokens", "cpu/round_s"))
+
+    lines = ["", f"| {batch} | node | seed | running-mean reward {arm_a} | {arm_b} | Δ ({arm_a} − {arm_b}) | "
+             f"Δ eval ID | Δ eval OOD | cumulative reward {arm_a} ÷ {arm_b} | own tokens {arm_a} ÷ {arm_b} | "
+             f"own CPU-s {arm_a} ÷ {arm_b} |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, s, a, b in rows:
-        cum_a, cum_b = cumulative_reward([a]), cumulative_reward([b])
         de = {w: d_eval(a, b, w) for w in ("id", "ood")}
-        lines.append(f"| fill-hetero | {i}: {HETERO_KIND[i] if i < len(HETERO_KIND) else '?'} | {s} | "
+        kind = f": {kinds[i]}" if i < len(kinds) else ""
+        lines.append(f"| {batch} | {i}{kind} | {s} | "
                      f"{running_mean_final(a):.3f} | {running_mean_final(b):.3f} | "
                      f"{running_mean_final(a) - running_mean_final(b):+.3f} | "
                      + " | ".join("–" if de[w] is None else f"{de[w]:+.3f}" for w in ("id", "ood"))
-                     + f" | {cum_a / cum_b if cum_b else float('nan'):.2f} |")
+                     + f" | {_ratio(cumulative_reward([a]), cumulative_reward([b]))} | {costs([a], [b])} |")
     diffs = [running_mean_final(a) - running_mean_final(b) for _, _, a, b in rows]
     de = {w: mean_se([d_eval(a, b, w) for _, _, a, b in rows]) for w in ("id", "ood")}
-    cum_a, cum_b = cumulative_reward(a for _, _, a, _ in rows), cumulative_reward(b for _, _, _, b in rows)
-    lines.append(f"| fill-hetero | pooled | | | | **{fmt(*mean_se(diffs))}** ({len(diffs)} pairs) | "
-                 f"{fmt(*de['id'])} | {fmt(*de['ood'])} | {cum_a / cum_b if cum_b else float('nan'):.2f} |")
+    a_runs, b_runs = [a for _, _, a, _ in rows], [b for _, _, _, b in rows]
+    lines.append(f"| {batch} | pooled | | | | **{fmt(*mean_se(diffs))}** ({len(diffs)} pairs) | "
+                 f"{fmt(*de['id'])} | {fmt(*de['ood'])} | "
+                 f"{_ratio(cumulative_reward(a_runs), cumulative_reward(b_runs))} | {costs(a_runs, b_runs)} |")
     return lines
 
 

@@ -1,5 +1,5 @@
 """The user's view of batch fill (issue 28): running-mean reward against the node's own
-generated tokens and own CPU-seconds, swarm arm vs the isolated twins (one line per node).
+generated tokens and own CPU-seconds, swarm arms (own1, own2) vs the isolated twins (one line per node).
 
     .venv/bin/python experiments/repro/plot_fill.py --runs docs/runs/fill --batch fill4 --out docs/img/fill4-own-compute.png
     .venv/bin/python experiments/repro/plot_fill.py --runs docs/runs/fill --batch fill-hetero --per-node \
@@ -94,7 +94,8 @@ def main() -> int:
         ax.set_ylabel("running mean of reward/own")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{args.batch}: each line one node over 32 rounds; swarm nodes generate 1 of their 4 groups")
+    fig.suptitle(f"{args.batch}: each line one node over 32 rounds; an ownK node generates K of its 4 groups "
+                 "a round, an alone node all 4")
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=110)
