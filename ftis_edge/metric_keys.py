@@ -54,6 +54,8 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("reward", "mean reward of all completions of the round (own + accepted peers')", ROUND, trl="reward"),
         _m("accuracy/own", "fraction of own completions that are correct", ROUND),
         _m("format/own", "fraction of own completions in the required format", ROUND),
+        _m("reward/timed_out", "own completions scored 0 because grading ran out of its budget "
+           "(task.reward_timeout_s; a machine too busy for the budget)", ROUND),
         _m("frac_reward_zero_std", "fraction of the round's groups whose rewards were all equal "
            "(no signal: skipped)", ROUND, trl="frac_reward_zero_std"),
         _m("groups/with_peer_parts", "horizontal mode: own groups merged with peers' parts (else null)", ROUND),

@@ -51,6 +51,20 @@ def derive_seed(*parts) -> int:
 
 
 
+def own_grading_stats(own: list[OwnGroup]) -> dict:
+    """accuracy/format of the own completions, and how many of them scored 0 because grading ran
+    out of its budget (task.reward_timeout_s): on an overloaded machine that changes rewards, so
+    it is counted and logged, never silent."""
+    marks = [b for g in own for b in g.breakdowns]
+    timed_out = sum(bool(b.get("timed_out")) for b in marks)
+    if timed_out:
+        log.warning("%d of %d own answers ran out of the grading budget (task.reward_timeout_s) and "
+                    "scored 0: the machine is too busy for the budget", timed_out, len(marks))
+    return {"accuracy/own": statistics.fmean([float(b.get("correct", False)) for b in marks]) if marks else None,
+            "format/own": statistics.fmean([float(b.get("format_ok", False)) for b in marks]) if marks else None,
+            "reward/timed_out": timed_out}
+
+
 def useful_peers(samples, per_sample: dict | None) -> set[str]:
     """Peers with a sample the step trained on: neither dropped by the F- filter nor judged
     implausible (per_sample: the step's per-sample flags, in batch order; none: no step ran)."""
@@ -435,8 +449,7 @@ class Node:
             "reward/own": statistics.fmean(own_rewards) if own_rewards else None,
             "reward/peers": statistics.fmean(peer_rewards) if peer_rewards else None,
             "reward": statistics.fmean(own_rewards + peer_rewards) if own_rewards else None,
-            "accuracy/own": statistics.fmean([float(b.get("correct", False)) for g in own for b in g.breakdowns]),
-            "format/own": statistics.fmean([float(b.get("format_ok", False)) for g in own for b in g.breakdowns]),
+            **own_grading_stats(own),
             "samples/own": batch.own_samples,
             "peers/samples_used": batch.peer_samples,
             "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,

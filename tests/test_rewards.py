@@ -217,3 +217,21 @@ def test_first_reward_in_a_fresh_process_waits_for_the_cold_start():
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-1000:]
+
+
+def test_a_round_counts_and_logs_own_answers_that_ran_out_of_grading_time(caplog):
+    """A grading timeout scores 0 and so changes the reward; the round record says how many."""
+    from ftis_edge.batch import OwnGroup
+    from ftis_edge.node import own_grading_stats
+    raw = RewardSettings(prefilter=False, timeout_s=0.3)
+    texts = ["<answer>9^{9^{9^{9^{9}}}}</answer>", "<answer>4</answer>", "no tags"]
+    graded = score_many(texts, ["4"] * 3, raw)
+    group = OwnGroup(prompt=None, prompt_ids=[], completions=[], group_id="g",
+                     rewards=[v for v, _ in graded], breakdowns=[b for _, b in graded])
+    with caplog.at_level("WARNING", logger="ftis_edge.node"):
+        stats = own_grading_stats([group])
+    assert stats["reward/timed_out"] == 1, graded
+    assert stats["accuracy/own"] == pytest.approx(1 / 3) and stats["format/own"] == pytest.approx(2 / 3)
+    assert "1 of 3 own answers ran out of the grading budget" in caplog.text
+    caplog.clear()
+    assert own_grading_stats([])["reward/timed_out"] == 0 and not caplog.text
