@@ -122,9 +122,14 @@ def peer_stats(run: dict) -> dict:
     return out
 
 
+def total(runs, key: str) -> float:
+    """``key`` summed over the runs' rounds (a missing value counts 0)."""
+    return sum(v or 0 for run in runs for v in series(run, key))
+
+
 def cumulative_reward(runs) -> float:
-    """SAPO's metric: reward/own summed over the runs' rounds (a missing value counts 0)."""
-    return sum(v or 0.0 for run in runs for v in series(run, "reward/own"))
+    """SAPO's metric: reward/own summed over the runs' rounds."""
+    return total(runs, "reward/own")
 
 
 def running_mean_final(run: dict) -> float:
@@ -207,7 +212,7 @@ def table_efficiency(data: dict) -> list[str]:
                 continue
             target = running_mean_final(recv["alone"][s])
             t = tokens_to_reach(run, target)
-            alone_total = sum(x or 0 for x in series(recv["alone"][s], "gen/tokens"))
+            alone_total = total([recv["alone"][s]], "gen/tokens")
             alone_toks.append(alone_total)
             if t is not None:
                 reached += 1
@@ -342,10 +347,6 @@ ARM_VS_ARM = (("fill4", "own1", "own2", ()),                  # H4: own1 − own
               ("fill-hetero", "ftis", "nois", HETERO_KIND))   # H5(b)
 
 
-def _total(runs, key: str) -> float:
-    return sum(v or 0 for run in runs for v in series(run, key))
-
-
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "–"
 
@@ -369,7 +370,7 @@ def table_arm_vs_arm(data: dict, batch: str, arm_a: str, arm_b: str, kinds=()) -
         return a["evals"][w]["accuracy"] - b["evals"][w]["accuracy"] if w in a["evals"] and w in b["evals"] else None
 
     def costs(a_runs, b_runs) -> str:
-        return " | ".join(_ratio(_total(a_runs, k), _total(b_runs, k)) for k in ("gen/tokens", "cpu/round_s"))
+        return " | ".join(_ratio(total(a_runs, k), total(b_runs, k)) for k in ("gen/tokens", "cpu/round_s"))
 
     lines = ["", f"| {batch} | node | seed | running-mean reward {arm_a} | {arm_b} | Δ ({arm_a} − {arm_b}) | "
              f"Δ eval ID | Δ eval OOD | cumulative reward {arm_a} ÷ {arm_b} | own tokens {arm_a} ÷ {arm_b} | "

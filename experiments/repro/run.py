@@ -271,12 +271,12 @@ def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = N
         if not finished(rd) or (last_adapter(rd) is None and not own_weights):
             continue
         precision = merge(RECEIVER, batch.receivers[name])["model"]["precision"]   # evaluate as it generated
+        todo = [which for which in EVAL_SETS if not (rd / f"eval-{which}.json").exists()]
         cmds = [run_eval_cmd(rd, which, limit, rd / f"eval-{which}.json") if own_weights else
-                eval_cmd(rd, which, limit, precision, rd / f"eval-{which}.json")
-                for which in EVAL_SETS if not (rd / f"eval-{which}.json").exists()]
+                eval_cmd(rd, which, limit, precision, rd / f"eval-{which}.json") for which in todo]
         export = export_cmd(rd) if own_weights and cmds else None
         if export is None:
-            jobs += [(cmd, Path(cmd[cmd.index("--json") + 1]).with_suffix(".out")) for cmd in cmds]
+            jobs += [(cmd, rd / f"eval-{which}.out") for which, cmd in zip(todo, cmds)]
         else:       # one job: export once, then its evals (two jobs would both export the same model)
             script = " && ".join(shlex.join(c) for c in [export] + cmds)
             jobs.append((["sh", "-c", script], rd / "eval.out"))
