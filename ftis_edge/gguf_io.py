@@ -502,11 +502,13 @@ def converter_dir() -> Path:
     return Path(env).expanduser() if env else cache_dir() / f"llama.cpp-convert-{LLAMA_CPP_VERSION}"
 
 
-def convert_hf_to_gguf(hf_dir, dst, *, outtype: str = "f16", timeout_s: float = 3600) -> Path:
+def convert_hf_to_gguf(hf_dir, dst, *, outtype: str = "f16", timeout_s: float = 3600,
+                       allow_model_code: bool = False) -> Path:
     """Convert an HF model directory to GGUF with llama.cpp's own converter (a subprocess; atomic).
 
     The converter brings its own gguf-py (it puts it first on sys.path), matching the llama.cpp
-    that loads the result.
+    that loads the result. Unless ``allow_model_code`` (the user trusts this model), it runs with
+    transformers' loader of a folder's own code disabled (model_code.GUARDED_CONVERTER).
     """
     import subprocess
     import sys
@@ -516,7 +518,10 @@ def convert_hf_to_gguf(hf_dir, dst, *, outtype: str = "f16", timeout_s: float = 
         raise GGUFError(f"llama.cpp's converter is missing ({script}); run ./install.sh again")
 
     def write(tmp: Path) -> None:
+        from .model_code import GUARDED_CONVERTER
         cmd = [sys.executable, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype]
+        if not allow_model_code:
+            cmd[1:1] = ["-c", GUARDED_CONVERTER]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:

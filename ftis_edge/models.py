@@ -36,6 +36,7 @@ from .gguf_io import (ARCH_LAYOUTS, SUPPORTED, GGUFError, check_gguf_file, conve
                       llama3_rope_parameters, lora_targets_for, quantize_gguf, read_gguf_field, read_gguf_metadata)
 from . import atomic
 from .errors import FtisError
+from .model_code import refuse_model_code, trusted
 from .paths import cache_dir
 from .turns import PLAIN_TURN_STOP
 
@@ -232,6 +233,7 @@ def _check_hf_dir(path: Path, spec: str) -> Path:
         raise ModelError(f"model {spec!r}: directory {path} has no config.json (not an HF model directory)")
     if not any(path.glob("*.safetensors")):
         raise ModelError(f"model {spec!r}: directory {path} has no *.safetensors weights")
+    refuse_model_code(path, spec, ModelError)      # before any loader (ours or llama.cpp's) reads it
     return path
 
 
@@ -441,7 +443,8 @@ class ModelBundle:
             try:
                 if kind == "f16":
                     with slow_step(f"converting {self.name} to GGUF F16 with llama.cpp's converter (once)"):
-                        convert_hf_to_gguf(self._hf_path, target, outtype="f16")
+                        convert_hf_to_gguf(self._hf_path, target, outtype="f16",
+                                           allow_model_code=trusted(self.spec, self._hf_path))
                 else:
                     src = self._converted_gguf("f16")
                     with slow_step(f"quantizing {self.name} to {kind} (once)"):

@@ -63,7 +63,30 @@ def load_config(run_dir: Path):
     if ":" in name and not name.startswith("reasoning_gym:") and os.environ.get(TRUST_TASK_CODE_ENV) != "1":
         raise RunDirError(f"{run_dir}: its task {name!r} is Python code, which runs when the task is built; "
                           f"if you trust this run directory, run again with {TRUST_TASK_CODE_ENV}=1")
+    _check_model_choice(Path(run_dir), cfg.model.spec)
     return cfg
+
+
+def _check_model_choice(run_dir: Path, spec: str) -> None:
+    """A run's model folder runs no code (refused here, before any checkpoint or loader), and a
+    model path outside the run directory is said aloud: a shared run must not pick, unseen,
+    a model elsewhere on this machine."""
+    from .model_code import refuse_model_code
+    from .models import ALIASES
+    if spec in ALIASES:
+        return
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        refuse_model_code(path, spec, RunDirError)
+    if path.exists() or spec.startswith(("/", ".", "~")):
+        try:
+            inside = path.resolve().is_relative_to(run_dir.expanduser().resolve())
+        except OSError:
+            inside = False
+        if not inside:
+            from .text_safety import terminal_safe
+            print(terminal_safe(f"note: {run_dir / CONFIG_FILE} chooses the model {path.resolve()}, outside "
+                                f"the run directory"), file=sys.stderr)
 
 
 def latest_weights(run_dir: Path) -> tuple[Path, str] | None:
