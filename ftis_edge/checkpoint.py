@@ -45,15 +45,19 @@ def _dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save(run_dir: Path, round_: int, state: dict) -> Path:
+def save(run_dir: Path, round_: int, state: dict, *, best: dict | None = None) -> Path:
+    """``best``: the best held-out eval's weights this checkpoint goes with (``best_info``), named
+    in its manifest so that what a checkpoint and the best weights are can be read side by side."""
     root = _dir(run_dir)
 
     def write(tmp: Path) -> None:
         statefile.save(tmp / STATE, state)
         # the manifest is what load_round verifies the state against
         path = tmp / STATE
-        (tmp / MANIFEST).write_text(json.dumps({"round": round_, "file": STATE, "bytes": path.stat().st_size,
-                                                "sha256": atomic.sha256_of(path)}), encoding="utf-8")
+        manifest = {"round": round_, "file": STATE, "bytes": path.stat().st_size, "sha256": atomic.sha256_of(path)}
+        if best:
+            manifest["best"] = best
+        (tmp / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
 
     final = atomic.write_dir(root / f"round-{round_:06d}", write, durable=True)
     for old in complete(run_dir)[:-KEEP]:
@@ -181,6 +185,70 @@ def load_latest(run_dir: Path) -> dict | None:
                         r, len(problems), "" if len(problems) == 1 else "s")
         return state
     raise CheckpointError(f"no usable checkpoint in {_dir(run_dir)}: " + "; ".join(why for _, why in problems))
+
+
+# --- the best held-out eval's weights ------------------------------------------------------------
+# checkpoints/best-NNNNNN/: the trainable weights (LoRA matrices, or all weights for full
+# fine-tuning) of the round whose held-out eval was the best so far, with a manifest (size,
+# sha256, round, accuracy). A new best is written beside the old one, then the old one removed:
+# a kill at any moment leaves at least one complete best.
+_BEST = re.compile(r"^best-(\d{6})$")
+
+
+def save_best(run_dir: Path, round_: int, weights: dict, info: dict) -> Path:
+    """Keep ``weights`` (name -> tensor) as the best so far; ``info`` (accuracy, n, interval ...)
+    goes into the manifest and the state."""
+    root = _dir(run_dir)
+
+    def write(tmp: Path) -> None:
+        statefile.save(tmp / STATE, {"round": round_, "best": info, "trainable": weights})
+        path = tmp / STATE
+        (tmp / MANIFEST).write_text(json.dumps({"round": round_, "file": STATE, "bytes": path.stat().st_size,
+                                                "sha256": atomic.sha256_of(path), "best": info}),
+                                    encoding="utf-8")
+
+    final = atomic.write_dir(root / f"best-{round_:06d}", write, durable=True)
+    for p in root.iterdir():
+        if (m := _BEST.match(p.name)) and int(m.group(1)) != round_:
+            shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+def best_info(run_dir: Path) -> dict | None:
+    """The newest best weights' manifest (round, accuracy, ...), or None; not verified."""
+    root = _dir(run_dir)
+    if not root.is_dir():
+        return None
+    rounds = sorted(int(m.group(1)) for p in root.iterdir() if (m := _BEST.match(p.name)))
+    for r in reversed(rounds):
+        try:
+            manifest = json.loads((root / f"best-{r:06d}" / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict) and manifest.get("round") == r:
+            return manifest
+    return None
+
+
+def load_best(run_dir: Path) -> dict | None:
+    """The best weights' state ({"round", "best", "trainable"}), verified against its manifest;
+    None when the run kept none; CheckpointError when they are damaged."""
+    manifest = best_info(run_dir)
+    if manifest is None:
+        return None
+    ckpt = _dir(run_dir) / f"best-{manifest['round']:06d}"
+    path = ckpt / STATE
+    if not path.is_file() or path.stat().st_size != manifest.get("bytes"):
+        raise CheckpointError(f"{ckpt.name}: {STATE} is missing or has another size than was written (truncated?)")
+    if atomic.sha256_of(path) != manifest.get("sha256"):
+        raise CheckpointError(f"{ckpt.name}: {STATE} does not match its checksum (corrupted)")
+    try:
+        state = statefile.load(path)
+    except Exception as e:      # StateFileError and what safetensors raises for a damaged file
+        raise CheckpointError(f"{ckpt.name}: {STATE} does not load ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("trainable"), dict):
+        raise CheckpointError(f"{ckpt.name}: not a best-weights state")
+    return state
 
 
 def clear(run_dir: Path) -> None:

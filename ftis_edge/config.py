@@ -152,6 +152,20 @@ class SwarmSection:
                                   lo=0.01, hi=1.0)
 
 
+@dataclass
+class EvalSection:
+    every: int = _opt(10, "held-out eval every N rounds, plus round 0 (the base model) and the last round "
+                      "(0 = off); greedy, on the generator already loaded (ftis_edge/heldout.py)", lo=0,
+                      trl="eval_steps")
+    prompts: int = _opt(32, "held-out prompts per eval: the first N of the task's eval split, the same ones "
+                        "every time (compared prompt by prompt)", lo=1, hi=10000)
+    guard: bool = _opt(True, "swarm nodes: take less from the swarm (other tokenizers, then other base models, "
+                       "then all peers) while held-out accuracy is significantly below its best, return when "
+                       "it recovers (ftis_edge/guard.py; a node alone is never touched)")
+    guard_alpha: float = _opt(0.05, "the guard's significance level (one-sided exact McNemar test on the "
+                              "same prompts)", lo=0.0001, hi=0.5)
+
+
 def _host() -> str:
     return socket.gethostname().split(".")[0]
 
@@ -163,6 +177,7 @@ class Config:
     train: TrainSection = field(default_factory=TrainSection)
     task: TaskSection = field(default_factory=TaskSection)
     swarm: SwarmSection = field(default_factory=SwarmSection)
+    eval: EvalSection = field(default_factory=EvalSection)
 
     # --- derived ------------------------------------------------------------------
     @property
@@ -414,4 +429,6 @@ TRL_NOTES = {
     "train.advantage_scale": "close: `std` = TRL's `\"group\"` (True), `none` = `\"none\"` (False); "
                              "TRL's `\"batch\"` has no counterpart",
     "train.max_grad_norm": "yes (0 = off here)",
+    "eval.every": "close: TRL evaluates every `eval_steps` (with `eval_strategy=\"steps\"`) by sampling and logs eval "
+                  "reward; here greedy held-out accuracy with its interval, also at round 0 and the end (0 = off)",
 }

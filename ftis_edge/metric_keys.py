@@ -163,6 +163,44 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("cpu/round_s", "process CPU-seconds of the whole round (phases + what lies between)", ROUND),
         _m("cpu/total_s", "cumulative process CPU-seconds of all rounds (survives --resume)", ROUND),
     ],
+    "Held-out eval (ftis_edge/heldout.py; only in rounds with an eval: every `eval.every` and the last)": [
+        _m("eval/accuracy", "greedy held-out accuracy: share of the `eval/n` held-out prompts answered correctly "
+           "in the required format (reward 1), with the weights after this round's step", ROUND),
+        _m("eval/accuracy_lo", "lower end of its 95% Wilson interval", ROUND),
+        _m("eval/accuracy_hi", "upper end of its 95% Wilson interval", ROUND),
+        _m("eval/format", "share of held-out answers in the required format", ROUND),
+        _m("eval/truncated", "share of held-out answers cut at `task.max_completion_length`", ROUND),
+        _m("eval/n", "held-out prompts (the first `eval.prompts` of the task's eval split, the same every eval)",
+           ROUND),
+        _m("eval/round", "the round whose weights were evaluated (0 = the base model)", ROUND),
+        _m("eval/change", "paired change of accuracy against the base model (round 0) on the same prompts "
+           "(gained − lost) ÷ n", ROUND),
+        _m("eval/change_se", "standard error of `eval/change`: √(lost + gained − (gained − lost)²/n) ÷ n", ROUND),
+        _m("eval/change_lo", "lower end of the 95% interval of `eval/change` (± 1.96 SE)", ROUND),
+        _m("eval/change_hi", "upper end of the 95% interval of `eval/change`", ROUND),
+        _m("eval/best_accuracy", "the best held-out accuracy so far (its weights are kept: "
+           "`checkpoints/best-NNNNNN/`, what `ftis-edge export` takes)", ROUND),
+        _m("eval/best_round", "the round of that best eval", ROUND),
+        _m("eval/seconds", "wall seconds of the eval (generation + grading)", ROUND),
+        _m("eval/tokens", "tokens the eval generated", ROUND),
+        _m("eval/base_accuracy", "the base model's held-out accuracy (round 0; in round 1's record and every eval's)",
+           ROUND),
+        _m("eval/base_lo", "round 1's record: lower end of the base accuracy's 95% Wilson interval", ROUND),
+        _m("eval/base_hi", "round 1's record: upper end of that interval", ROUND),
+        _m("eval/base_format", "round 1's record: the base model's format rate on the held-out prompts", ROUND),
+        _m("eval/base_truncated", "round 1's record: the base model's share of answers cut at the length cap",
+           ROUND),
+        _m("eval/base_seconds", "round 1's record: wall seconds of the base model's eval", ROUND),
+        _m("time/eval_s", "wall seconds of this round's held-out eval(s), weights kept included "
+           "(not part of `time/round_s`)", ROUND),
+    ],
+    "Swarm guard (ftis_edge/guard.py; swarm nodes with `eval.guard`)": [
+        _m("swarm/guard", "the guard's decision at this round's eval, one line with the evidence (accuracy vs "
+           "best on the same prompts, prompts lost / gained, McNemar p) and the action", ROUND),
+        _m("swarm/guard_level", "what the node takes from the swarm: 0 all peers, 1 none of another tokenizer, "
+           "2 none of another tokenizer or base model, 3 none (training alone)", ROUND),
+        _m("swarm/guard_excluded", "peer groups this round that the guard's level kept out of training", ROUND),
+    ],
     "Time": [
         _m("time/gen_s", "generation and grading of own groups", ROUND),
         _m("time/peer_wait_s", "waiting for peers' groups", ROUND),

@@ -32,6 +32,7 @@ from .config import Config, to_toml
 from .errors import FtisError, one_line
 from .generate.base import SamplerSettings
 from .intake import Intake, PeerBook, PeerGroup, ids_decoder
+from .heldout import eval_line
 from .logs import quiet_third_party, round_line, setup_logging
 from .metrics import MetricsWriter, read_control
 from .paths import cache_dir
@@ -164,6 +165,25 @@ class Node:
             # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
             log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)
+        self._build_heldout()
+
+    def _build_heldout(self) -> None:
+        """The held-out eval (heldout.py) on the loaded generator, and the swarm guard (guard.py)
+        for a swarm node; neither exists when eval.every = 0 (an alone node is then unchanged)."""
+        from .guard import SwarmGuard
+        from .heldout import HeldOut
+        cfg = self.cfg
+        self.heldout = HeldOut(self.task, self.bundle, self.generator, every=cfg.eval.every,
+                               prompts=cfg.eval.prompts, max_new_tokens=cfg.task.max_completion_length)
+        self.guard = None
+        self._base_record: dict = {}          # the base model's eval, for round 1's record
+        if self.swarm is not None and cfg.eval.guard:
+            if self.heldout.active:
+                self.guard = SwarmGuard(self.bundle.tokenizer_fingerprint, self.bundle.fingerprint,
+                                        alpha=cfg.eval.guard_alpha)
+            else:
+                log.warning("swarm guard off: it acts on held-out evals, and this run has none (eval.every = 0 "
+                            "or a task without an eval split)")
 
     # --- state ------------------------------------------------------------------------
     def _restore(self) -> int | None:
@@ -184,6 +204,10 @@ class Node:
                           "quarantine_reason"):
                     if k in d:
                         setattr(p, k, d[k])
+        self.heldout.load_state(state.get("heldout"))
+        self._adopt_kept_best()
+        if self.guard is not None:
+            self.guard.load_state(state.get("guard"))
         log.info("resumed from round %d", self.round)
         return self.round
 
@@ -198,9 +222,71 @@ class Node:
                     "torch": torch.get_rng_state()},
             "peers": self.book.snapshot(),
             "compute": self.totals.state(),
-        })
+            **({"heldout": self.heldout.state()} if self.heldout.active else {}),
+            **({"guard": self.guard.state()} if self.guard is not None else {}),
+        }, best=self._best_pointer())
         self.saved_round = self.round
         log.info("checkpoint round %d (%.2f s)", self.round, time.time() - t0)
+
+    def _best_pointer(self) -> dict | None:
+        """What a checkpoint's manifest says of the best held-out weights kept beside it."""
+        kept = checkpoint.best_info(self.run_dir)
+        return {"dir": f"best-{kept['round']:06d}", "round": kept["round"], **(kept.get("best") or {})} \
+            if kept else None
+
+    def _adopt_kept_best(self) -> None:
+        """On resume: the best weights on disk may come from an eval after the checkpoint (a round
+        being replayed); they are real weights with a real eval, so the record follows them."""
+        kept = checkpoint.best_info(self.run_dir)
+        best = self.heldout.best
+        if kept and best is not None and kept["round"] != best.round:
+            log.info("held-out eval: keeping the best weights of round %d on disk (the checkpoint knew round %d)",
+                     kept["round"], best.round)
+
+    # --- held-out eval -----------------------------------------------------------------
+    def _eval(self, round_: int) -> dict:
+        """Score the current weights on the held-out set: the record's eval/* keys; keeps the
+        weights when they are the best so far; the swarm guard decides on it."""
+        t0 = time.time()
+        self.progress.phase(phases.EVALUATING, total=len(self.heldout.prompts))
+        result = self.heldout.run(round_)
+        rec = self.heldout.record(result)
+        if self.heldout.is_best(result):
+            lo, hi = result.interval
+            checkpoint.save_best(self.run_dir, round_, self.learner.state_dict()["trainable"],
+                                 {"accuracy": result.accuracy, "n": result.n, "interval": [lo, hi],
+                                  "base_accuracy": self.heldout.base.accuracy,
+                                  "trainable": self.cfg.train.trainable})
+        if self.guard is not None and round_ > 0:
+            step = self.guard.observe(result, self.heldout.best, self.heldout.base, self.book.snapshot())
+            rec["swarm/guard"] = step.line
+            (log.warning if step.moved or step.harmed else log.info)("swarm guard: %s", step.line)
+        rec["time/eval_s"] = time.time() - t0
+        return rec
+
+    def _eval_base(self) -> None:
+        """Round 0: the base model's held-out accuracy, the reference of every later eval; its keys
+        (eval/base_*) go into round 1's record."""
+        rec = self._eval(0)
+        self._base_record = {**self.heldout.base_record(), "time/eval_s": rec["time/eval_s"]}
+        b = self.heldout.base
+        lo, hi = b.interval
+        log.info("held-out eval of the base model: %.0f%% [%.0f–%.0f] on %d %s prompts (%.1f s)",
+                 100 * b.accuracy, 100 * lo, 100 * hi, b.n, self.cfg.task.name, rec["time/eval_s"])
+
+    def _admit_peers(self) -> None:
+        """The guard's current level: drop buffered peer groups it does not admit (counted)."""
+        if self.guard is None or self.guard.level == 0:
+            return
+        kept = [g for g in self.intake.buffer
+                if self.guard.admits(g.rollout.tokenizer_fp, g.rollout.model_fp)]
+        self._guard_excluded += len(self.intake.buffer) - len(kept)
+        self.intake.buffer = kept
+
+    def _peer_limit(self, limit: int) -> int:
+        """Peer groups the round may take: none while the guard has the node training alone."""
+        from .guard import ALONE
+        return 0 if self.guard is not None and self.guard.level >= ALONE else limit
 
     # --- one round --------------------------------------------------------------------
     def _round_prompts(self):
@@ -311,14 +397,16 @@ class Node:
                     self._bytes_in[0] += it.nbytes
                     self._bytes_in[1] += it.rollout.num_tokens
             self.intake.receive(items, self.round)
+            self._admit_peers()
 
     def _collect_peers(self, own_group_ids: set[str] | None, limit: int) -> tuple[list[PeerGroup], dict]:
         """Wait (bounded by swarm.max_wait_s) until ``limit`` peer groups are ready, then take
         them; a slow or absent peer never stalls the node. Vertical: informative groups first,
         at most swarm.max_groups_per_peer of one peer (``Intake.take``)."""
         cfg = self.cfg
+        limit = self._peer_limit(limit)
         t0 = time.time()
-        deadline = t0 + cfg.swarm.max_wait_s
+        deadline = t0 + (cfg.swarm.max_wait_s if limit else 0.0)
         per_peer = cfg.swarm.max_groups_per_peer if own_group_ids is None else None
         self.progress.phase(phases.WAITING, deadline=deadline, done=0, total=limit)
         while True:
@@ -407,6 +495,7 @@ class Node:
         self.progress.round_started(self.round)
         self.cpu = CpuClock()
         self._bytes_in = [0, 0]
+        self._guard_excluded = 0
         wire_out = [0, 0]
         prompts = self._round_prompts()
         slots = self._fill_slots()
@@ -466,6 +555,8 @@ class Node:
             record.update({"relay/connected": s.get("connected"), "relay/latency_ms": s.get("latency_ms"),
                            "relay/replayed": s.get("replayed"), "relay/state": health["state"],
                            "relay/reason": health.get("reason") or None})
+        if self.guard is not None:
+            record.update({"swarm/guard_level": self.guard.level, "swarm/guard_excluded": self._guard_excluded})
         record["peers"] = self.book.snapshot()
         record.update(round_compute(self.cpu, self.totals, tokens=tokens, own_groups=len(own),
                                     peer_groups=len(peers), fill=slots is not None))
@@ -554,6 +645,8 @@ class Node:
             "backend": cfg.model.backend, "trainable": cfg.train.trainable, "method": cfg.train.method,
             "collaboration": cfg.mode, "relay": cfg.swarm.relay or None, "resumed_from": resumed,
             "config": resolved.to_dict()})
+        if self.heldout.active and self.heldout.base is None:
+            self._eval_base()
         old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         try:
             while self.round < cfg.node.rounds and not self.stop_reason:
@@ -563,8 +656,15 @@ class Node:
                 self.round += 1
                 record = self.run_round()
                 record["paused"] = paused
+                last = self.round == cfg.node.rounds or bool(self.stop_reason) or read_control(self.run_dir)["stop"]
+                record.update(self._base_record)
+                self._base_record = {}
+                if self.heldout.due(self.round, last):
+                    record.update(self._eval(self.round))
                 self.metrics.write(record)
-                log.info("%s", round_line(record, swarm=self.swarm is not None))
+                line = round_line(record, swarm=self.swarm is not None)
+                held = eval_line(record)
+                log.info("%s", f"{line}; {held}" if held else line)
                 if self.round % cfg.node.checkpoint_every == 0 or self.round == cfg.node.rounds \
                         or self.stop_reason or read_control(self.run_dir)["stop"]:
                     self._checkpoint()

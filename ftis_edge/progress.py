@@ -27,6 +27,7 @@ LOAD_TIMES_FILE = "load_times.json"
 LOADING, GENERATING, GRADING, WAITING, TRAINING, SYNCING, CHECKPOINTING, PAUSED, STOPPED = (
     "loading", "generating", "grading", "waiting for peers", "training", "syncing",
     "checkpointing", "paused", "stopped")
+EVALUATING = "held-out eval"      # heldout.py: greedy answers to the held-out prompts
 
 
 class ProgressReport:

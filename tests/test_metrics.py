@@ -91,7 +91,9 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
                              "gen/tokens_total", "cpu/gen_s", "cpu/grade_s", "cpu/intake_s", "cpu/train_s",
                              "cpu/sync_s", "cpu/round_s", "cpu/total_s", "reward/timed_out",
                              # issue 25: the plausibility filter
-                             "trust/implausible", "trust/threshold", "trust/repeated_tokens"}
+                             "trust/implausible", "trust/threshold", "trust/repeated_tokens",
+                             # the held-out eval and the swarm guard
+                             *(k for k in mk.METRICS if k.startswith(("eval/", "swarm/guard"))), "time/eval_s"}
 
 
 def test_the_recorded_fixture_uses_only_registered_keys():

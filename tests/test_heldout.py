@@ -1,0 +1,224 @@
+"""Held-out eval inside the run (heldout.py) and the swarm guard (guard.py).
+
+The statistics and the guard's state machine run on real eval records: the per-prompt greedy
+results that `ftis-edge eval` wrote for the H5 heterogeneous swarm (docs/runs/fill/fill-hetero:
+the Gemma 3 node alone, with F-TIS, with `nois`, and a SmolLM2 node alone and with `nois`),
+kept in tests/data/h5_evals.json. The node tests run
+the real model on tiny settings.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftis_edge import checkpoint, config
+from ftis_edge.guard import ALONE, SwarmGuard
+from ftis_edge.heldout import EvalResult, HeldOut, eval_line, mcnemar_worse, paired_change
+from ftis_edge.metric_keys import unregistered
+from ftis_edge.metrics import read_metrics
+from ftis_edge.tasks import Task
+from procs import ROOT
+
+H5_EVALS = json.loads((Path(ROOT) / "tests" / "data" / "h5_evals.json").read_text())["runs"]
+
+
+def real_eval(run: str, round_: int, limit: int = 64) -> EvalResult:
+    """The first ``limit`` held-out answers of a real run's eval (the same prompts in every run)."""
+    return EvalResult.from_items(round_, H5_EVALS[run]["items"][:limit])
+
+
+# --- statistics ------------------------------------------------------------------------------------
+
+def test_paired_change_counts_only_prompts_that_changed():
+    ref = [True] * 6 + [False] * 4
+    now = [True] * 3 + [False] * 3 + [True] + [False] * 3      # 3 lost, 1 gained
+    ch = paired_change(now, ref)
+    assert (ch.lost, ch.gained, ch.n) == (3, 1, 10)
+    assert ch.diff == pytest.approx(-0.2)
+    assert ch.se == pytest.approx(math.sqrt(3 + 1 - 4 / 10) / 10)
+    lo, hi = ch.interval
+    assert lo < ch.diff < hi
+    # no prompt changed: no variance, the interval is the point
+    same = paired_change(ref, ref)
+    assert same.diff == 0 and same.se == 0 and same.p_worse == 1.0
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_change(now, ref[:-1])
+
+
+def test_mcnemar_is_the_exact_binomial_tail():
+    assert mcnemar_worse(5, 0) == pytest.approx(1 / 32)
+    assert mcnemar_worse(4, 0) == pytest.approx(1 / 16)
+    assert mcnemar_worse(0, 5) == 1.0
+    assert mcnemar_worse(3, 1) == pytest.approx(5 / 16)
+
+
+def test_eval_result_of_real_records_and_its_round_trip():
+    alone = real_eval("alone-3", 10, limit=200)
+    assert alone.n == 200 and alone.accuracy == pytest.approx(0.725)   # the accuracy results.md reports
+    nois = real_eval("nois-3", 20, limit=200)
+    assert nois.accuracy == 0.0 and sum(nois.truncated) / nois.n == pytest.approx(0.185)
+    lo, hi = alone.interval
+    assert lo < 0.725 < hi and hi - lo < 0.14
+    assert EvalResult.from_dict(json.loads(json.dumps(alone.as_dict()))) == alone
+
+
+def test_record_keys_are_registered_and_paired_against_the_base():
+    class Nothing:
+        name = "nothing"
+    h = HeldOut(Nothing(), None, None, every=10, prompts=0, max_new_tokens=8)   # inactive: no model needed
+    h.observe(real_eval("alone-3", 0))
+    h.observe(real_eval("ftis-3", 10))
+    rec = h.record(h.last)
+    assert unregistered(rec) == []
+    assert rec["eval/base_accuracy"] == h.base.accuracy and rec["eval/best_round"] == 0
+    ch = paired_change(h.last.correct, h.base.correct)
+    assert rec["eval/change"] == ch.diff < 0 and rec["eval/change_lo"] < rec["eval/change"] < rec["eval/change_hi"]
+    assert unregistered(h.base_record()) == []
+    assert eval_line(rec).startswith(f"held-out {100 * h.last.accuracy:.0f}%") and "base" in eval_line(rec)
+    assert eval_line({"reward": 1.0}) is None
+
+
+def test_a_task_without_an_eval_split_says_so_once(caplog):
+    class NoEval(Task):
+        name = "noeval"
+
+    with caplog.at_level(logging.WARNING, logger="ftis_edge.heldout"):
+        h = HeldOut(NoEval(), None, None, every=5, prompts=32, max_new_tokens=8)
+    assert not h.active and not h.due(0, last=True) and not h.due(5, last=False)
+    said = [r for r in caplog.records if "no eval split" in r.getMessage()]
+    assert len(said) == 1 and "noeval" in said[0].getMessage()
+
+
+# --- the guard's state machine on real eval records ----------------------------------------------
+
+SMOL, GEMMA = "tok-smol", "tok-gemma"
+PEERS = {"smol-a": {"tokenizer": SMOL, "model_fp": "smol"},
+         "smol-b": {"tokenizer": SMOL, "model_fp": "smol-other"},
+         "gemma-c": {"tokenizer": GEMMA, "model_fp": "gemma"}}
+
+
+def test_guard_steps_down_the_ladder_on_real_harm_and_returns_on_recovery():
+    guard = SwarmGuard(GEMMA, "gemma", alpha=0.05)
+    base = real_eval("alone-3", 0)        # the Gemma node as it does alone: the reference
+    # another tokenizer admitted at level 0
+    assert guard.admits(SMOL, "smol") and guard.admits(GEMMA, "gemma")
+
+    harmed = real_eval("ftis-3", 8)      # the same Gemma node in the swarm with F-TIS: 40% of 200
+    step = guard.observe(harmed, base, base, PEERS)
+    assert step.harmed and step.moved == 1 and guard.level == 1
+    assert "McNemar p=" in step.line and "lost" in step.line and "another tokenizer" in step.line
+    assert not guard.admits(SMOL, "smol") and guard.admits(GEMMA, "gemma")   # other tokenizer out first
+
+    # still harmed: level 2 (no other base model) would exclude nobody new (every peer with another
+    # base model has another tokenizer too), so the guard goes straight to training alone
+    worse = real_eval("nois-3", 16)      # nois: 0 %
+    step = guard.observe(worse, base, base, PEERS)
+    assert step.moved == 1 and guard.level == ALONE and not guard.admits(GEMMA, "gemma")
+    step = guard.observe(worse, base, base, PEERS)
+    assert step.harmed and step.moved == 0 and guard.level == ALONE and "already" in step.line
+
+    # accuracy back at the base: one step back per eval, skipping levels that exclude nobody new
+    recovered = real_eval("alone-3", 24)
+    step = guard.observe(recovered, base, base, PEERS)
+    assert not step.harmed and step.moved == -1 and guard.level == 1
+    step = guard.observe(recovered, base, base, PEERS)
+    assert step.moved == -1 and guard.level == 0 and guard.admits(SMOL, "smol")
+    assert guard.fired == 2
+
+
+def test_guard_stays_quiet_when_the_swarm_does_not_hurt():
+    # SmolLM2 node 1 alone vs in the nois swarm (H5): the same 60.5 % of 200
+    guard = SwarmGuard(SMOL, "smol")
+    base = real_eval("alone-1", 0, limit=200)
+    step = guard.observe(real_eval("nois-1", 10, limit=200), base, base, PEERS)
+    assert not step.harmed and step.moved == 0 and guard.level == 0 and "no harm" in step.line
+    # and a small dip within chance (2 prompts lost of 64) does not fire either
+    ref = real_eval("alone-1", 0)
+    flipped = [c for c in ref.correct]
+    for i in [i for i, c in enumerate(flipped) if c][:2]:
+        flipped[i] = False
+    dip = EvalResult(round=5, correct=tuple(flipped), format_ok=ref.format_ok, truncated=ref.truncated)
+    assert not guard.observe(dip, ref, ref, PEERS).harmed and guard.level == 0
+
+
+def test_guard_skips_a_step_that_would_exclude_nobody():
+    guard = SwarmGuard(SMOL, "smol")
+    base = real_eval("alone-3", 0)
+    same_kind = {"smol-b": {"tokenizer": SMOL, "model_fp": "smol-other"}}   # same tokenizer, other base
+    guard.observe(real_eval("nois-3", 5), base, base, same_kind)
+    assert guard.level == 2 and guard.admits(SMOL, "smol") and not guard.admits(SMOL, "smol-other")
+    g2 = SwarmGuard(SMOL, "smol")
+    g2.observe(real_eval("nois-3", 5), base, base, {})        # no peer seen: straight to alone
+    assert g2.level == ALONE
+    g2.load_state(SwarmGuard(SMOL, "smol").state())
+    assert g2.level == 0
+
+
+# --- the node (real model) -----------------------------------------------------------------------
+
+TINY = {"task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"},
+        "model": {"threads": 1}, "train": {"micro_batch": 8}}
+
+
+def _config(tmp_path: Path, name: str, node_id: str = "n", **sections) -> Path:
+    """A tiny node file; runs in tmp_path/<name>. The node id is part of every sampling seed, so
+    two runs that must match share it."""
+    merged: dict = {s: dict(v) for s, v in TINY.items()}
+    for s, v in sections.items():
+        merged.setdefault(s, {}).update(v)
+    merged.setdefault("node", {}).update({"id": node_id, "run_dir": str(tmp_path / name)})
+    path = tmp_path / f"{name}.toml"
+    path.write_text(config.to_toml(config.from_dict(merged), comments=False))
+    return path
+
+
+def _run(cfg: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless"], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return proc.stdout
+
+
+# what training produced: must not depend on whether the eval ran
+TRAINING_KEYS = ("reward", "reward/own", "accuracy/own", "loss", "grad_norm", "kl/mean", "gen/tokens",
+                 "completions/mean_length", "version", "filter/dropped", "samples")
+
+
+@pytest.mark.model
+@pytest.mark.timeout(900)
+def test_eval_on_leaves_training_bit_identical_and_keeps_the_best(tmp_path):
+    node = {"rounds": 2, "checkpoint_every": 1, "seed": 3}
+    _run(_config(tmp_path, "off", node=node, eval={"every": 0}))
+    out = _run(_config(tmp_path, "on", node=node, eval={"every": 1, "prompts": 6}))
+    off = [r for r in read_metrics(tmp_path / "off") if r.get("type") == "round"]
+    on = [r for r in read_metrics(tmp_path / "on") if r.get("type") == "round"]
+    assert len(off) == len(on) == 2
+    for a, b in zip(off, on):
+        assert {k: a.get(k) for k in TRAINING_KEYS} == {k: b.get(k) for k in TRAINING_KEYS}
+        assert not any(k.startswith("eval/") for k in a)            # eval off: no eval keys at all
+        assert unregistered(b) == []
+    # the weights themselves, bit for bit
+    w_off = checkpoint.load_latest(tmp_path / "off")["learner"]["trainable"]
+    w_on = checkpoint.load_latest(tmp_path / "on")["learner"]["trainable"]
+    assert w_off.keys() == w_on.keys() and all((w_off[k] == w_on[k]).all() for k in w_off)
+
+    # round 1 carries the base model's eval (round 0), each round its own eval with intervals
+    r1, r2 = on
+    assert r1["eval/n"] == 6 and r1["eval/base_lo"] <= r1["eval/base_accuracy"] <= r1["eval/base_hi"]
+    for r in on:
+        assert r["eval/accuracy_lo"] <= r["eval/accuracy"] <= r["eval/accuracy_hi"]
+        assert r["eval/change_lo"] <= r["eval/change"] <= r["eval/change_hi"]
+        assert r["eval/round"] == r["round"] and r["time/eval_s"] > 0
+    assert "held-out eval of the base model" in out and "held-out " in out.splitlines()[-3] + out
+    # the best eval's weights are kept, verified, and named in the checkpoint's manifest
+    best = checkpoint.load_best(tmp_path / "on")
+    assert best["round"] == r2["eval/best_round"] and best["best"]["accuracy"] == r2["eval/best_accuracy"]
+    manifest = json.loads((tmp_path / "on" / "checkpoints" / "round-000002" / "manifest.json").read_text())
+    assert manifest["best"]["round"] == best["round"]
+    assert checkpoint.load_best(tmp_path / "off") is None
