@@ -1,4 +1,4 @@
-"""Write the generated docs: docs/metrics.md, docs/trl.md, docs/models.md and the README's config table.
+"""Write the generated docs: docs/metrics.md, docs/trl.md, docs/models.md and docs/config.md.
 
     python docs/make_docs.py          # rewrite them
     python docs/make_docs.py --check  # exit 1 if any is out of date (tests/test_metrics.py checks too)
@@ -15,23 +15,26 @@ from ftis_edge.config import reference_table  # noqa: E402
 from ftis_edge.fit import render_models_doc  # noqa: E402
 from ftis_edge.metric_keys import render_metrics_doc, render_trl_doc  # noqa: E402
 
-README_START = "| key | default | meaning |"
+CONFIG_INTRO = """# Configuration
+
+Generated from `ftis_edge/config.py` by `python docs/make_docs.py`: edit the source, not this file.
+
+`ftis-edge init node.toml` writes every setting with its default and a comment. Any setting
+that is wrong stops the node with one line naming the key (`train.method: must be one of …`).
+
+"""
 
 
-def readme_with_table(readme: str) -> str:
-    """The README with its config table (from `| key | default | meaning |` to the next blank line) regenerated."""
-    head, sep, rest = readme.partition(README_START)
-    if not sep:
-        raise SystemExit("README.md: config table header not found")
-    _, blank, tail = rest.partition("\n\n")
-    return head + reference_table() + blank + tail
+def render_config_doc() -> str:
+    """docs/config.md: every setting of the node file, its default and meaning."""
+    return CONFIG_INTRO + reference_table() + "\n"
 
 
 def generated() -> dict[Path, str]:
     return {ROOT / "docs" / "metrics.md": render_metrics_doc(),
             ROOT / "docs" / "trl.md": render_trl_doc(),
             ROOT / "docs" / "models.md": render_models_doc(),
-            ROOT / "README.md": readme_with_table((ROOT / "README.md").read_text(encoding="utf-8"))}
+            ROOT / "docs" / "config.md": render_config_doc()}
 
 
 def main(argv: list[str]) -> int:

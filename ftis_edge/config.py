@@ -379,7 +379,7 @@ def to_toml(cfg: Config, *, comments: bool = True) -> str:
     lines = []
     if comments:
         lines += ["# ftis-edge node configuration — every setting shown with its default.",
-                  "# Run with: ftis-edge start node.toml        Docs: README.md#configuration", ""]
+                  "# Run with: ftis-edge start node.toml        Docs: docs/config.md", ""]
     for s in fields(cfg):
         section = getattr(cfg, s.name)
         lines.append(f"[{s.name}]")
@@ -395,7 +395,7 @@ def to_toml(cfg: Config, *, comments: bool = True) -> str:
 
 
 def reference_table() -> str:
-    """Markdown table of every setting (for the README)."""
+    """Markdown table of every setting (for docs/config.md)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     cfg = Config()
     for s in fields(cfg):

@@ -54,7 +54,7 @@ FIXTURE = ROOT / "tests" / "data" / "recorded_run"
 
 
 def test_generated_docs_are_up_to_date():
-    """docs/metrics.md, docs/trl.md and the README's config table are generated: edit the source."""
+    """docs/metrics.md, docs/trl.md, docs/models.md and docs/config.md are generated: edit the source."""
     out = subprocess.run([sys.executable, "docs/make_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8") == mk.render_metrics_doc()
