@@ -9,7 +9,7 @@
 #
 # Flavours: cpu; cuda (NVIDIA driver + CUDA toolkit: llama.cpp built for this GPU's architecture);
 # cuda-driver (NVIDIA driver, no toolkit: CUDA torch, CPU llama.cpp, the node generates with HF on
-# the GPU); metal (Apple Silicon: llama.cpp with Metal, torch with MPS). Windows: use WSL2 (README).
+# the GPU); metal (Apple Silicon: llama.cpp with Metal, torch with MPS). Windows: use WSL2 (docs/install.md).
 #
 # Environment knobs:
 #   FTIS_PYTHON      python to build the venv with (default: python3)
