@@ -678,3 +678,82 @@ def test_span_level_properties(batch, method, kl_threshold, cuts, gen_shift):
                                          "gen_span_logp": torch.cat([gen_span, torch.full((B, 2), NAN)], 1)})
     torch.testing.assert_close(loss_p, loss, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad_p, grad, rtol=1e-6, atol=1e-7)
+
+
+# --------------------------------------------------------------------------- another model's samples
+
+def test_foreign_cap_off_is_the_plain_objective_bit_for_bit():
+    plain = tiny(method="f-tis", C=2.0)
+    for kw in ({"foreign": torch.tensor([True, True])}, {"foreign_cap": 1.0},
+               {"foreign": torch.tensor([False, False]), "foreign_cap": 1.0}):
+        loss, grad, st = tiny(method="f-tis", C=2.0, **kw)
+        assert loss == plain[0] and torch.equal(grad, plain[1])
+        assert st["is/foreign_capped"] == 0
+
+
+def test_foreign_cap_lowers_only_the_foreign_rows_weights():
+    # ℓ − g: sample 0 [0.5, −1.0] (token 0 has weight e^0.5 = 1.65 < C = 2); sample 1 [−0.4, −2.8, 3.0]
+    for foreign in ([True, False], [False, True]):
+        loss, grad, st = tiny(method="tis", C=2.0, foreign=torch.tensor(foreign), foreign_cap=1.0)
+        w0 = [min(math.exp(0.5), 1.0 if foreign[0] else 2.0), math.exp(-1.0)]
+        w1 = [math.exp(-0.4), math.exp(-2.8), 1.0 if foreign[1] else 2.0]
+        # tis's inner ratio is 1 in value, so the gradient is −w Â / |a_i| / N per token
+        assert_values(grad, [[-w0[0] * 1.5 / 2 / 2, -w0[1] * 1.5 / 2 / 2, 0.0],
+                             [w * 0.5 / 3 / 2 for w in w1]])
+        assert st["per_sample"]["is_weight"].tolist() == approx([sum(w0) / 2, sum(w1) / 3])
+        assert st["per_sample"]["capped"].tolist() == foreign      # each foreign row has a token > 1
+        assert st["per_sample"]["foreign"].tolist() == foreign
+        assert st["is/foreign_capped"] == 1 and st["samples/foreign"] == 1
+
+
+def test_foreign_cap_stops_an_imitated_texts_weight_growing_toward_C():
+    # the learner has come to like another model's text: ℓ − g = +0.6 on every token (w = 1.82 < C)
+    g = torch.full((1, 4), -2.0)
+    logp = (g + 0.6).requires_grad_()
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 4)
+    _, plain = ftis_loss(logp, g, adv, mask, level="token")
+    _, capped = ftis_loss(logp, g, adv, mask, level="token", foreign=torch.tensor([True]), foreign_cap=1.0)
+    assert plain["per_sample"]["is_weight"].item() == approx(math.exp(0.6))
+    assert capped["per_sample"]["is_weight"].item() == approx(1.0) and capped["is/foreign_capped"] == 1
+    # a text it still finds unlikely keeps its (< 1) weight: the cap only bounds from above
+    _, low = ftis_loss((g - 0.3).requires_grad_(), g, adv, mask, foreign=torch.tensor([True]), foreign_cap=1.0)
+    assert low["per_sample"]["is_weight"].item() == approx(math.exp(-0.3)) and low["is/foreign_capped"] == 0
+
+
+def test_foreign_cap_at_sequence_and_span_level():
+    g_sum = torch.tensor([-6.0])
+    logp = torch.full((1, 3), -1.0, requires_grad=True)       # Σℓ = −3: sequence ratio e^3, capped
+    kw = dict(level="sequence", gen_logp_sum=g_sum, foreign=torch.tensor([True]))
+    _, st = ftis_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3), foreign_cap=1.0, **kw)
+    assert st["per_sample"]["is_weight"].item() == approx(1.0)
+    _, st = ftis_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3), foreign_cap=0.5, **kw)
+    assert st["per_sample"]["is_weight"].item() == approx(0.5)
+    # span level: spans [0, 0, 1]; span 0's ratio e^(−2 − (−3)) = e, span 1's e^(−1 − (−0.5)) < 1
+    span_ids, G = torch.tensor([[0, 0, 1]]), torch.tensor([[-3.0, -0.5]])
+    _, st = ftis_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3), level="span",
+                      span_ids=span_ids, gen_span_logp=G, foreign=torch.tensor([True]), foreign_cap=1.0)
+    assert st["per_sample"]["is_weight"].item() == approx((1.0 + 1.0 + math.exp(-0.5)) / 3)
+
+
+def test_foreign_cap_clips_vis_ratio_from_above():
+    # vis: ρ = e^(ℓ − g); a foreign row's upper clip is min(1 + eps, cap) = 1, so a positive-advantage
+    # token with ρ = e^0.5 > 1 gets no gradient and its term is −1·Â
+    g = torch.tensor([[-1.5, -1.0]])
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    loss, st = ftis_loss(logp, g, torch.tensor([1.0]), torch.ones(1, 2), method="vis",
+                         foreign=torch.tensor([True]), foreign_cap=1.0)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert loss.item() == approx(-(1.0 + math.exp(-1.0)) / 2)
+    assert_values(grad, [[0.0, -math.exp(-1.0) / 2]])
+    assert st["clip_ratio/region_mean"] == approx(0.5)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"foreign_cap": 0.0}, "foreign_cap"), ({"foreign_cap": float("inf")}, "foreign_cap"),
+    ({"foreign_cap": "1"}, "foreign_cap"),
+    ({"foreign": torch.tensor([1, 0]), "foreign_cap": 1.0}, "foreign must be a bool"),
+    ({"foreign": torch.tensor([True]), "foreign_cap": 1.0}, "foreign must be a bool"),
+])
+def test_foreign_cap_bad_input(kw, match):
+    with pytest.raises(ObjectiveError, match=match):
+        tiny(**kw)
