@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from .align import TokenBytes, span_alignment
-from .learner import OWN, TrainSample
 from .objective import group_advantages
+from .samples import OWN, TrainSample, carries_signal
 
 RETOKENIZED_LENGTH_FACTOR = 4      # a re-tokenized completion may be this many times max_completion_length
 
@@ -86,11 +86,6 @@ class Batch:
     @property
     def peer_samples(self) -> int:
         return len(self.samples) - self.own_samples
-
-
-def carries_signal(rewards: Sequence[float]) -> bool:
-    """False when every reward of a group is equal: zero advantage, nothing to learn from it."""
-    return len(rewards) > 0 and max(rewards) != min(rewards)
 
 
 def advantages(rewards: Sequence[float], scale: str) -> list[float] | None:

@@ -29,6 +29,7 @@ from . import atomic, statefile
 from .errors import FtisError
 
 KEEP = 2
+DIR = "checkpoints"                        # RUN_DIR/checkpoints/
 STATE, MANIFEST = "state.safetensors", "manifest.json"
 PICKLE_STATE = "state.pt"                  # the format before statefile: readable only on opt-in
 TRUST_PICKLE_ENV = "FTIS_EDGE_TRUST_PICKLE"
@@ -41,14 +42,15 @@ class CheckpointError(FtisError):
     """No usable checkpoint where one is needed; the message says what was found."""
 
 
-def _dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+def dir_of(run_dir: Path) -> Path:
+    """``RUN_DIR/checkpoints``: where every checkpoint of a run lives."""
+    return Path(run_dir) / DIR
 
 
 def save(run_dir: Path, round_: int, state: dict, *, best: dict | None = None) -> Path:
     """``best``: the best held-out eval's weights this checkpoint goes with (``best_info``), named
     in its manifest so that what a checkpoint and the best weights are can be read side by side."""
-    root = _dir(run_dir)
+    root = dir_of(run_dir)
 
     def write(tmp: Path) -> None:
         statefile.save(tmp / STATE, state)
@@ -67,7 +69,7 @@ def save(run_dir: Path, round_: int, state: dict, *, best: dict | None = None) -
 
 def complete(run_dir: Path) -> list[int]:
     """Rounds that have a checkpoint directory with a state file (verified or not), oldest first."""
-    root = _dir(run_dir)
+    root = dir_of(run_dir)
     if not root.exists():
         return []
     return sorted(int(m.group(1)) for p in root.iterdir()
@@ -96,9 +98,9 @@ def refuse_untrusted(run_dir: Path) -> None:
     """CheckpointError when every checkpoint is a pickle and the user did not opt in: the
     cheap check ``--resume`` makes before loading a model (``load_latest`` checks each one)."""
     rounds = complete(run_dir)
-    ckpts = [_dir(run_dir) / f"round-{r:06d}" for r in rounds]
+    ckpts = [dir_of(run_dir) / f"round-{r:06d}" for r in rounds]
     if rounds and not trust_pickle() and all(_state_file(c).name == PICKLE_STATE for c in ckpts):
-        raise CheckpointError(f"no usable checkpoint in {_dir(run_dir)}: " + _pickle_refused(ckpts[-1].name))
+        raise CheckpointError(f"no usable checkpoint in {dir_of(run_dir)}: " + _pickle_refused(ckpts[-1].name))
 
 
 def _load_pickle(path: Path) -> dict:
@@ -129,7 +131,7 @@ def _load(path: Path) -> dict:
 
 def load_round(run_dir: Path, round_: int) -> dict:
     """The checkpoint of ``round_``, verified; raises CheckpointError saying what is wrong."""
-    ckpt = _dir(run_dir) / f"round-{round_:06d}"
+    ckpt = dir_of(run_dir) / f"round-{round_:06d}"
     path = _state_file(ckpt)
     if path is None:
         raise CheckpointError(f"{ckpt.name}: no {STATE}")
@@ -184,7 +186,7 @@ def load_latest(run_dir: Path) -> dict | None:
             log.warning("resuming from the older checkpoint of round %d (%d newer one%s unusable)",
                         r, len(problems), "" if len(problems) == 1 else "s")
         return state
-    raise CheckpointError(f"no usable checkpoint in {_dir(run_dir)}: " + "; ".join(why for _, why in problems))
+    raise CheckpointError(f"no usable checkpoint in {dir_of(run_dir)}: " + "; ".join(why for _, why in problems))
 
 
 # --- the best held-out eval's weights ------------------------------------------------------------
@@ -198,7 +200,7 @@ _BEST = re.compile(r"^best-(\d{6})$")
 def save_best(run_dir: Path, round_: int, weights: dict, info: dict) -> Path:
     """Keep ``weights`` (name -> tensor) as the best so far; ``info`` (accuracy, n, interval ...)
     goes into the manifest and the state."""
-    root = _dir(run_dir)
+    root = dir_of(run_dir)
 
     def write(tmp: Path) -> None:
         statefile.save(tmp / STATE, {"round": round_, "best": info, "trainable": weights})
@@ -216,7 +218,7 @@ def save_best(run_dir: Path, round_: int, weights: dict, info: dict) -> Path:
 
 def best_info(run_dir: Path) -> dict | None:
     """The newest best weights' manifest (round, accuracy, ...), or None; not verified."""
-    root = _dir(run_dir)
+    root = dir_of(run_dir)
     if not root.is_dir():
         return None
     rounds = sorted(int(m.group(1)) for p in root.iterdir() if (m := _BEST.match(p.name)))
@@ -236,7 +238,7 @@ def load_best(run_dir: Path) -> dict | None:
     manifest = best_info(run_dir)
     if manifest is None:
         return None
-    ckpt = _dir(run_dir) / f"best-{manifest['round']:06d}"
+    ckpt = dir_of(run_dir) / f"best-{manifest['round']:06d}"
     path = ckpt / STATE
     if not path.is_file() or path.stat().st_size != manifest.get("bytes"):
         raise CheckpointError(f"{ckpt.name}: {STATE} is missing or has another size than was written (truncated?)")
@@ -253,4 +255,4 @@ def load_best(run_dir: Path) -> dict | None:
 
 def clear(run_dir: Path) -> None:
     """Remove every checkpoint (a fresh start must never resume from an older run's)."""
-    shutil.rmtree(_dir(run_dir), ignore_errors=True)
+    shutil.rmtree(dir_of(run_dir), ignore_errors=True)

@@ -7,7 +7,7 @@ The shape comes from the GGUF header (``gguf_io.read_gguf_header``, ~0.1 s, no w
 * learner (on its device): float32 weights; full fine-tuning adds gradients and two Adam moments
   (12 B per parameter), LoRA only its adapters (16 B per adapter parameter); activations kept for
   the backward pass (a micro-batch's tokens: its prompts once, its completions, x layers x the
-  tensors a decoder layer keeps) and one chunk of [rows, vocab] logits (learner.LOGIT_CHUNK_ROWS);
+  tensors a decoder layer keeps) and one chunk of [rows, vocab] logits (LOGIT_CHUNK_ROWS);
 * generator: llama.cpp (always in RAM) holds its own weights (F16 re-export: 2 B per parameter;
   "quantized": the shipped GGUF) and a KV cache for a group (G sequences of prompt + completion);
   the hf backend samples from the learner's weights and adds only its KV cache.
@@ -28,7 +28,7 @@ CUDA_CONTEXT_BYTES = int(0.5 * GB)  # the CUDA context and torch's allocator sla
 DEFAULT_PROMPT_TOKENS = 256        # a prompt with the default 2 worked examples (arith on SmolLM2: 173)
 Q8_0_BYTES_PER_PARAM = 34 / 32     # Q8_0: 32 weights in 34 bytes (an HF model's "quantized" generator)
 HEADROOM = 0.9                     # use at most this share of what the machine has
-LOGIT_CHUNK_ROWS = 1024            # learner.LOGIT_CHUNK_ROWS (not imported: that pulls in torch)
+LOGIT_CHUNK_ROWS = 1024            # rows of [tokens, vocab] logits the learner materialises at once (it imports this)
 LOGIT_COPIES = 3                   # logits, their exp for logsumexp, the gradient (recomputed per chunk)
 LLAMACPP_UBATCH = 512              # llama.cpp's n_ubatch in generate/llamacpp.py (its compute buffer)
 

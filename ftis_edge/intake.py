@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .batch import carries_signal
+from .samples import carries_signal
 from .text_safety import terminal_safe
 from .tasks.grader import get_grader
 from .wire import Rollout, WireCompletion

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -23,6 +22,8 @@ from torch.utils.checkpoint import checkpoint
 
 from . import metric_keys, plausibility
 from .errors import FtisError
+from .fit import LOGIT_CHUNK_ROWS
+from .samples import OWN, TrainSample
 from .shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
                             run_prompt)
 
@@ -38,32 +39,6 @@ class LearnerOOM(RuntimeError):
         super().__init__(f"out of memory at micro_batch={micro_batch}; halve learner.micro_batch and "
                          f"retry ({type(cause).__name__}: {str(cause).splitlines()[0][:200]})")
         self.micro_batch = micro_batch
-
-
-OWN = "own"                        # TrainSample.source of this node's own samples
-
-
-@dataclass
-class TrainSample:
-    prompt_ids: list[int]
-    completion_ids: list[int]          # the learner's own token ids of the completion
-    gen_logprobs: list[float] | None   # behaviour log-prob per completion token; None for cross-tokenizer
-    gen_logprob_sum: float | None      # generator's summed log-prob (sequence-level / cross-tokenizer)
-    advantage: float
-    sequence_level: bool = False
-    source: str = OWN                  # node id of the generator (OWN for ours)
-    # span level (cross-tokenizer, align.py): span index of each completion token, and the
-    # generator's summed log-prob of each span; both set -> the sample is span-level
-    span_ids: list[int] | None = None
-    gen_span_logprobs: list[float] | None = None
-
-    @property
-    def level(self) -> str:
-        return "span" if self.span_ids is not None else "sequence" if self.sequence_level else "token"
-
-
-# Rows of [tokens, vocab] logits materialised at once when computing log-probs.
-LOGIT_CHUNK_ROWS = 1024
 
 
 def _is_oom(err: BaseException) -> bool:

@@ -27,14 +27,12 @@ import importlib.util
 import json
 import os
 import re
-import socket
-import threading
 import time
 from pathlib import Path
 
 from .gguf_io import (ARCH_LAYOUTS, SUPPORTED, GGUFError, check_gguf_file, convert_hf_to_gguf, export_f16_gguf, gguf_arch_of,
                       llama3_rope_parameters, lora_targets_for, quantize_gguf, read_gguf_field, read_gguf_metadata)
-from . import atomic
+from . import atomic, hub
 from .errors import FtisError
 from .model_code import refuse_model_code, trusted
 from .paths import cache_dir
@@ -155,30 +153,6 @@ def _gemma3_path() -> Path:
     return atomic.write_file(target, lambda tmp: assemble(tmp, overwrite=True))
 
 
-def _hub_reachable(timeout: float = 2.0) -> bool:
-    """Fast connectivity probe (DNS + TCP) run in a thread so a hanging resolver cannot block us."""
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    host = re.sub(r"^https?://", "", endpoint).split("/")[0].split(":")[0]
-    ok = []
-
-    def probe():
-        try:
-            socket.create_connection((host, 443), timeout=timeout).close()
-            ok.append(True)
-        except OSError:
-            pass
-
-    t = threading.Thread(target=probe, daemon=True)
-    t.start()
-    t.join(timeout + 0.5)
-    return bool(ok)
-
-
-def _offline_env() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
 def _resolve_hub_id(spec: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
@@ -189,10 +163,10 @@ def _resolve_hub_id(spec: str) -> Path:
         return Path(snapshot_download(spec, local_files_only=True, allow_patterns=patterns))
     except Exception:  # noqa: BLE001 - not (fully) in the local cache
         pass
-    if _offline_env():
+    if hub.offline_env():
         raise ModelError(f"model {spec!r}: not in the local HF cache and the hub is unreachable "
                          f"(HF_HUB_OFFLINE is set); download it once with network access or pass a local path")
-    if not _hub_reachable():
+    if not hub.reachable():
         raise ModelError(f"model {spec!r}: not in the local HF cache and the hub is unreachable (no network); "
                          f"download it once with network access or pass a local path")
     try:

@@ -4,8 +4,8 @@ what the user is told when a node stops.
 
     RUN_DIR/config.toml          the node's resolved config (CONFIG_FILE)
     RUN_DIR/metrics.jsonl        records (metrics.METRICS_FILE), node.log, control.json
-    RUN_DIR/adapter/latest.gguf  the generator's newest weights (ADAPTER_DIR, sync.LATEST)
-    RUN_DIR/checkpoints/         verified checkpoints (checkpoint.py)
+    RUN_DIR/adapter/latest.gguf  the generator's newest weights (ADAPTER_DIR, LATEST; sync.py writes them)
+    RUN_DIR/checkpoints/         verified checkpoints (checkpoint.py, checkpoint.DIR)
     RUN_DIR/node.stderr          a dashboard-started node's stderr (NODE_STDERR)
 
 A fresh start must not inherit an older run's checkpoints (a later ``--resume`` would load
@@ -29,6 +29,7 @@ from .metrics import CONTROL_FILE, LOG_FILE, METRICS_FILE, read_metrics
 
 CONFIG_FILE = "config.toml"
 ADAPTER_DIR = "adapter"
+LATEST = "latest.gguf"                 # in ADAPTER_DIR: a hard link to the newest adapter (LoRA) or merged model (full)
 NODE_STDERR = "node.stderr"            # a dashboard-started node's stderr
 ERROR_PREFIX = "ftis-edge: error: "    # how the CLI prints a failure
 
@@ -95,7 +96,6 @@ def latest_weights(run_dir: Path) -> tuple[Path, str] | None:
     What the file is comes from its ``general.type``, not its name: ``latest.gguf`` is a hard
     link to either a LoRA adapter or a merged model."""
     from .gguf_io import read_gguf_field
-    from .sync import LATEST
     folder = Path(run_dir) / ADAPTER_DIR
     latest = folder / LATEST
     if not latest.is_file():
@@ -112,7 +112,6 @@ def latest_weights(run_dir: Path) -> tuple[Path, str] | None:
 
 def eval_weights(run_dir) -> tuple[str, str | None]:
     """(model spec, adapter path or None) of a run's newest weights, for ``eval --model RUN_DIR``."""
-    from .sync import LATEST
     run_dir = Path(run_dir).expanduser()
     cfg = load_config(run_dir)
     found = latest_weights(run_dir)
@@ -172,7 +171,7 @@ def check_resumable(run_dir: Path, *, fresh_if_missing: bool) -> bool:
     why = "the run stopped before its first checkpoint" if (Path(run_dir) / METRICS_FILE).exists() \
         else "no run there yet"
     raise checkpoint.CheckpointError(
-        f"--resume: no checkpoint in {Path(run_dir) / 'checkpoints'} ({why}); "
+        f"--resume: no checkpoint in {checkpoint.dir_of(run_dir)} ({why}); "
         f"use --resume-or-fresh to start fresh when there is none (--overwrite would delete the run)")
 
 

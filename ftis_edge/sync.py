@@ -15,8 +15,8 @@ from pathlib import Path
 
 # The GGUF writers live in gguf_io; re-exported here because they are what a sync writes.
 from .gguf_io import GGUF_MODULE, GGUFError, export_merged_gguf, merged_state_dict, permute_rows, write_gguf_lora
+from .rundir import LATEST   # <run>/adapter/latest.gguf: the newest adapter (LoRA) or merged model (full)
 
-LATEST = "latest.gguf"      # <run>/adapter/latest.gguf: the newest adapter (LoRA) or merged model (full)
 
 # Everything a sync can refuse (a bad mode, a module without a GGUF equivalent, a shape mismatch).
 SyncError = GGUFError

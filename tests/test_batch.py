@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ftis_edge.align import TokenBytes
-from ftis_edge.batch import (OWN, LocalTokenizer, OwnGroup, advantages, build_batch, peer_usage)
+from ftis_edge.batch import LocalTokenizer, OwnGroup, advantages, build_batch, peer_usage
+from ftis_edge.samples import OWN
 from ftis_edge.generate.base import Completion
 from ftis_edge.intake import PeerGroup, PeerStats
 from ftis_edge.objective import group_advantages

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftis_edge.batch import carries_signal
+from ftis_edge.samples import carries_signal
 from ftis_edge.generate.base import SamplerSettings
 from ftis_edge.intake import Intake, PeerBook, ids_decoder
 from ftis_edge.swarm import Received

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ftis_edge import wire
-from ftis_edge.learner import OWN, TrainSample
+from ftis_edge.samples import OWN, TrainSample
 from ftis_edge.node import useful_peers
 from relay import protocol as P
 from relay.client import RelayClient

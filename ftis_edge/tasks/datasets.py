@@ -63,8 +63,8 @@ def load_hf(dataset: str, config: str | None, split: str, task: str) -> list[dic
     except ImportError:
         raise TaskError(f"{task}: no local data; run ./install.sh --data once (downloads GSM8K and MATH-500), "
                         f"or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED") from None
-    from ..models import _hub_reachable, _offline_env
-    if _offline_env() or not _hub_reachable():  # not five noisy retries before the same answer
+    from .. import hub
+    if hub.offline_env() or not hub.reachable():  # not five noisy retries before the same answer
         raise TaskError(f"{task}: no local data and the HF hub is unreachable; run ./install.sh --data once "
                         f"while online, or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED")
     try:
