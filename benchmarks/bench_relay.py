@@ -144,11 +144,11 @@ def _raw_relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
     cpu0 = time.process_time()
     got, nbytes = [], 0
     end = time.time() + timeout_s
-    next_ping = 0.0
+    next_ping, mark = 0.0, ""
     while len(got) < expected and time.time() < end:
-        if time.time() >= next_ping:           # what it read: the relay bounds its queued bytes by it
+        if time.time() >= next_ping:           # the newest MARK read: the relay bounds its queued bytes by it
             next_ping = time.time() + 0.5
-            d.send_multipart([P.PING, orjson.dumps({"t": 0, "rx": nbytes})])
+            d.send_multipart([P.PING, orjson.dumps({"t": 0, "mark": mark})])
         if d.poll(50):
             while True:
                 try:
@@ -159,6 +159,8 @@ def _raw_relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
                     _, _, _, _, rid, _, payload = P.unpack_deliver(f[1])
                     got.append((rid.decode(), time.time()))
                     nbytes += len(payload)
+                elif f[0] == P.MARK and f[1]:
+                    mark = f[1].hex()
     d.close(0)
     ctx.term()
     out.put(("recv", got, nbytes, time.process_time() - cpu0))

@@ -160,6 +160,8 @@ def run_nodes(addresses: list[str], names: list[str], k: int, period: float, sec
                         n.lat.append(t - sent_at(rid))
                     if not publish:
                         n.seen.append(rid)           # audit nodes: remember what arrived
+                elif kind == P.MARK and f[1]:       # prove what it read, as the real client does
+                    n.sock.send_multipart([P.PING, orjson.dumps({"t": 0, "mark": f[1].hex()})], zmq.NOBLOCK)
                 elif kind == P.ACK:
                     if n.pending.pop(f[1], None) is not None:
                         n.acked.append(f[1])

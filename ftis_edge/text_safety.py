@@ -8,21 +8,6 @@ different ids stay different. Honest strings come back unchanged.
 """
 from __future__ import annotations
 
-import re
+from relay.text_safety import terminal_safe  # noqa: F401 - one rule for the node and the relay
 
-# C0 controls (tab and newline too: one field is one line), DEL, C1 controls, and the
-# Unicode bidi controls (embeddings, overrides, isolates, marks) and line/paragraph separators.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def _escape(match: re.Match) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def terminal_safe(value):
-    """``value`` with control and bidi characters written out as escapes (a non-string
-    comes back as it is: the wire's own checks judge its type)."""
-    if not isinstance(value, str) or not _UNSAFE.search(value):
-        return value
-    return _UNSAFE.sub(_escape, value)
+__all__ = ["terminal_safe"]

@@ -20,6 +20,7 @@ from zmq.utils.monitor import recv_monitor_message
 from relay import protocol as P
 from relay.keys import ClientKeys, KeyFileError, keygen
 from relay.server import RelayConfig, run
+from relay.text_safety import terminal_safe
 
 _FMT = argparse.ArgumentDefaultsHelpFormatter
 
@@ -62,7 +63,10 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peer-timeout", type=float, default=d.peer_timeout_s, help="forget silent clients after s")
     p.add_argument("--sndhwm", type=int, default=d.sndhwm, help="messages queued per client before it counts as blocked")
     p.add_argument("--max-queued-mb", type=float, default=d.max_queued_bytes / 2**20,
-                   help="rollout MB sent to a client and not yet read (its PINGs say) before it counts as blocked; 0 = unbounded")
+                   help="rollout MB sent to a client and not proven read (it echoes the relay's MARKs) "
+                        "before it is held back; 0 = unbounded")
+    p.add_argument("--max-total-queued-mb", type=float, default=d.max_total_queued_bytes / 2**20,
+                   help="the same for all clients together; past it each gets only its share; 0 = unbounded")
     p.add_argument("--trust-bridge", action="append", default=[], metavar="NAME[=RELAY,...]",
                    help="federation bridge allowed to forward others' rollouts (repeatable): its node id, "
                         "which on a CURVE relay is its key's name; =RELAY,... limits the relays whose nodes "
@@ -93,6 +97,7 @@ def _serve(args) -> int:
                       max_peers=args.max_peers, slow_after_s=args.slow_after, busy_retry_s=args.busy_retry,
                       peer_timeout_s=args.peer_timeout, sndhwm=args.sndhwm,
                       max_queued_bytes=int(args.max_queued_mb * 2**20),
+                      max_total_queued_bytes=int(args.max_total_queued_mb * 2**20),
                       trusted_bridges=frozenset(args.trust_bridge), open_bridges=args.open_bridges,
                       name=args.name)
     try:
@@ -167,19 +172,33 @@ def _fmt_bytes(n: float) -> str:
     return str(n)
 
 
+def _safe(value) -> str:
+    """A peer-chosen string (node id, topic, key name) as visible text: no escape sequence,
+    clipboard write or bidi override reaches the operator's terminal."""
+    return terminal_safe(str(value))
+
+
 def format_stats(s: dict) -> str:
+    q = s.get("queued") or {}
+    held = [p for p in s["peers"] if p.get("held_back")]
     lines = [f"relay epoch {s['epoch']}  up {s['uptime_s']:.0f} s  bind {s['bind']}  curve {s['curve']}",
              f"identity: {s.get('identity', '?')}",
              f"counts: {s['counts']}", f"rejected: {s['rejected'] or '{}'}",
-             f"refused handshakes: {s.get('refused_handshakes') or '{}'}", "",
+             f"refused handshakes: {s.get('refused_handshakes') or '{}'}",
+             f"queued: {_fmt_bytes(q.get('bytes', 0))} of {_fmt_bytes(q.get('cap', 0))} "
+             f"(each peer at most {_fmt_bytes(q.get('peer_cap', 0))}; {q.get('ghosts', 0)} gone peers hold "
+             f"{_fmt_bytes(q.get('ghost_bytes', 0))})",
+             "held back (sent more than they proved they read): " + (", ".join(
+                 f"{_safe(p['node_id'])} ({_fmt_bytes(p.get('queued_bytes', 0))}, {p['held_back']})"
+                 for p in held) or "none"), "",
              f"{'topic':<24}{'next_seq':>10}{'buffered':>10}{'bytes':>12}{'subs':>6}"]
     for name, t in s["topics"].items():
-        lines.append(f"{name[:23]:<24}{t['next_seq']:>10}{t['buffered']:>10}"
+        lines.append(f"{_safe(name)[:23]:<24}{t['next_seq']:>10}{t['buffered']:>10}"
                      f"{_fmt_bytes(t['buffer_bytes']):>12}{t['subscribers']:>6}")
     lines += ["", f"{'peer':<20}{'in msgs':>9}{'in':>10}{'out msgs':>10}{'out':>10}{'acked':>7}"
                   f"{'nacked':>7}{'lag':>6}{'skipped':>8}{'seen s':>8}"]
     for p in s["peers"]:
-        lines.append(f"{p['node_id'][:19]:<20}{p['in_msgs']:>9}{_fmt_bytes(p['in_bytes']):>10}"
+        lines.append(f"{_safe(p['node_id'])[:19]:<20}{p['in_msgs']:>9}{_fmt_bytes(p['in_bytes']):>10}"
                      f"{p['out_msgs']:>10}{_fmt_bytes(p['out_bytes']):>10}{p['acked']:>7}{p['nacked']:>7}"
                      f"{p['lag']:>6}{p['skipped']:>8}{p['last_seen_s']:>8.1f}")
     return "\n".join(lines)

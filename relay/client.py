@@ -29,6 +29,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from relay import protocol as P
+from relay.text_safety import terminal_safe
 from relay.frames import LAST as _LAST, MORE as _MORE, send_frame as _SEND
 from relay.keys import ClientKeys
 from relay.waker import Waker
@@ -144,6 +145,8 @@ class RelayClient:
         self._epoch: str | None = None
         self._relay_name: str | None = None
         self._rx_bytes = 0                             # I/O thread: rollout bytes read since the last WELCOME
+        self._mark = ""                                # I/O thread: the newest MARK read (hex), echoed in PING
+        self._receipt_due = False                      # a MARK was read: PING soon, the relay waits for it
         self._last_seq = 0
         self._replay_until = 0
         self._connected = False
@@ -350,14 +353,14 @@ class RelayClient:
             log.info("connected to relay %s as %s", self.address, self.node_id)
         elif state in (UNREACHABLE, REFUSED):
             self._last_warned = time.monotonic()
-            log.warning("relay %s %s: %s", self.address, state, reason)
+            log.warning("relay %s %s: %s", self.address, state, terminal_safe(reason))   # the relay's words
 
     def _warn_while_down(self, now: float) -> None:
         h = self._health
         if h["state"] in (UNREACHABLE, REFUSED) and now - self._last_warned >= self.warn_every_s:
             self._last_warned = now
             log.warning("relay %s still %s for %.0f s: %s (training alone meanwhile)",
-                        self.address, h["state"], time.time() - h["since"], h["reason"])
+                        self.address, h["state"], time.time() - h["since"], terminal_safe(h["reason"]))
 
     def _on_monitor(self, mon: zmq.Socket) -> None:
         while True:
@@ -401,12 +404,15 @@ class RelayClient:
         try:
             self._hello(sock)
             next_ping = next_hello = 0.0
+            last_ping = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
+                if self._receipt_due and now - last_ping >= 1.0 / P.CONTROL_RATE:
+                    next_ping = now            # the relay holds our deliveries until it hears the MARK
                 if now >= next_ping:
-                    next_ping = now + self.heartbeat_s
-                    # rx: rollout bytes read since the WELCOME (the relay bounds what it queues by it)
-                    self._send(sock, [P.PING, orjson.dumps({"t": time.time(), "rx": self._rx_bytes})])
+                    next_ping, last_ping, self._receipt_due = now + self.heartbeat_s, now, False
+                    # mark: the newest MARK read proves to the relay what we read (it bounds what it queues by it)
+                    self._send(sock, [P.PING, orjson.dumps({"t": time.time(), "mark": self._mark})])
                     self._check_silence(now)
                     if not self._connected and (self._health["state"] != REFUSED or now >= next_hello):
                         self._hello(sock)      # harmless if it is merely slow
@@ -607,6 +613,9 @@ class RelayClient:
             if isinstance(n, int):
                 with self._lock:
                     self._relay_peers = n
+        elif kind == P.MARK and len(frames) == 2:
+            if frames[1]:                      # (an empty one only probes that we are still here)
+                self._mark, self._receipt_due = frames[1].hex(), True
         elif kind == P.WELCOME and len(frames) == 2:
             self._rx_bytes = 0             # what came before it was counted by the relay's base
             obj = orjson.loads(frames[1])
@@ -632,7 +641,8 @@ class RelayClient:
         if restarted:
             # A new relay instance: it knows nothing of us. Register again and re-publish
             # what the old one acknowledged (receivers drop the copies they already have).
-            log.warning("relay restarted (epoch %s): re-publishing %d acked rollouts", epoch, len(self._acked))
+            log.warning("relay restarted (epoch %s): re-publishing %d acked rollouts", terminal_safe(str(epoch)),
+                        len(self._acked))
             with self._lock:
                 self._stats["relay_restarts"] += 1
                 self._connected = False

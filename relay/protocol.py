@@ -15,10 +15,10 @@ client -> relay                         relay -> client
                [budget: {k, window_s},    DELIVER meta+payload      (see pack_deliver)
                 filters: {task, tok}]}
   PUB     topic payload [attrs]           ACK     rollout_id seq(u64) epoch
-  PING    {t, rx}                         NACK    rollout_id reason [{retry_after_s, detail}]
+  PING    {t, mark}                       NACK    rollout_id reason [{retry_after_s, detail}]
   STATS (after HELLO)                     PONG    {t, epoch, known, n_peers}
   USEFUL  topic {ids: [node ids]}         STATS   {...}
-  BYE
+  BYE                                     MARK    nonce   (echo the newest read in PING "mark")
 (USEFUL: the publishers a budgeted subscriber found useful, which its budget favours; SUB may
 carry the same list as "useful", so a re-subscription keeps it.)
 """
@@ -29,13 +29,15 @@ from typing import NamedTuple
 
 HELLO, WELCOME, SUB, PUB, ACK, NACK = b"HELLO", b"WELCOME", b"SUB", b"PUB", b"ACK", b"NACK"
 DELIVER, PING, PONG, STATS, BYE = b"DELIVER", b"PING", b"PONG", b"STATS", b"BYE"
-SUBOK, USEFUL = b"SUBOK", b"USEFUL"
+SUBOK, USEFUL, MARK = b"SUBOK", b"USEFUL", b"MARK"
 
-RELAY_PROTOCOL = 4            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding;
+RELAY_PROTOCOL = 5            # 2: PUB attrs frame, NACK details, SUB budgets, identity binding;
                               # 3: PONG has n_peers, no peer list; STATS after HELLO; PING/STATS rate-limited;
                               # 4: USEFUL (and SUB "useful"); rollout tags read from the prefix;
                               #    WELCOME names the relay; bridged origins are NODE@RELAY; PING rx
                               #    (rollout bytes read since WELCOME: the relay bounds queued bytes by it)
+                              # 5: MARK nonce (relay -> client, in its pipe after deliveries) and
+                              #    PING {mark}: the newest MARK read proves what was read; rx is ignored
 NAMESPACE = "@"               # a bridged node's id on other relays: NODE@RELAY (its home relay's name);
                               # local node ids may not contain it, so no local id is ever a bridged one
 MAX_USEFUL = 64               # publishers one USEFUL / SUB may name (the most recently useful)

@@ -43,6 +43,7 @@ from relay.auth import AllowList, ZapAuth, identity_refusal
 from relay.budget import Budget
 from relay.frames import LAST as _LAST, MORE as _MORE, send_frame
 from relay.limits import AcceptBudget, RateLimits
+from relay.text_safety import terminal_safe as _safe    # peer-chosen strings reach the operator's terminal
 from relay.topic import Entry, Index, Topic, passes
 
 log = logging.getLogger("ftis-relay")
@@ -65,7 +66,9 @@ class RelayConfig:
     peer_timeout_s: float = 15.0           # forget a silent client after this
     heartbeat_s: float = 1.0               # advertised client ping interval
     sndhwm: int = 1000                     # messages queued per client pipe
-    max_queued_bytes: int = 64 << 20       # rollout bytes sent to a client that it has not said it read (0 = unbounded)
+    max_queued_bytes: int = 16 << 20       # rollout bytes sent to a client and not proven read (0 = unbounded)
+    max_total_queued_bytes: int = 256 << 20   # the same, all clients together (0 = unbounded): past it a
+                                           # client gets only its fair share (this / subscribers)
     pump_batch: int = 256                  # deliveries per subscriber per loop turn
     max_peers: int = 10_000                # HELLO floods on an open relay cannot exhaust memory
     max_topics: int = 64                   # topics in total (each holds up to replay_bytes)
@@ -98,12 +101,34 @@ class Peer:
     nacked: int = 0
     skipped: int = 0          # rollouts it missed because it fell behind the replay buffer
     blocked_since: float | None = None    # its pipe has been full since (monotonic)
-    rx_base: int = 0          # out_bytes when it was last WELCOMEd: its PING's rx counts from there
-    rx_bytes: int = 0         # rollout bytes it said it read (PING rx), since then
+    drained: int = 0          # out_bytes up to its newest MARK it echoed: bytes proven read
+    marks: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (nonce, out_bytes)
+    marked_at: int = 0        # out_bytes when the last MARK was sent
+    held_back: str = ""       # why its deliveries wait ("own cap", "total cap"), "" when they do not
 
     def queued_bytes(self) -> int:
-        """Rollout bytes sent that it has not said it read: what its pipe can hold at most."""
-        return self.out_bytes - self.rx_base - self.rx_bytes
+        """Rollout bytes handed to ZeroMQ for it and not proven read: what its pipe may hold."""
+        return self.out_bytes - self.drained
+
+
+@dataclass(slots=True)
+class _Pub:
+    """One PUB on its way through the admission checks (Relay._on_pub): what each check found."""
+    rid: bytes
+    peer: Peer | None
+    args: list
+    topic_name: bytes = b""
+    payload: bytes = b""
+    sender: bytes = b""
+    attrs: dict = field(default_factory=dict)
+    bridged: bool = False
+    via: list = field(default_factory=list)
+    pk: object = None                      # the rollout's prefix (protocol.peek_rollout)
+    rollout_id: bytes = b""
+    seen_key: bytes = b""
+    topic: Topic | None = None
+    now: float = 0.0
+    quiet: bool = False                    # within its accept share: may use the buffer's reserve
 
 
 class Relay:
@@ -162,6 +187,13 @@ class Relay:
         self._budget_retry: set[tuple[bytes, bytes]] = set()       # (rid, topic) whose pipe was full
         self.delivered = self.delivered_bytes = 0     # all deliveries (plain ints: on the hot path)
         self.readers: set[bytes] = set()              # subscribers that read: not full, sent > sndhwm
+        # Bytes handed to ZeroMQ and not proven read, all connections together (peers and
+        # ghosts): the relay's own count, never a client's claim.
+        self.queued_total = 0
+        # Dropped peers whose connection may still hold what was queued for it: (out_bytes,
+        # drained, marks) by routing id, counted in queued_total until a send to it finds the
+        # connection gone (EHOSTUNREACH), and given back if the same connection says HELLO again.
+        self.ghosts: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
 
     # -------------------------------------------------------------- setup
     def _setup_curve(self) -> None:
@@ -220,6 +252,7 @@ class Relay:
             if now - last_housekeeping > 1.0:
                 last_housekeeping = now
                 self._expire_peers(now)
+                self._probe_ghosts()
 
     def _recv(self) -> tuple[list[bytes], str | None, str]:
         if not self.curve:
@@ -335,21 +368,27 @@ class Relay:
             return
         refusal = identity_refusal(self.curve, node_id, user_id)
         if refusal is not None:
-            log.info("refused HELLO as %r from %s: its key is named %r", node_id, address or "?", user_id)
+            log.info("refused HELLO as %s from %s: its key is named %s", _safe(repr(node_id)),
+                     _safe(address or "?"), _safe(repr(user_id)))
             self._refuse_hello(rid, *refusal)
             return
         peer = self.peers.get(rid)
         if peer is None and len(self.peers) >= self.cfg.max_peers:
             self._refuse_hello(rid, "too_many_peers")
             return
-        peer = peer or Peer(rid)
+        if peer is None:
+            peer = Peer(rid)
+            ghost = self.ghosts.pop(rid, None)
+            if ghost is not None:      # the same connection again: its pipe still holds what it held
+                peer.out_bytes, peer.drained, marks = ghost
+                peer.marks.extend(marks)
+                peer.marked_at = peer.out_bytes
         if peer.node_id and peer.node_id != node_id.encode():
             self.counts["renamed"] += 1         # ids are claims on an open relay; limits stay per connection
         peer.node_id = node_id.encode()
         peer.key_name = user_id
         peer.address = address
         peer.last_seen = time.monotonic()
-        peer.rx_base, peer.rx_bytes = peer.out_bytes, 0   # the client counts rx anew from this WELCOME
         self.peers[rid] = peer
         self.counts["hello"] += 1
         self._send(rid, [P.WELCOME, orjson.dumps({"epoch": self.epoch.decode(), "heartbeat_s": self.cfg.heartbeat_s,
@@ -430,9 +469,8 @@ class Relay:
         obj = self._control(args, 1)
         if obj is None:
             return
-        rx = obj.get("rx")
-        if peer is not None and isinstance(rx, int) and rx > peer.rx_bytes:
-            peer.rx_bytes = min(rx, peer.out_bytes - peer.rx_base)
+        if peer is not None and isinstance(obj.get("mark"), str):
+            self._receipt(peer, obj["mark"])
         self._send(rid, [P.PONG, orjson.dumps({"t": obj.get("t"), "epoch": self._epoch_s,
                                                "known": peer is not None, "n_peers": len(self.peers)})])
 
@@ -505,103 +543,141 @@ class Relay:
             and (allowed is None or ns in allowed)
 
     def _on_pub(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
-        if len(args) not in (2, 3):
-            self._nack(rid, peer, b"", "bad_frame")
-            return
-        topic_name, payload = args[0], args[1]
-        if peer is None:
-            self._nack(rid, peer, b"", P.HELLO_FIRST)
-            return
-        sender, attrs = peer.node_id, {}
-        if len(args) == 3:
-            attrs = self._attrs(args[2])
-            if attrs is None:
-                self._nack(rid, peer, b"", "bad_frame")
+        """PUB topic payload [attrs]: each admission check in turn (each NACKs what it
+        refuses and returns False), then the rollout is buffered, indexed and ACKed. The order
+        matters: cheap refusals first, the prefix read before anything uses its tags, the
+        duplicate check before any budget is charged."""
+        pub = _Pub(rid, peer, args)
+        for check in (self._pub_frames, self._pub_hello_first, self._pub_attrs, self._pub_bridge,
+                      self._pub_loop, self._pub_size, self._pub_prefix, self._pub_tags,
+                      self._pub_duplicate, self._pub_topic, self._pub_rate, self._pub_accept,
+                      self._pub_room):
+            if not check(pub):
                 return
-        bridged = "origin" in attrs          # a federation bridge forwarding another node's rollout
-        if bridged:
-            bname = peer.node_id.decode(errors="replace")
-            if bname not in self.bridges:
-                self._nack(rid, peer, b"", "untrusted_bridge")
-                return
-            origin = attrs.pop("origin")
-            if not self._origin_allowed(bname, origin):
-                self._nack(rid, peer, b"", "bad_origin")
-                return
-            sender = origin.encode()
-        via = attrs.get("via", [])
-        if self._epoch_s in via:              # it was here already: a federation loop
-            self._nack(rid, peer, b"", "loop")
-            return
-        if len(payload) > self.cfg.max_message_bytes:
-            self._nack(rid, peer, b"", "too_large")
-            return
+        self._admit(pub)
+
+    def _pub_refuse(self, pub: "_Pub", reason: str, retry_after_s: float | None = None) -> bool:
+        self._nack(pub.rid, pub.peer, pub.rollout_id, reason, retry_after_s)
+        return False
+
+    def _pub_frames(self, pub: "_Pub") -> bool:
+        return len(pub.args) in (2, 3) or self._pub_refuse(pub, "bad_frame")
+
+    def _pub_hello_first(self, pub: "_Pub") -> bool:
+        if pub.peer is None:
+            return self._pub_refuse(pub, P.HELLO_FIRST)
+        pub.topic_name, pub.payload, pub.sender = pub.args[0], pub.args[1], pub.peer.node_id
+        return True
+
+    def _pub_attrs(self, pub: "_Pub") -> bool:
+        if len(pub.args) == 3:
+            pub.attrs = self._attrs(pub.args[2])
+            if pub.attrs is None:
+                return self._pub_refuse(pub, "bad_frame")
+        return True
+
+    def _pub_bridge(self, pub: "_Pub") -> bool:
+        """A federation bridge forwarding another node's rollout: only a trusted bridge, and
+        only origins in the namespaces it may speak for."""
+        pub.bridged = "origin" in pub.attrs
+        if not pub.bridged:
+            return True
+        bname = pub.peer.node_id.decode(errors="replace")
+        if bname not in self.bridges:
+            return self._pub_refuse(pub, "untrusted_bridge")
+        origin = pub.attrs.pop("origin")
+        if not self._origin_allowed(bname, origin):
+            return self._pub_refuse(pub, "bad_origin")
+        pub.sender = origin.encode()
+        return True
+
+    def _pub_loop(self, pub: "_Pub") -> bool:
+        pub.via = pub.attrs.get("via", [])
+        return self._epoch_s not in pub.via or self._pub_refuse(pub, "loop")   # it was here already
+
+    def _pub_size(self, pub: "_Pub") -> bool:
+        return len(pub.payload) <= self.cfg.max_message_bytes or self._pub_refuse(pub, "too_large")
+
+    def _pub_prefix(self, pub: "_Pub") -> bool:
         try:
-            pk = P.peek_rollout(payload, self.cfg.max_message_bytes)
+            pub.pk = P.peek_rollout(pub.payload, self.cfg.max_message_bytes)
         except P.PrefixError as e:
-            self._nack(rid, peer, b"", e.reason)
-            return
-        # The tags subscribers filter on are the rollout's own (its prefix, which is what a
-        # receiver decodes): a PUB whose attrs claim others is refused (issue 25.2).
+            return self._pub_refuse(pub, e.reason)
+        pub.rollout_id = pub.pk.rollout_id.encode()
+        return True
+
+    def _pub_tags(self, pub: "_Pub") -> bool:
+        """The tags subscribers filter on are the rollout's own (its prefix, which is what a
+        receiver decodes): a PUB whose attrs claim others is refused."""
+        attrs, pk = pub.attrs, pub.pk
         if attrs.get("task", pk.task) != pk.task or attrs.get("tok", pk.tok) != pk.tok:
-            self._nack(rid, peer, pk.rollout_id.encode(), "tag_mismatch")
-            return
+            return self._pub_refuse(pub, "tag_mismatch")
         attrs["task"], attrs["tok"] = pk.task, pk.tok
-        rollout_id = pk.rollout_id.encode()
-        # Dedup binds the id to its sender (origin) and its payload: another identity cannot
-        # squat an id (first writer wins) so that the genuine copy, arriving later through a
-        # bridge, is dropped as a duplicate (issue 30.2). The payload is compared with the
-        # buffered copy on a repeat only (nothing is hashed on the accept path).
-        seen_key = sender + b"\0" + rollout_id
-        known = self.seen.get(seen_key)
-        if known is not None:
-            t = self.topics.get(known[0])
-            first = t.entries.get(known[1]) if t is not None else None
-            if first is not None and not (first.size == len(payload) and first.body.endswith(payload)):
-                self._nack(rid, peer, rollout_id, "id_conflict")   # the same sender's id, another payload
-                return
-            # a resend after a lost ACK (or a bridge's copy): ACK again, deliver once
-            self.counts["duplicate"] += 1
-            self._send(rid, [P.ACK, rollout_id, P.pack_seq(known[1]), self.epoch])
-            return
-        topic = self._use_topic(rid, peer, topic_name)
+        return True
+
+    def _pub_duplicate(self, pub: "_Pub") -> bool:
+        """Dedup binds the id to its sender (origin) and its payload: another identity cannot
+        squat an id so that the genuine copy, arriving later through a bridge, is dropped. The
+        payload is compared with the buffered copy on a repeat only (nothing is hashed here)."""
+        pub.seen_key = pub.sender + b"\0" + pub.rollout_id
+        known = self.seen.get(pub.seen_key)
+        if known is None:
+            return True
+        t = self.topics.get(known[0])
+        first = t.entries.get(known[1]) if t is not None else None
+        if first is not None and not (first.size == len(pub.payload) and first.body.endswith(pub.payload)):
+            return self._pub_refuse(pub, "id_conflict")          # the same sender's id, another payload
+        self.counts["duplicate"] += 1         # a resend after a lost ACK (or a bridge's copy): ACK again
+        self._send(pub.rid, [P.ACK, pub.rollout_id, P.pack_seq(known[1]), self.epoch])
+        return False
+
+    def _pub_topic(self, pub: "_Pub") -> bool:
+        topic = self._use_topic(pub.rid, pub.peer, pub.topic_name)
         if isinstance(topic, str):
-            self._nack(rid, peer, b"", topic)
-            return
-        now = time.monotonic()
-        if not bridged:
-            for key in (b"c" + rid, b"n" + peer.node_id):       # per connection, per node id (= key on CURVE)
-                if not self.limits.allow(key, len(payload), now):
-                    self._nack(rid, peer, rollout_id, "rate_limited",
-                               round(max(0.05, 1.0 / max(self.cfg.rate_msgs, 1e-3)), 3))
-                    return
-        quiet = False
-        if not bridged and self.accept.rate > 0:
-            # The global budget, shared per source (the key on CURVE, else the connection):
-            # while it is spent, only sources above their share (rate / active sources) are
-            # refused (issue 29.2). A source within its share may also use the replay
-            # buffer's small reserve when holding subscribers have filled it (issue 30.5).
-            source = b"k" + peer.key_name.encode() if peer.key_name else b"c" + rid
-            quiet = self.accept.within_share(source, now)
-            if not self.accept.admit(source, now):
-                self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
-                return
-        if not topic.room_for(len(payload), reserve=quiet):
-            self._nack(rid, peer, rollout_id, "busy", self.cfg.busy_retry_s)
-            return
-        via.append(self._epoch_s)
-        attrs["via"] = via
-        e = topic.append(rollout_id, rid, sender, payload, orjson.dumps(attrs), pk.task, pk.tok, now)
-        seq = e.seq
+            pub.rollout_id = b""
+            return self._pub_refuse(pub, topic)
+        pub.topic, pub.now = topic, time.monotonic()
+        return True
+
+    def _pub_rate(self, pub: "_Pub") -> bool:
+        """Per connection and per node id (= key on CURVE); a bridge's rate is its relay's."""
+        if pub.bridged:
+            return True
+        for key in (b"c" + pub.rid, b"n" + pub.peer.node_id):
+            if not self.limits.allow(key, len(pub.payload), pub.now):
+                return self._pub_refuse(pub, "rate_limited", round(max(0.05, 1.0 / max(self.cfg.rate_msgs, 1e-3)), 3))
+        return True
+
+    def _pub_accept(self, pub: "_Pub") -> bool:
+        """The global budget, shared per source (the key on CURVE, else the connection): while
+        it is spent, only sources above their share (rate / active sources) are refused. A
+        source within its share may also use the replay buffer's small reserve."""
+        if pub.bridged or self.accept.rate <= 0:
+            return True
+        peer = pub.peer
+        source = b"k" + peer.key_name.encode() if peer.key_name else b"c" + pub.rid
+        pub.quiet = self.accept.within_share(source, pub.now)
+        return self.accept.admit(source, pub.now) or self._pub_refuse(pub, "busy", self.cfg.busy_retry_s)
+
+    def _pub_room(self, pub: "_Pub") -> bool:
+        return pub.topic.room_for(len(pub.payload), reserve=pub.quiet) \
+            or self._pub_refuse(pub, "busy", self.cfg.busy_retry_s)
+
+    def _admit(self, pub: "_Pub") -> None:
+        topic, attrs = pub.topic, pub.attrs
+        pub.via.append(self._epoch_s)
+        attrs["via"] = pub.via
+        e = topic.append(pub.rollout_id, pub.rid, pub.sender, pub.payload, orjson.dumps(attrs),
+                         pub.pk.task, pub.pk.tok, pub.now)
         if topic.indexes:
             for key in topic.index_new(e):
                 self._dirty.add((topic.name, key))
-        self.seen[seen_key] = (topic_name, seq)
+        self.seen[pub.seen_key] = (pub.topic_name, e.seq)
         if len(self.seen) > self.cfg.dedup_size:
             self.seen.popitem(last=False)
-        peer.acked += 1
+        pub.peer.acked += 1
         self.counts["accepted"] += 1
-        self._send(rid, [P.ACK, rollout_id, P.pack_seq(seq), self.epoch])
+        self._send(pub.rid, [P.ACK, pub.rollout_id, P.pack_seq(e.seq), self.epoch])
 
     # -------------------------------------------------------------- fan-out
     def _send(self, rid: bytes, frames: list[bytes]) -> bool:
@@ -621,7 +697,7 @@ class Relay:
             return False
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
-                self._drop_peer(rid)
+                self._drop_peer(rid, gone=True)
                 return False
             raise
 
@@ -685,28 +761,94 @@ class Relay:
         if peer.out_msgs > self.cfg.sndhwm:       # more than its pipe holds: it reads
             self.readers.add(peer.rid)
 
+    # -------------------------------------------------------------- queued bytes
+    # What the relay holds for a client is what it handed to ZeroMQ and the client has not
+    # proven it read. The proof is a MARK: a random nonce sent in the client's own pipe after
+    # its deliveries; a PING that echoes it shows everything sent before it was read (a client
+    # that does not read cannot know the nonce, so no claim of its can raise its room).
+
     def _room(self, peer: Peer) -> int:
-        """Rollout bytes it may be sent now: its queued bytes are bounded (issue 30.5), by
-        what it said it read (PING rx); an empty queue always takes one rollout."""
-        cap = self.cfg.max_queued_bytes
-        if not cap:
-            return 1 << 62
+        """Rollout bytes it may be sent now. Its own cap (an empty queue always takes one
+        rollout), and the total cap: past it, only what is within its fair share (total cap /
+        subscribers), so non-reading clients cannot starve reading ones; all queued bytes stay
+        below twice the total cap."""
+        cap, total_cap = self.cfg.max_queued_bytes, self.cfg.max_total_queued_bytes
         q = peer.queued_bytes()
-        return max(cap, self.cfg.max_message_bytes) if q <= 0 else cap - q
+        own = (1 << 62) if not cap else max(cap, self.cfg.max_message_bytes) if q <= 0 else cap - q
+        if not total_cap:
+            return own
+        subscribers = sum(1 for p in self.peers.values() if p.cursors) or 1
+        pool = max(total_cap - self.queued_total, total_cap // subscribers - q)
+        if pool < own:
+            peer.held_back = "total cap"
+            return pool
+        peer.held_back = "own cap"         # (shown only while it is refused for room)
+        return own
+
+    def _sent(self, peer: Peer, nmsgs: int, nbytes: int) -> None:
+        peer.out_msgs += nmsgs
+        peer.out_bytes += nbytes
+        self.queued_total += nbytes
+        self.delivered += nmsgs
+        self.delivered_bytes += nbytes
+
+    def _mark(self, peer: Peer, *, force: bool = False) -> None:
+        """Send a MARK when enough (or, when ``force``, any) bytes went out since the last one."""
+        unmarked = peer.out_bytes - peer.marked_at
+        if unmarked <= 0 or not (force or unmarked >= max(1, self.cfg.max_queued_bytes // 4)):
+            return
+        nonce = os.urandom(8)
+        if self._send(peer.rid, [P.MARK, nonce]):
+            peer.marks.append((nonce, peer.out_bytes))
+            peer.marked_at = peer.out_bytes
+
+    def _receipt(self, peer: Peer, mark: str) -> None:
+        """A PING echoed a MARK: what was sent before it is read."""
+        try:
+            nonce = bytes.fromhex(mark)
+        except ValueError:
+            return
+        for i, (n, pos) in enumerate(peer.marks):
+            if n == nonce:
+                for _ in range(i + 1):
+                    peer.marks.popleft()
+                if pos > peer.drained:
+                    self.queued_total -= pos - peer.drained
+                    peer.drained = pos
+                if not peer.queued_bytes():
+                    peer.held_back = ""
+                return
+        self.counts["unknown_mark"] += 1
+
+    def _probe_ghosts(self, limit: int = 1000) -> None:
+        """A dropped peer's bytes stop counting once its connection is gone (a send to it
+        fails with EHOSTUNREACH); a connection still there keeps them counted."""
+        for rid in list(itertools.islice(self.ghosts, limit)):
+            try:
+                send_frame(self.sock, rid, _MORE)
+                send_frame(self.sock, P.MARK, _MORE)
+                send_frame(self.sock, b"", _LAST)
+                self.ghosts.move_to_end(rid)
+            except zmq.Again:
+                self.ghosts.move_to_end(rid)
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EHOSTUNREACH:
+                    raise
+                out, drained, _ = self.ghosts.pop(rid)
+                self.queued_total -= out - drained
 
     def _deliver(self, peer: Peer, e: Entry, now: float) -> bool:
         if e.size > self._room(peer):
             self.counts["queue_full_bytes"] += 1
             self._blocked(peer, now)
+            self._mark(peer, force=True)
             return False
         if not self._send(peer.rid, [P.DELIVER, e.body]):
             self._blocked(peer, now)
             return False
-        peer.out_msgs += 1
+        self._sent(peer, 1, e.size)
         self._flowed(peer)
-        peer.out_bytes += e.size
-        self.delivered += 1
-        self.delivered_bytes += e.size
+        self._mark(peer)
         return True
 
     def _pump(self, peer: Peer, topic: Topic, now: float) -> None:
@@ -752,16 +894,16 @@ class Relay:
             blocked = gone = True
         peer.cursors[name] = cur
         if sent:
-            peer.out_msgs += sent
-            peer.out_bytes += nbytes
-            self.delivered += sent
-            self.delivered_bytes += nbytes
+            self._sent(peer, sent, nbytes)
         if blocked:
             self._blocked(peer, now)
             if gone:
-                self._drop_peer(rid)
+                self._drop_peer(rid, gone=True)
+            else:
+                self._mark(peer, force=True)
         elif sent:
             self._flowed(peer)
+            self._mark(peer)
 
     # -------------------------------------------------------------- budgets
     def _timer(self, due: float, rid: bytes, topic: bytes) -> None:
@@ -846,8 +988,18 @@ class Relay:
             self.counts["budget_sent"] += 1
         b.index.hungry.discard(peer.rid)
 
-    def _drop_peer(self, rid: bytes) -> None:
+    def _drop_peer(self, rid: bytes, *, gone: bool = False) -> None:
+        """Forget a peer. Unless its connection is known ``gone``, what is queued for it stays
+        counted (as a ghost) until a probe finds the connection closed."""
         peer = self.peers.pop(rid, None)
+        if peer is not None and peer.queued_bytes() > 0:
+            if gone:
+                self.queued_total -= peer.queued_bytes()
+            else:
+                self.ghosts[rid] = (peer.out_bytes, peer.drained, tuple(peer.marks))
+                if len(self.ghosts) > self.cfg.max_peers:      # bounded: the oldest is let go
+                    out, drained, _ = self.ghosts.popitem(last=False)[1]
+                    self.queued_total -= out - drained
         self.readers.discard(rid)
         self.limits.forget(b"c" + rid)
         self.control_limits.forget(b"p" + rid)
@@ -863,8 +1015,9 @@ class Relay:
 
     def _expire_peers(self, now: float) -> None:
         for rid, p in list(self.peers.items()):
+            self._mark(p, force=True)        # a slow trickle gets its receipt too
             if now - p.last_seen > self.cfg.peer_timeout_s:
-                log.info("peer %s timed out", p.node_id.decode(errors="replace"))
+                log.info("peer %s timed out", _safe(repr(p.node_id.decode(errors="replace"))))
                 self._drop_peer(rid)
 
     # -------------------------------------------------------------- stats
@@ -891,7 +1044,11 @@ class Relay:
                 "lag": sum(self.topics[t].next_seq - c for t, c in p.cursors.items()
                            if t in self.topics and t not in p.budgets),
                 "blocked": p.blocked_since is not None,
+                "held_back": p.held_back if p.blocked_since is not None else "",
             } for p in self.peers.values()],
+            "queued": {"bytes": self.queued_total, "cap": self.cfg.max_total_queued_bytes,
+                       "peer_cap": self.cfg.max_queued_bytes, "ghosts": len(self.ghosts),
+                       "ghost_bytes": sum(o - d for o, d, _ in self.ghosts.values())},
             "topics": {t.name.decode(errors="replace"): {
                 "next_seq": t.next_seq, "buffered": len(t.entries), "buffer_bytes": t.nbytes,
                 "subscribers": len(t.subscribers)} for t in self.topics.values()},

@@ -1,0 +1,165 @@
+"""What the relay holds for its subscribers is bounded by what it knows, not by what they say.
+
+A subscriber that never reads but reports having read everything (PING ``rx = 2**60``, or a
+made-up MARK) is held back at its own cap; twenty honest non-reading subscribers together are
+held at the total cap (each gets its share); a reader (the real client) still gets everything;
+a non-reader that goes silent and says HELLO again on the same connection gets no fresh room;
+and ``ftis-relay status`` says who is held back, with every peer-chosen string escaped.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import orjson
+import pytest
+
+from relay import protocol as P
+from relay.cli import format_stats
+from relay.client import RelayClient
+from test_relay_boundary import raw_rollout
+from test_relay_trust import _dealer, _hello, _replies
+
+pytestmark = pytest.mark.timeout(120)
+MB = 1 << 20
+
+
+def _sub(s) -> None:
+    s.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
+    assert _replies(s, n=1)[0][0] == P.SUBOK
+
+
+def _liar_pings(s, n=3) -> None:
+    """What a non-reader can claim: everything read, and a MARK it never received."""
+    for _ in range(n):
+        s.send_multipart([P.PING, orjson.dumps({"t": 0, "rx": 2 ** 60, "mark": os.urandom(8).hex()})])
+        time.sleep(0.3)
+
+
+def _publish(pub, n, size):
+    body = os.urandom(size)
+    for i in range(n):
+        pub.publish_bytes(raw_rollout(f"big-{i}-{os.urandom(3).hex()}", body))
+
+
+def _connected(*clients):
+    deadline = time.time() + 10
+    while not all(c.stats()["connected"] for c in clients):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+
+
+def test_a_subscriber_claiming_it_read_everything_is_held_at_its_cap(relay):
+    r = relay("--rate", "0", "--rate-mb", "0", "--replay-mb", "128", "--max-queued-mb", "4",
+              "--max-total-queued-mb", "64", "--slow-after", "0.5")
+    liar = _dealer(r.address)
+    pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
+    reader = RelayClient(r.address, swarm="s", node_id="reader").start()
+    try:
+        assert _hello(liar, "liar")[0] == P.WELCOME
+        _sub(liar)
+        _connected(pub, reader)
+        got = set()
+        for burst in range(4):
+            _publish(pub, 6, MB)
+            _liar_pings(liar, 2)
+            deadline = time.time() + 20
+            while len(got) < 6 * (burst + 1) and time.time() < deadline:
+                got.update(d.rollout_id for d in reader.poll(timeout_s=0.1))
+        assert len(got) == 24                                    # the reader loses nothing
+        s = r.stats()
+        peers = {p["node_id"]: p for p in s["peers"]}
+        assert peers["liar"]["out_bytes"] <= 4 * MB + MB + 4096, peers["liar"]   # its claims bought nothing
+        assert peers["liar"]["held_back"] == "own cap"
+        assert peers["reader"]["out_bytes"] >= 24 * MB and not peers["reader"]["held_back"]
+        assert s["queued"]["bytes"] <= 2 * 64 * MB
+        text = format_stats(s)
+        assert "held back" in text and "liar" in text.split("held back")[1].split("\n")[0]
+    finally:
+        liar.close(0)
+        pub.close()
+        reader.close()
+
+
+def test_many_non_readers_are_held_at_the_total_cap_and_a_reader_still_gets_all(relay):
+    total_mb, n = 16, 20
+    r = relay("--rate", "0", "--rate-mb", "0", "--replay-mb", "128", "--max-queued-mb", "8",
+              "--max-total-queued-mb", str(total_mb))
+    stuck = [_dealer(r.address) for _ in range(n)]
+    pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
+    reader = RelayClient(r.address, swarm="s", node_id="reader").start()
+    try:
+        for i, s in enumerate(stuck):
+            assert _hello(s, f"stuck-{i}")[0] == P.WELCOME
+            _sub(s)
+        _connected(pub, reader)
+        _publish(pub, 24, 512 << 10)
+        got, deadline = set(), time.time() + 40
+        while len(got) < 24 and time.time() < deadline:
+            got.update(d.rollout_id for d in reader.poll(timeout_s=0.1))
+        assert len(got) == 24
+        s = r.stats()
+        out = sum(p["out_bytes"] for p in s["peers"] if p["node_id"].startswith("stuck-"))
+        # without a total cap: 20 x 8 MB = 160 MB; with it, at most twice the cap all told
+        assert out <= 2 * total_mb * MB, out
+        assert s["queued"]["bytes"] <= 2 * total_mb * MB
+        held = [p for p in s["peers"] if p["held_back"]]
+        assert len(held) >= n // 2 and all(p["node_id"].startswith("stuck-") for p in held)
+    finally:
+        for s in stuck:
+            s.close(0)
+        pub.close()
+        reader.close()
+
+
+def test_a_silent_non_reader_saying_hello_again_gets_no_fresh_room(relay):
+    """Dropped for silence, its connection (and ZeroMQ pipe) still there: what was queued
+    stays counted, and the same connection's next HELLO inherits it."""
+    r = relay("--rate", "0", "--rate-mb", "0", "--replay-mb", "128", "--max-queued-mb", "4",
+              "--peer-timeout", "3")
+    stuck = _dealer(r.address)
+    pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
+    try:
+        assert _hello(stuck, "stuck")[0] == P.WELCOME
+        _sub(stuck)
+        _connected(pub)
+        _publish(pub, 8, MB)
+        time.sleep(1.0)
+        first = next(p for p in r.stats()["peers"] if p["node_id"] == "stuck")["out_bytes"]
+        time.sleep(4.5)                                   # silent: dropped, its bytes kept as a ghost
+        s = r.stats()
+        assert "stuck" not in {p["node_id"] for p in s["peers"]}
+        assert s["queued"]["ghosts"] == 1 and s["queued"]["ghost_bytes"] >= first - 4096
+        # it still reads nothing: its WELCOME and SUBOK wait behind the deliveries in its pipe
+        stuck.send_multipart([P.HELLO, orjson.dumps({"node_id": "stuck", "protocol": P.RELAY_PROTOCOL})])
+        stuck.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
+        _publish(pub, 8, MB)
+        time.sleep(1.0)
+        again = next(p for p in r.stats()["peers"] if p["node_id"] == "stuck")["out_bytes"]
+        assert again <= 4 * MB + MB + 4096, (first, again)
+    finally:
+        stuck.close(0)
+        pub.close()
+
+
+def test_status_and_log_escape_peer_strings(relay):
+    """Node ids and topics are the peers' choice: OSC 52 (clipboard), a screen clear, a
+    hyperlink and a right-to-left override reach neither `ftis-relay status` nor the log."""
+    evil = "\u202eevil\x1b]52;c;eA==\x07\x1b[2J\x1b]8;;http://evil.example\x1b\\x"
+    r = relay("--peer-timeout", "1", log_level="INFO")
+    s = _dealer(r.address)
+    try:
+        assert _hello(s, evil)[0] == P.WELCOME
+        s.send_multipart([P.SUB, evil[:40].encode(), orjson.dumps({"epoch": None, "last_seq": 0})])
+        _replies(s, n=1)
+        text = format_stats(r.stats())
+        assert "\\u202eevil\\x1b]52" in text, text
+        assert not any(c in text for c in ("\x1b", "\x07", "\u202e"))
+        time.sleep(2.5)                                          # timed out: the log names it
+        assert r.stop() == 0
+        log = r.proc.stdout.read()
+        assert "timed out" in log and "\\u202eevil\\x1b]52" in log, log
+        assert "\x1b" not in log and "\u202e" not in log and "\x07" not in log
+    finally:
+        s.close(0)
