@@ -4,7 +4,9 @@
     .venv/bin/python experiments/repro/run.py --list
 
 Layout: OUT/BATCH/sSEED/{peer,RECEIVER}/ are ordinary run directories (metrics.jsonl, node.log,
-adapter/), plus eval-id.json / eval-ood.json per receiver. A finished receiver (stop record +
+adapter/), plus eval-id.json / eval-ood.json per receiver. They hold model weights, so OUT is never
+inside docs/: experiments/repro/publish.py copies what docs/ keeps (metrics, configs, evals, and
+each adapter's sha256 with the command that rebuilds it). A finished receiver (stop record +
 both evals) is skipped, and an unfinished node with a checkpoint is restarted with --resume
 (the issue-18 batches checkpoint every round: a stopped batch loses at most one round), so an
 interrupted sweep resumes where it stopped. Every node uses one thread: a batch is 3–9
@@ -309,6 +311,9 @@ def main() -> int:
         for b in BATCHES.values():
             print(f"{b.name:12s} {b.about}")
         return 0
+    if args.out.resolve().is_relative_to(ROOT / "docs"):
+        ap.error(f"--out {args.out}: runs hold model weights, which stay out of docs/; write them under "
+                 "runs/ and copy what docs/ keeps with experiments/repro/publish.py")
     unknown = [b for b in args.batches if b not in BATCHES]
     if unknown:
         ap.error(f"unknown batch {', '.join(unknown)}; choose from {', '.join(BATCHES)}")

@@ -1,0 +1,146 @@
+"""Copy what docs/ keeps of finished runs: metrics, configs, evals — never model weights.
+
+    .venv/bin/python experiments/repro/publish.py runs/fill docs/runs/fill [--seeds 0] [--dry-run]
+
+run.py writes whole run directories (checkpoints, adapters, node.log) under --out, outside docs/.
+For every run directory under SRC (one with a metrics.jsonl), this copies the files a reader of
+docs/results.md needs into the same place under DEST (eval JSON without its indentation, the same
+value), and writes beside them `weights.json`: the
+sha256 and size of the weights its evals scored (the last GGUF adapter) and the run.py command
+that rebuilds them. The weights themselves stay under SRC.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from batches import BATCHES, SwarmBatch  # noqa: E402
+
+KEEP = ("config.toml", "metrics.jsonl", "eval-*.json", "*.md")
+WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+WEIGHTS_FILE = "weights.json"
+RUN_PY = ".venv/bin/python experiments/repro/run.py"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def rebuild_command(batch_name: str, seed: int, name: str, out: str) -> str:
+    """The run.py invocation that trains run NAME again. A swarm node trains only beside the other
+    nodes of its arm (they are each other's peers), so the command names the whole arm."""
+    batch = BATCHES[batch_name]
+    receivers = [name]
+    if isinstance(batch, SwarmBatch) and not name.startswith("alone-"):
+        arm = name.rsplit("-", 1)[0]
+        receivers = [r for r in batch.receivers if r.rsplit("-", 1)[0] == arm]
+    return f"{RUN_PY} {batch_name} --seeds {seed} --out {out} --receivers {' '.join(receivers)}"
+
+
+def weights_record(run_dir: Path, weights: list[Path], command: str, machine_note: str = "") -> dict:
+    """What weights.json says: each weight file by its path in the run, size and sha256, and how to
+    get it back."""
+    swarm = "the floats of a swarm node also depend on when its peers' groups arrived; "
+    return {
+        "removed": [{"file": str(w.relative_to(run_dir)), "bytes": w.stat().st_size, "sha256": sha256(w)}
+                    for w in weights],
+        "what": "the GGUF LoRA adapter of the run's last weight sync: the weights its eval-id.json and "
+                "eval-ood.json scored (run.py evaluates the newest adapter-v*.gguf)",
+        "rebuild": command,
+        "reproducible": "the same command, code and machine repeat an isolated node's run; "
+                        + swarm + "another machine gives other floats from the first update on "
+                        "(docs/runs/fill/fill-hetero/s0/REUSED.md). The sha256 names the file these "
+                        "evals scored." + (" " + machine_note if machine_note else ""),
+    }
+
+
+def compact_json(text: str) -> str:
+    """The same JSON without the indentation `ftis-edge eval --json` writes (a third of an eval file's
+    bytes): one top-level key a line, one eval item a line; `json.loads` reads back the same value."""
+    data = json.loads(text)
+
+    def line(v) -> str:
+        return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+    rows = []
+    for k, v in data.items():
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            rows.append(f"{line(k)}:[\n" + ",\n".join(line(x) for x in v) + "\n]")
+        else:
+            rows.append(f"{line(k)}:{line(v)}")
+    return "{\n" + ",\n".join(rows) + "\n}\n"
+
+
+def copy_kept(f: Path, target: Path) -> None:
+    if f.suffix == ".json":
+        target.write_text(compact_json(f.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        shutil.copy2(f, target)
+
+
+def last_adapter(run_dir: Path) -> Path | None:
+    found = sorted((run_dir / "adapter").glob("adapter-v*.gguf"))
+    return found[-1] if found else None
+
+
+def run_dirs(src: Path) -> list[Path]:
+    return sorted(p.parent for p in src.rglob("metrics.jsonl"))
+
+
+def layout(src: Path, run_dir: Path) -> tuple[str, int, str] | None:
+    """(batch, seed, name) of SRC/BATCH/sSEED/NAME, or None for another layout (base evals, experts)."""
+    parts = run_dir.relative_to(src).parts
+    if len(parts) == 3 and parts[0] in BATCHES and parts[1][:1] == "s" and parts[1][1:].isdigit():
+        return parts[0], int(parts[1][1:]), parts[2]
+    return None
+
+
+def publish(src: Path, dest: Path, out_arg: str, dry_run: bool = False) -> list[str]:
+    """Copy the kept files of every run under SRC to DEST; returns what it did, one line each."""
+    done = []
+    for rd in run_dirs(src):
+        target = dest / rd.relative_to(src)
+        files = sorted({f for pattern in KEEP for f in rd.glob(pattern) if f.is_file()})
+        if not dry_run:
+            target.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                copy_kept(f, target / f.name)
+        done.append(f"{target}: {', '.join(f.name for f in files)}")
+        where, adapter = layout(src, rd), last_adapter(rd)
+        if where and adapter is not None:
+            record = weights_record(rd, [adapter], rebuild_command(*where, out_arg))
+            if not dry_run:
+                (target / WEIGHTS_FILE).write_text(json.dumps(record, indent=1) + "\n")
+            done.append(f"{target / WEIGHTS_FILE}: {adapter.name} {record['removed'][0]['sha256'][:12]}…")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("src", type=Path, help="run.py's --out (e.g. runs/fill)")
+    ap.add_argument("dest", type=Path, help="where docs keeps them (e.g. docs/runs/fill)")
+    ap.add_argument("--dry-run", action="store_true", help="say what would be copied, copy nothing")
+    args = ap.parse_args(argv)
+    if not args.src.is_dir():
+        ap.error(f"{args.src}: no such directory")
+    try:
+        out_arg = str(args.src.resolve().relative_to(ROOT))
+    except ValueError:
+        out_arg = str(args.src.resolve())
+    for line in publish(args.src, args.dest, out_arg, args.dry_run):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

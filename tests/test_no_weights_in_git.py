@@ -1,0 +1,90 @@
+"""Model weights stay out of the repository: docs/ keeps metrics, configs and evals, and beside each
+run whose weights were removed a weights.json with their sha256 and the command that rebuilds them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments" / "repro"))
+import publish  # noqa: E402
+
+DOCS_LIMIT = 15 * 2**20
+
+
+def _tracked() -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [p for p in out.stdout.decode().split("\0") if p]
+
+
+def test_no_weight_file_is_tracked():
+    weights = [p for p in _tracked() if p.lower().endswith(publish.WEIGHT_SUFFIXES)]
+    assert not weights, f"model weights in git (write them under runs/, keep a weights.json): {weights}"
+
+
+def test_docs_stay_small():
+    size = sum((ROOT / p).lstat().st_size for p in _tracked() if p.startswith("docs/") and (ROOT / p).exists())
+    assert size <= DOCS_LIMIT, f"docs/ holds {size / 2**20:.1f} MiB of tracked files (limit 15)"
+
+
+def test_every_eval_of_removed_weights_names_them_in_weights_json():
+    """An eval that scored an adapter once committed under docs/ has, beside it, that file's sha256
+    and size and the command that rebuilds it."""
+    missing, checked = [], 0
+    for ev in sorted((ROOT / "docs" / "runs").rglob("eval-*.json")):
+        adapter = json.loads(ev.read_text(encoding="utf-8")).get("adapter") or ""
+        if not adapter.startswith("docs/"):
+            continue                          # weights that never were in the repository
+        checked += 1
+        record = ev.resolve().parent / publish.WEIGHTS_FILE
+        names = [w["file"] for w in json.loads(record.read_text())["removed"]] if record.exists() else []
+        if Path(adapter).relative_to(ev.resolve().parent.relative_to(ROOT)).as_posix() not in names:
+            missing.append(str(ev.relative_to(ROOT)))
+    assert checked and not missing, f"evals of removed weights without a weights.json naming them: {missing}"
+
+
+def test_weights_records_say_what_was_removed_and_how_to_rebuild_it():
+    records = sorted((ROOT / "docs" / "runs").rglob(publish.WEIGHTS_FILE))
+    assert records
+    for path in records:
+        record = json.loads(path.read_text())
+        assert record["rebuild"].startswith(publish.RUN_PY + " "), path
+        for w in record["removed"]:
+            assert len(w["sha256"]) == 64 and int(w["sha256"], 16) >= 0 and w["bytes"] > 0, path
+            assert w["file"].endswith(publish.WEIGHT_SUFFIXES), path
+
+
+def test_publish_copies_results_not_weights(tmp_path):
+    run = tmp_path / "runs" / "fill4" / "s0" / "own1-2"
+    (run / "adapter").mkdir(parents=True)
+    (run / "checkpoints" / "round-000001").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"type":"start"}\n')
+    (run / "config.toml").write_text('[node]\nid = "node-2"\n')
+    (run / "node.log").write_text("log\n")
+    evaluation = {"task": "arith", "accuracy": 0.5, "items": [{"id": "a", "text": "<answer>5</answer>"}] * 3}
+    (run / "eval-id.json").write_text(json.dumps(evaluation, indent=2))
+    for v in (1, 2):
+        (run / "adapter" / f"adapter-v{v:06d}.gguf").write_bytes(bytes([v]) * 1000)
+    (run / "checkpoints" / "round-000001" / "state.safetensors").write_bytes(b"x" * 100)
+
+    lines = publish.publish(tmp_path / "runs", tmp_path / "docs", "runs/fill")
+
+    out = tmp_path / "docs" / "fill4" / "s0" / "own1-2"
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "eval-id.json", "metrics.jsonl", "weights.json"]
+    assert json.loads((out / "eval-id.json").read_text()) == evaluation        # same value, fewer bytes
+    assert (out / "eval-id.json").stat().st_size < (run / "eval-id.json").stat().st_size
+    record = json.loads((out / "weights.json").read_text())
+    newest = run / "adapter" / "adapter-v000002.gguf"
+    assert record["removed"] == [{"file": "adapter/adapter-v000002.gguf", "bytes": 1000,
+                                  "sha256": publish.sha256(newest)}]
+    # a swarm node trains only beside the other nodes of its arm
+    assert record["rebuild"] == (".venv/bin/python experiments/repro/run.py fill4 --seeds 0 --out runs/fill "
+                                 "--receivers own1-0 own1-1 own1-2 own1-3")
+    assert any("weights.json" in line for line in lines)
