@@ -9,20 +9,16 @@ checkpoint against its manifest (a checkpoint without one gets a load test inste
 back to the newest good one, so a disk that truncated or emptied a file costs rounds, not the run.
 
 Run directories get shared ("export my run for me"), and whoever writes a checkpoint writes
-its manifest too, so the checksum proves nothing about intent. The pickle format of earlier
-versions (``state.pt``) is therefore refused unless the user opts in (``--trust-pickle`` or
-``FTIS_EDGE_TRUST_PICKLE=1``), and even then it is read by torch's restricted unpickler
-(``weights_only=True``) with an allow-list of the few numpy types an RNG state holds.
+its manifest too, so the checksum proves nothing about intent: the only state file read is
+``state.safetensors``, whose loader runs no code. Any other file in a checkpoint directory (a
+``state.pt`` pickle, say) is never opened; a directory without the state file is no checkpoint.
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
-import pickle
 import re
 import shutil
-import warnings
 from pathlib import Path
 
 from . import atomic, statefile
@@ -31,8 +27,6 @@ from .errors import FtisError
 KEEP = 2
 DIR = "checkpoints"                        # RUN_DIR/checkpoints/
 STATE, MANIFEST = "state.safetensors", "manifest.json"
-PICKLE_STATE = "state.pt"                  # the format before statefile: readable only on opt-in
-TRUST_PICKLE_ENV = "FTIS_EDGE_TRUST_PICKLE"
 _NAME = re.compile(r"^round-(\d{6})$")
 
 log = logging.getLogger(__name__)
@@ -77,53 +71,11 @@ def complete(run_dir: Path) -> list[int]:
 
 
 def _state_file(ckpt: Path) -> Path | None:
-    for name in (STATE, PICKLE_STATE):
-        if (ckpt / name).exists():
-            return ckpt / name
-    return None
-
-
-def trust_pickle() -> bool:
-    """Whether the user opted in to reading pickle checkpoints (``--trust-pickle`` sets this)."""
-    return os.environ.get(TRUST_PICKLE_ENV, "").strip().lower() in ("1", "true", "yes")
-
-
-def _pickle_refused(name: str) -> str:
-    return (f"{name}: {PICKLE_STATE} is a pickle (the checkpoint format of earlier versions), which can "
-            f"run code when loaded; if you wrote this run yourself, load it once with --trust-pickle "
-            f"(or {TRUST_PICKLE_ENV}=1)")
-
-
-def refuse_untrusted(run_dir: Path) -> None:
-    """CheckpointError when every checkpoint is a pickle and the user did not opt in: the
-    cheap check ``--resume`` makes before loading a model (``load_latest`` checks each one)."""
-    rounds = complete(run_dir)
-    ckpts = [dir_of(run_dir) / f"round-{r:06d}" for r in rounds]
-    if rounds and not trust_pickle() and all(_state_file(c).name == PICKLE_STATE for c in ckpts):
-        raise CheckpointError(f"no usable checkpoint in {dir_of(run_dir)}: " + _pickle_refused(ckpts[-1].name))
-
-
-def _load_pickle(path: Path) -> dict:
-    """A checkpoint of the pickle format, through torch's restricted unpickler: tensors,
-    containers, numbers, strings and the numpy RNG state's array; no other global is resolved."""
-    import numpy as np
-    import torch
-    log.warning("%s: reading a pickle checkpoint because %s is set; the next checkpoint is written "
-                "as %s", path.parent.name, TRUST_PICKLE_ENV, STATE)
-    core = getattr(np, "_core", None) or np.core
-    allowed = [np.ndarray, np.dtype, np.dtypes.UInt32DType, core.multiarray._reconstruct,
-               (core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]   # numpy 1.x pickles
-    with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # "Detected pickle protocol 4 ...": noise here
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:      # torch's text is a page of advice; keep what it refused
-            m = re.search(r"(?:Trying to load unsupported|Unsupported)[^\n]*", str(e))
-            raise ValueError(f"refused by the restricted unpickler: {m.group(0) if m else e}") from None
+    return ckpt / STATE if (ckpt / STATE).exists() else None
 
 
 def _load(path: Path) -> dict:
-    state = statefile.load(path) if path.name == STATE else _load_pickle(path)
+    state = statefile.load(path)
     if not isinstance(state, dict) or "round" not in state:
         raise ValueError("not a checkpoint state (no round)")
     return state
@@ -135,8 +87,6 @@ def load_round(run_dir: Path, round_: int) -> dict:
     path = _state_file(ckpt)
     if path is None:
         raise CheckpointError(f"{ckpt.name}: no {STATE}")
-    if path.name == PICKLE_STATE and not trust_pickle():
-        raise CheckpointError(_pickle_refused(ckpt.name))   # before reading a byte: a pickle runs code as it loads
     name, size = path.name, path.stat().st_size
     if size == 0:
         raise CheckpointError(f"{ckpt.name}: {name} is empty")
@@ -147,9 +97,8 @@ def load_round(run_dir: Path, round_: int) -> dict:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{ckpt.name}: unreadable {MANIFEST} ({e})") from None
     if manifest is not None:
-        if manifest.get("file", PICKLE_STATE) != name:
-            raise CheckpointError(f"{ckpt.name}: {MANIFEST} describes {manifest.get('file', PICKLE_STATE)}, "
-                                  f"not {name}")
+        if manifest.get("file") != name:
+            raise CheckpointError(f"{ckpt.name}: {MANIFEST} describes {manifest.get('file')}, not {name}")
         if size != manifest.get("bytes"):
             raise CheckpointError(f"{ckpt.name}: {name} has {size} bytes, {manifest.get('bytes')} were written "
                                   f"(truncated?)")
@@ -157,7 +106,7 @@ def load_round(run_dir: Path, round_: int) -> dict:
             raise CheckpointError(f"{ckpt.name}: {name} does not match its checksum (corrupted)")
     try:
         state = _load(path)
-    except Exception as e:      # StateFileError; torch's RuntimeError, EOFError, UnpicklingError ...
+    except Exception as e:      # StateFileError and what safetensors raises for a damaged file
         reason = " ".join(str(e).split())[:160] or type(e).__name__
         raise CheckpointError(f"{ckpt.name}: {name} does not load ({type(e).__name__}: {reason})") from None
     if state["round"] != round_:

@@ -36,7 +36,6 @@ def _add_start(sub) -> None:
     p.add_argument("--rounds", type=int, help="override node.rounds")
     p.add_argument("--run-dir", help="override node.run_dir")
     p.add_argument("--node-id", help="override node.id")
-    _add_trust_pickle(p)
     # a dashboard's node: its log lines go to node.log only (stderr keeps the one-line failure)
     p.add_argument("--log-file-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=_run_start)
@@ -139,11 +138,6 @@ def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log:
         return _die(f"{one_line(e)} (traceback in {log_file})", code=1)
 
 
-def _add_trust_pickle(p) -> None:
-    p.add_argument("--trust-pickle", action="store_true",
-                   help="also read checkpoints of the old pickle format (state.pt); only for runs you wrote yourself")
-
-
 # --- init -------------------------------------------------------------------------------
 def _add_init(sub) -> None:
     p = sub.add_parser("init", help="write a fully commented node.toml")
@@ -178,7 +172,6 @@ def _add_export(sub) -> None:
     p = sub.add_parser("export", help="a run's weights as PEFT, GGUF (+ quantized), Ollama Modelfile, model card",
                        description=export.__doc__.splitlines()[0])
     export.add_arguments(p)
-    _add_trust_pickle(p)
     p.set_defaults(func=export.run)
 
 
@@ -219,9 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    if getattr(args, "trust_pickle", False):     # the environment carries it to a dashboard's node too
-        from .checkpoint import TRUST_PICKLE_ENV
-        os.environ[TRUST_PICKLE_ENV] = "1"
     return args.func(args)
 
 

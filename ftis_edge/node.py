@@ -189,7 +189,7 @@ class Node:
     def _restore(self) -> int | None:
         state = checkpoint.load_latest(self.run_dir)     # verified; falls back to an older one
         if state is None:
-            raise checkpoint.CheckpointError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+            raise checkpoint.CheckpointError(f"--resume: no checkpoint in {checkpoint.dir_of(self.run_dir)}")
         self.learner.load_state_dict(state["learner"])
         self.round = self.saved_round = state["round"]
         self.oom_retries = state.get("oom_retries", 0)

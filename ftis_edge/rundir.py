@@ -164,7 +164,6 @@ def check_resumable(run_dir: Path, *, fresh_if_missing: bool) -> bool:
     ask for a fresh start instead. Only presence is checked here; ``checkpoint.load_latest``
     verifies contents (and falls back to an older checkpoint)."""
     if checkpoint.complete(run_dir):
-        checkpoint.refuse_untrusted(run_dir)
         return True
     if fresh_if_missing:
         return False

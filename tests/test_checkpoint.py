@@ -192,17 +192,14 @@ def test_a_real_node_state_round_trips_exactly_without_pickle(tmp_path):
     opt.load_state_dict(back["learner"]["optimizer"])    # what a resume does with it
 
 
-def test_an_old_pickle_checkpoint_loads_only_on_opt_in(tmp_path, monkeypatch, caplog):
+def test_a_pickle_in_a_checkpoint_directory_is_never_opened(tmp_path):
+    """Only state.safetensors is a checkpoint's state: a torch pickle beside it or instead of it
+    (what a shared run dir may carry) is not read, so it cannot run code when loaded."""
     ckpt = tmp_path / "checkpoints" / "round-000004"
     ckpt.mkdir(parents=True)
-    torch.save(_state(4), ckpt / checkpoint.PICKLE_STATE)       # what earlier versions wrote
-    monkeypatch.delenv(checkpoint.TRUST_PICKLE_ENV, raising=False)
-    with pytest.raises(CheckpointError, match="state.pt is a pickle.*--trust-pickle"):
-        checkpoint.load_latest(tmp_path)
-    with pytest.raises(CheckpointError, match="--trust-pickle"):
+    torch.save(_state(4), ckpt / "state.pt")
+    assert checkpoint.complete(tmp_path) == [] and checkpoint.load_latest(tmp_path) is None
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
         rundir.check_resumable(tmp_path, fresh_if_missing=False)      # before any model loads
-    monkeypatch.setenv(checkpoint.TRUST_PICKLE_ENV, "1")
-    with caplog.at_level(logging.WARNING, logger="ftis_edge.checkpoint"):
-        state = checkpoint.load_latest(tmp_path)
-    assert torch.equal(state["learner"]["w"], torch.full((64, 64), 4.0))
-    assert "reading a pickle checkpoint" in caplog.text
+    checkpoint.save(tmp_path, 3, _state(3))
+    assert checkpoint.load_latest(tmp_path)["round"] == 3              # the pickle's round 4 is not one
