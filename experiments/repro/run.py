@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batches import BATCHES, COMMON, PEER, RECEIVER, SwarmBatch, merge  # noqa: E402
+from ftis_edge import checkpoint  # noqa: E402
 from ftis_edge import config as cfgmod  # noqa: E402
 from ftis_edge.metrics import read_metrics  # noqa: E402
 
@@ -119,16 +120,21 @@ def peer_config(batch, seed: int, rounds: int | None, out: Path, addr: str, swar
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    return any((run_dir / "checkpoints").glob("round-*/state.pt"))
+    """A checkpoint the node can resume from, by the node's own rule (not a file name kept here)."""
+    return bool(checkpoint.complete(run_dir))
+
+
+def node_command(cfg_path: Path, run_dir: Path | None = None) -> list[str]:
+    """`ftis-edge start`: --resume from the run's last checkpoint if it has one (an interrupted run
+    continues where it stopped), else a fresh run (--overwrite: nothing there to keep)."""
+    resume = run_dir is not None and has_checkpoint(run_dir)
+    return [str(BIN / "ftis-edge"), "start", str(cfg_path), "--headless", "--resume" if resume else "--overwrite"]
 
 
 def start_node(cfg_path: Path, log_path: Path, run_dir: Path | None = None) -> subprocess.Popen:
-    """Start a node: --resume from its last checkpoint if it has one, else a fresh run."""
-    resume = run_dir is not None and has_checkpoint(run_dir)
-    return subprocess.Popen([str(BIN / "ftis-edge"), "start", str(cfg_path), "--headless",
-                             "--resume" if resume else "--overwrite"],
-                            stdout=log_path.open("a" if resume else "w"), stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True)
+    cmd = node_command(cfg_path, run_dir)
+    return subprocess.Popen(cmd, stdout=log_path.open("a" if "--resume" in cmd else "w"), stderr=subprocess.STDOUT,
+                            cwd=ROOT, start_new_session=True)
 
 
 def train_expert(expert, out: Path, settings: dict, timeout_s: float, rounds: int | None = None) -> bool:
