@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftis_edge import checkpoint
+from ftis_edge import checkpoint, machine
 from ftis_edge.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +24,15 @@ def test_a_run_with_a_checkpoint_is_resumed_and_one_without_starts_fresh(tmp_pat
     assert run.node_command(cfg, run_dir)[-1] == "--overwrite"
     checkpoint.save(run_dir, 3, {"round": 3, "weights": torch.zeros(2)})  # what a node writes
     assert run.node_command(cfg, run_dir)[-1] == "--resume"
+
+
+def test_the_machine_record_names_cpu_cores_and_boot():
+    record = machine.describe()
+    assert record["cpu"] and record["cpu"] != "unknown"
+    assert 1 <= record["usable_cores"] <= record["cores"]
+    boot = machine.BOOT_ID.read_text().strip() if machine.BOOT_ID.exists() else None
+    assert record["boot_id"] == boot
+    assert machine.describe()["boot_id"] == record["boot_id"]          # the same boot, the same id
 
 
 def _rounds(run_dir: Path) -> list[int]:
@@ -57,4 +66,8 @@ def test_an_interrupted_run_continues_where_it_stopped(tmp_path):
     assert _rounds(run_dir) == [1, 2, 3]
     starts = [r for r in read_metrics(run_dir) if r.get("type") == "start"]
     assert len(starts) == 2 and starts[0]["resumed_from"] is None and starts[1]["resumed_from"] == first[-1]
+    # every start says where it ran: a resume on another machine shows in the metrics
+    here = machine.describe()
+    for s in starts:
+        assert s["machine"] == here and s["machine"]["cpu"] and s["machine"]["cores"] >= 1
     assert run.finished(run_dir)
