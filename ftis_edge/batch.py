@@ -16,6 +16,14 @@ Peer completions enter token level when the peer's tokenizer is ours; otherwise 
 re-tokenized locally and weighted per span between the byte offsets both tokenizations share
 (``cross_tokenizer_level = "span"``, align.py), or per sequence (the option, and the fallback
 when the tokens cannot be placed on the text) — docs/ftis.md, cross-tokenizer.
+
+Samples from another model (``SampleRules``; docs/ftis.md, "Samples from another model"): a peer
+whose rollout carries another tokenizer or another base-model fingerprint than ours is *foreign*.
+Its samples are marked (the learner caps their IS weight), refused when longer than our
+completion budget in our tokens or cut by their generator (not truncated: a cut text teaches
+running out of tokens), and weighted by the peer's success relative to ours (bounded). A
+truncated completion of anyone can be masked (TRL's ``mask_truncated_completions``). A refused
+or masked sample still counts in its group's advantages: the group's rewards are the grader's.
 """
 from __future__ import annotations
 
@@ -72,12 +80,61 @@ class LocalTokenizer:
         return ids[: self.max_completion_length * RETOKENIZED_LENGTH_FACTOR]
 
 
+LENGTH_RULES = ("refuse", "truncate")
+
+
+@dataclass(frozen=True)
+class SampleRules:
+    """What a node does with samples from another model, and with truncated completions
+    (train.foreign_* and train.mask_truncated_completions; the defaults here are today's plain
+    objective, the config's are the protections)."""
+    model_fp: str = ""                    # our base weights' fingerprint ("" = tell by tokenizer only)
+    foreign_length_rule: str = "truncate"  # "refuse": drop a foreign sample over our budget or cut
+    foreign_success_floor: float = 1.0    # peer weight = clamp(success_peer / success_own, floor, 1); 1 = off
+    mask_truncated_completions: bool = False   # any sample cut at its length limit: weight 0
+
+    def __post_init__(self):
+        if self.foreign_length_rule not in LENGTH_RULES:
+            raise ValueError(f"foreign_length_rule must be one of {LENGTH_RULES}, got {self.foreign_length_rule!r}")
+        if not 0.0 <= self.foreign_success_floor <= 1.0:
+            raise ValueError(f"foreign_success_floor must lie in [0, 1], got {self.foreign_success_floor!r}")
+
+    def is_foreign(self, p) -> bool:
+        """Another model generated peer group ``p``: another tokenizer, or another base-weights fingerprint."""
+        return not p.same_tokenizer or bool(self.model_fp and p.rollout.model_fp != self.model_fp)
+
+
+def success_rate(rewards: Sequence[float]) -> float:
+    """Mean reward clipped to [0, 1], with one success and one failure added (Laplace): a node
+    with few samples this round is pulled toward 1/2 instead of 0 or 1."""
+    return (sum(min(max(float(r), 0.0), 1.0) for r in rewards) + 1.0) / (len(rewards) + 2.0)
+
+
+def success_weights(own_rewards: Sequence[float], peer_rewards: dict[str, list[float]], floor: float) -> dict[str, float]:
+    """Per foreign peer: its success rate relative to ours this round, clamped to [floor, 1].
+
+    A peer that succeeds at least as often as we do keeps full weight; one that succeeds half as
+    often gets 1/2 (never below ``floor``). Never above 1: a better peer is already favoured by
+    its advantages, and a weight above 1 would amplify another model's style."""
+    mine = success_rate(own_rewards)
+    return {node: min(1.0, max(floor, success_rate(r) / mine)) for node, r in peer_rewards.items()}
+
+
 @dataclass
 class Batch:
     samples: list[TrainSample] = field(default_factory=list)
     groups: int = 0                       # groups considered (horizontal: merged groups)
     groups_zero_std: int = 0              # of those, skipped: all rewards equal
     groups_with_peer_parts: int | None = None   # horizontal only: merged groups that had peer parts
+    refused_length: int = 0               # foreign samples refused by the length rule
+    masked_truncated: int = 0             # samples cut at their length limit, given weight 0
+    peer_weights: dict[str, float] = field(default_factory=dict)   # foreign peer -> success weight
+
+    @property
+    def success_weight(self) -> float | None:
+        """Mean success weight over the batch's foreign peer samples (None when there are none)."""
+        w = [self.peer_weights[s.source] for s in self.samples if s.foreign and s.source in self.peer_weights]
+        return sum(w) / len(w) if w else None
 
     @property
     def own_samples(self) -> int:
@@ -96,26 +153,54 @@ def advantages(rewards: Sequence[float], scale: str) -> list[float] | None:
     return group_advantages(torch.tensor(list(rewards), dtype=torch.float32), scale=scale).tolist()
 
 
-def own_samples(g: OwnGroup, adv: Sequence[float]) -> list[TrainSample]:
-    return [TrainSample(prompt_ids=g.prompt_ids, completion_ids=list(c.token_ids), gen_logprobs=list(c.logprobs),
-                        gen_logprob_sum=None, advantage=a, source=OWN)
-            for c, a in zip(g.completions, adv)]
+def _truncated(c) -> bool:
+    return c.finish_reason == "length"
 
 
-def peer_samples(p, adv: Sequence[float], local: LocalTokenizer) -> list[TrainSample]:
+def own_samples(g: OwnGroup, adv: Sequence[float], rules: SampleRules = SampleRules(),
+                batch: "Batch | None" = None) -> list[TrainSample]:
+    out = []
+    for c, a in zip(g.completions, adv):
+        masked = rules.mask_truncated_completions and _truncated(c)
+        if masked and batch is not None:
+            batch.masked_truncated += 1
+        out.append(TrainSample(prompt_ids=g.prompt_ids, completion_ids=list(c.token_ids),
+                               gen_logprobs=list(c.logprobs), gen_logprob_sum=None, advantage=a, source=OWN,
+                               weight=0.0 if masked else 1.0))
+    return out
+
+
+def peer_samples(p, adv: Sequence[float], local: LocalTokenizer, rules: SampleRules = SampleRules(),
+                 batch: "Batch | None" = None) -> list[TrainSample]:
     """A peer group's samples (``intake.PeerGroup``): token level when the tokenizer matches,
     else re-tokenized locally and weighted per span (when both sides' tokens can be placed on
-    the text) or per sequence."""
+    the text) or per sequence. ``rules`` decide what happens to another model's samples and to
+    truncated ones; ``batch`` (when given) counts the refused and masked ones."""
     prompt_ids = local.prompt_ids(p.prompt)
     node = p.rollout.node_id
+    foreign = rules.is_foreign(p)
+    peer_weight = batch.peer_weights.get(node, 1.0) if (batch is not None and foreign) else 1.0
     out = []
     for c, a in zip(p.rollout.completions, adv):
         if p.same_tokenizer:
-            out.append(TrainSample(prompt_ids=prompt_ids, completion_ids=[int(t) for t in c.token_ids],
-                                   gen_logprobs=[float(x) for x in c.logprobs], gen_logprob_sum=None,
-                                   advantage=a, source=node))
+            ids = [int(t) for t in c.token_ids]
         else:
             ids = local.retokenize(c.text, finished=c.finish_reason == "stop")
+        # over our budget in our tokens (the re-tokenization is capped at 4x: over it is over), or
+        # cut by its generator: refused whole, never truncated into a text that ends mid-answer
+        if foreign and rules.foreign_length_rule == "refuse" and (_truncated(c) or len(ids) > local.max_completion_length):
+            if batch is not None:
+                batch.refused_length += 1
+            continue
+        masked = rules.mask_truncated_completions and _truncated(c)
+        if masked and batch is not None:
+            batch.masked_truncated += 1
+        weight = 0.0 if masked else peer_weight
+        if p.same_tokenizer:
+            out.append(TrainSample(prompt_ids=prompt_ids, completion_ids=ids,
+                                   gen_logprobs=[float(x) for x in c.logprobs], gen_logprob_sum=None,
+                                   advantage=a, source=node, foreign=foreign, weight=weight))
+        else:
             spans = None
             if local.cross_tokenizer_level == "span" and local.token_bytes is not None:
                 spans = span_alignment(ids, local.token_bytes, c.text, getattr(c, "token_bytes", None), c.logprobs)
@@ -123,15 +208,24 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer) -> list[TrainSa
                                    gen_logprob_sum=float(np.sum(c.logprobs)), advantage=a,
                                    sequence_level=spans is None, source=node,
                                    span_ids=None if spans is None else spans[0],
-                                   gen_span_logprobs=None if spans is None else spans[1]))
+                                   gen_span_logprobs=None if spans is None else spans[1],
+                                   foreign=foreign, weight=weight))
     return out
 
 
 def build_batch(own: Sequence[OwnGroup], peers: Sequence, *, mode: str, scale: str,
-                local: LocalTokenizer) -> Batch:
+                local: LocalTokenizer, rules: SampleRules = SampleRules()) -> Batch:
     """The round's samples: own groups first (in order), each followed in horizontal mode by
-    its peers' parts; in the other modes the peer groups (``intake.PeerGroup``) follow."""
+    its peers' parts; in the other modes the peer groups (``intake.PeerGroup``) follow.
+    ``rules``: what is done with another model's samples and with truncated ones (SampleRules)."""
     batch = Batch()
+    if rules.foreign_success_floor < 1.0:
+        foreign: dict[str, list[float]] = {}
+        for p in peers:
+            if rules.is_foreign(p):
+                foreign.setdefault(p.rollout.node_id, []).extend(p.rewards)
+        batch.peer_weights = success_weights([r for g in own for r in g.rewards], foreign,
+                                             rules.foreign_success_floor)
     # (rewards of one advantage group, how its samples are made from the advantages)
     groups: list[tuple[list[float], Callable[[list[float]], list[TrainSample]]]] = []
     if mode == "horizontal":
@@ -142,10 +236,11 @@ def build_batch(own: Sequence[OwnGroup], peers: Sequence, *, mode: str, scale: s
         for g in own:
             parts = parts_of.get(g.group_id, [])
             batch.groups_with_peer_parts += bool(parts)
-            groups.append((g.rewards + [r for p in parts for r in p.rewards], _merged_maker(g, parts, local)))
+            groups.append((g.rewards + [r for p in parts for r in p.rewards],
+                           _merged_maker(g, parts, local, rules, batch)))
     else:
-        groups += [(g.rewards, lambda adv, g=g: own_samples(g, adv)) for g in own]
-        groups += [(p.rewards, lambda adv, p=p: peer_samples(p, adv, local)) for p in peers]
+        groups += [(g.rewards, lambda adv, g=g: own_samples(g, adv, rules, batch)) for g in own]
+        groups += [(p.rewards, lambda adv, p=p: peer_samples(p, adv, local, rules, batch)) for p in peers]
     for rewards, make in groups:
         batch.groups += 1
         adv = advantages(rewards, scale)
@@ -156,12 +251,12 @@ def build_batch(own: Sequence[OwnGroup], peers: Sequence, *, mode: str, scale: s
     return batch
 
 
-def _merged_maker(g: OwnGroup, parts: list, local: LocalTokenizer):
+def _merged_maker(g: OwnGroup, parts: list, local: LocalTokenizer, rules: SampleRules, batch: Batch):
     """Samples of a horizontal group: the own part, then each peer part, advantages in that order."""
     def make(adv: list[float]) -> list[TrainSample]:
-        out, k = own_samples(g, adv), len(g.completions)
+        out, k = own_samples(g, adv, rules, batch), len(g.completions)
         for p in parts:
-            out += peer_samples(p, adv[k:k + len(p.rewards)], local)
+            out += peer_samples(p, adv[k:k + len(p.rewards)], local, rules, batch)
             k += len(p.rewards)
         return out
     return make

@@ -145,6 +145,8 @@ class Learner:
                 raise LearnerError(f"sample {i}: token id out of range [0, {self.vocab_size})")
             if not math.isfinite(s.advantage):
                 raise LearnerError(f"sample {i}: advantage is not finite ({s.advantage})")
+            if not (isinstance(s.weight, (int, float)) and 0.0 <= s.weight <= 1.0):
+                raise LearnerError(f"sample {i}: weight must lie in [0, 1], got {s.weight!r}")
             if (s.span_ids is None) != (s.gen_span_logprobs is None):
                 raise LearnerError(f"sample {i}: span level needs both span_ids and gen_span_logprobs")
             if s.span_ids is not None:
@@ -384,9 +386,11 @@ class Learner:
                     if judge:
                         weight, threshold, judged = self._judge(batch, logp, mask, ent, plausible,
                                                                 own_scores, threshold)
+                    weight = _with_sample_weights(batch, weight, logp.device)
+                    foreign = torch.tensor([s.foreign for s in batch], device=logp.device)
                     loss, st = ftis_loss(logp, gen, adv, mask, level=level, normalize="all", num_samples=N,
                                          gen_logp_sum=gen_sum, span_ids=span_ids, gen_span_logp=gen_span,
-                                         sample_weight=weight, **objective_kwargs)
+                                         sample_weight=weight, foreign=foreign, **objective_kwargs)
                     if not no_signal:
                         loss.backward()
                     per_mb = st.pop("per_sample")
@@ -532,10 +536,21 @@ class Learner:
         return directory
 
 
+def _with_sample_weights(batch: Sequence[TrainSample], weight: torch.Tensor | None, dev) -> torch.Tensor | None:
+    """The plausibility weights (None, or [b, T]) times each sample's own ``weight`` (a masked
+    truncated completion's 0, a peer's success weight); None when every factor is 1."""
+    if all(s.weight == 1.0 for s in batch):
+        return weight
+    w = torch.tensor([s.weight for s in batch], dtype=torch.float32, device=dev)
+    return w if weight is None else weight * w[:, None]
+
+
 def _all_signal_refused(samples: Sequence[TrainSample], stats: dict) -> bool:
-    """True when every sample with an advantage was judged implausible (nothing left to learn)."""
+    """True when every sample with an advantage was judged implausible or carries weight 0
+    (a masked truncated completion): nothing left to learn."""
     refused = stats["per_sample"].get("implausible")
-    return refused is not None and all(bool(refused[i]) for i, s in enumerate(samples) if s.advantage != 0)
+    return all((refused is not None and bool(refused[i])) or s.weight == 0
+               for i, s in enumerate(samples) if s.advantage != 0)
 
 
 def _weighted_mean(pairs: list[tuple[float, float]]) -> float:

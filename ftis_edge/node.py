@@ -24,7 +24,7 @@ import torch
 
 from . import checkpoint, neighbours, preflight, rundir
 from . import progress as phases
-from .batch import LocalTokenizer, OwnGroup, build_batch, peer_usage
+from .batch import LocalTokenizer, OwnGroup, SampleRules, build_batch, peer_usage
 from .learner import OWN
 from .compute import ComputeTotals, CpuClock, round_compute
 from .plausibility import PlausibilityConfig
@@ -137,6 +137,7 @@ class Node:
             precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),
             policy=self.learner.model))
         self.local_tokenizer = self._local_tokenizer()
+        self.sample_rules = self._sample_rules()
         self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / rundir.ADAPTER_DIR)
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
@@ -471,12 +472,20 @@ class Node:
             max_completion_length=self.cfg.task.max_completion_length,
             token_bytes=self._token_bytes(), cross_tokenizer_level=self.cfg.train.cross_tokenizer_level)
 
+    def _sample_rules(self) -> SampleRules:
+        """What this node does with another model's samples and with truncated ones (batch.SampleRules)."""
+        t = self.cfg.train
+        return SampleRules(model_fp=self.bundle.fingerprint, foreign_length_rule=t.foreign_length_rule,
+                           foreign_success_floor=t.foreign_success_floor,
+                           mask_truncated_completions=t.mask_truncated_completions)
+
     def _train(self, samples) -> dict:
         from .learner import LearnerOOM
         cfg = self.cfg
         self.progress.phase(phases.TRAINING, samples=len(samples))
         kw = dict(method=cfg.train.method, C=cfg.train.C, eps=cfg.train.epsilon,
                   kl_threshold=cfg.train.kl_threshold, normalize=cfg.train.normalize,
+                  foreign_cap=cfg.train.foreign_is_cap or None,
                   plausible=PlausibilityConfig() if cfg.train.peer_plausibility else None)
         while True:
             try:
@@ -516,7 +525,7 @@ class Node:
             record["wire/bytes_per_token_out"] = wire_out[0] / wire_out[1] if wire_out[1] else None
         record["groups/topped_up"] = topped_up
         batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
-                            local=self.local_tokenizer)
+                            local=self.local_tokenizer, rules=self.sample_rules)
         samples = batch.samples
         t0 = time.time()
         with self.cpu.phase("train"):
@@ -541,6 +550,9 @@ class Node:
             **own_grading_stats(own),
             "samples/own": batch.own_samples,
             "peers/samples_used": batch.peer_samples,
+            "samples/masked_truncated": batch.masked_truncated,
+            "peers/refused_length": batch.refused_length,
+            "peers/success_weight": batch.success_weight,
             "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,
             "groups/with_peer_parts": batch.groups_with_peer_parts,
             "peers/groups_used": len(peers),
