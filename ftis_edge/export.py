@@ -178,14 +178,98 @@ def quant_line(q: dict) -> str:
     return line
 
 
+class _Steps:
+    """Runs the export's steps: one line each to ``log`` with its time; what llama.cpp and the
+    libraries print goes to the ``noise`` file (export.log)."""
+
+    def __init__(self, noise: Path, log):
+        self.noise, self.log = noise, log
+
+    def __call__(self, title: str, fn, *args):
+        from .logs import output_to
+        t0 = time.time()
+        with output_to(self.noise):
+            result = fn(*args)
+        self.log(f"{title} ({time.time() - t0:.1f} s)")
+        return result
+
+
+def _own_format(learner, bundle, out: Path, files: dict) -> None:
+    """The trainer's own format: PEFT + GGUF LoRA adapter, or the full HF model (+ tokenizer)."""
+    from .gguf_io import write_gguf_lora
+    if learner.trainable == "lora":
+        learner.model.save_pretrained(out / "peft")
+        files["peft"] = "peft/"
+        files["adapter"] = write_gguf_lora(learner.model, out / "adapter.gguf", arch=bundle.arch,
+                                           n_head=bundle.n_head, n_head_kv=bundle.n_head_kv).name
+    else:
+        learner.model.save_pretrained(out / "hf")
+        bundle.tokenizer().save_pretrained(out / "hf")
+        files["hf"] = "hf/"
+
+
+def _merged_f16(learner, base: Path, out: Path) -> str:
+    from .gguf_io import export_merged_gguf
+    return export_merged_gguf(learner.model, base, out / "model-f16.gguf", dtype="f16").name
+
+
+def _quantized(learner, base: Path, out: Path, quant: str) -> str:
+    """model-<quant>.gguf, quantized from an F32 export: one full fine-tuning step is often below
+    F16's resolution (docs/bridge.md)."""
+    from .gguf_io import export_merged_gguf, quantize_gguf
+    f32 = export_merged_gguf(learner.model, base, out / ".model-f32.gguf", dtype="f32")
+    try:
+        return quantize_gguf(f32, out / f"model-{quant}.gguf", quant).name
+    finally:
+        f32.unlink(missing_ok=True)
+
+
+def _use_weights(learner, weights: dict) -> None:
+    """Put the best eval's trainable weights (checkpoint.save_best) into a restored learner."""
+    import torch
+    own = learner.trainable_state()
+    if set(own) != set(weights):
+        raise ExportError("the kept best weights do not match the model (another trainable mode or LoRA "
+                          "targets?); export the newest with --latest")
+    with torch.no_grad():
+        for name, p in own.items():
+            p.copy_(weights[name].to(p.device, p.dtype))
+
+
+def _held_out_history(run_dir: Path) -> dict:
+    """Base, best and latest held-out evals as metrics.jsonl recorded them ({} for a run without)."""
+    from .metrics import read_metrics
+    evals = [r for r in read_metrics(run_dir) if r.get("type") == "round" and r.get("eval/accuracy") is not None]
+    base = next((r for r in read_metrics(run_dir) if r.get("eval/base_accuracy") is not None), None)
+    if not evals and base is None:
+        return {}
+
+    def row(rec, key="eval/accuracy", lo="eval/accuracy_lo", hi="eval/accuracy_hi", rnd=None):
+        return {"round": rec.get("eval/round") if rnd is None else rnd, "accuracy": rec.get(key),
+                "interval": [rec.get(lo), rec.get(hi)], "n": rec.get("eval/n")}
+    out = {}
+    if base is not None:
+        out["base"] = row(base, "eval/base_accuracy", "eval/base_lo", "eval/base_hi", rnd=0)
+    if evals:
+        out["latest"] = row(evals[-1])
+        best = max(evals, key=lambda r: (r["eval/accuracy"], -r["round"]))
+        if out.get("base") and out["base"]["accuracy"] is not None and out["base"]["accuracy"] >= best["eval/accuracy"]:
+            out["best"] = dict(out["base"])
+        else:
+            out["best"] = row(best)
+    return out
+
+
 def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50, threads: int | None = None,
-               log=print) -> dict:
+               log=print, latest: bool = False) -> dict:
     """Write every artefact listed in the module docstring; returns what export.json holds.
 
+    The weights: the best held-out eval's that the node kept (``checkpoints/best-NNNNNN``), or the
+    newest checkpoint's with ``latest`` (or when the run kept none: eval off, an older run).
     ``log`` gets one line per step; what llama.cpp and the libraries print goes to
     ``export.log`` in the output directory."""
-    from .gguf_io import GGUFError, export_merged_gguf, quantize_gguf, write_gguf_lora
-    from .logs import output_to
+    from . import checkpoint
+    from .gguf_io import GGUFError
     from .models import ModelError, resolve_model
 
     if quant not in QUANTS:
@@ -195,49 +279,31 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
         raise ExportError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
     cfg = rundir.load_config(run_dir)
     state = _latest_state(run_dir)
+    best = None if latest else checkpoint.load_best(run_dir)
+    weights = _weights_line(state["round"], best, latest)
+    log(weights["line"])
     out = Path(to).expanduser() if to else run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
     noise = out / LOG_NAME
-
-    def step(title: str, fn):
-        t0 = time.time()
-        with output_to(noise):
-            result = fn()
-        log(f"{title} ({time.time() - t0:.1f} s)")
-        return result
+    step = _Steps(noise, log)
 
     files = {}
     try:
         bundle = step(f"loaded {cfg.model.spec} and the checkpoint of round {state['round']}",
-                      lambda: resolve_model(cfg.model.spec))
+                      resolve_model, cfg.model.spec)
         bundle.require_supported()
-        learner, rounds = step("restored the trained weights", lambda: _learner_from_checkpoint(state, cfg, bundle))
+        learner, rounds = step("restored the trained weights", _learner_from_checkpoint, state, cfg, bundle)
         del state
-
-        def own_format():
-            if learner.trainable == "lora":
-                learner.model.save_pretrained(out / "peft")
-                files["peft"] = "peft/"
-                files["adapter"] = write_gguf_lora(learner.model, out / "adapter.gguf", arch=bundle.arch,
-                                                   n_head=bundle.n_head, n_head_kv=bundle.n_head_kv).name
-            else:
-                learner.model.save_pretrained(out / "hf")
-                bundle.tokenizer().save_pretrained(out / "hf")
-                files["hf"] = "hf/"
-        step("wrote " + ("peft/ and adapter.gguf" if learner.trainable == "lora" else "hf/"), own_format)
+        if best is not None:
+            _use_weights(learner, best.pop("trainable"))
+        step("wrote " + ("peft/ and adapter.gguf" if learner.trainable == "lora" else "hf/"),
+             _own_format, learner, bundle, out, files)
         base = step("found the base GGUF", bundle.base_gguf)
-        files["f16"] = step("wrote model-f16.gguf (the merged model, F16)",
-                            lambda: export_merged_gguf(learner.model, base, out / "model-f16.gguf", dtype="f16").name)
+        files["f16"] = step("wrote model-f16.gguf (the merged model, F16)", _merged_f16, learner, base, out)
         quantized = None
         if quant != "f16":
-            def quantize():
-                # from F32: one full fine-tuning step is often below F16's resolution (docs/bridge.md)
-                f32 = export_merged_gguf(learner.model, base, out / ".model-f32.gguf", dtype="f32")
-                try:
-                    return quantize_gguf(f32, out / f"model-{quant}.gguf", quant).name
-                finally:
-                    f32.unlink(missing_ok=True)
-            files[quant] = step(f"wrote model-{quant}.gguf (llama.cpp's quantizer)", quantize)
+            files[quant] = step(f"wrote model-{quant}.gguf (llama.cpp's quantizer)", _quantized, learner, base, out,
+                                quant)
             quantized = {"file": files[quant], **quant_summary(out / files[quant], quant)}
             log(quant_line(quantized))
     except (ModelError, GGUFError) as e:
@@ -255,6 +321,8 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     info = {"base_model": cfg.model.spec, "base_name": bundle.name, "arch": bundle.arch,
             "base_fingerprint": bundle.fingerprint, "rounds": rounds, "method": cfg.train.method,
             "trainable": cfg.train.trainable, "backend": cfg.model.backend, "task": cfg.task.name,
+            "weights": {k: v for k, v in weights.items() if k != "line"},
+            "held_out": _held_out_history(run_dir),
             "files": files, "quantized": quantized, "reward_curve": _reward_curve(run_dir), "eval": None}
     if eval_limit > 0:
         # like with like: base and trained both at F16 (the effect of training); the shipped
@@ -266,12 +334,29 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
         info["eval"] = {"prompts": eval_limit, "sampler": "greedy"}
         for key, label, model, precision in runs:
             r = step(f"evaluated {label} on {eval_limit} held-out {cfg.task.name} prompts",
-                     lambda: _eval(cfg, model, precision, eval_limit, threads))
+                     _eval, cfg, model, precision, eval_limit, threads)
             info["eval"][key] = {"model": label, **r}
             log(f"  accuracy {r['accuracy']:.1%}")
     (out / "export.json").write_text(json.dumps(info, indent=1))
     (out / "README.md").write_text(model_card(info))
     return info
+
+
+def _weights_line(latest_round: int, best: dict | None, latest: bool) -> dict:
+    """Which weights the export takes, and the line that says so."""
+    if best is not None:
+        b = best["best"]
+        lo, hi = b.get("interval") or (None, None)
+        interval = f" [{100 * lo:.0f}–{100 * hi:.0f}]" if lo is not None and hi is not None else ""
+        return {"which": "best", "round": best["round"], "accuracy": b.get("accuracy"), "n": b.get("n"),
+                "latest_round": latest_round,
+                "line": f"exporting the best held-out eval's weights: round {best['round']}, accuracy "
+                        f"{100 * b['accuracy']:.1f}%{interval} on {b.get('n')} held-out prompts (the newest "
+                        f"checkpoint is round {latest_round}: --latest takes it)"}
+    why = "as asked (--latest)" if latest else "this run kept no best held-out weights (eval.every = 0, or a run " \
+                                                "from before the held-out eval)"
+    return {"which": "latest", "round": latest_round, "accuracy": None, "n": None, "latest_round": latest_round,
+            "line": f"exporting the newest checkpoint's weights, round {latest_round}: {why}"}
 
 
 def model_card(info: dict) -> str:
@@ -284,6 +369,7 @@ def model_card(info: dict) -> str:
     if info["reward_curve"]:
         lines += ["## Reward (own groups, mean per span of rounds)", "", "| rounds | reward |", "|---|---|"]
         lines += [f"| {p['rounds']} | {p['reward']:.3f} |" for p in info["reward_curve"]] + [""]
+    lines += _held_out_section(info)
     if info.get("quantized"):
         lines += ["## Quantized file", "", quant_line(info["quantized"]) + ".", ""]
     if info["eval"]:
@@ -303,6 +389,27 @@ def model_card(info: dict) -> str:
     return "\n".join(lines)
 
 
+def _held_out_section(info: dict) -> list[str]:
+    """The card's base / best / latest held-out accuracy as the node measured it during training,
+    and which of them these files hold."""
+    w, hist = info.get("weights") or {}, info.get("held_out") or {}
+    which = (f"These files hold the **{w['which']}** weights (round {w['round']})" if w else "")
+    if not hist:
+        return [f"{which}." if which else "", ""] if which else []
+    lines = ["## Held-out accuracy during training (greedy, the node's own eval)", "",
+             which + (": the best held-out eval's, kept by the node; `ftis-edge export --latest` exports the "
+                      "newest instead." if w.get("which") == "best" else "."), "",
+             "| weights | round | accuracy | 95% interval | prompts |", "|---|---|---|---|---|"]
+    for key in ("base", "best", "latest"):
+        r = hist.get(key)
+        if not r or r.get("accuracy") is None:
+            continue
+        lo, hi = r.get("interval") or (None, None)
+        band = f"{100 * lo:.1f}% – {100 * hi:.1f}%" if lo is not None and hi is not None else "–"
+        lines.append(f"| {key} | {r['round']} | {100 * r['accuracy']:.1f}% | {band} | {r.get('n')} |")
+    return lines + [""]
+
+
 # --- CLI ------------------------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -312,12 +419,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-limit", type=int, default=50,
                    help="held-out prompts for the before/after eval in the model card (0 = skip)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the eval")
+    p.add_argument("--latest", action="store_true",
+                   help="export the newest checkpoint's weights (default: the best held-out eval's, when the run "
+                        "kept them)")
 
 
 def run(args) -> int:
     from .errors import FtisError, one_line
     try:
-        info = export_run(args.run_dir, args.to, quant=args.quant, eval_limit=args.eval_limit, threads=args.threads)
+        info = export_run(args.run_dir, args.to, quant=args.quant, eval_limit=args.eval_limit, threads=args.threads,
+                          latest=args.latest)
     except FtisError as e:        # ExportError, CheckpointError, ConfigError ...
         e = one_line(e)
         print(f"ftis-edge export: error: {e}", file=sys.stderr)

@@ -235,9 +235,10 @@ class Node:
         return {"dir": f"best-{kept['round']:06d}", "round": kept["round"], **(kept.get("best") or {})} \
             if kept else None
 
-    def _adopt_kept_best(self) -> None:
+    def _note_kept_best(self) -> None:
         """On resume: the best weights on disk may come from an eval after the checkpoint (a round
-        being replayed); they are real weights with a real eval, so the record follows them."""
+        now replayed); they are real weights with a real eval, so they stay (export takes them)
+        until a later eval beats the checkpoint's best."""
         kept = checkpoint.best_info(self.run_dir)
         best = self.heldout.best
         if kept and best is not None and kept["round"] != best.round:
@@ -557,7 +558,7 @@ class Node:
             "groups/with_peer_parts": batch.groups_with_peer_parts,
             "peers/groups_used": len(peers),
             "memory/oom_retries": self.oom_retries, "micro_batch": self.learner.micro_batch,
-            "learning_rate": cfg.train.learning_rate,
+            "learning_rate": cfg.train.lr,
         })
         record.update({k: v for k, v in sync_info.items() if isinstance(v, (int, float))})
         record.update({k: v for k, v in stats.items() if k != "per_sample"})

@@ -66,7 +66,7 @@ EVAL_N = 12
 
 def _run(tmp_path: Path, node_id: str, **sections) -> Path:
     cfg = {"node": {"id": node_id, "run_dir": str(tmp_path / "{id}"), "rounds": 1, "checkpoint_every": 1},
-           "model": {"threads": 1}, "train": {"micro_batch": 8},
+           "model": {"threads": 1}, "train": {"micro_batch": 8}, "eval": {"prompts": 4},
            "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"}}
     for s, v in sections.items():
         cfg.setdefault(s, {}).update(v)
@@ -125,7 +125,9 @@ def test_export_of_a_llamacpp_lora_run(tmp_path):
                                                 "--max-new-tokens", "40", "--quiet", "--threads", "1"]))
     assert node_eval["adapter"] == str(latest)
 
-    info = export_run(run, tmp_path / "out", quant="q8_0", eval_limit=EVAL_N, threads=1, log=lambda *_: None)
+    # the newest weights (what latest.gguf and the checkpoint hold); the best eval's: tests/test_heldout.py
+    info = export_run(run, tmp_path / "out", quant="q8_0", eval_limit=EVAL_N, threads=1, log=lambda *_: None,
+                      latest=True)
     out = tmp_path / "out"
     for name in ("peft/adapter_config.json", "peft/adapter_model.safetensors", "adapter.gguf", "model-f16.gguf",
                  "model-q8_0.gguf", "Modelfile", "README.md", "export.json"):
@@ -175,7 +177,7 @@ def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
     from ftis_edge.models import resolve_model
 
     run = _run(tmp_path, "full", model={"backend": "hf", "threads": 1}, train={"trainable": "full", "learning_rate": 2e-5})
-    info = export_run(run, None, quant="q8_0", eval_limit=0, log=lambda *_: None)
+    info = export_run(run, None, quant="q8_0", eval_limit=0, log=lambda *_: None, latest=True)
     out = run / "export"
     assert sorted(info["files"]) == ["f16", "hf", "q8_0"] and (out / "hf" / "config.json").is_file()
     cfg = load_run_config(run)

@@ -222,3 +222,108 @@ def test_eval_on_leaves_training_bit_identical_and_keeps_the_best(tmp_path):
     manifest = json.loads((tmp_path / "on" / "checkpoints" / "round-000002" / "manifest.json").read_text())
     assert manifest["best"]["round"] == best["round"]
     assert checkpoint.load_best(tmp_path / "off") is None
+
+
+@pytest.mark.model
+@pytest.mark.timeout(900)
+def test_export_takes_the_best_eval_by_default_and_the_newest_with_latest(tmp_path):
+    from safetensors.torch import load_file
+
+    from ftis_edge.export import export_run
+    # lr high enough that round 2's weights differ from round 1's in every LoRA matrix
+    _run(_config(tmp_path, "run", node={"rounds": 2, "checkpoint_every": 2},
+                 train={"learning_rate": 1e-3}, eval={"every": 1, "prompts": 4}))
+    run = tmp_path / "run"
+    best = checkpoint.load_best(run)
+    said = []
+    info = export_run(run, tmp_path / "best", quant="f16", eval_limit=0, log=said.append)
+    assert info["weights"]["which"] == "best" and info["weights"]["round"] == best["round"]
+    assert said[0].startswith(f"exporting the best held-out eval's weights: round {best['round']}, accuracy ")
+    assert "--latest" in said[0]
+    card = (tmp_path / "best" / "README.md").read_text()
+    assert "| base | 0 |" in card and "| best |" in card and "| latest | 2 |" in card
+    assert "**best** weights" in card
+    exported = load_file(tmp_path / "best" / "peft" / "adapter_model.safetensors")
+
+    # the learner's parameter names carry the adapter's name ("lora_A.default"); peft's file drops it
+    kept = {k.replace(".default.", "."): v for k, v in best["trainable"].items()}
+    assert kept.keys() == exported.keys() and all((kept[k] == exported[k]).all() for k in kept)
+    info = export_run(run, tmp_path / "latest", quant="f16", eval_limit=0, log=said.append, latest=True)
+    assert info["weights"] == {"which": "latest", "round": 2, "accuracy": None, "n": None, "latest_round": 2}
+    newest = load_file(tmp_path / "latest" / "peft" / "adapter_model.safetensors")
+    assert newest.keys() == exported.keys()
+    if best["round"] != 2:
+        assert any(not (newest[k] == exported[k]).all() for k in newest)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(900)
+def test_the_guard_on_a_real_swarm_node(tmp_path, relay):
+    """A real swarm node (real model, real relay on loopback): its real held-out eval, compared
+    with a best eval that answered every prompt, fires the guard; at each level the node's intake
+    keeps only the peer groups the guard admits (real rollouts of another tokenizer / base model);
+    alone, the round takes no peer group and does not wait; back at the base, it returns."""
+    import dataclasses
+
+    from ftis_edge.guard import LEVELS
+    from ftis_edge.intake import PeerGroup
+    from ftis_edge.node import Node
+    from test_wire import real_rollouts
+
+    r = relay()
+    cfg = config.load(_config(tmp_path, "guarded", node={"rounds": 3},
+                              swarm={"relay": r.address, "max_wait_s": 3.0},
+                              eval={"every": 1, "prompts": 8}))
+    node = Node(cfg, console_log=False)
+    node.cfg = node._resolve_engines(node.cfg)
+    node.build()
+    try:
+        node.sync.sync(node.learner.version)
+        assert node.guard is not None and node.guard.level == 0
+        node._eval_base()
+        real_now = node.heldout.base
+        wrong = [i for i, c in enumerate(real_now.correct) if not c]
+        assert len(wrong) >= 5, "the base model must miss at least 5 of 8 held-out prompts for this test"
+        # a best eval that answered every prompt: the real eval now has lost >= 5, gained 0
+        perfect = dataclasses.replace(real_now, round=0, correct=(True,) * real_now.n)
+        node.heldout.best = node.heldout.base = perfect
+        me_tok, me_model = node.bundle.tokenizer_fingerprint, node.bundle.fingerprint
+        groups = [PeerGroup(rollout=dataclasses.replace(ro, node_id=f"peer-{i}", tokenizer_fp=tok, model_fp=mfp),
+                            prompt=None, rewards=[0.0, 1.0], arrived_round=1, same_tokenizer=tok == me_tok)
+                  for i, (ro, (tok, mfp)) in enumerate(zip(real_rollouts(), [(me_tok, me_model), ("other-tok", "g"),
+                                                                               (me_tok, "other-base")]))]
+        for g in groups:                              # the peers this node has seen, in its peer book
+            seen = node.book.get(g.rollout.node_id)
+            seen.tokenizer, seen.model_fp = g.rollout.tokenizer_fp, g.rollout.model_fp
+
+        node.round = 1
+        rec = node._eval(1)
+        assert node.guard.level == 1 and rec["swarm/guard"].endswith(LEVELS[1])
+        assert "McNemar p=" in rec["swarm/guard"] and f"{len(wrong)} lost, 0 gained" in rec["swarm/guard"]
+        node.intake.buffer = list(groups)
+        node._guard_excluded = 0
+        node._admit_peers()
+        assert [g.rollout.node_id for g in node.intake.buffer] == ["peer-0", "peer-2"]
+        assert node._guard_excluded == 1
+        node._eval(1)                                 # still below: other base models go too
+        assert node.guard.level == 2
+        node.intake.buffer = list(groups)
+        node._admit_peers()
+        assert [g.rollout.node_id for g in node.intake.buffer] == ["peer-0"]
+        node._eval(1)                                 # and then all peers: the node trains alone
+        assert node.guard.level == ALONE
+        node.intake.buffer = []
+        node.round = 2
+        rec = node.run_round()
+        assert rec["swarm/guard_level"] == ALONE and rec["peers/groups_used"] == 0
+        assert rec["time/peer_wait_s"] < 1.0          # no wait for peers it would not take
+        assert unregistered(rec) == []
+        # recovered: at or above the base again (a base that answered nothing), one step back per eval
+        node.heldout.base = dataclasses.replace(real_now, correct=(False,) * real_now.n)
+        node.heldout.best = node.heldout.last
+        rec = node._eval(2)
+        assert node.guard.level == 2 and "back to" in rec["swarm/guard"]
+    finally:
+        node.swarm.close()
+        node.generator.close()
+    assert "swarm guard:" in (tmp_path / "guarded" / "node.log").read_text()

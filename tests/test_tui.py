@@ -134,7 +134,7 @@ async def test_panels_show_latest_values_and_means():
                 in stats("panel-reward"))
         assert f"peers {LAST['reward/peers']:.3f}" in stats("panel-reward")
         assert f"all {LAST['reward']:.3f}" in stats("panel-reward")
-        assert f"accuracy {100 * LAST['accuracy/own']:.1f}%" in stats("panel-accuracy")
+        assert f"training {100 * LAST['accuracy/own']:.1f}%" in stats("panel-accuracy")   # vs held-out
         assert stats("panel-filter") == (f"advantage ≤ 0 {100 * LAST['filter/adv_le0_frac']:.1f}% "
                                          f"KL > g {100 * LAST['filter/kl_gt_g_frac']:.1f}% "
                                          f"dropped (both) {100 * LAST['filter/dropped_frac']:.1f}%")

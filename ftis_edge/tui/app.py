@@ -34,6 +34,8 @@ from ftis_edge.tui.state import (
     RunState,
     View,
     flatten,
+    held_out,
+    held_out_points,
     load_config,
     phase_text,
     progress_is_current,
@@ -56,7 +58,10 @@ from ftis_edge.tui.widgets import (
     PeersTable,
     Series,
     ViewLine,
+    HELD,
+    HELD_BAND,
     field,
+    held_out_chunks,
     peer_detail,
     peers_shown,
     progress_chunks,
@@ -72,8 +77,16 @@ FINISHED = "#90caf9"
 # Panel contents, shared by a panel's own tab and its copy on a large overview.
 REWARD = [Series("reward/own", "own", OWN, mean=True), Series("reward/peers", "peers", PEERS),
           Series("reward", "all", ALL)]
-ACCURACY = [Series("accuracy/own", "accuracy", OWN, fmt.pct, mean=True),
-            Series("format/own", "format", VIOLET, fmt.pct)]
+ACCURACY = [Series("accuracy/own", "training", OWN, fmt.pct, mean=True),
+            Series("format/own", "format", VIOLET, fmt.pct),
+            # greedy answers to held-out prompts (heldout.py), from round 0 (the base model), with the
+            # ends of its 95% interval as two dim lines
+            Series("eval/accuracy", "held-out", HELD, lambda v: fmt.pct(v, 0), points=held_out_points,
+                   value=lambda state: held_out(state).accuracy),
+            Series("eval/accuracy_lo", None, HELD_BAND,
+                   points=lambda state: held_out_points(state, "eval/accuracy_lo", "eval/base_lo")),
+            Series("eval/accuracy_hi", None, HELD_BAND,
+                   points=lambda state: held_out_points(state, "eval/accuracy_hi", "eval/base_hi"))]
 FILTER = [Series("filter/adv_le0_frac", "advantage ≤ 0", YELLOW, fmt.pct),
           Series("filter/kl_gt_g_frac", "KL > g", VIOLET, fmt.pct),
           Series("filter/dropped_frac", "dropped (both)", RED, fmt.pct)]
@@ -89,8 +102,8 @@ TOKS = [Series("gen/tok_s", "tok/s", OWN, fmt.integer, mean=True),
         Series("completions/mean_length", "len", ALL, lambda v: fmt.num(v, 1), plot=False)]
 # One line under each tab's title: what its numbers count.
 LEGENDS = {
-    "tab-overview": "reward: mean score of own completions · accepted peer samples · the whole batch; "
-                    "accuracy: share of own completions that were correct; x axis: round",
+    "tab-overview": "reward, training: sampled answers to training prompts; held-out: greedy answers to unseen "
+                    "prompts, what you take home: the two can disagree",
     "tab-filter": "advantage ≤ 0: samples that scored no better than their group's mean · KL > g: past the "
                   "KL gate · dropped (both): removed from the update by the F- filter · w: importance weight",
     "tab-kl": "KL: learner vs generator per sample (k3) · |ℓ−g|: mean per-token log-prob mismatch · "
@@ -160,6 +173,7 @@ class DashboardApp(App[int]):
                 yield ViewLine(progress_chunks, id="round-progress")
                 with Horizontal(classes="row"):
                     yield MetricPanel("reward", REWARD, ylim=(0, 1), id="panel-reward")
+                yield ViewLine(held_out_chunks, id="held-out", hide_empty=True)
                     yield MetricPanel("accuracy", ACCURACY, ylim=(0, 1), id="panel-accuracy")
                     yield MetricPanel("loss", LOSS, id="ov-loss", classes="wide-only")
                 with Horizontal(classes="row tall-only"):

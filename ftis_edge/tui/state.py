@@ -125,6 +125,59 @@ class RunState:
 
 
 @dataclass(frozen=True)
+class HeldOut:
+    """The held-out evals of the run as the records hold them (heldout.py): the newest eval with
+    its Wilson interval, the base model's (round 0), the best, and the swarm guard's last word."""
+    accuracy: float | None
+    lo: float | None
+    hi: float | None
+    round: int | None
+    base: float | None
+    best: float | None
+    best_round: int | None
+    guard: str | None
+    guard_level: int
+
+    @property
+    def cell(self) -> str:
+        """The strip: "61% (base 52%)"."""
+        if self.accuracy is None:
+            return fmt.MISSING
+        out = f"{100 * self.accuracy:.0f}%"
+        return out + (f" (base {100 * self.base:.0f}%)" if self.base is not None and self.round else "")
+
+
+def held_out(state: RunState) -> HeldOut:
+    """The newest eval in the records (an old run without evals: all None)."""
+    latest: dict = {}
+    base = None
+    for rec in reversed(state.rounds):
+        if not latest and as_number(rec.get("eval/accuracy")) is not None:
+            latest = rec
+        if base is None:
+            base = as_number(rec.get("eval/base_accuracy"))
+        if latest and base is not None:
+            break
+    guard = next((r.get("swarm/guard") for r in reversed(state.rounds) if isinstance(r.get("swarm/guard"), str)),
+                 None)
+    rnd, best_round = as_number(latest.get("eval/round")), as_number(latest.get("eval/best_round"))
+    return HeldOut(as_number(latest.get("eval/accuracy")), as_number(latest.get("eval/accuracy_lo")),
+                   as_number(latest.get("eval/accuracy_hi")), int(rnd) if rnd is not None else None, base,
+                   as_number(latest.get("eval/best_accuracy")), int(best_round) if best_round is not None else None,
+                   fmt.text(guard, 200) if guard else None, int(as_number(state.latest.get("swarm/guard_level")) or 0))
+
+
+def held_out_points(state: RunState, key: str = "eval/accuracy", base_key: str = "eval/base_accuracy"
+                    ) -> tuple[list[int], list[float]]:
+    """(rounds, values) of a held-out series, the base model's eval at round 0 first."""
+    xs, ys = state.series(key)
+    _, base = state.series(base_key)
+    if base:
+        xs, ys = [0] + xs, [base[0]] + ys
+    return xs, ys
+
+
+@dataclass(frozen=True)
 class RelayHealth:
     """The relay as the node last recorded it, read once (header, headline, Peers tab).
 

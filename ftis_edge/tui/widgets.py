@@ -19,12 +19,13 @@ from textual_plotext import PlotextPlot
 
 from ftis_edge.compute import saved_phrase
 from ftis_edge.tui import format as fmt
-from ftis_edge.tui.state import RelayHealth, RunState, View, phase_text
+from ftis_edge.tui.state import RelayHealth, RunState, View, held_out, phase_text
 
 # One colour per role, shared by a plot line and the label that names it (hex for Textual,
 # an (r, g, b) tuple for plotext).
 OWN, PEERS, ALL = "#4fc3f7", "#ffa726", "#9e9e9e"
 GREEN, RED, YELLOW, VIOLET = "#81c784", "#e57373", "#fff176", "#ba68c8"
+HELD, HELD_BAND = "#aed581", "#558b2f"      # held-out accuracy and its interval's ends
 
 
 # What a plot is given at most, either sign: plotext's axis arithmetic overflows near ±1e308
@@ -144,12 +145,19 @@ class ViewLine(Packed):
     """A Packed line that follows the view: ``chunks(view)`` says what it shows."""
 
     def __init__(self, chunks: Callable[[View], list[Content]], *, id: str | None = None,
-                 classes: str | None = None) -> None:
+                 classes: str | None = None, hide_empty: bool = False) -> None:
         super().__init__(id=id, classes=classes)
         self.chunks_of = chunks
+        self.hide_empty = hide_empty          # no chunks: take no room at all
 
     def on_mount(self) -> None:
-        follow_view(self, lambda view: self.show(self.chunks_of(view)))
+        follow_view(self, self._redraw)
+
+    def _redraw(self, view: View) -> None:
+        chunks = self.chunks_of(view)
+        if self.hide_empty:
+            self.display = bool(chunks)
+        self.show(chunks)
 
 
 class Legend(Static):
@@ -167,6 +175,8 @@ class Series:
     render: Callable[[object], str] = fmt.num
     mean: bool = False           # also show the mean of the last 10 rounds
     plot: bool = True            # False: a number in the stats line only
+    points: Callable[[RunState], tuple[list, list]] | None = None   # (rounds, values) other than key's
+    value: Callable[[RunState], float | None] | None = None          # the stats line's value other than key's
 
 
 def records_key(state: RunState) -> tuple:
@@ -219,7 +229,10 @@ class MetricPanel(Vertical):
         """One chunk per series: its label in the line's colour, the latest value, the mean."""
         chunks = []
         for s in self.series:
-            parts = [(s.label + " ", s.color), (s.render(state.last(s.key)), "bold")]
+            if s.label is None:
+                continue
+            value = s.value(state) if s.value else state.last(s.key)
+            parts = [(s.label + " ", s.color), (s.render(value), "bold")]
             if s.mean:
                 parts += [" (", ("avg10 ", "dim"), s.render(state.mean_last(s.key)), ")"]
             chunks.append(line(*parts))
@@ -243,15 +256,19 @@ class MetricPanel(Vertical):
         if self.ylim:
             span = self.ylim[1] - self.ylim[0]
             low, high = self.ylim[0] - span, self.ylim[1] + span
+        first_x = None
         for s in self.series:
-            xs, ys = _thin(*state.series(s.key), most=dots_across)
+            xs, ys = _thin(*(s.points(state) if s.points else state.series(s.key)), most=dots_across)
             ys = [min(max(y, low), high) for y in ys]
             if s.plot and ys:
                 plt.plot(xs, ys, color=_rgb(s.color), marker="braille")
+                first_x = xs[0] if first_x is None else min(first_x, xs[0])
         if self.ylim:
             plt.ylim(*self.ylim)
         if state.rounds:
             first, last = state.rounds[0]["round"], state.rounds[-1]["round"]
+            if first_x is not None:          # the held-out curve starts at round 0 (the base model)
+                first = min(first, first_x)
             plt.xticks(round_ticks(first, last))
             plt.xlim(first, max(last, first + 1))
         plot.refresh()
@@ -261,7 +278,7 @@ class Headline(Grid):
     """The strip under the header: the numbers to glance at, one cell each."""
 
     CELLS = [("round", "round"), ("reward", "reward"), ("accuracy", "accuracy"),
-             ("dropped", "KL-dropped"), ("speed", "tok/s"), ("peers", "peers"),
+             ("heldout", "held-out"), ("dropped", "KL-dropped"), ("speed", "tok/s"), ("peers", "peers"),
              ("relay", "relay"), ("state", "state")]
 
     def compose(self) -> ComposeResult:
@@ -282,6 +299,8 @@ class Headline(Grid):
         self.show("reward", f"{fmt.num(state.last('reward/own'), 2)}/"
                             f"{fmt.num(state.mean_last('reward/own'), 2)}", OWN)
         self.show("accuracy", fmt.pct(state.last("accuracy/own")))
+        ev = held_out(state)
+        self.show("heldout", ev.cell, RED if ev.guard_level else HELD)
         self.show("dropped", fmt.pct(state.last("filter/dropped_frac")))
         self.show("speed", fmt.integer(state.last("gen/tok_s")))
         active, quarantined = state.peer_counts()
@@ -317,6 +336,24 @@ def relay_chunks(view: View) -> list[Content]:
         field("per-peer cap", fmt.integer(latest.get("peers/skipped_peer_cap"))),
         field("surplus", fmt.integer(latest.get("peers/skipped_surplus"))),
     ]
+
+
+def held_out_chunks(view: View) -> list[Content]:
+    """The Overview's held-out line: the newest eval with its interval, base and best, and what
+    the swarm guard said last (red while it keeps the node from part of the swarm)."""
+    ev = held_out(view.state)
+    if ev.accuracy is None:          # eval off, before the base model's eval, or a run from before it
+        return []
+    lo_hi = f" [{fmt.pct(ev.lo, 0)}–{fmt.pct(ev.hi, 0)}]" if ev.lo is not None and ev.hi is not None else ""
+    chunks = [line(("held-out ", HELD), (f"{fmt.pct(ev.accuracy, 0)}{lo_hi}", "bold"),
+                   ("" if ev.round is None else f" at round {ev.round}", "dim"))]
+    if ev.base is not None:
+        chunks.append(field("base", fmt.pct(ev.base, 0)))
+    if ev.best is not None:
+        chunks.append(field("best", f"{fmt.pct(ev.best, 0)} (round {fmt.integer(ev.best_round)}, its weights kept)"))
+    if ev.guard:
+        chunks += [BREAK, line(("swarm guard: ", "bold " + (RED if ev.guard_level else GREEN)), ev.guard)]
+    return chunks
 
 
 BAR = 20      # cells of the round's progress bar
