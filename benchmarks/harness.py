@@ -1,0 +1,64 @@
+"""What every benchmark shares: its command line and where its result goes.
+
+A benchmark runs from the repository root as a module (`.venv/bin/python -m benchmarks.bench_wire`,
+`-m benchmarks.attacks.flood`), so it imports `ftis_edge`, `relay` and other benchmarks without
+touching `sys.path`. Flags mean one thing everywhere: a benchmark prints its result (that is the
+default); `--json PATH` also writes it to PATH as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parser(doc: str | None, *, result: bool = True) -> argparse.ArgumentParser:
+    """The benchmark's argument parser: its docstring's first line as the description, the whole
+    docstring under --help, and `--json PATH` where the benchmark has a result to write."""
+    text = (doc or "").strip()
+    ap = argparse.ArgumentParser(description=text.splitlines()[0] if text else None, epilog=_usage(text),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    if result:
+        ap.add_argument("--json", type=Path, metavar="PATH", default=None,
+                        help="also write the result to PATH as JSON (printing is the default)")
+    return ap
+
+
+def _usage(text: str) -> str | None:
+    rest = text.split("\n", 1)[1].strip() if "\n" in text else ""
+    return rest or None
+
+
+def write_json(path: Path | None, result) -> None:
+    """Write the result where --json said (nothing without it); rewritten whole each call, so a
+    benchmark may call it after every repetition and an interrupted run keeps what it measured."""
+    if path is None:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now (for a relay the benchmark starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vm_bytes(pid: int, key: str = "VmHWM") -> int:
+    """A process's memory from /proc/PID/status in bytes: VmHWM (peak resident, the default) or
+    VmRSS (resident now); 0 where /proc does not say."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
