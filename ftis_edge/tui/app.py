@@ -171,9 +171,9 @@ class DashboardApp(App[int]):
                 yield Legend(LEGENDS["tab-overview"])
                 yield Static("\n".join(self.notes), id="notes", classes="" if self.notes else "hidden")
                 yield ViewLine(progress_chunks, id="round-progress")
+                yield ViewLine(held_out_chunks, id="held-out", hide_empty=True)
                 with Horizontal(classes="row"):
                     yield MetricPanel("reward", REWARD, ylim=(0, 1), id="panel-reward")
-                yield ViewLine(held_out_chunks, id="held-out", hide_empty=True)
                     yield MetricPanel("accuracy", ACCURACY, ylim=(0, 1), id="panel-accuracy")
                     yield MetricPanel("loss", LOSS, id="ov-loss", classes="wide-only")
                 with Horizontal(classes="row tall-only"):
