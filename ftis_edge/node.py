@@ -206,7 +206,7 @@ class Node:
                     if k in d:
                         setattr(p, k, d[k])
         self.heldout.load_state(state.get("heldout"))
-        self._adopt_kept_best()
+        self._note_kept_best()
         if self.guard is not None:
             self.guard.load_state(state.get("guard"))
         log.info("resumed from round %d", self.round)
