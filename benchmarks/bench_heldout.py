@@ -71,8 +71,8 @@ def main() -> int:
     round_off = statistics.mean(r["time/round_s"] for r in off["rounds"])
     round_on = statistics.mean(r["time/round_s"] for r in on["rounds"])
     # round 1's time/eval_s is the base model's eval plus round 1's: count evals, not records
-    evals = [r["eval/seconds"] for r in on["rounds"] if r.get("eval/seconds") is not None]
-    evals.append(on["rounds"][0]["eval/base_seconds"])
+    evals = [r["eval/wall_s"] for r in on["rounds"] if r.get("eval/wall_s") is not None]
+    evals.append(on["rounds"][0]["eval/base_wall_s"])
     eval_s = statistics.mean(evals)
     kept = sum(r["time/eval_s"] for r in on["rounds"]) - sum(evals)     # keeping the best weights, logging
     per_eval = eval_s + kept / len(evals)

@@ -201,7 +201,7 @@ class HeldOut:
         out = {"eval/accuracy": result.accuracy, "eval/accuracy_lo": lo, "eval/accuracy_hi": hi,
                "eval/format": sum(result.format_ok) / result.n if result.n else None,
                "eval/truncated": sum(result.truncated) / result.n if result.n else None,
-               "eval/n": result.n, "eval/round": result.round, "eval/seconds": result.seconds,
+               "eval/n": result.n, "eval/round": result.round, "eval/wall_s": result.seconds,
                "eval/tokens": result.tokens}
         if self.base is not None:
             ch = paired_change(result.correct, self.base.correct)
@@ -220,7 +220,7 @@ class HeldOut:
         b = self.base
         return {"eval/base_accuracy": b.accuracy, "eval/base_lo": lo, "eval/base_hi": hi,
                 "eval/base_format": sum(b.format_ok) / b.n, "eval/base_truncated": sum(b.truncated) / b.n,
-                "eval/base_seconds": b.seconds, "eval/n": b.n}
+                "eval/base_wall_s": b.seconds, "eval/n": b.n}
 
     # --- checkpoint ----------------------------------------------------------------------------
     def state(self) -> dict:

@@ -192,7 +192,7 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("eval/best_accuracy", "the best held-out accuracy so far (its weights are kept: "
            "`checkpoints/best-NNNNNN/`, what `ftis-edge export` takes)", ROUND),
         _m("eval/best_round", "the round of that best eval", ROUND),
-        _m("eval/seconds", "wall seconds of the eval (generation + grading)", ROUND),
+        _m("eval/wall_s", "wall seconds of the eval (generation + grading)", ROUND),
         _m("eval/tokens", "tokens the eval generated", ROUND),
         _m("eval/base_accuracy", "the base model's held-out accuracy (round 0; in round 1's record and every eval's)",
            ROUND),
@@ -201,7 +201,7 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("eval/base_format", "round 1's record: the base model's format rate on the held-out prompts", ROUND),
         _m("eval/base_truncated", "round 1's record: the base model's share of answers cut at the length cap",
            ROUND),
-        _m("eval/base_seconds", "round 1's record: wall seconds of the base model's eval", ROUND),
+        _m("eval/base_wall_s", "round 1's record: wall seconds of the base model's eval", ROUND),
         _m("time/eval_s", "wall seconds of this round's held-out eval(s), weights kept included "
            "(not part of `time/round_s`)", ROUND),
     ],
