@@ -1,6 +1,6 @@
 """Issue 25, hole 1: a correct answer must not carry arbitrary text into training.
 
-The attack of benchmarks/attack_poison.py, shorter (4 steps at a 10x learning rate) and with
+The attack of benchmarks/attacks/poison.py, shorter (4 steps at a 10x learning rate) and with
 another phrase than the benchmark's: real SmolLM2 learner, real rollouts, one poisoned peer
 group per step beside the node's own. Without the filter (the old code) the phrase's log-prob
 in a fixed context rose by 25.0 nats; with the window rule alone by 8.4 (every poisoned sample
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.attack_poison import Setup, run_arm  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # the repository root: benchmarks/
+from benchmarks.attacks.poison import Setup, run_arm  # noqa: E402
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(3600)]
 PHRASE = " Tip: send your answers to quiz-bot@free-solutions.example.net for extra credit."

@@ -7,7 +7,7 @@ publisher sends a rollout every 50 ms through the real client to a legitimate su
 relay must keep its promise: every rollout it ACKed to the legitimate publisher reaches the
 subscriber.
 
-    python benchmarks/attack_flood.py [--identities 500] [--seconds 12] [--json]
+    python -m benchmarks.attacks.flood [--identities 500] [--seconds 12] [--json PATH]
 
 Prints: flood sent / accepted (held = not accepted), legitimate rollouts ACKed / lost, and the
 relay's peak memory (VmHWM) and refusals by reason.
@@ -18,8 +18,8 @@ honest publisher (the real client) publishes a node's round, --round groups at o
 --period s, to an everything-subscriber. Overload must be shed from the flooders: the honest
 publisher is never `busy`, loses nothing, and its p99 publish-to-delivery stays <= 1 s.
 
-    python benchmarks/attack_flood.py --scenario accept-budget [--flooders 2 --flood-rate 100
-        --accept-rate 50 --round 4 --period 2 --seconds 12] [--json]
+    python -m benchmarks.attacks.flood --scenario accept-budget [--flooders 2 --flood-rate 100
+        --accept-rate 50 --round 4 --period 2 --seconds 12] [--json PATH]
 
 sybil-budget (issue 25.2): --sybils fake identities publish --sybil-rate rollouts/s each, tagged
 with the subscribers' task, on an open relay, while an honest publisher (the real client) sends
@@ -28,27 +28,24 @@ relay the honest publisher was useful (USEFUL, as a node does after training on 
 one never did. The honest publisher must get >= 90% of its fair share from the first: all it
 publishes, since --honest-rate x --window <= K - probation (K // 8).
 
-    python benchmarks/attack_flood.py --scenario sybil-budget [--sybils 40 --sybil-rate 5 --k 8
-        --window 2 --honest-rate 2 --seconds 10] [--json]
+    python -m benchmarks.attacks.flood --scenario sybil-budget [--sybils 40 --sybil-rate 5 --k 8
+        --window 2 --honest-rate 2 --seconds 10] [--json PATH]
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import orjson
+import zmq
 
-import orjson  # noqa: E402
-import zmq  # noqa: E402
-
-from relay import protocol as P  # noqa: E402
-from relay.cli import query_stats  # noqa: E402
-from relay.client import RelayClient  # noqa: E402
+from benchmarks.harness import ROOT, free_port, parser, vm_bytes, write_json
+from relay import protocol as P
+from relay.cli import query_stats
+from relay.client import RelayClient
 
 BODY = os.urandom(4000)
 
@@ -147,7 +144,7 @@ def _sybil_crowd(address: str, n: int, rate: float, delay_s: float, seconds: flo
 
 
 def sybil_budget(args) -> dict:
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     relay = _start_relay(address)
     warm = 2.0 * args.window
     try:
@@ -219,7 +216,7 @@ def _connected(*clients) -> None:
 
 
 def accept_budget_flood(args) -> dict:
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     relay = _start_relay(address, "--accept-rate", str(args.accept_rate), "--accept-burst", str(args.accept_rate),
                          "--rate", "0", "--rate-mb", "0")
     try:
@@ -275,26 +272,11 @@ def accept_budget_flood(args) -> dict:
     return res
 
 
-def _free_port() -> int:
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _vm_hwm_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--identities", type=int, default=500, help="flooding identities (one connection each)")
     ap.add_argument("--procs", type=int, default=4, help="processes the flood is spread over")
     ap.add_argument("--seconds", type=float, default=12.0, help="flood duration")
-    ap.add_argument("--json", action="store_true", help="also print the result as one JSON line")
     ap.add_argument("--scenario", choices=("identity", "accept-budget", "sybil-budget"), default="identity")
     ap.add_argument("--sybils", type=int, default=40, help="sybil-budget: fake identities")
     ap.add_argument("--sybil-rate", type=float, default=5.0, help="sybil-budget: rollouts/s per fake identity")
@@ -329,12 +311,11 @@ def main(argv=None) -> int:
               f"nacks {res['honest_nacked']}; publish-to-delivery p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms, "
               f"max {res['max_ms']} ms")
         print(f"relay: rejected {res['relay_rejected']}")
-        if args.json:
-            print(orjson.dumps(res).decode())
+        write_json(args.json, res)
         ok = res["honest_lost"] == 0 and res["p99_ms"] is not None and res["p99_ms"] <= 1000
         return 0 if ok else 1
 
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     relay = _start_relay(address)
     try:
         pub = RelayClient(address, swarm="swarm", node_id="alice", subscribe=False).start()
@@ -370,7 +351,7 @@ def main(argv=None) -> int:
             "legit_published": len(published), "legit_acked": acked, "legit_pending": pending,
             "legit_lost": len([r for r in published if r not in received]) - pending,
             "legit_nacked": pub.stats()["nacked"],
-            "relay_vm_hwm_mb": round(_vm_hwm_mb(relay.pid), 1),
+            "relay_vm_hwm_mb": round(vm_bytes(relay.pid) / 2**20, 1),
             "relay_rejected": stats["rejected"], "relay_skipped": stats["counts"].get("skipped_slow", 0),
         }
         pub.close()
@@ -388,11 +369,10 @@ def main(argv=None) -> int:
         f"skipped {res['relay_skipped']}"])
 
 
-def _report(res: dict, as_json: bool, ok: bool, lines: list[str]) -> int:
-    """Print a scenario's lines (and its result as one JSON line); the exit code says ok."""
+def _report(res: dict, json_path, ok: bool, lines: list[str]) -> int:
+    """Print a scenario's lines (and write its result where --json says); the exit code says ok."""
     print("\n".join(lines))
-    if as_json:
-        print(orjson.dumps(res).decode())
+    write_json(json_path, res)
     return 0 if ok else 1
 
 

@@ -8,18 +8,15 @@ ZeroMQ sockets). Three scenarios, run side by side on the same relay code:
 One publisher sends --mb-per-s MB/s of 1 MB rollouts for --seconds. Prints the relay's peak
 RSS (VmHWM) per scenario and what each kind of subscriber was sent.
 
-    python benchmarks/attacks/relay_memory.py [--seconds 10] [--relay-root DIR] [--json]
+    python -m benchmarks.attacks.relay_memory [--seconds 10] [--relay-root DIR] [--json PATH]
 
 --relay-root runs another checkout's relay (e.g. the code before a change, extracted with
 ``git archive REV relay | tar -x -C DIR``): the clients here speak that relay's protocol.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +25,7 @@ from pathlib import Path
 import orjson
 import zmq
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import ROOT, free_port, parser, vm_bytes, write_json
 
 
 def _protocol(root: Path):
@@ -38,22 +35,9 @@ def _protocol(root: Path):
     return mod
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _vm(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def run_scenario(kind: str, root: Path, seconds: float, mb_per_s: float) -> dict:
     P = _protocol(root)
-    port = _port()
+    port = free_port()
     addr = f"tcp://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONPATH=str(root))
     relay = subprocess.Popen([sys.executable, "-m", "relay", "--bind", addr, "--rate", "0", "--rate-mb", "0",
@@ -73,7 +57,7 @@ def run_scenario(kind: str, root: Path, seconds: float, mb_per_s: float) -> dict
 
     try:
         time.sleep(1.0)
-        base_rss = _vm(relay.pid, "VmRSS")
+        base_rss = vm_bytes(relay.pid, "VmRSS")
         pub = dealer("pub")
         n_subs = {"control": 2, "liars": 2, "non-readers": 20}[kind]
         subs = [dealer(f"{kind}-{i}", rcvhwm=1) for i in range(n_subs)]
@@ -114,9 +98,9 @@ def run_scenario(kind: str, root: Path, seconds: float, mb_per_s: float) -> dict
                             read[k] += len(P.unpack_deliver(f[1])[6])
                         elif f[0] == getattr(P, "MARK", None) and f[1]:
                             marks[k] = f[1].hex()
-            peak = max(peak, _vm(relay.pid, "VmRSS"))
+            peak = max(peak, vm_bytes(relay.pid, "VmRSS"))
             time.sleep(0.01)
-        hwm = _vm(relay.pid, "VmHWM")
+        hwm = vm_bytes(relay.pid)
         return {"scenario": kind, "subscribers": n_subs, "published_mb": i,
                 "relay_rss_start_mb": round(base_rss / 2**20, 1), "relay_rss_peak_mb": round(max(peak, hwm) / 2**20, 1),
                 "read_mb_per_subscriber": [round(r / 2**20, 1) for r in read] if kind == "control" else None}
@@ -129,22 +113,19 @@ def run_scenario(kind: str, root: Path, seconds: float, mb_per_s: float) -> dict
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--mb-per-s", type=float, default=40.0)
     ap.add_argument("--relay-root", default=str(ROOT))
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     root = Path(a.relay_root).resolve()
     rows = [run_scenario(k, root, a.seconds, a.mb_per_s) for k in ("control", "liars", "non-readers")]
-    if a.json:
-        print(json.dumps({"relay_root": str(root), "seconds": a.seconds, "rows": rows}, indent=1))
-    else:
-        print(f"relay code: {root}")
-        for r in rows:
-            print(f"{r['scenario']:<12} subs {r['subscribers']:>3}  published {r['published_mb']:>4} MB  relay RSS "
-                  f"{r['relay_rss_start_mb']:>6.1f} -> peak {r['relay_rss_peak_mb']:>7.1f} MB"
-                  + (f"  read/sub {r['read_mb_per_subscriber']}" if r["read_mb_per_subscriber"] else ""))
+    write_json(a.json, {"relay_root": str(root), "seconds": a.seconds, "rows": rows})
+    print(f"relay code: {root}")
+    for r in rows:
+        print(f"{r['scenario']:<12} subs {r['subscribers']:>3}  published {r['published_mb']:>4} MB  relay RSS "
+              f"{r['relay_rss_start_mb']:>6.1f} -> peak {r['relay_rss_peak_mb']:>7.1f} MB"
+              + (f"  read/sub {r['read_mb_per_subscriber']}" if r["read_mb_per_subscriber"] else ""))
     return 0
 
 
