@@ -44,6 +44,11 @@ def _table_opt(doc):
     return field(default_factory=dict, metadata={"doc": doc, "kind": "table"})
 
 
+# train.learning_rate = "auto": LoRA moves few weights and needs a large step; full fine-tuning
+# at a LoRA rate collapses the model within a round (format 21% -> 0%, KL in the thousands).
+AUTO_LEARNING_RATE = {"lora": 1e-4, "full": 5e-6}
+
+
 @dataclass
 class NodeSection:
     id: str = _opt("", "node name shown to peers (default: <hostname>-<config file name>, e.g. pc-alice for "
@@ -73,8 +78,9 @@ class TrainSection:
     lora_alpha: float = _opt(16.0, "LoRA alpha (scale = alpha / r)", lo=0.0)
     lora_dropout: float = _opt(0.0, "LoRA dropout", lo=0.0, hi=0.9)
     lora_targets: list = _list_opt(["q_proj", "k_proj", "v_proj", "o_proj"], "modules that get a LoRA adapter")
-    learning_rate: float = _opt(1e-4, "Adam learning rate (LoRA ~1e-5..2e-4; full fine-tuning ~5e-6)", lo=0.0,
-                                hi=1.0, trl="learning_rate")
+    learning_rate: float | str = _opt("auto", "Adam learning rate; \"auto\" follows train.trainable: 1e-4 for "
+                                      "lora, 5e-6 for full (a LoRA rate wrecks a fully trained model in one step)",
+                                      lo=0.0, hi=1.0, kind="number_or_auto", trl="learning_rate")
     max_grad_norm: float = _opt(1.0, "gradient-norm clip (0 = off)", lo=0.0, trl="max_grad_norm")
     micro_batch: int = _opt(8, "samples per forward/backward (halved automatically on out-of-memory)", lo=1)
     method: str = _opt("f-tis", "objective", choices=("nois", "vis", "tis", "f-tis", "f-vis"))
@@ -103,6 +109,11 @@ class TrainSection:
     mask_truncated_completions: bool = _opt(False, "completions cut at the length limit (own and peers') count "
                                             "in their group's advantages but are not trained on",
                                             trl="mask_truncated_completions")
+
+    @property
+    def lr(self) -> float:
+        """The learning rate in force: ``learning_rate``, or for "auto" the one that suits ``trainable``."""
+        return AUTO_LEARNING_RATE[self.trainable] if self.learning_rate == "auto" else float(self.learning_rate)
 
 
 @dataclass
@@ -242,6 +253,12 @@ def _check_value(key: str, value: Any, f) -> Any:
             raise ConfigError(f"{key}: expected a table, got {value!r}")
         return dict(value)
     expected = type(f.default)
+    if kind == "number_or_auto":
+        if value == "auto":
+            return value
+        if isinstance(value, str):
+            raise ConfigError(f'{key}: expected a number or "auto", got {value!r}')
+        expected = float
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)          # TOML `learning_rate = 1` means 1.0
     # bool is an int subclass: `rounds = true` must not pass as 1.

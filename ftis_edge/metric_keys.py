@@ -101,6 +101,10 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("kl/mean", "k3 KL between learner and generator, per sample, mean over non-empty samples",
            PER_SAMPLE),
         _m("kl/max", "largest per-sample k3 KL", MAX),
+        _m("kl/own_mean", "mean k3 KL of the node's own samples (~0 while training is sound: the generator "
+           "was synced a round ago; in the thousands when a step wrecked the model)", ROUND),
+        _m("train/diverging", "the node's own training collapsing (own KL, format, length), in words with the "
+           "likely cause and the setting to change; null when it is not (ftis_edge/divergence.py)", ROUND),
         _m("sampling/sampling_logp_difference/mean", "mean per-token abs(ℓ − g) over token-level samples",
            TOKEN_MEAN, trl="sampling/sampling_logp_difference/mean"),
         _m("sampling/span_logp_difference/mean", "mean per-span abs(L_k − G_k) over span-level samples "

@@ -131,7 +131,7 @@ class Node:
             self.bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
             lora_targets=tuple(self.bundle.lora_targets(cfg.train.lora_targets)),
-            lr=cfg.train.learning_rate,
+            lr=cfg.train.lr,
             grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
         self.generator = create_generator(cfg.model.backend, self.bundle, GeneratorOptions(
             precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),
@@ -167,6 +167,11 @@ class Node:
             log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)
         self._build_heldout()
+        from .divergence import DivergenceWatch, learning_rate_note
+        self.divergence = DivergenceWatch(cfg)
+        note = learning_rate_note(cfg)
+        if note:
+            log.warning("%s", note)
 
     def _build_heldout(self) -> None:
         """The held-out eval (heldout.py) on the loaded generator, and the swarm guard (guard.py)
@@ -562,6 +567,7 @@ class Node:
         })
         record.update({k: v for k, v in sync_info.items() if isinstance(v, (int, float))})
         record.update({k: v for k, v in stats.items() if k != "per_sample"})
+        self._watch_divergence(record, samples, stats.get("per_sample"))
         if self.swarm is not None:
             s = self.swarm.stats()
             health = self.swarm.health()
@@ -575,6 +581,17 @@ class Node:
                                     peer_groups=len(peers), fill=slots is not None))
         record["time/round_s"] = time.time() - t_round
         return record
+
+    def _watch_divergence(self, record: dict, samples, per_sample) -> None:
+        """The node's own training collapsing: said in the record (the dashboard shows it) and,
+        once per episode, in the log, with the likely cause and the setting to change."""
+        from .divergence import own_kl
+        kl = own_kl(samples, per_sample)
+        record["kl/own_mean"] = kl
+        message = self.divergence.observe(record, kl)
+        record["train/diverging"] = message
+        if self.divergence.is_new(message):
+            log.warning("%s", message)
 
     # --- the loop ---------------------------------------------------------------------
     def _wait_if_paused(self) -> bool:
@@ -657,7 +674,7 @@ class Node:
             "model_fp": self.bundle.fingerprint, "tokenizer_fp": self.bundle.tokenizer_fingerprint,
             "backend": cfg.model.backend, "trainable": cfg.train.trainable, "method": cfg.train.method,
             "collaboration": cfg.mode, "relay": cfg.swarm.relay or None, "resumed_from": resumed,
-            "config": resolved.to_dict()})
+            "machine": machine.describe(), "config": resolved.to_dict()})
         if self.heldout.active and self.heldout.base is None:
             self._eval_base()
         old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}

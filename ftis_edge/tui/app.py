@@ -149,6 +149,7 @@ class DashboardApp(App[int]):
         self.node_stderr = node_stderr         # (file, offset) where the node's one-line error lands
         self.failure: str | None = None        # that line, once the node has failed
         self._relay_problem: str | None = None
+        self._diverging: str | None = None
         self.poll_interval = poll_interval
         self.state = RunState()
         self.follower = MetricsFollower(self.run_dir)
@@ -170,6 +171,7 @@ class DashboardApp(App[int]):
             with TabPane("Overview", id="tab-overview"):
                 yield Legend(LEGENDS["tab-overview"])
                 yield Static("\n".join(self.notes), id="notes", classes="" if self.notes else "hidden")
+                yield Static(id="diverging", classes="hidden")     # the node's own training collapsing
                 yield ViewLine(progress_chunks, id="round-progress")
                 yield ViewLine(held_out_chunks, id="held-out", hide_empty=True)
                 with Horizontal(classes="row"):
@@ -307,7 +309,19 @@ class DashboardApp(App[int]):
             self._relay_problem = problem
             if problem:
                 main.query_one("#log", Log).write_line(f"relay {problem}")
+        self._show_diverging(main, st.latest.get("train/diverging"))
         self.call_after_refresh(self._show_peer_detail, tables.first())
+
+    def _show_diverging(self, main, message) -> None:
+        """The node's own training collapsing (divergence.py): a red line on the Overview while it
+        lasts, a toast when it starts; node.log (the Log tab) has it from the node itself."""
+        box = main.query_one("#diverging", Static)
+        box.set_class(not message, "hidden")
+        if message and message != self._diverging:
+            box.update(Text(message, style=f"bold {RED}"))
+            if not self._diverging:
+                self.notify(message, title="training is diverging", severity="error", timeout=60)
+        self._diverging = message or None
 
     def _show_failure(self, code: int | None) -> None:
         """The node failed: its one-line reason on screen (toast, header, Log tab); the
@@ -355,6 +369,8 @@ class DashboardApp(App[int]):
         doing = phase_text(progress, now) if phase and phase != phases.STOPPED else None
         word = SHORT_PHASE.get(phase, phase) if doing else "running"
         sentence = "running" + (f" · {doing}" if doing else "")
+        if st.latest.get("train/diverging"):
+            return "diverging", RED, f"{sentence} · training is diverging (Overview)"
         relay_problem = relay.problem
         if relay_problem:
             return word, YELLOW, f"{sentence} · relay {relay_problem}"
