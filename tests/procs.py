@@ -1,4 +1,6 @@
-"""Real processes for tests: a relay on a loopback port, found free at run time."""
+"""The tests' one harness for real processes: a relay on a loopback port found free at run time,
+a node started from a tiny node file, the `ftis-edge` command line, and waiting for something
+that must happen (a hang guard, never a timing)."""
 from __future__ import annotations
 
 import os
@@ -7,11 +9,30 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 from relay.cli import query_stats
 from relay.keys import ClientKeys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wait_for(cond, timeout_s: float = 10.0, every_s: float = 0.05) -> bool:
+    """Poll ``cond`` until it holds (True) or ``timeout_s`` passed (then its last answer): the
+    caller asserts it, so a broken component fails the test instead of hanging it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(every_s)
+    return bool(cond())
+
+
+def cli(*args: str, cwd=ROOT, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m ftis_edge.cli ARGS`` as a user runs it: exit code, stdout and stderr as text."""
+    return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env)
 
 
 def free_port() -> int:
@@ -63,3 +84,73 @@ class RelayProc:
                 self.proc.kill()
                 raise
         return self.proc.returncode
+
+
+# --- a real node -------------------------------------------------------------------------------
+
+# Small enough for 2 CPU cores, large enough that groups have mixed rewards (shaped reward).
+TINY = {
+    "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"},
+    "model": {"threads": 1},
+    "train": {"micro_batch": 8},
+}
+
+
+def write_config(folder: Path, node_id: str, *, name: str | None = None, **sections) -> Path:
+    """``folder/<name>.toml``: TINY with ``sections`` merged in; the run goes to ``folder/<name>``
+    (``name`` defaults to the node id: the node id is part of every sampling seed, so two runs
+    that must match share it and differ in ``name``)."""
+    from ftis_edge import config
+    name = name or node_id
+    merged: dict = {s: dict(v) for s, v in TINY.items()}
+    for s, v in sections.items():
+        merged.setdefault(s, {}).update(v)
+    merged.setdefault("node", {}).update({"id": node_id, "run_dir": str(Path(folder) / name)})
+    path = Path(folder) / f"{name}.toml"
+    path.write_text(config.to_toml(config.from_dict(merged), comments=False))
+    return path
+
+
+def start_node(cfg: Path, *args: str) -> subprocess.Popen:
+    """``ftis-edge start CFG --headless ARGS`` in the background, its output in one pipe."""
+    return subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    """A started node to its end: its output; the test fails (with the output's tail) unless it exits 0."""
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def run_node(cfg: Path, *args: str, timeout: float = 900) -> str:
+    return finish(start_node(cfg, *args), timeout)
+
+
+def rounds_of(run_dir: Path) -> list[dict]:
+    """The run's round records, in order."""
+    from ftis_edge.metrics import read_metrics
+    return [r for r in read_metrics(run_dir) if r.get("type") == "round"]
+
+
+@contextmanager
+def running(*procs: subprocess.Popen, relay: RelayProc | None = None):
+    """Whatever is still running when the block ends (a failed assertion, say) is killed: a test
+    never leaves a node or a relay behind."""
+    try:
+        yield
+    finally:
+        for p in (*procs, *([relay.proc] if relay is not None else [])):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def finish_all(*procs: subprocess.Popen, relay: RelayProc | None = None, timeout: float = 600) -> list[str]:
+    """Every node to its end (their outputs), then the relay stopped."""
+    with running(*procs, relay=relay):
+        outs = [finish(p, timeout) for p in procs]
+        if relay is not None:
+            relay.stop()
+    return outs

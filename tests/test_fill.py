@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from procs import RelayProc
-from test_node import finish, rounds_of, start_node, write_config
+from procs import RelayProc, finish_all, rounds_of, start_node, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(1200)]
-B = 2                                    # test_node.TINY: prompts_per_round
-
-
-def finish_all(relay: RelayProc, *procs) -> None:
-    """Every node to its end, then the relay down; a node still running after a failure is killed."""
-    try:
-        for p in procs:
-            finish(p)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        relay.stop()
+B = 2                                    # procs.TINY: prompts_per_round
 
 
 def test_with_no_peers_a_filling_node_tops_up_within_max_wait_and_trains_on_its_isolated_batch(tmp_path):
@@ -33,7 +20,7 @@ def test_with_no_peers_a_filling_node_tops_up_within_max_wait_and_trains_on_its_
     fill = start_node(write_config(fill_dir, "n", swarm={"relay": relay.address, "own_groups": 1,
                                                          "max_wait_s": 3.0}, **settings))
     alone = start_node(write_config(alone_dir, "n", **settings))
-    finish_all(relay, fill, alone)
+    finish_all(fill, alone, relay=relay)
     filled, isolated = rounds_of(fill_dir / "n"), rounds_of(alone_dir / "n")
     assert len(filled) == len(isolated) == 2
     for f, a in zip(filled, isolated):
@@ -58,7 +45,7 @@ def test_with_a_real_second_node_each_generates_fewer_groups_and_the_batch_stays
               "node": {"rounds": rounds}, "task": {"num_generations": 8}}
     a = start_node(write_config(tmp_path, "a", **common))
     b = start_node(write_config(tmp_path, "b", **common))
-    finish_all(relay, a, b)
+    finish_all(a, b, relay=relay)
     for me in ("a", "b"):
         recs = rounds_of(tmp_path / me)
         assert len(recs) == rounds

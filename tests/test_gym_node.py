@@ -1,13 +1,12 @@
 """A real node (SmolLM2-135M, llama.cpp, LoRA) trains one round on a reasoning-gym mix."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from ftis_edge.metric_keys import unregistered
 from ftis_edge.metrics import read_metrics
-from test_node import finish, start_node
+from procs import finish, start_node
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 

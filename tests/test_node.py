@@ -2,61 +2,17 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from ftis_edge import checkpoint, config
+from ftis_edge import checkpoint
 from ftis_edge.metric_keys import unregistered
 from ftis_edge.metrics import read_metrics
-from procs import ROOT, RelayProc
+from procs import RelayProc, finish, finish_all, free_port, rounds_of, running, start_node, wait_for, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
-
-# Small enough for 2 CPU cores, large enough that groups have mixed rewards (shaped reward).
-TINY = {
-    "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"},
-    "model": {"threads": 1},
-    "train": {"micro_batch": 8},
-}
-
-
-def write_config(tmp_path: Path, node_id: str, **sections) -> Path:
-    merged: dict = {s: dict(v) for s, v in TINY.items()}
-    for s, v in sections.items():
-        merged.setdefault(s, {}).update(v)
-    merged.setdefault("node", {}).update({"id": node_id, "run_dir": str(tmp_path / "{id}")})
-    path = tmp_path / f"{node_id}.toml"
-    path.write_text(config.to_toml(config.from_dict(merged), comments=False))
-    return path
-
-
-def start_node(cfg: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out[-4000:]
-    return out
-
-
-def rounds_of(run_dir: Path) -> list[dict]:
-    return [r for r in read_metrics(run_dir) if r.get("type") == "round"]
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise TimeoutError(what)
 
 
 def test_default_node_alone_writes_metrics_checkpoints_and_adapter(tmp_path):
@@ -92,7 +48,7 @@ def test_sigkill_then_resume_replays_the_next_round_bit_for_bit(tmp_path):
     ref = start_node(write_config(ref_dir, "n", **settings))
     cut = start_node(write_config(cut_dir, "n", **settings))
     cut_run = cut_dir / "n"
-    wait_for(lambda: 2 in checkpoint.complete(cut_run), 600, "checkpoint 2")
+    assert wait_for(lambda: 2 in checkpoint.complete(cut_run), 600, every_s=0.5), "checkpoint 2"
     cut.send_signal(signal.SIGKILL)
     cut.wait(10)
     resumed = start_node(cut_dir / "n.toml", "--resume")
@@ -135,18 +91,12 @@ def test_two_heterogeneous_nodes_share_groups_and_survive_a_relay_restart(tmp_pa
     a = start_node(write_config(tmp_path, "lora-llama", **common))
     b = start_node(write_config(tmp_path, "full-hf", model={"backend": "hf", "threads": 1},
                                 train={"trainable": "full", "learning_rate": 5e-6}, **common))
-    try:
-        wait_for(lambda: len(rounds_of(tmp_path / "lora-llama")) >= 1, 600, "first round of node a")
+    with running(a, b, relay=relay):
+        assert wait_for(lambda: len(rounds_of(tmp_path / "lora-llama")) >= 1, 600, every_s=0.5), "first round of a"
         relay.kill()
         relay.start()
         relay.wait_ready()
-        finish(a)
-        finish(b)
-    finally:
-        for p in (a, b):
-            if p.poll() is None:
-                p.kill()
-        relay.stop()
+        finish_all(a, b, relay=relay)
     for me, peer in (("lora-llama", "full-hf"), ("full-hf", "lora-llama")):
         rounds = rounds_of(tmp_path / me)
         assert len(rounds) == 4
@@ -177,14 +127,7 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
                                               "max_completion_length": 24, "reward": "shaped"}}
     a = start_node(write_config(tmp_path, "smol", **common))
     b = start_node(write_config(tmp_path, "gemma", model={"spec": "gemma3-270m", "threads": 1}, **common))
-    try:
-        finish(a, timeout=800)
-        finish(b, timeout=800)
-    finally:
-        for p in (a, b):
-            if p.poll() is None:
-                p.kill()
-        relay.stop()
+    finish_all(a, b, relay=relay, timeout=800)
     smol, gemma = rounds_of(tmp_path / "smol")[0], rounds_of(tmp_path / "gemma")[0]
     assert smol["peers"]["gemma"]["accepted"] == 2 and gemma["peers"]["smol"]["accepted"] == 2
     assert smol["peers"]["gemma"]["tokenizer"] != gemma["peers"]["smol"]["tokenizer"]
@@ -207,11 +150,7 @@ def test_horizontal_mode_merges_parts_of_the_same_groups(tmp_path):
                         "max_peer_groups": 2}, "node": {"rounds": 1}}
     a = start_node(write_config(tmp_path, "h1", **common))
     b = start_node(write_config(tmp_path, "h2", **common))
-    try:
-        finish(a)
-        finish(b)
-    finally:
-        relay.stop()
+    finish_all(a, b, relay=relay)
     r1, r2 = rounds_of(tmp_path / "h1")[0], rounds_of(tmp_path / "h2")[0]
     assert r1["groups/with_peer_parts"] == 2 and r2["groups/with_peer_parts"] == 2
     assert r1["gen/tokens"] > 0 and read_metrics(tmp_path / "h1")[0]["collaboration"] == "horizontal"
@@ -229,14 +168,7 @@ def test_a_node_that_does_not_share_learns_from_peers_and_publishes_nothing(tmp_
                                                                     "max_wait_s": 300.0, "max_peer_groups": 2,
                                                                     "own_groups": 0},
                                        **common))
-    try:
-        finish(listener)
-        finish(sharer)
-    finally:
-        for p in (sharer, listener):
-            if p.poll() is None:
-                p.kill()
-        relay.stop()
+    finish_all(listener, sharer, relay=relay)
     heard, said = rounds_of(tmp_path / "listener")[0], rounds_of(tmp_path / "sharer")[0]
     assert heard["peers"]["sharer"]["accepted"] == 2
     assert heard.get("wire/bytes_per_token_out") is None
@@ -244,7 +176,6 @@ def test_a_node_that_does_not_share_learns_from_peers_and_publishes_nothing(tmp_
 
 
 def test_a_node_whose_relay_is_not_there_says_so_in_its_log_and_records(tmp_path):
-    from procs import free_port
     cfg = write_config(tmp_path, "lonely", node={"rounds": 1},
                        swarm={"relay": f"tcp://127.0.0.1:{free_port()}", "max_wait_s": 6.0})
     out = finish(start_node(cfg))

@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from relay import protocol as P
+from messages import raw_rollout
 from procs import ROOT, RelayProc, free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,11 +33,6 @@ def _imported(importtime_stderr: str) -> set[str]:
         if line.startswith("import time:") and "|" in line:
             names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
     return names
-
-
-def raw_rollout(rid: str, body: bytes = b"", task: str = "", tok: str = "") -> bytes:
-    """A message with a valid rollout prefix (codec none): all the relay ever reads."""
-    return P.pack_prefix("none", rid, task, tok, len(body)) + body
 
 
 def _keys(tmp_path, *names: str):

@@ -10,7 +10,7 @@ import zmq
 
 from relay import protocol as P
 from relay.client import RelayClient
-from test_relay_boundary import raw_rollout
+from messages import raw_rollout
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -14,8 +14,8 @@ import zmq
 from ftis_edge import wire
 from ftis_edge.swarm import SwarmClient
 from relay import protocol as P
-from procs import ROOT, RelayProc
-from test_relay import make_rollout
+from messages import make_rollout
+from procs import ROOT, RelayProc, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,15 +81,6 @@ def _bridged(r: RelayProc, *names: str) -> bool:
     return set(names) <= peers
 
 
-def _wait(cond, timeout_s: float) -> bool:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
-
-
 def _exchange(clients: dict, per_node: int, timeout_s: float = 40) -> tuple[dict, dict]:
     sent = {}
     for n, c in clients.items():
@@ -99,7 +90,7 @@ def _exchange(clients: dict, per_node: int, timeout_s: float = 40) -> tuple[dict
             c.publish(ro)
     want = {n: {rid for rid, s in sent.items() if s != n} for n in clients}
     got = {n: [] for n in clients}
-    _wait(lambda: [got[n].extend(c.poll()) for n, c in clients.items()] and
+    wait_for(lambda: [got[n].extend(c.poll()) for n, c in clients.items()] and
           all({x.rollout_id for x in got[n]} >= want[n] for n in clients), timeout_s)
     time.sleep(1.0)                         # anything late would be a duplicate
     for n, c in clients.items():
@@ -128,7 +119,7 @@ def test_three_relays_exactly_once_no_loops(net, shape):
     a, b, c = relays(3)
     bridges = [bridge("ab", a, b), bridge("bc", b, c)] + ([bridge("ca", c, a)] if shape == "triangle" else [])
     clients = {"a1": client(a, "a1"), "a2": client(a, "a2"), "b1": client(b, "b1"), "c1": client(c, "c1")}
-    assert _wait(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
+    assert wait_for(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
     sent, got = _exchange(clients, per_node=5)
     _assert_exactly_once(sent, got, clients)
     for r in (a, b, c):
@@ -148,13 +139,13 @@ def test_budgets_hold_across_bridges(net):
     bridge("bc", b, c)
     pubs = [client(a, f"a{i}", subscribe=False) for i in range(3)] + [client(b, "b0", subscribe=False)]
     thrifty = client(c, "thrifty", budget_k=3, budget_window_s=4.0)
-    assert _wait(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
+    assert wait_for(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
     time.sleep(0.5)
     for p in pubs:
         for _ in range(6 if p.node_id == "a0" else 2):          # a0 publishes 3x more than the others
             p.publish(make_rollout(p.node_id, n=2, tokens=16))
     got = []
-    _wait(lambda: got.extend(thrifty.poll()) or len(got) >= 3, 3.5)
+    wait_for(lambda: got.extend(thrifty.poll()) or len(got) >= 3, 3.5)
     time.sleep(0.3)
     got += thrifty.poll()
     senders = [x.sender for x in got]
@@ -169,7 +160,7 @@ def test_a_bridge_restart_loses_nothing_acked(net):
     bc = bridge("bc", b, c)
     pub = client(a, "pub", subscribe=False)
     sub = client(c, "sub")
-    assert _wait(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
+    assert wait_for(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
     sent, got = [], []
     for i in range(60):
         ro = make_rollout("pub", n=2, tokens=16)
@@ -181,7 +172,7 @@ def test_a_bridge_restart_loses_nothing_acked(net):
             bc.kill()                      # mid-stream, SIGKILL: whatever it held in flight is gone
         if i == 40:
             bc.start()                     # a new bridge process re-reads B's replay buffer
-    assert _wait(lambda: got.extend(sub.poll()) or {x.rollout_id for x in got} >= set(sent), 40), \
+    assert wait_for(lambda: got.extend(sub.poll()) or {x.rollout_id for x in got} >= set(sent), 40), \
         (len({x.rollout_id for x in got}), len(sent))
     time.sleep(1.0)
     got += sub.poll()
@@ -203,8 +194,8 @@ def test_an_insider_cannot_squat_rollout_ids_across_a_bridge(net):
     spy = client(a, "mallory", decode=False)              # the insider: reads A ...
     squat = client(b, "mallory", subscribe=False)          # ... and writes to B
     carol = client(c, "carol")
-    assert _wait(lambda: _bridged(b, "bc") and _bridged(c, "bc"), 15)
-    assert _wait(lambda: all(x.stats()["connected"] for x in (alice, spy, squat, carol)), 10)
+    assert wait_for(lambda: _bridged(b, "bc") and _bridged(c, "bc"), 15)
+    assert wait_for(lambda: all(x.stats()["connected"] for x in (alice, spy, squat, carol)), 10)
     sent = []
     for _ in range(20):
         ro = make_rollout("alice", n=2, tokens=16)
@@ -219,16 +210,16 @@ def test_an_insider_cannot_squat_rollout_ids_across_a_bridge(net):
                 squatted.add(d.rollout_id)
         return squatted == set(sent) and squat.pending() == 0
 
-    assert _wait(squat_all, 15), len(squatted)
+    assert wait_for(squat_all, 15), len(squatted)
     got = []
-    assert _wait(lambda: got.extend(carol.poll()) or len(got) >= 20, 10)   # mallory's copies reach C
+    assert wait_for(lambda: got.extend(carol.poll()) or len(got) >= 20, 10)   # mallory's copies reach C
     bridge("ab", a, b)                                                         # then the genuine ones
 
     def genuine() -> set:
         got.extend(carol.poll())
         return {x.rollout_id for x in got if x.sender == f"alice@{alice.relay_name}" and x.error is None}
 
-    _wait(lambda: genuine() >= set(sent), 20)
+    wait_for(lambda: genuine() >= set(sent), 20)
     assert genuine() == set(sent), len(genuine())
     forged = [x for x in got if x.sender == f"mallory@{squat.relay_name}"]
     assert len(forged) == 20 and all(x.error is not None and x.error.reason == "sender_mismatch" for x in forged)
@@ -250,8 +241,8 @@ def test_bridged_ids_are_namespaced_so_no_bridge_can_pose_as_a_local_node(net):
     bridge("bc", b, c)
     alice, bob = client(a, "alice", subscribe=False), client(b, "bob", subscribe=False)
     mallory, carol = client(c, "bob", subscribe=False), client(c, "carol")
-    assert _wait(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
-    assert _wait(lambda: all(x.stats()["connected"] for x in (alice, bob, mallory, carol)), 10)
+    assert wait_for(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
+    assert wait_for(lambda: all(x.stats()["connected"] for x in (alice, bob, mallory, carol)), 10)
     evil = zmq.Context.instance().socket(zmq.DEALER)
     evil.setsockopt(zmq.LINGER, 0)
     evil.connect(c.address)
@@ -279,7 +270,7 @@ def test_bridged_ids_are_namespaced_so_no_bridge_can_pose_as_a_local_node(net):
             sent[ro.rollout_id] = c_
             c_.publish(ro)
     got = []
-    _wait(lambda: got.extend(carol.poll()) or len({x.rollout_id for x in got} & set(sent)) >= 9, 20)
+    wait_for(lambda: got.extend(carol.poll()) or len({x.rollout_id for x in got} & set(sent)) >= 9, 20)
     by_sender = {}
     for x in got:
         if x.rollout_id in sent:

@@ -17,8 +17,7 @@ import pytest
 from relay import protocol as P
 from relay.cli import format_stats
 from relay.client import RelayClient
-from test_relay_boundary import raw_rollout
-from test_relay_trust import _dealer, _hello, _replies
+from messages import dealer, hello, raw_rollout, replies
 
 pytestmark = pytest.mark.timeout(120)
 MB = 1 << 20
@@ -26,7 +25,7 @@ MB = 1 << 20
 
 def _sub(s) -> None:
     s.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
-    assert _replies(s, n=1)[0][0] == P.SUBOK
+    assert replies(s, n=1)[0][0] == P.SUBOK
 
 
 def _liar_pings(s, n=3) -> None:
@@ -53,11 +52,11 @@ def _connected(*clients):
 def test_a_subscriber_claiming_it_read_everything_is_held_at_its_cap(relay):
     r = relay("--rate", "0", "--rate-mb", "0", "--replay-mb", "128", "--max-queued-mb", "4",
               "--max-total-queued-mb", "64", "--slow-after", "0.5")
-    liar = _dealer(r.address)
+    liar = dealer(r.address)
     pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
     reader = RelayClient(r.address, swarm="s", node_id="reader").start()
     try:
-        assert _hello(liar, "liar")[0] == P.WELCOME
+        assert hello(liar, "liar")[0] == P.WELCOME
         _sub(liar)
         _connected(pub, reader)
         got = set()
@@ -86,12 +85,12 @@ def test_many_non_readers_are_held_at_the_total_cap_and_a_reader_still_gets_all(
     total_mb, n = 16, 20
     r = relay("--rate", "0", "--rate-mb", "0", "--replay-mb", "128", "--max-queued-mb", "8",
               "--max-total-queued-mb", str(total_mb))
-    stuck = [_dealer(r.address) for _ in range(n)]
+    stuck = [dealer(r.address) for _ in range(n)]
     pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
     reader = RelayClient(r.address, swarm="s", node_id="reader").start()
     try:
         for i, s in enumerate(stuck):
-            assert _hello(s, f"stuck-{i}")[0] == P.WELCOME
+            assert hello(s, f"stuck-{i}")[0] == P.WELCOME
             _sub(s)
         _connected(pub, reader)
         _publish(pub, 24, 512 << 10)
@@ -118,10 +117,10 @@ def test_a_silent_non_reader_saying_hello_again_gets_no_fresh_room(relay):
     stays counted, and the same connection's next HELLO inherits it."""
     r = relay("--rate", "0", "--rate-mb", "0", "--replay-mb", "128", "--max-queued-mb", "4",
               "--peer-timeout", "3")
-    stuck = _dealer(r.address)
+    stuck = dealer(r.address)
     pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
     try:
-        assert _hello(stuck, "stuck")[0] == P.WELCOME
+        assert hello(stuck, "stuck")[0] == P.WELCOME
         _sub(stuck)
         _connected(pub)
         _publish(pub, 8, MB)
@@ -148,11 +147,11 @@ def test_status_and_log_escape_peer_strings(relay):
     hyperlink and a right-to-left override reach neither `ftis-relay status` nor the log."""
     evil = "\u202eevil\x1b]52;c;eA==\x07\x1b[2J\x1b]8;;http://evil.example\x1b\\x"
     r = relay("--peer-timeout", "1", log_level="INFO")
-    s = _dealer(r.address)
+    s = dealer(r.address)
     try:
-        assert _hello(s, evil)[0] == P.WELCOME
+        assert hello(s, evil)[0] == P.WELCOME
         s.send_multipart([P.SUB, evil[:40].encode(), orjson.dumps({"epoch": None, "last_seq": 0})])
-        _replies(s, n=1)
+        replies(s, n=1)
         text = format_stats(r.stats())
         assert "\\u202eevil\\x1b]52" in text, text
         assert not any(c in text for c in ("\x1b", "\x07", "\u202e"))

@@ -19,9 +19,7 @@ from ftis_edge.node import useful_peers
 from relay import protocol as P
 from relay.client import RelayClient
 from procs import ROOT
-from test_relay_boundary import raw_rollout
-from test_relay import make_rollout
-from test_relay_trust import _dealer, _hello, _replies
+from messages import dealer, hello, make_rollout, raw_rollout, replies
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -29,7 +27,7 @@ pytestmark = pytest.mark.timeout(90)
 def _sub(s, filters: dict | None = None, budget: dict | None = None) -> None:
     s.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0, "filters": filters,
                                                  "budget": budget})])
-    assert _replies(s, n=1)[0][0] == P.SUBOK
+    assert replies(s, n=1)[0][0] == P.SUBOK
 
 
 def test_a_rollouts_tags_are_read_from_its_prefix_not_claimed(relay):
@@ -37,30 +35,30 @@ def test_a_rollouts_tags_are_read_from_its_prefix_not_claimed(relay):
     lie (`NACK tag_mismatch`), an arith subscriber gets nothing, and what a gsm8k subscriber
     gets carries the tags the rollout decodes to (also a reasoning-gym tag)."""
     r = relay()
-    pub, arith, gsm = _dealer(r.address), _dealer(r.address), _dealer(r.address)
+    pub, arith, gsm = dealer(r.address), dealer(r.address), dealer(r.address)
     try:
         for s, name in ((pub, "sybil"), (arith, "a"), (gsm, "g")):
-            assert _hello(s, name)[0] == P.WELCOME
+            assert hello(s, name)[0] == P.WELCOME
         _sub(arith, {"task": ["arith"]})
         _sub(gsm, {"task": ["gsm8k", "rg/leg_counting/0"]})
         lie = wire.encode(make_rollout("sybil", task="gsm8k"))
         pub.send_multipart([P.PUB, b"s", lie, orjson.dumps({"task": "arith"})])
-        nack = _replies(pub, n=1)[0]
+        nack = replies(pub, n=1)[0]
         assert nack[0] == P.NACK and nack[2] == b"tag_mismatch", nack
         tok_lie = wire.encode(make_rollout("sybil", task="gsm8k"))
         pub.send_multipart([P.PUB, b"s", tok_lie, orjson.dumps({"task": "gsm8k", "tok": "other"})])
-        assert _replies(pub, n=1)[0][2] == b"tag_mismatch"
+        assert replies(pub, n=1)[0][2] == b"tag_mismatch"
         honest = [wire.encode(make_rollout("sybil", task=t)) for t in ("gsm8k", "rg/leg_counting/0", "arith")]
         for m in honest:                   # untagged attrs: the prefix's tags are used
             pub.send_multipart([P.PUB, b"s", m])
-        assert [f[0] for f in _replies(pub, n=3)] == [P.ACK] * 3
-        got = [P.unpack_deliver(f[1]) for f in _replies(gsm, n=2) if f[0] == P.DELIVER]
+        assert [f[0] for f in replies(pub, n=3)] == [P.ACK] * 3
+        got = [P.unpack_deliver(f[1]) for f in replies(gsm, n=2) if f[0] == P.DELIVER]
         assert [wire.decode(d[6]).task for d in got] == ["gsm8k", "rg/leg_counting/0"]
         assert [orjson.loads(d[5])["task"] for d in got] == ["gsm8k", "rg/leg_counting/0"]
         assert {orjson.loads(d[5])["tok"] for d in got} == {"t"}
-        only = [P.unpack_deliver(f[1]) for f in _replies(arith, n=1) if f[0] == P.DELIVER]
+        only = [P.unpack_deliver(f[1]) for f in replies(arith, n=1) if f[0] == P.DELIVER]
         assert [wire.decode(d[6]).task for d in only] == ["arith"]      # never the gsm8k lie
-        assert not _replies(arith, wait_ms=300)
+        assert not replies(arith, wait_ms=300)
     finally:
         for s in (pub, arith, gsm):
             s.close(0)
@@ -77,17 +75,18 @@ def test_the_node_names_as_useful_only_peers_whose_samples_it_trained_on():
     assert useful_peers(samples, None) == set()
 
 
-def test_forty_fake_ids_cannot_starve_a_publisher_the_subscriber_found_useful():
-    """benchmarks/attack_flood.py --scenario sybil-budget: 40 fake ids at 5 rollouts/s tagged with
+def test_forty_fake_ids_cannot_starve_a_publisher_the_subscriber_found_useful(tmp_path):
+    """benchmarks/attacks/flood.py --scenario sybil-budget: 40 fake ids at 5 rollouts/s tagged with
     the subscriber's task, an honest publisher at 2/s, K = 8 per 2 s. A subscriber that told the
     relay the honest one was useful (as a node does after training on its groups) gets >= 90% of
     its fair share (all it publishes: 4 a window <= K - probation), and the fake ids get at most
     the probation slice (1 a window); one that named nobody shows the attack (the old relay:
     the honest publisher got nearly nothing)."""
-    out = subprocess.run([sys.executable, "benchmarks/attack_flood.py", "--scenario", "sybil-budget",
-                          "--seconds", "8", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.attacks.flood", "--scenario", "sybil-budget",
+                          "--seconds", "8", "--json", str(tmp_path / "sybil.json")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode in (0, 1), out.stderr[-2000:]
-    res = orjson.loads(out.stdout.strip().splitlines()[-1])
+    res = orjson.loads((tmp_path / "sybil.json").read_bytes())
     assert res["honest_fair_share"] >= 14 and res["sybil_acked"] >= 1000, res
     assert res["marks_honest_share"] >= 0.9, res
     assert res["marks_sybil"] <= 8 / 2 + 2, res                     # the probation slice, per window
@@ -102,11 +101,11 @@ def test_queued_bytes_per_subscriber_are_bounded(relay):
     beyond what the peer's PINGs say it read: a stuck subscriber gets ~8 MB of 24 MB, while a
     reading one (the real client) still gets everything."""
     r = relay("--rate", "0", "--rate-mb", "0", "--replay-mb", "128", "--max-queued-mb", "8")
-    stuck = _dealer(r.address)
+    stuck = dealer(r.address)
     pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
     reader = RelayClient(r.address, swarm="s", node_id="reader").start()
     try:
-        assert _hello(stuck, "stuck")[0] == P.WELCOME
+        assert hello(stuck, "stuck")[0] == P.WELCOME
         _sub(stuck)
         deadline = time.time() + 10
         while not (pub.stats()["connected"] and reader.stats()["connected"]):

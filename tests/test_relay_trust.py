@@ -10,13 +10,12 @@ import time
 
 import orjson
 import pytest
-import zmq
 
 from relay import protocol as P
 from relay.client import RelayClient
 from relay.keys import ClientKeys
-from procs import ROOT, free_port
-from test_relay_boundary import raw_rollout
+from messages import dealer, hello, raw_rollout, replies
+from procs import ROOT, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,57 +40,30 @@ def curve(tmp_path):
     return tmp_path / "server", allow, keys
 
 
-def _dealer(address: str, keys: ClientKeys | None = None) -> zmq.Socket:
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    if keys:
-        keys.apply(s)
-    s.connect(address)
-    return s
-
-
-def _hello(s: zmq.Socket, node_id: str) -> list[bytes]:
-    s.send_multipart([P.HELLO, orjson.dumps({"node_id": node_id, "protocol": P.RELAY_PROTOCOL})])
-    assert s.poll(5000), "no answer to HELLO"
-    return s.recv_multipart()
-
-
-def _replies(s: zmq.Socket, wait_ms: int = 300, n: int | None = None, timeout_s: float = 20) -> list[list[bytes]]:
-    """Replies until none comes for wait_ms (or, given n, until n came or timeout_s passed)."""
-    out, deadline = [], time.time() + timeout_s
-    while (len(out) < n and time.time() < deadline) if n is not None else True:
-        if not s.poll(wait_ms if n is None else 100):
-            if n is None:
-                break
-            continue
-        out.append(s.recv_multipart())
-    return out
-
-
 def test_curve_binds_the_node_id_to_the_key(relay, curve):
     server, allow, keys = curve
     r = relay("--keys", str(server), "--allow", str(allow), "--trust-bridge", "bridge-1", keys=keys["alice"])
-    mallory = _dealer(r.address, keys["mallory"])
+    mallory = dealer(r.address, keys["mallory"])
     try:
         # An allowed insider cannot say HELLO as bob ...
-        reply = _hello(mallory, "bob")
+        reply = hello(mallory, "bob")
         assert reply[0] == P.NACK and reply[2] == b"identity", reply
         assert b"mallory" in reply[3]
         # ... so it cannot publish as bob either (it is not registered at all).
         mallory.send_multipart([P.PUB, b"s", raw_rollout("as-bob")])
-        assert [f[2] for f in _replies(mallory)] == [P.HELLO_FIRST.encode()]
+        assert [f[2] for f in replies(mallory)] == [P.HELLO_FIRST.encode()]
         # As itself it is welcome, but it cannot forward "from" others: it is no trusted bridge.
-        assert _hello(mallory, "mallory")[0] == P.WELCOME
+        assert hello(mallory, "mallory")[0] == P.WELCOME
         mallory.send_multipart([P.PUB, b"s", raw_rollout("fwd"), orjson.dumps({"origin": "alice"})])
-        assert [f[2] for f in _replies(mallory)] == [b"untrusted_bridge"]
+        assert [f[2] for f in replies(mallory)] == [b"untrusted_bridge"]
         # The bridge's key name is trusted; forwarding keeps the original sender, namespaced by
         # its relay; a local id (here alice's, bound to her key) it may not assert (issue 30.2).
-        bridge = _dealer(r.address, keys["bridge-1"])
-        assert _hello(bridge, "bridge-1")[0] == P.WELCOME
+        bridge = dealer(r.address, keys["bridge-1"])
+        assert hello(bridge, "bridge-1")[0] == P.WELCOME
         bridge.send_multipart([P.PUB, b"s", raw_rollout("fwd2"), orjson.dumps({"origin": "carol@relay-b"})])
-        assert _replies(bridge)[0][0] == P.ACK
+        assert replies(bridge)[0][0] == P.ACK
         bridge.send_multipart([P.PUB, b"s", raw_rollout("fwd3"), orjson.dumps({"origin": "alice"})])
-        assert _replies(bridge)[0][2] == b"bad_origin"
+        assert replies(bridge)[0][2] == b"bad_origin"
         bridge.close(0)
         s = r.stats(keys["alice"])
         assert s["rejected"]["identity"] == 1 and s["identity"].startswith("key")
@@ -101,7 +73,7 @@ def test_curve_binds_the_node_id_to_the_key(relay, curve):
     # The node's client says it was refused, and why.
     c = RelayClient(r.address, swarm="s", node_id="bob", keys=keys["mallory"]).start()
     try:
-        assert _wait(lambda: c.health()["state"] == "refused", 5), c.health()
+        assert wait_for(lambda: c.health()["state"] == "refused", 5), c.health()
         assert "identity" in c.health()["reason"] and "mallory" in c.health()["reason"]
     finally:
         c.close()
@@ -109,9 +81,9 @@ def test_curve_binds_the_node_id_to_the_key(relay, curve):
 
 def test_open_relay_says_node_ids_are_claims(relay):
     r = relay()
-    s = _dealer(r.address)
+    s = dealer(r.address)
     try:
-        w = _hello(s, "anyone")
+        w = hello(s, "anyone")
         assert w[0] == P.WELCOME and orjson.loads(w[1])["identity"] == "claimed"
         assert r.stats()["identity"].startswith("claimed")
         out = _cli("status", "--connect", r.address)
@@ -123,10 +95,10 @@ def test_open_relay_says_node_ids_are_claims(relay):
 def test_refused_handshakes_are_counted_logged_and_explained(relay, curve):
     server, allow, keys = curve
     r = relay("--keys", str(server), "--allow", str(allow), keys=keys["alice"], log_level="INFO")
-    plain = _dealer(r.address)                     # no CURVE at all
-    stranger = _dealer(r.address, keys["stranger"])  # a key the relay does not know
+    plain = dealer(r.address)                     # no CURVE at all
+    stranger = dealer(r.address, keys["stranger"])  # a key the relay does not know
     no_keys = lambda f: f.get("no_curve", 0) + f.get("aborted", 0)   # which side sees it first is a race
-    assert _wait(lambda: (f := r.stats(keys["alice"])["refused_handshakes"]).get("unknown_key", 0) >= 1
+    assert wait_for(lambda: (f := r.stats(keys["alice"])["refused_handshakes"]).get("unknown_key", 0) >= 1
                  and no_keys(f) >= 1, 10), r.stats(keys["alice"])["refused_handshakes"]
     plain.close(0)
     stranger.close(0)
@@ -141,15 +113,6 @@ def test_refused_handshakes_are_counted_logged_and_explained(relay, curve):
     assert "INFO refused handshake" in log and "no CURVE keys" in log or "INFO handshake aborted" in log, log
 
 
-def _wait(cond, timeout_s: float) -> bool:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 def test_client_health_unreachable_refused_connected(relay, curve, caplog):
     server, allow, keys = curve
     caplog.set_level(logging.WARNING, logger="ftis.swarm")
@@ -160,13 +123,13 @@ def test_client_health_unreachable_refused_connected(relay, curve, caplog):
     stranger = RelayClient(r.address, swarm="s", node_id="stranger", keys=keys["stranger"]).start()
     alice = RelayClient(r.address, swarm="s", node_id="alice", keys=keys["alice"]).start()
     try:
-        assert _wait(lambda: nobody.health()["state"] == "unreachable", 5), nobody.health()
+        assert wait_for(lambda: nobody.health()["state"] == "unreachable", 5), nobody.health()
         assert "no answer" in nobody.health()["reason"]
-        assert _wait(lambda: nokeys.health()["state"] == "refused", 5), nokeys.health()
+        assert wait_for(lambda: nokeys.health()["state"] == "refused", 5), nokeys.health()
         assert "needs CURVE keys" in nokeys.health()["reason"]
-        assert _wait(lambda: stranger.health()["state"] == "refused", 5), stranger.health()
+        assert wait_for(lambda: stranger.health()["state"] == "refused", 5), stranger.health()
         assert "refused this node's key" in stranger.health()["reason"]
-        assert _wait(lambda: alice.health()["state"] == "connected", 5), alice.health()
+        assert wait_for(lambda: alice.health()["state"] == "connected", 5), alice.health()
         h = alice.health()
         assert h["relay"] == r.address and h["since"] <= time.time()
         time.sleep(1.2)     # the warning repeats while the relay stays unreachable
@@ -174,7 +137,7 @@ def test_client_health_unreachable_refused_connected(relay, curve, caplog):
         assert sum("still unreachable" in w for w in warnings) >= 1, warnings
         assert any("refused" in w and "n2" not in w for w in warnings)
         r.kill()            # a relay that goes away: connected -> unreachable
-        assert _wait(lambda: alice.health()["state"] == "unreachable", 8), alice.health()
+        assert wait_for(lambda: alice.health()["state"] == "unreachable", 8), alice.health()
     finally:
         for c in (nobody, nokeys, stranger, alice):
             c.close()
@@ -184,15 +147,15 @@ def test_a_fresh_node_id_does_not_reset_the_rate_limit(relay):
     """The issue's attack: one connection says HELLO with a new id every 150 PUBs. Old relay:
     1,500 of 1,500 accepted in 3 s (limit 50/s, burst 200)."""
     r = relay()
-    s = _dealer(r.address)
+    s = dealer(r.address)
     try:
         acked = 0
         t0 = time.time()
         for k in range(10):
-            assert _hello(s, f"sybil-{k}")[0] == P.WELCOME
+            assert hello(s, f"sybil-{k}")[0] == P.WELCOME
             for i in range(150):
                 s.send_multipart([P.PUB, b"s", raw_rollout(f"r{k}-{i}")])
-            acked += sum(f[0] == P.ACK for f in _replies(s, n=150))
+            acked += sum(f[0] == P.ACK for f in replies(s, n=150))
         dt = time.time() - t0
         assert acked <= 200 + 50 * dt + 5, (acked, dt)
         assert r.stats()["rejected"]["rate_limited"] >= 1500 - acked - 5
@@ -202,18 +165,18 @@ def test_a_fresh_node_id_does_not_reset_the_rate_limit(relay):
 
 def test_topic_caps_per_connection_and_in_total(relay):
     r = relay("--max-topics", "6", "--max-topics-per-peer", "4")
-    s1, s2 = _dealer(r.address), _dealer(r.address)
+    s1, s2 = dealer(r.address), dealer(r.address)
     try:
-        _hello(s1, "greedy")
-        _hello(s2, "greedy-2")
+        hello(s1, "greedy")
+        hello(s2, "greedy-2")
         for i in range(2000):
             s1.send_multipart([P.SUB, f"t{i}".encode(), orjson.dumps({"epoch": None, "last_seq": 0})])
-        got = _replies(s1, n=2000)
+        got = replies(s1, n=2000)
         assert sum(f[0] == P.SUBOK for f in got) == 4
         assert sum(f[0] == P.NACK and f[2] == b"too_many_topics" for f in got) == 1996
         for i in range(10):
             s2.send_multipart([P.PUB, f"u{i}".encode(), raw_rollout(f"u{i}")])
-        got = _replies(s2, n=10)
+        got = replies(s2, n=10)
         assert sum(f[0] == P.ACK for f in got) == 2          # 6 in total
         assert len(r.stats()["topics"]) == 6
     finally:
@@ -222,12 +185,12 @@ def test_topic_caps_per_connection_and_in_total(relay):
 
 
 def test_identity_flood_loses_nothing_acked(tmp_path):
-    """benchmarks/attack_flood.py, small: 100 identities on one open relay, each with its own
+    """benchmarks/attacks/flood.py, small: 100 identities on one open relay, each with its own
     connection, flood flat out while a legitimate publisher -> subscriber pair runs."""
-    out = subprocess.run([sys.executable, "benchmarks/attack_flood.py", "--identities", "100", "--seconds", "4",
-                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.attacks.flood", "--identities", "100", "--seconds", "4",
+                          "--json", str(tmp_path / "flood.json")], cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-2000:]
-    res = orjson.loads(out.stdout.strip().splitlines()[-1])
+    res = orjson.loads((tmp_path / "flood.json").read_bytes())
     assert res["legit_acked"] >= 10 and res["legit_lost"] == 0, res
     assert res["flood_accepted"] < res["flood_sent"], res
 
@@ -243,20 +206,20 @@ def test_the_bridge_role_on_an_open_relay_needs_an_explicit_opt_in(relay):
     assert out.returncode == 2 and "--open-bridges" in out.stderr and "claimed node id" in out.stderr, out
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     r = relay()                                      # the default: no bridge role at all
-    s = _dealer(r.address)
+    s = dealer(r.address)
     try:
-        assert _hello(s, "bridge-1")[0] == P.WELCOME
+        assert hello(s, "bridge-1")[0] == P.WELCOME
         s.send_multipart([P.PUB, b"s", raw_rollout("forged-1"), orjson.dumps({"origin": "alice"})])
-        [nack] = _replies(s, n=1)
+        [nack] = replies(s, n=1)
         assert nack[0] == P.NACK and nack[2] == b"untrusted_bridge"
     finally:
         s.close(0)
     r2 = relay("--trust-bridge", "bridge-1", "--open-bridges")     # the explicit opt-in still works
-    s = _dealer(r2.address)
+    s = dealer(r2.address)
     try:
-        assert _hello(s, "bridge-1")[0] == P.WELCOME
+        assert hello(s, "bridge-1")[0] == P.WELCOME
         s.send_multipart([P.PUB, b"s", raw_rollout("fwd-1"), orjson.dumps({"origin": "alice@relay-a"})])
-        assert _replies(s, n=1)[0][0] == P.ACK
+        assert replies(s, n=1)[0][0] == P.ACK
     finally:
         s.close(0)
 
@@ -266,20 +229,20 @@ def test_a_known_rollout_id_is_bound_to_its_sender_and_payload(relay):
     (ACKed, delivered once); with another payload it is `NACK id_conflict`; another sender's
     copy of the id is its own rollout (delivered, and the receiver refuses it if forged)."""
     r = relay()
-    pub, other, sub = _dealer(r.address), _dealer(r.address), _dealer(r.address)
+    pub, other, sub = dealer(r.address), dealer(r.address), dealer(r.address)
     try:
         for s, name in ((pub, "alice"), (other, "mallory"), (sub, "bob")):
-            assert _hello(s, name)[0] == P.WELCOME
+            assert hello(s, name)[0] == P.WELCOME
         sub.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
-        assert _replies(sub, n=1)[0][0] == P.SUBOK
+        assert replies(sub, n=1)[0][0] == P.SUBOK
         pub.send_multipart([P.PUB, b"s", raw_rollout("r1", b"genuine")])
         pub.send_multipart([P.PUB, b"s", raw_rollout("r1", b"genuine")])
         pub.send_multipart([P.PUB, b"s", raw_rollout("r1", b"changed")])
         other.send_multipart([P.PUB, b"s", raw_rollout("r1", b"squat")])
-        got = _replies(pub, n=3)
+        got = replies(pub, n=3)
         assert [f[0] for f in got] == [P.ACK, P.ACK, P.NACK] and got[2][2] == b"id_conflict", got
-        assert _replies(other, n=1)[0][0] == P.ACK
-        delivered = [P.unpack_deliver(f[1]) for f in _replies(sub, n=2) if f[0] == P.DELIVER]
+        assert replies(other, n=1)[0][0] == P.ACK
+        delivered = [P.unpack_deliver(f[1]) for f in replies(sub, n=2) if f[0] == P.DELIVER]
         by_sender = {d[3]: d[6] for d in delivered}
         assert len(delivered) == 2 and by_sender[b"alice"].endswith(b"genuine") \
             and by_sender[b"mallory"].endswith(b"squat"), delivered

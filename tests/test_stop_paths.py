@@ -11,24 +11,12 @@ import pytest
 
 from ftis_edge import checkpoint
 from ftis_edge.metrics import read_metrics, write_control
-from procs import ROOT
-from test_node import rounds_of, wait_for, write_config
+from procs import ROOT, finish, rounds_of, start_node, wait_for, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(1200)]
 
 SMALL = dict(node={"rounds": 50, "checkpoint_every": 1000},
              task={"prompts_per_round": 1, "num_generations": 2, "max_completion_length": 16})
-
-
-def start(cfg, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def ended(proc: subprocess.Popen) -> str:
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    return out
 
 
 def n_rounds(run) -> int:
@@ -46,10 +34,10 @@ def this_run(run) -> list[dict]:
 
 def resume_and_wait_for_a_round(cfg, run) -> subprocess.Popen:
     before = len(starts(run))
-    p = start(cfg, "--resume")
+    p = start_node(cfg, "--resume")
     try:
-        wait_for(lambda: len(starts(run)) > before and any(r.get("type") == "round" for r in this_run(run)),
-                 600, "a round after resuming")
+        assert wait_for(lambda: len(starts(run)) > before and any(r.get("type") == "round" for r in this_run(run)),
+                        600, every_s=0.5), "a round after resuming"
     except BaseException:
         p.kill()
         raise
@@ -67,11 +55,11 @@ def stopped_with_checkpoint(run, reason: str) -> int:
 
 def stop_after_round_1(cfg, run, stop) -> str:
     """Start a fresh node, ``stop(proc)`` once round 1 is recorded; its output once it ended."""
-    p = start(cfg)
+    p = start_node(cfg)
     try:
-        wait_for(lambda: n_rounds(run) >= 1, 600, "round 1")
+        assert wait_for(lambda: n_rounds(run) >= 1, 600, every_s=0.5), "round 1"
         stop(p)
-        return ended(p)
+        return finish(p, 300)
     finally:
         p.kill()
 
@@ -88,9 +76,9 @@ def test_every_stop_path_writes_a_checkpoint_and_a_damaged_one_falls_back(tmp_pa
     p = resume_and_wait_for_a_round(cfg, run)
     try:
         write_control(run, pause=True)
-        wait_for(lambda: "paused" in (run / "node.log").read_text(), 600, "the node to pause")
+        assert wait_for(lambda: "paused" in (run / "node.log").read_text(), 600, every_s=0.5), "the node to pause"
         write_control(run, stop=True)
-        out = ended(p)
+        out = finish(p, 300)
     finally:
         p.kill()
     r2 = stopped_with_checkpoint(run, "user")
@@ -103,7 +91,7 @@ def test_every_stop_path_writes_a_checkpoint_and_a_damaged_one_falls_back(tmp_pa
     try:
         assert this_run(run)[0]["resumed_from"] == r1
         p.send_signal(signal.SIGINT)
-        out = ended(p)
+        out = finish(p, 300)
     finally:
         p.kill()
     assert f"round-{r2:06d} is unusable" in out and "truncated" in out
@@ -114,7 +102,7 @@ def test_every_stop_path_writes_a_checkpoint_and_a_damaged_one_falls_back(tmp_pa
     p = resume_and_wait_for_a_round(cfg, run)
     try:
         p.send_signal(signal.SIGTERM)
-        ended(p)
+        finish(p, 300)
     finally:
         p.kill()
     assert stopped_with_checkpoint(run, "signal") > r3
@@ -160,10 +148,10 @@ def test_sighup_to_the_dashboard_stops_its_node_with_a_checkpoint(tmp_path):
             pass
     threading.Thread(target=drain, daemon=True).start()
     try:
-        wait_for(lambda: n_rounds(run) >= 1, 600, "round 1 under the dashboard")
+        assert wait_for(lambda: n_rounds(run) >= 1, 600, every_s=0.5), "round 1 under the dashboard"
         p.send_signal(signal.SIGHUP)
         assert p.wait(30) == 128 + signal.SIGHUP
-        wait_for(lambda: read_metrics(run)[-1].get("type") == "stop", 300, "the node's stop record")
+        assert wait_for(lambda: read_metrics(run)[-1].get("type") == "stop", 300, every_s=0.5), "the node's stop record"
     finally:
         p.kill()
         os.close(master)

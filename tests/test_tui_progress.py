@@ -232,8 +232,7 @@ async def test_q_q_leaves_and_says_the_node_finishes_in_the_background(tmp_path)
 @pytest.mark.timeout(900)
 def test_a_real_node_reports_its_phases_and_remembers_its_load_time(tmp_path):
     """A real SmolLM2 node alone for 2 rounds; progress.json sampled while it runs."""
-    from procs import ROOT
-    from test_node import write_config
+    from procs import ROOT, write_config
 
     from ftis_edge.paths import cache_dir
 
@@ -280,8 +279,7 @@ async def test_a_round_that_lands_under_the_help_box_is_there_when_it_closes(tmp
 async def test_q_q_with_a_real_node_it_finishes_its_round_in_the_background(tmp_path):
     """A real SmolLM2 node under the dashboard: q q in round 2 leaves at once, and the node
     does what the notice says: it finishes round 2, checkpoints it and stops."""
-    from procs import ROOT
-    from test_node import write_config
+    from procs import ROOT, write_config
 
     from ftis_edge import checkpoint
 

@@ -1,0 +1,56 @@
+"""What tests send a real relay: rollouts (decoded, and raw bytes with only the prefix the relay
+reads), and a bare DEALER socket that speaks the relay protocol by hand."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import orjson
+import zmq
+
+from ftis_edge import wire
+from relay import protocol as P
+from relay.keys import ClientKeys
+
+_RNG = np.random.default_rng(0)
+
+
+def make_rollout(node_id: str, n: int = 4, tokens: int = 24, **kw) -> wire.Rollout:
+    comps = [wire.WireCompletion(_RNG.integers(0, 49152, tokens), -_RNG.exponential(1.0, tokens),
+                                 f"answer {i} #### {i}", reward=float(i % 2), finish_reason="stop")
+             for i in range(n)]
+    return wire.Rollout(node_id=node_id, swarm="s", prompt_id=uuid.uuid4().hex[:8], completions=comps,
+                        vocab_size=49152, model_fp="m", **{"task": "arith", "tokenizer_fp": "t", **kw})
+
+
+def raw_rollout(rid: str, body: bytes = b"", task: str = "", tok: str = "") -> bytes:
+    """A message with a valid rollout prefix (codec none): all the relay ever reads."""
+    return P.pack_prefix("none", rid, task, tok, len(body)) + body
+
+
+def dealer(address: str, keys: ClientKeys | None = None) -> zmq.Socket:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    if keys:
+        keys.apply(s)
+    s.connect(address)
+    return s
+
+
+def hello(s: zmq.Socket, node_id: str) -> list[bytes]:
+    s.send_multipart([P.HELLO, orjson.dumps({"node_id": node_id, "protocol": P.RELAY_PROTOCOL})])
+    assert s.poll(5000), "no answer to HELLO"
+    return s.recv_multipart()
+
+
+def replies(s: zmq.Socket, wait_ms: int = 300, n: int | None = None, timeout_s: float = 20) -> list[list[bytes]]:
+    """Replies until none comes for wait_ms (or, given n, until n came or timeout_s passed)."""
+    out, deadline = [], time.time() + timeout_s
+    while (len(out) < n and time.time() < deadline) if n is not None else True:
+        if not s.poll(wait_ms if n is None else 100):
+            if n is None:
+                break
+            continue
+        out.append(s.recv_multipart())
+    return out
