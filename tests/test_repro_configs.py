@@ -178,3 +178,24 @@ def test_arm_vs_arm_table_pairs_node_i_with_node_i_without_isolated_twins():
     assert cells[0][1] == "0" and cells[0][5] == "+0.000"
     assert cells[0][9:] == ["0.50", "0.80"] and cells[1][9:] == ["0.50", "0.80"]
     assert any(r.startswith("| fill4 | 0 |") for r in analyze.table_fill(data))
+
+
+def test_h6_arms_differ_only_in_the_protections_and_every_node_has_the_guard(tmp_path):
+    cfgs = run.receiver_configs(batches.BATCHES["h6"], 0, None, tmp_path, ADDR, "s")
+    loaded = {n: config.load(run.write_config(c, tmp_path / f"{n}.toml")) for n, c in cfgs.items()}
+    default = config.Config().train
+    for i in range(4):
+        protect, ftis, alone = loaded[f"protect-{i}"], loaded[f"ftis-{i}"], loaded[f"alone-{i}"]
+        assert protect.train.foreign_is_cap == default.foreign_is_cap == 1.0      # the new defaults
+        assert protect.train.foreign_length_rule == "refuse" and protect.train.foreign_success_floor == 0.5
+        assert (ftis.train.foreign_is_cap, ftis.train.foreign_length_rule, ftis.train.foreign_success_floor) == \
+            (0.0, "truncate", 1.0)
+        drop = {"foreign_is_cap", "foreign_length_rule", "foreign_success_floor"}
+        same = lambda c: {k: v for k, v in c.to_dict()["train"].items() if k not in drop}   # noqa: E731
+        assert same(protect) == same(ftis)
+        assert protect.swarm.own_groups == ftis.swarm.own_groups == 1 and alone.mode == "alone"
+        assert protect.swarm.name != ftis.swarm.name                              # two swarms
+        for c in (protect, ftis, alone):
+            assert (c.eval.every, c.eval.prompts, c.eval.guard) == (8, 64, True) and c.node.rounds == 32
+            assert (c.node_id, c.node.seed) == (alone.node_id, alone.node.seed)
+    assert loaded["protect-3"].model.spec == "gemma3-270m" and loaded["protect-2"].train.trainable == "full"

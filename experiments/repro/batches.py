@@ -247,3 +247,23 @@ BATCHES.update({
         arms={"ftis": merge(_fill(1), _method("f-tis")), "nois": merge(_fill(1), _method("nois"))},
     ),
 })
+
+# H6 (docs/results.md, "H6, pre-registered"): the heterogeneous swarm of H5 on the final code, the
+# held-out eval and its guard on for every node (the twins' guard is inert: a node alone is never
+# touched), arm `protect` with the config's defaults (another model's samples: IS cap 1, length rule,
+# success weights), arm `ftis` with those protections off (today's F-TIS, as H5's arm `ftis`), each
+# against the same four nodes alone. R and the in-run eval as registered there.
+H6_EVAL = {"eval": {"every": 8, "prompts": 64, "guard": True}}
+PROTECTIONS_OFF = {"train": {"foreign_is_cap": 0.0, "foreign_length_rule": "truncate",
+                             "foreign_success_floor": 1.0, "mask_truncated_completions": False}}
+H6_ROUNDS = 32
+
+BATCHES["h6"] = SwarmBatch(
+    "h6",
+    "H6, the node that differs: H5's heterogeneous swarm (SmolLM2 LoRA x2, SmolLM2 full FT on HF at "
+    "T = 0.7, Gemma 3 LoRA) with the held-out guard, f-tis with the protections for another model's "
+    "samples (arm protect) vs without (arm ftis) vs alone; decided per kind of node on held-out accuracy",
+    k=4, node=_method("f-tis"), settings=merge(VALUE, H6_EVAL), eval_limit=VALUE_EVAL, rounds=H6_ROUNDS,
+    per_node=HETERO_NODES,
+    arms={"protect": merge(_fill(1), _method("f-tis")), "ftis": merge(_fill(1), _method("f-tis"), PROTECTIONS_OFF)},
+)
