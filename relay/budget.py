@@ -7,7 +7,13 @@ node: those whose groups it trained on). While one of them is active, the useful
 share the budget but a probation slice, and every other id (fresh, unknown: what a crowd of
 fake identities is) shares only that slice, one rollout each, so no number of fresh ids can
 spend what an honest, useful publisher would get. With no useful publisher active, every
-publisher gets the plain fair share (a node that has trained on nobody yet)."""
+publisher gets the plain fair share (a node that has trained on nobody yet).
+
+Among publishers that may be picked, the one that has waited longest goes first: each has a
+turn (when it was last served, or first seen), so ids that came first, however many, are
+served in rotation and a publisher that arrives after them is served within about
+(active publishers / K) windows, instead of never (newest-first let a crowd that keeps
+publishing stay ahead of it for ever, so it was never picked, never trained on, never useful)."""
 from __future__ import annotations
 
 import collections
@@ -32,6 +38,8 @@ class Budget:
     sent_seqs: set = field(default_factory=set)     # seqs sent to it that are still fresh
     useful: frozenset = frozenset()                 # publishers it said were useful (USEFUL)
     probation_sent: int = 0                         # this window, to publishers not in useful
+    turns: dict = field(default_factory=dict)       # sender -> its place in the rotation (lower: sooner)
+    turn: int = 0                                   # deliveries made so far: the rotation's clock
 
     def window_over(self, now: float) -> bool:
         return now - self.window_start >= self.window_s
@@ -40,6 +48,8 @@ class Budget:
         """Budget and shares reset; sent seqs are remembered only while still fresh."""
         self.window_start, self.sent, self.pick_at, self.probation_sent = now, 0, 0.0, 0
         self.served.clear()
+        if self.index is not None and len(self.turns) > len(self.index.newest):   # forget the gone
+            self.turns = {s: t for s, t in self.turns.items() if s in self.index.newest}
         stale = now - self.window_s
         self.sent_seqs = {s for s in self.sent_seqs if (e := entries.get(s)) is not None and e.t >= stale}
 
@@ -47,6 +57,8 @@ class Budget:
         """One delivery made from this budget."""
         self.sent_seqs.add(e.seq)
         self.served[e.sender] += 1
+        self.turn += 1
+        self.turns[e.sender] = self.turn         # to the back of the rotation
         self.sent += 1
         if e.sender not in self.useful:
             self.probation_sent += 1
@@ -89,25 +101,31 @@ class Budget:
              guarded: bool = False) -> Entry | None:
         """The next pick for subscriber (node_id, routing id rid): guarded, a useful publisher
         below `share` first (least served), else, while the probation slice lasts, another
-        publisher never served this window; unguarded, newest activity first, the first
-        publisher never served this window, else the least served one below `share`. None
-        when no publisher has a candidate. The activity scan looks at most max(8K, 32)
+        publisher never served this window; unguarded, the least served one below `share`.
+        Among equals, the one whose turn came longest ago (see the module docstring). None
+        when no publisher has a candidate. The activity scan looks at most max(64K, 256)
         publishers (the most recently active first); useful ones are always looked at."""
         served, newest = self.served, self.index.newest
         stale = now - self.window_s
         best, best_n = None, share
+        turns = self.turns
         if guarded:
-            for sender in self.useful:
-                seqs = newest.get(sender)
-                if seqs is None or sender == node_id:
-                    continue
-                n = served[sender] if sender in served else 0
-                if n < best_n and (e := self._newest_unsent(seqs, rid, stale, entries)) is not None:
-                    best, best_n = e, n
+            # the useful share K - probation: the probation slice stays for the others, however
+            # many useful ids there are (fake ids can earn "useful" with cheap valid groups)
+            if self.sent - self.probation_sent < self.k - self.probation:
+                best_key = (best_n, 0)
+                for sender in self.useful:
+                    seqs = newest.get(sender)
+                    if seqs is None or sender == node_id:
+                        continue
+                    key = (served[sender] if sender in served else 0, turns.get(sender, 0))
+                    if key < best_key and (e := self._newest_unsent(seqs, rid, stale, entries)) is not None:
+                        best, best_key = e, key
             if best is not None or self.probation_sent >= self.probation:
                 return best
             best_n = 1                                # probation: one each
-        looked = 0
+        looked, clock = 0, self.turn - 0.5      # first seen: ahead of the one served last only
+        best_key = (best_n, 0)
         for sender in reversed(newest):
             seqs = newest[sender]
             last = entries.get(seqs[-1])
@@ -116,14 +134,17 @@ class Budget:
             if sender == node_id or (guarded and sender in self.useful):   # never your own
                 continue
             looked += 1
-            if looked > max(8 * self.k, 32):
+            if looked > max(64 * self.k, 256):
                 break
             n = served[sender] if sender in served else 0
             if n >= best_n:
                 continue
+            turn = turns.get(sender)
+            if turn is None:
+                turn = turns[sender] = clock          # first seen: behind those already waiting
+            if best is not None and (n, turn) >= best_key:
+                continue
             e = self._newest_unsent(seqs, rid, stale, entries)
             if e is not None:
-                best, best_n = e, n
-                if n == 0:
-                    break
+                best, best_key = e, (n, turn)
         return best
