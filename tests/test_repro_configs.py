@@ -88,6 +88,7 @@ def test_the_batch_fill_arms_are_the_pre_registered_ones(tmp_path):
     assert len(full) == 1 and full[0][:2] == ["sh", "-c"]
     steps = full[0][2].split(" && ")
     assert [" export " in s for s in steps] == [True, False, False]
+    assert steps[0].endswith("--latest")          # final weights, as the LoRA nodes' latest.gguf
     assert all("--model " + str(out / "nois-2" / "export" / "model-f16.gguf") in s for s in steps[1:])
     lora = [cmd for cmd, log in jobs if log.parent.name == "nois-3"]
     assert len(lora) == 2 and all(cmd[-2:] == ["--model", str(out / "nois-3")] for cmd in lora)

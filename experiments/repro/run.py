@@ -265,8 +265,9 @@ def export_cmd(run_dir: Path) -> list[str] | None:
     its last checkpoint to one merged GGUF, once, before its evals (None: nothing to export)."""
     if (run_dir / "adapter" / "latest.gguf").exists() or (run_dir / "export" / "model-f16.gguf").exists():
         return None
+    # --latest: the final weights, as a LoRA node's adapter/latest.gguf (not the best kept by the in-run eval)
     return [str(BIN / "ftis-edge"), "export", str(run_dir), "--to", str(run_dir / "export"), "--quant", "f16",
-            "--eval-limit", "0"]
+            "--eval-limit", "0", "--latest"]
 
 
 def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = None) -> list:
