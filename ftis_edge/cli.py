@@ -65,6 +65,11 @@ def _run_start(args) -> int:
     resume = args.resume or args.resume_or_fresh
     if args.overwrite and resume:
         return _die("--overwrite deletes the run that --resume would continue: pick one")
+    from . import runlock
+    try:        # one live node per run directory: held until this process ends (a dashboard hands it on)
+        runlock.acquire(run_dir, rundir.command_name())
+    except FtisError as e:
+        return _die(str(e))
     if (run_dir / METRICS_FILE).exists() and not (resume or args.overwrite):
         return _die(f"{run_dir} already holds a run: --resume to continue it, or --run-dir DIR (or another "
                     f"config file name) for a new one; --overwrite DELETES that run and starts over")
@@ -83,7 +88,8 @@ def _run_start(args) -> int:
                          console_log=not args.log_file_only)
 
     # Dashboard: the node runs as a child process writing the run directory; the UI only reads
-    # it, so drawing never slows training.
+    # it, so drawing never slows training. The node takes the run directory's lock itself.
+    runlock.release()
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "ftis_edge.cli", "start", "--headless"]
     if args.config:

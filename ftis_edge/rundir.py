@@ -138,9 +138,19 @@ def spawn_node(cmd: list[str], run_dir: Path):
 
 
 def reset(run_dir: Path) -> None:
-    """``--overwrite``: delete everything of a previous run."""
-    if Path(run_dir).exists():
-        shutil.rmtree(run_dir)
+    """``--overwrite``: delete everything of a previous run, except the lock this node holds
+    (deleting it would let a second node lock a new file beside us)."""
+    from .runlock import LOCK_FILE
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        return
+    for entry in run_dir.iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def prepare_fresh(run_dir: Path) -> None:

@@ -1,0 +1,93 @@
+"""One live node per run directory (runlock.py): a second `ftis-edge start` into a live run is
+refused whatever its flags, --overwrite deletes nothing of it, `watch` still reads it, and the lock
+dies with the process (real processes, real files)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ftis_edge import runlock
+from ftis_edge.metrics import read_metrics
+from procs import ROOT, start_node, wait_for, write_config
+
+FLAGS = [(), ("--resume",), ("--resume-or-fresh",), ("--overwrite",)]
+
+
+def second_start(cfg, *flags) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless", *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def refused_everything(cfg, run, pid: int) -> None:
+    before = {p.name: p.stat().st_size for p in run.iterdir()}
+    for flags in FLAGS:
+        out = second_start(cfg, *flags)
+        assert out.returncode == 2, (flags, out.stdout, out.stderr)
+        err = out.stderr.strip()
+        assert err.startswith(f"ftis-edge: error: node pid {pid} is running in {run} (started "), (flags, err)
+        assert f"watch it with python -m ftis_edge.cli watch {run}" in err and f"kill -INT {pid}" in err
+        assert len(err.splitlines()) == 1
+    after = {p.name: p.stat().st_size for p in run.iterdir()}
+    assert set(before) <= set(after), "a refused start deleted files of the live run"
+
+
+def test_a_live_run_refuses_a_second_node_and_overwrite_deletes_nothing(tmp_path):
+    cfg = write_config(tmp_path, "alice")
+    run = tmp_path / "alice"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"type": "start", "node_id": "alice"}\n')
+    (run / "node.log").write_text("round 1: ...\n")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ftis_edge import runlock; "
+                               "runlock.acquire(sys.argv[1]); print('locked', flush=True); time.sleep(120)", str(run)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        refused_everything(cfg, run, holder.pid)
+        assert (run / "metrics.jsonl").read_text().startswith('{"type": "start"')
+        assert (run / "node.log").read_text() == "round 1: ...\n"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert runlock.holder(run) is None             # the kernel dropped it with the process (kill -9)
+
+
+def test_overwrite_of_a_stopped_run_keeps_no_file_of_it_but_the_lock(tmp_path):
+    from ftis_edge import rundir
+    run = tmp_path / "r"
+    (run / "checkpoints" / "000001").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    runlock.acquire(run)
+    try:
+        rundir.reset(run)
+        assert [p.name for p in run.iterdir()] == [runlock.LOCK_FILE]
+        assert runlock.holder(run) is not None      # still ours: no second node can lock a new file
+    finally:
+        runlock.release()
+    assert runlock.holder(run) is None
+
+
+@pytest.mark.model
+@pytest.mark.timeout(600)
+def test_two_real_nodes_one_run_directory(tmp_path):
+    """The user's walk: a node runs; the same config started again, with each flag, is refused
+    with the live node's pid; once that node is killed the run is free (its lock died with it)."""
+    cfg = write_config(tmp_path, "alice", node={"rounds": 200, "checkpoint_every": 1000}, eval={"every": 0})
+    run = tmp_path / "alice"
+    first = start_node(cfg)
+    try:
+        assert wait_for(lambda: any(r.get("type") == "start" for r in read_metrics(run)), 300), "no start record"
+        refused_everything(cfg, run, first.pid)
+        assert [r["type"] for r in read_metrics(run)][0] == "start"      # --overwrite deleted nothing
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        time.sleep(0.2)
+        out = second_start(cfg, "--resume")
+        assert "is running" not in out.stderr and "no checkpoint" in out.stderr, out.stderr
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
