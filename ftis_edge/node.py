@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from . import checkpoint, neighbours, preflight, rundir
+from . import checkpoint, machine, neighbours, preflight, rundir
 from . import progress as phases
 from .batch import LocalTokenizer, OwnGroup, SampleRules, build_batch, peer_usage
 from .learner import OWN
