@@ -1,7 +1,6 @@
 """A real node (SmolLM2-135M, llama.cpp, LoRA) trains one round on a reasoning-gym mix."""
 from __future__ import annotations
 
-
 import pytest
 
 from ftis_edge.metric_keys import unregistered

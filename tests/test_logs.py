@@ -3,7 +3,6 @@ gets one line per record, never a traceback; the headless round line says what h
 from __future__ import annotations
 
 import logging
-import time
 
 import zmq
 
@@ -62,8 +61,7 @@ def test_the_waker_wakes_a_zmq_poller_from_another_thread():
     try:
         assert dict(poller.poll(0)) == {}
         w.wake()
-        t0 = time.monotonic()
-        assert w.fileno() in dict(poller.poll(1000)) and time.monotonic() - t0 < 0.5
+        assert w.fileno() in dict(poller.poll(5000))     # woken: without the wake the poll returns empty
         w.drain()
         assert dict(poller.poll(0)) == {}
     finally:

@@ -99,7 +99,7 @@ def test_default_alias_metadata_and_speed(smol):
     t0 = time.monotonic()
     b = resolve_model(None)
     assert b.arch == "llama"            # metadata read inside the timing: comes from the cache
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 10.0  # a hang guard: nothing is converted (~20 s) or downloaded
     assert b.spec == "smollm2-135m"
     assert (b.n_layer, b.n_head, b.n_head_kv, b.vocab_size) == (30, 9, 3, 49152)
     assert b.eos_token_ids[0] == 2      # <|im_end|>
@@ -138,9 +138,9 @@ def test_tokenizer_fingerprints_differ_between_models(smol, gemma):
 @pytest.mark.model
 def test_conversion_cache(smol):
     first = smol.hf_dir()                       # converts on a fresh cache (~20 s), else cached
-    t0 = time.monotonic()
+    written = {p.name: p.stat().st_mtime_ns for p in first.iterdir()}
     again = resolve_model("smollm2-135m").hf_dir()
-    assert time.monotonic() - t0 < 1.0 and again == first
+    assert again == first and {p.name: p.stat().st_mtime_ns for p in again.iterdir()} == written   # not converted again
     assert (first / "config.json").is_file() and list(first.glob("*.safetensors"))
     assert (first / "tokenizer_config.json").is_file()
     f16 = smol.f16_gguf()
