@@ -197,6 +197,19 @@ def test_h6_arms_differ_only_in_the_protections_and_every_node_has_the_guard(tmp
         assert protect.swarm.own_groups == ftis.swarm.own_groups == 1 and alone.mode == "alone"
         assert protect.swarm.name != ftis.swarm.name                              # two swarms
         for c in (protect, ftis, alone):
-            assert (c.eval.every, c.eval.prompts, c.eval.guard) == (8, 64, True) and c.node.rounds == 32
+            assert (c.eval.every, c.eval.prompts, c.eval.guard) == (8, 32, True) and c.node.rounds == 32
             assert (c.node_id, c.node.seed) == (alone.node_id, alone.node.seed)
     assert loaded["protect-3"].model.spec == "gemma3-270m" and loaded["protect-2"].train.trainable == "full"
+
+
+def test_h6_decision_rule_on_the_committed_h5_runs():
+    """The H6 rule applied to H5's seed (arm ftis): the Gemma node's −0.325 ID fails the
+    other-tokenizer kind, the SmolLM2 LoRA pair passes; every pair generated > 3x fewer tokens."""
+    import h6_decide
+    data = h6_decide.load_all(Path(ROOT) / "docs" / "runs" / "fill")
+    lines, holds = h6_decide.decide(data, "fill-hetero", "ftis", "nois")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
+    assert holds is False
+    assert rows["same-model LoRA"].endswith("**yes** |") and "| 2 | -0.003 ± 0.013 |" in rows["same-model LoRA"]
+    assert rows["other tokenizer"].endswith("**no** |") and "-0.325" in rows["other tokenizer"]
+    assert "+0.400" in rows["3: other tokenizer"]                 # f-tis − nois on the Gemma node

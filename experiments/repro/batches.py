@@ -253,7 +253,7 @@ BATCHES.update({
 # touched), arm `protect` with the config's defaults (another model's samples: IS cap 1, length rule,
 # success weights), arm `ftis` with those protections off (today's F-TIS, as H5's arm `ftis`), each
 # against the same four nodes alone. R and the in-run eval as registered there.
-H6_EVAL = {"eval": {"every": 8, "prompts": 64, "guard": True}}
+H6_EVAL = {"eval": {"every": 8, "prompts": 32, "guard": True}}
 PROTECTIONS_OFF = {"train": {"foreign_is_cap": 0.0, "foreign_length_rule": "truncate",
                              "foreign_success_floor": 1.0, "mask_truncated_completions": False}}
 H6_ROUNDS = 32

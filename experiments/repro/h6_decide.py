@@ -1,0 +1,100 @@
+"""H6's pre-registered decision (docs/results.md, "H6, pre-registered"), per kind of node.
+
+    .venv/bin/python experiments/repro/h6_decide.py --runs docs/runs/h6
+    .venv/bin/python experiments/repro/h6_decide.py --runs docs/runs/fill --batch fill-hetero --arm ftis --control nois
+
+For each kind of node (same-model LoRA = nodes 0 and 1, full fine-tuning = node 2, other
+tokenizer = node 3), over every seed: node i of ``--arm`` minus its twin alone-i (same node id
+and seed) on held-out greedy accuracy of the final weights (ID and OOD, 200 prompts each), mean
+± SE over the pairs; own tokens generated over the run, twin ÷ node, per pair. The claim holds
+for a kind when ID ≥ twin − 2 SE (the other-tokenizer kind also within 5 points: ≥ −0.05) and
+every pair generated ≥ 3× fewer own tokens; it holds when it holds for every kind. Then
+``--arm`` minus ``--control`` node by node (the protections' own effect), reported.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from analyze import load_all, mean_se, total  # noqa: E402
+
+KINDS = (("same-model LoRA", (0, 1)), ("full fine-tuning", (2,)), ("other tokenizer", (3,)))
+TOKENS_FOLD = 3.0            # each node generates >= 3x fewer own tokens than alone
+GEMMA_MARGIN = 0.05          # the other-tokenizer node: within 5 points of alone or better
+
+
+def _acc(run: dict, which: str) -> float | None:
+    e = run["evals"].get(which)
+    return None if e is None else float(e["accuracy"])
+
+
+def pairs(recv: dict, arm: str, ref: str, nodes) -> list[tuple[int, int, dict, dict]]:
+    out = []
+    for i in nodes:
+        for seed, a in recv.get(f"{arm}-{i}", {}).items():
+            b = recv.get(f"{ref}-{i}", {}).get(seed)
+            if b is not None:
+                out.append((i, seed, a, b))
+    return out
+
+
+def _fmt(m: float, se: float) -> str:
+    return "–" if m != m else f"{m:+.3f} ± {se:.3f}"
+
+
+def decide(data: dict, batch: str, arm: str, control: str) -> tuple[list[str], bool | None]:
+    recv = data.get(batch, {})
+    lines = [f"| kind | pairs | Δ ID ({arm} − alone) | Δ OOD | ID rule | own tokens alone ÷ {arm} (per pair) | "
+             f"tokens rule | holds |", "|---|---|---|---|---|---|---|---|"]
+    verdicts = []
+    for kind, nodes in KINDS:
+        ps = pairs(recv, arm, "alone", nodes)
+        if not ps:
+            lines.append(f"| {kind} | 0 | – | – | – | – | – | not run |")
+            verdicts.append(None)
+            continue
+        d = {w: [(_acc(a, w), _acc(b, w)) for _, _, a, b in ps] for w in ("id", "ood")}
+        d = {w: [x - y for x, y in v if x is not None and y is not None] for w, v in d.items()}
+        (m_id, se_id), (m_ood, se_ood) = mean_se(d["id"]), mean_se(d["ood"])
+        se = 0.0 if se_id != se_id else se_id       # one pair has no SE: then the point estimate must be >= 0
+        id_ok = len(d["id"]) == len(ps) and m_id >= -2 * se and (nodes != (3,) or m_id >= -GEMMA_MARGIN)
+        folds = [total([b], "gen/tokens") / total([a], "gen/tokens") for _, _, a, b in ps]
+        tok_ok = all(f >= TOKENS_FOLD for f in folds)
+        verdicts.append(id_ok and tok_ok)
+        lines.append(f"| {kind} | {len(ps)} | {_fmt(m_id, se_id)} | {_fmt(m_ood, se_ood)} | "
+                     f"{'met' if id_ok else 'not met'} | {', '.join(f'{f:.2f}' for f in folds)} | "
+                     f"{'met' if tok_ok else 'not met'} | {'**yes**' if id_ok and tok_ok else '**no**'} |")
+    lines += ["", f"| node | pairs | Δ ID ({arm} − {control}) | Δ OOD | own tokens {arm} ÷ {control} |", "|---|---|---|---|---|"]
+    for kind, nodes in KINDS:
+        for i in nodes:
+            ps = pairs(recv, arm, control, (i,))
+            if not ps:
+                continue
+            d = {w: [_acc(a, w) - _acc(b, w) for _, _, a, b in ps if _acc(a, w) is not None and _acc(b, w) is not None]
+                 for w in ("id", "ood")}
+            ratio = total([a for _, _, a, _ in ps], "gen/tokens") / total([b for _, _, _, b in ps], "gen/tokens")
+            lines.append(f"| {i}: {kind} | {len(ps)} | {_fmt(*mean_se(d['id']))} | {_fmt(*mean_se(d['ood']))} | "
+                         f"{ratio:.2f} |")
+    done = [v for v in verdicts if v is not None]
+    holds = None if len(done) < len(verdicts) else all(done)
+    return lines, holds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=Path, required=True)
+    ap.add_argument("--batch", default="h6")
+    ap.add_argument("--arm", default="protect")
+    ap.add_argument("--control", default="ftis")
+    args = ap.parse_args()
+    lines, holds = decide(load_all(args.runs), args.batch, args.arm, args.control)
+    print("\n".join(lines))
+    print(f"\nclaim (every kind no worse off while generating >= {TOKENS_FOLD:g}x fewer own tokens): "
+          + {True: "HOLDS", False: "DOES NOT HOLD", None: "undecided (a kind has no pair)"}[holds])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
