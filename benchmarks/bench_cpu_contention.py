@@ -19,12 +19,11 @@ weights never change and the seeds are fixed, so every repetition generates exac
 tokens. Then one LoRA update step on a fixed batch. Both are timed in process CPU-seconds
 (``time.process_time``), as the round record's ``cpu/gen_s`` and ``cpu/train_s``.
 
-    .venv/bin/python benchmarks/bench_cpu_contention.py [--reps 3] [--json out.json]
+    .venv/bin/python -m benchmarks.bench_cpu_contention [--reps 3] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -33,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import ROOT, parser, write_json
 
 NEIGHBOURS = ("idle", "gen", "train")
 ROUND = 3                      # the measured round's prompts (any fixed round)
@@ -100,8 +99,8 @@ def start_neighbour(kind: str, tmp: Path) -> subprocess.Popen | None:
     if kind == "idle":
         return None
     ready = tmp / f"ready-{kind}-{time.monotonic_ns()}"
-    proc = subprocess.Popen([sys.executable, __file__, "--neighbour", kind, "--ready", str(ready)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_cpu_contention", "--neighbour", kind,
+                             "--ready", str(ready)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t0 = time.time()
     while not ready.exists():
         if proc.poll() is not None:
@@ -114,9 +113,8 @@ def start_neighbour(kind: str, tmp: Path) -> subprocess.Popen | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--json", type=Path)
     ap.add_argument("--neighbour", choices=("gen", "train"), help=argparse.SUPPRESS)
     ap.add_argument("--ready", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -153,8 +151,7 @@ def main() -> int:
     for k in NEIGHBOURS:
         g, t = med[k]["gen_cpu_s"], med[k]["train_cpu_s"]
         print(f"| {k} | {g:.2f} | {g / med['idle']['gen_cpu_s']:.2f} | {t:.2f} | {t / med['idle']['train_cpu_s']:.2f} |")
-    if args.json:
-        args.json.write_text(json.dumps({"runs": res, "median": med, "tokens": sorted(tokens)}, indent=1))
+    write_json(args.json, {"runs": res, "median": med, "tokens": sorted(tokens)})
     return 0
 
 

@@ -5,41 +5,36 @@ Both runs are the real ``evaluate()`` of ``ftis-edge eval --task arith --limit 4
 default settings) on the same generator settings, alternating sequential / batched ``--reps`` times;
 the answers are checked identical.
 
-Run:  .venv/bin/python benchmarks/bench_eval_batch.py [--limit 48] [--batch 16] [--reps 1] [--threads 2] [--json out.json]
+Run:  .venv/bin/python -m benchmarks.bench_eval_batch [--limit 48] [--batch 16] [--reps 1] [--threads 2] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from benchmarks.harness import eval_args, parser, write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def run_eval(limit: int, batch: int, threads: int, max_new_tokens: int) -> tuple[float, dict]:
     from ftis_edge import evaluate
-    parser = argparse.ArgumentParser()
-    evaluate.add_arguments(parser)
-    args = parser.parse_args(["--task", "arith", "--limit", str(limit), "--batch", str(batch), "--quiet",
-                              "--threads", str(threads), "--max-new-tokens", str(max_new_tokens)])
+    args = eval_args(task="arith", limit=limit, batch=batch, quiet=True, threads=threads,
+                     max_new_tokens=max_new_tokens)
     t0 = time.perf_counter()
     result = evaluate.evaluate(args)
     return time.perf_counter() - t0, result
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--limit", type=int, default=48)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=256, help="eval's default")
-    ap.add_argument("--json")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
     times: dict[int, list[float]] = {1: [], args.batch: []}
@@ -65,11 +60,10 @@ def main() -> int:
              f"({len(seq)} completions, {tokens} tokens). Load average (1 min) before / after: "
              f"{load_before:.2f} / {os.getloadavg()[0]:.2f}."]
     print("\n".join(lines))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "times": {str(k): v for k, v in times.items()},
-                                               "identical": same, "speedup": t_seq / t_bat,
-                                               "summary": {str(k): {kk: v for kk, v in r.items() if kk != "items"}
-                                                           for k, r in results.items()}}, indent=1, default=str))
+    write_json(args.json, {"args": vars(args), "times": {str(k): v for k, v in times.items()},
+                           "identical": same, "speedup": t_seq / t_bat,
+                           "summary": {str(k): {kk: v for kk, v in r.items() if kk != "items"}
+                                       for k, r in results.items()}})
     return 0 if same else 1
 
 

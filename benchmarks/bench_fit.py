@@ -10,11 +10,10 @@ upper bound (completions end early) and the second is what the ±25% check compa
 ``RUNTIME_BYTES``), and, on paper, the parameter counts fit.py derives from the published shapes
 of Qwen2.5-0.5B/1.5B/3B and Llama-3.2-1B/3B against their model cards, with their estimates.
 
-Run: .venv/bin/python benchmarks/bench_fit.py [--rounds 1] [--only smollm2-135m]
+Run: .venv/bin/python -m benchmarks.bench_fit [--rounds 1] [--only smollm2-135m] [--json PATH]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -22,13 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from dataclasses import replace
 
-from dataclasses import replace  # noqa: E402
-
-from ftis_edge import config, fit  # noqa: E402
-from ftis_edge.metrics import read_metrics  # noqa: E402
+from benchmarks.harness import ROOT, parser, write_json
+from ftis_edge import config, fit
+from ftis_edge.metrics import read_metrics
 
 CASES = {
     "smollm2-135m lora llamacpp": {"model": {"spec": "smollm2-135m"}},
@@ -91,15 +88,14 @@ def estimates(m: dict) -> tuple[fit.Estimate, fit.Estimate]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--max-new", type=int, default=32,
                     help="task.max_completion_length (default 32: nearly every completion reaches it, so the "
                          "estimate at the configured lengths is the one compared)")
     ap.add_argument("--only", action="append", help="run only cases whose name contains this")
-    ap.add_argument("--save", type=Path, help="also write the measurements (JSON) here")
     ap.add_argument("--measured", type=Path, nargs="+",
-                    help="re-estimate saved measurements (--save files) instead of running nodes")
+                    help="re-estimate saved measurements (--json files) instead of running nodes")
     args = ap.parse_args(argv)
     GB = fit.GB
     if args.measured:
@@ -114,8 +110,7 @@ def main(argv=None) -> int:
                     sections = {**sections, "task": {"max_completion_length": args.max_new}}
                     rows.append(measure_case(name, sections, Path(tmp), args.rounds))
                     print(f"measured {name}: {rows[-1]['measured'] / GB:.2f} GB", file=sys.stderr, flush=True)
-        if args.save:
-            args.save.write_text(json.dumps({"runtime": runtime, "cases": rows}, indent=1))
+        write_json(args.json, {"runtime": runtime, "cases": rows})
     print(f"idle process with a node's imports + tokenizer: peak RSS {runtime / GB:.2f} GB "
           f"(fit.RUNTIME_BYTES = {fit.RUNTIME_BYTES / GB:.2f} GB: that + allocator and thread arenas)")
     print("\nestimate: at the configured lengths (what the node says at start: every completion at max new);"

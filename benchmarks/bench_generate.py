@@ -8,17 +8,18 @@ so every engine produces exactly G x 128 tokens), T = 1, no truncation. Side by 
   (c) HF transformers generate(), batch 8, fp32 on CPU (the HF generator's own loop is shown too)
 
 Repetitions are interleaved so background load hits every engine alike. Usage:
-    .venv/bin/python benchmarks/bench_generate.py [--reps 3] [--threads 2]
+    .venv/bin/python -m benchmarks.bench_generate [--reps 3] [--threads 2]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 
 import numpy as np
+
+from benchmarks.harness import parser
 
 G, NEW_TOKENS = 8, 128
 QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
@@ -80,7 +81,7 @@ def timed(fn) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, result=False)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--hf-reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)

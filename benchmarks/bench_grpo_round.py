@@ -26,13 +26,12 @@ its generation and reward times come from timers wrapped around ``_generate`` an
 differs a little per round: the table shows completion tokens and samples trained per side.
 
 Run:
-    .venv/bin/python benchmarks/bench_grpo_round.py [--reps 3] [--threads 2] [--max-new-tokens 128]
-    .venv/bin/python benchmarks/bench_grpo_round.py --quick        # 1 rep, 32 tokens: a smoke test
+    .venv/bin/python -m benchmarks.bench_grpo_round [--reps 3] [--threads 2] [--max-new-tokens 128]
+    .venv/bin/python -m benchmarks.bench_grpo_round --quick        # 1 rep, 32 tokens: a smoke test
 Needs the bench extra (trl, accelerate, datasets).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -49,7 +48,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")          # TRL and transformers must never reach the hub
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import parser, write_json  # noqa: E402
 
 PROMPTS, G = 4, 8
 LORA = dict(r=8, alpha=16.0, targets=["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -260,7 +260,7 @@ def markdown(res: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -269,7 +269,6 @@ def main() -> int:
                     help="equal work: ftis-edge trains every completion, also groups without reward signal")
     ap.add_argument("--unshared", action="store_true",
                     help="the learner's old path: one full prompt + completion sequence per sample")
-    ap.add_argument("--json", help="also write the results here (updated after every repetition)")
     ap.add_argument("--render", metavar="JSON", help="only print the table of a saved --json file")
     args = ap.parse_args()
     if args.render:
@@ -354,14 +353,12 @@ def _run(args, tmp: Path, load_before: float) -> int:
         trl_res.append(run_trl(prompts))
         progress(f"rep {k - 1}: ftis-edge {ftis_res[-1]}, TRL {trl_res[-1]}")
         res = summarize(context, ftis_res, trl_res, warns, partial=k < args.reps + 1)
-        if args.json:     # after every repetition: an interrupted run keeps what it measured
-            Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+        write_json(args.json, res)      # after every repetition: an interrupted run keeps what it measured
     node.generator.close()
     print(markdown(res))
     if res["trl_warnings"]:
         print("\nTRL/transformers warnings:", *res["trl_warnings"], sep="\n  ", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    write_json(args.json, res)
     return 0
 
 

@@ -9,12 +9,10 @@ weights), and per run: the share of wall time a default run (``node.rounds`` rou
 round 0, every ``eval.every`` rounds and the last) spends in the eval, from these measurements.
 It also checks that the two runs trained identically (the eval draws no random number).
 
-    .venv/bin/python benchmarks/bench_heldout.py [--rounds 3] [--threads 0] [--json docs/runs/bench-heldout.json]
+    .venv/bin/python -m benchmarks.bench_heldout [--rounds 3] [--threads 0] [--json docs/runs/bench-heldout.json]
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -23,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness import ROOT, parser, write_json
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TRAINING_KEYS = ("reward", "loss", "grad_norm", "gen/tokens", "version")
@@ -56,10 +54,9 @@ def evals_in_a_run(rounds: int, every: int) -> int:
 def main() -> int:
     from ftis_edge.config import Config
     defaults = Config()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each run (default 3)")
     ap.add_argument("--threads", type=int, default=0, help="model.threads (0 = the default: all cores)")
-    ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-heldout-") as tmp:
@@ -100,8 +97,7 @@ def main() -> int:
              f"{run_eval:.0f} s of eval beside {R * round_off:.0f} s of training = **{100 * share:.1f}% of its wall "
              f"time**. Training identical with the eval on: {'yes' if same else 'NO'}."]
     print("\n".join(lines))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    write_json(args.json, out)
     return 0 if same else 1
 
 

@@ -1,6 +1,6 @@
 """ftis-relay vs a raw ZeroMQ XSUB/XPUB proxy, same payloads, loopback only.
 
-    .venv/bin/python benchmarks/bench_relay.py [--pubs 8 --subs 8 --per-pub 300]
+    .venv/bin/python -m benchmarks.bench_relay [--pubs 8 --subs 8 --per-pub 300]
 
 Each system moves the same real encoded rollouts (tests/data/real_rollouts.json, ~3.7 KB
 each) from P publishers to S subscribers (every subscriber gets every rollout). ftis-relay
@@ -12,34 +12,22 @@ flat out and at a paced 50 rollouts/s per publisher.
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import orjson
 import zmq
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from bench_wire import fixture_rollouts  # noqa: E402
-from ftis_edge import wire  # noqa: E402
-from ftis_edge.swarm import SwarmClient  # noqa: E402
-from relay import protocol as P  # noqa: E402
-from relay.cli import query_stats  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchmarks.bench_wire import fixture_rollouts
+from benchmarks.harness import ROOT, free_port, parser, write_json
+from ftis_edge import wire
+from ftis_edge.swarm import SwarmClient
+from relay import protocol as P
+from relay.cli import query_stats
 
 
 def payloads_for(node: str, n: int) -> list[bytes]:
@@ -307,7 +295,7 @@ def bench_proxy(pubs: int, subs: int, per_pub: int, timeout_s: float, pace_s: fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--pubs", type=int, default=8)
     ap.add_argument("--subs", type=int, default=8)
     ap.add_argument("--per-pub", type=int, default=1500)
@@ -320,6 +308,8 @@ def main() -> None:
              bench_relay(args.pubs, args.subs, 60, args.timeout, pace_s=0.02, raw_clients=True),
              bench_relay(args.pubs, args.subs, 60, args.timeout, pace_s=0.02)]
     size = np.mean([len(m) for m in payloads_for("x", 5)])
+    write_json(args.json, {"pubs": args.pubs, "subs": args.subs, "per_pub": args.per_pub, "payload_bytes": size,
+                           "flat_out": rows, "paced_50_per_s": paced})
     print(f"{args.pubs} publishers x {args.subs} subscribers (each subscriber gets every rollout), "
           f"~{size / 1024:.1f} KB real encoded groups, loopback, {os.cpu_count()} CPUs")
     print(f"{'system':<24}{'load':<22}{'delivered':>10}{'s':>7}{'rollouts/s':>12}{'MB/s':>8}"

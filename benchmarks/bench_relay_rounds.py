@@ -1,6 +1,6 @@
 """Before/after rounds of bench_relay.py's flat-out 8 x 8, interleaved, on a noisy machine.
 
-    .venv/bin/python benchmarks/bench_relay_rounds.py --base /path/to/old/checkout [--rounds 5]
+    .venv/bin/python -m benchmarks.bench_relay_rounds --base /path/to/old/checkout [--rounds 5]
 
 Each round runs, one after the other: the raw XSUB/XPUB proxy, the SwarmClient row of the
 tree at --base ("before") and the SwarmClient row of this tree ("after"). Each row runs in
@@ -10,14 +10,15 @@ ratios to the proxy within a round; the last line gives the mean ratios.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.harness import ROOT, parser
+
+# the row runs in the tree under test, which may predate benchmarks/ as a package: both layouts import
 _ROW = ("import json, sys; sys.path[:0] = ['.', 'benchmarks']; import bench_relay as b; "
         "print('ROW ' + json.dumps(b.{fn}({pubs}, {subs}, {per_pub}, {timeout})))")
 
@@ -33,7 +34,7 @@ def row(tree: Path, fn: str, args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, result=False)
     ap.add_argument("--base", type=Path, required=True, help="checkout of the 'before' tree")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pubs", type=int, default=8)

@@ -13,7 +13,7 @@ Three measurements, all on a real default node (alone mode: SmolLM2-135M, llama.
   memory   peak RSS of a fresh process per side during one default round that trains all 32
            completions (peak reset after the build; ``--rss-child`` runs one side).
 
-Run:  .venv/bin/python benchmarks/bench_shared_prompt.py [--rounds 2] [--update-reps 3] [--threads 2] [--json out.json]
+Run:  .venv/bin/python -m benchmarks.bench_shared_prompt [--rounds 2] [--update-reps 3] [--threads 2] [--json out.json]
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.harness import ROOT, parser, vm_bytes, write_json
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def build_node(run_dir: Path, threads: int):
@@ -112,13 +112,6 @@ def paired_round(node, round_no: int, order) -> dict:
     return out
 
 
-def _vm_hwm_gib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 2**20
-    return float("nan")
-
-
 def rss_child(share: bool, threads: int) -> int:
     """One side in a fresh process: build, then one default round in which every completion is
     trained (generation of round 1's 4 x 8, the update of all 32, the weight sync); reports the
@@ -129,7 +122,7 @@ def rss_child(share: bool, threads: int) -> int:
     try:
         node = build_node(tmp / "node", threads)
         node.learner.share_prompts = share
-        built = _vm_hwm_gib()
+        built = vm_bytes(os.getpid()) / 2**30
         try:
             Path("/proc/self/clear_refs").write_text("5")     # reset the peak: measure the round alone
             reset = True
@@ -140,7 +133,7 @@ def rss_child(share: bool, threads: int) -> int:
         node.sync.sync(node.learner.version)
         node.generator.close()
         print(json.dumps({"share": share, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                          "after_build_gib": built, "round_peak_gib": _vm_hwm_gib() if reset else None,
+                          "after_build_gib": built, "round_peak_gib": vm_bytes(os.getpid()) / 2**30 if reset else None,
                           "update_samples": len(samples),
                           "update_tokens": sum(len(s.completion_ids) for s in samples)}))
     finally:
@@ -185,7 +178,8 @@ def markdown(res: dict) -> str:
 def memory(threads: int, progress) -> dict:
     out = {}
     for side in ("before", "after"):
-        run = subprocess.run([sys.executable, __file__, "--rss-child", side, "--threads", str(threads)],
+        run = subprocess.run([sys.executable, "-m", "benchmarks.bench_shared_prompt", "--rss-child", side,
+                              "--threads", str(threads)],
                              cwd=ROOT, capture_output=True, text=True, check=True)
         out[side] = json.loads(run.stdout.strip().splitlines()[-1])
         progress(f"memory {side}: {out[side]}")
@@ -193,13 +187,12 @@ def memory(threads: int, progress) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--rounds", type=int, default=2, help="paired rounds (after one warm-up round)")
     ap.add_argument("--update-reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-memory", action="store_true", help="skip the two peak-RSS processes")
     ap.add_argument("--memory-only", action="store_true", help="only the two peak-RSS processes")
-    ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--render", metavar="JSON", help="only print the table of a saved --json file")
     ap.add_argument("--rss-child", choices=("before", "after"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -221,8 +214,7 @@ def main() -> int:
         res["memory"] = memory(args.threads, progress)
         res["load"] = [load_before, os.getloadavg()[0]]
         print(markdown(res))
-        if args.json:
-            Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+        write_json(args.json, res)
         return 0
     try:
         node = build_node(tmp / "node", args.threads)
@@ -244,8 +236,7 @@ def main() -> int:
         res["memory"] = memory(args.threads, progress)
     res["load"] = [load_before, os.getloadavg()[0]]
     print(markdown(res))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    write_json(args.json, res)
     return 0
 
 

@@ -2,7 +2,7 @@
 Textual's real pilot on a run directory whose round records carry N peers (the recorded
 run's rounds, with a real PeerBook's snapshot of N senders in place of their peers).
 
-    .venv/bin/python benchmarks/bench_tui_peers.py [--peers 10000] [--rounds 3]
+    .venv/bin/python -m benchmarks.bench_tui_peers [--peers 10000] [--rounds 3]
 
 Prints seconds for each step with the Peers table as shipped (the PeersTable.MOST most
 recently seen peers) and, side by side in the same run, with every peer listed and with
@@ -10,7 +10,6 @@ recently seen peers) and, side by side in the same run, with every peer listed a
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import shutil
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import orjson
 
+from benchmarks.harness import parser
 from ftis_edge.intake import PeerBook
 from ftis_edge.metrics import read_metrics
 from ftis_edge.tui import DashboardApp
@@ -88,7 +88,7 @@ async def measure(run: Path, next_round: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, result=False)
     ap.add_argument("--peers", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=3, help="round records already in the run")
     args = ap.parse_args()

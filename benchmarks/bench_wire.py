@@ -1,6 +1,6 @@
 """Wire size and speed on real rollouts (tests/data/real_rollouts.json, SmolLM2 at T = 1).
 
-    .venv/bin/python benchmarks/bench_wire.py [--fixture PATH]
+    .venv/bin/python -m benchmarks.bench_wire [--fixture PATH] [--json PATH]
 
 Prints bytes per completion token (text and header included) for each codec, against the
 naive reference of int32 id + fp32 log-prob (8 B/token, no text, no header), plus the
@@ -8,7 +8,6 @@ maximum log-prob quantisation error and encode/decode times.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import parser, write_json
 from ftis_edge import wire
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "real_rollouts.json"
@@ -44,7 +44,7 @@ def fixture_rollouts(path: Path = FIXTURE, with_prompt_ids: bool = False,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--fixture", default=str(FIXTURE))
     args = ap.parse_args()
     rollouts = fixture_rollouts(Path(args.fixture))
@@ -53,6 +53,7 @@ def main() -> None:
     print(f"fixture: {len(rollouts)} groups, {sum(r.num_completions for r in rollouts)} completions, "
           f"{n_tok} tokens, text {text_bytes / n_tok:.2f} B/token raw")
     print()
+    rows = []
     print(f"{'format':<34}{'B/token':>9}{'vs 8 B':>8}{'max |dlogp|':>13}{'enc ms':>8}{'dec ms':>8}")
     print(f"{'naive int32 id + fp32 logp':<34}{8.0:>9.3f}{1.0:>8.2f}{0.0:>13.2e}{'':>8}{'':>8}")
     print(f"{'naive + raw text':<34}{8.0 + text_bytes / n_tok:>9.3f}"
@@ -79,8 +80,12 @@ def main() -> None:
                 assert np.array_equal(a.token_ids, b.token_ids) and a.text == b.text
                 err = max(err, float(np.abs(a.logprobs.astype(np.float64) - b.logprobs).max()))
         bpt = total / n_tok
+        rows.append({"format": label, "bytes_per_token": bpt, "max_abs_dlogp": err,
+                     "encode_ms": t_enc / len(rs) * 1e3, "decode_ms": t_dec / len(rs) * 1e3})
         print(f"{label:<34}{bpt:>9.3f}{bpt / 8:>8.2f}{err:>13.2e}"
               f"{t_enc / len(rs) * 1e3:>8.2f}{t_dec / len(rs) * 1e3:>8.2f}")
+    write_json(args.json, {"groups": len(rollouts), "tokens": n_tok, "text_bytes_per_token": text_bytes / n_tok,
+                           "rows": rows})
     print()
     print("B/token = encoded message bytes (header, text, ids, log-probs) / completion tokens;"
           " times are per rollout (one group).")

@@ -3,36 +3,25 @@
 GRPO learns only from groups whose rewards differ, so the useful levels are those where the
 base model, sampling at T=1 in groups of G=8, is right sometimes but not always (mixed groups).
 
-    .venv/bin/python benchmarks/calibrate_arith.py                      # 40 prompts per level
-    .venv/bin/python benchmarks/calibrate_arith.py --prompts 16 --levels 1,2,3 --json out.json
+    .venv/bin/python -m benchmarks.calibrate_arith                      # 40 prompts per level
+    .venv/bin/python -m benchmarks.calibrate_arith --prompts 16 --levels 1,2,3 --json out.json
 
 Prints one table row per (level, decoding); `--json` keeps every completion.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-import orjson
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.harness import eval_args, parser, write_json
 from ftis_edge import evaluate
 
 
-def eval_args(**kw) -> argparse.Namespace:
-    """The same defaults as `ftis-edge eval`, with overrides."""
-    parser = argparse.ArgumentParser()
-    evaluate.add_arguments(parser)
-    args = parser.parse_args([])
-    for k, v in kw.items():
-        setattr(args, k, v)
-    return args
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--model", default=None)
     ap.add_argument("--levels", default="1,2,3,4,5,6")
     ap.add_argument("--prompts", type=int, default=40, help="prompts per level")
@@ -41,7 +30,6 @@ def main() -> int:
     ap.add_argument("--few-shot", type=int, default=None, help="override the task default")
     ap.add_argument("--no-greedy", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
     runs = []
@@ -74,15 +62,8 @@ def main() -> int:
                       f"{r['pass_at_k']:.1%}" if "pass_at_k" in r else "–",
                       f"{r['mean_completion_tokens']:.0f}")
     Console(width=140).print(table)
-    write_runs(a.json, runs)
+    write_json(a.json, runs)          # every run's summary and completions
     return 0
-
-
-def write_runs(path: str | None, runs: list[dict]) -> None:
-    """``--json``: every run's summary and completions."""
-    if path:
-        with open(path, "wb") as fh:
-            fh.write(orjson.dumps(runs, option=orjson.OPT_INDENT_2))
 
 
 if __name__ == "__main__":

@@ -4,19 +4,18 @@ GRPO learns from groups whose rewards differ, so a dataset is a good start when 
 sampling at T = 1, is right sometimes. Each dataset runs at curriculum level 0 (its easiest
 settings) on its held-out eval items, with the node's prompt (system prompt + 2 worked examples).
 
-    .venv/bin/python benchmarks/calibrate_tasks.py --prompts 16
-    .venv/bin/python benchmarks/calibrate_tasks.py --model gemma3-270m --datasets chain_sum,leg_counting
+    .venv/bin/python -m benchmarks.calibrate_tasks --prompts 16
+    .venv/bin/python -m benchmarks.calibrate_tasks --model gemma3-270m --datasets chain_sum,leg_counting
 
 Prints a row per (model, dataset): accuracy (reward 1) with a 95% Wilson interval, mean reward
 (partial credit included), format rate. ``--json`` keeps every completion.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-from calibrate_arith import eval_args, write_runs
+from benchmarks.harness import eval_args, parser, write_json
 from ftis_edge import evaluate
 
 # SAPO's nine, then three that are easy to read
@@ -25,13 +24,12 @@ DATASETS = ("base_conversion,basic_arithmetic,arc_1d,bf,propositional_logic,frac
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--models", default="smollm2-135m", help="comma-separated model specs")
     ap.add_argument("--datasets", default=DATASETS)
     ap.add_argument("--prompts", type=int, default=16, help="held-out prompts per dataset")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
     rows, runs = [], []
@@ -51,7 +49,7 @@ def main() -> int:
     print("| model | dataset | n | accuracy | 95% CI | mean reward | format ok | mean tokens |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    write_runs(a.json, runs)
+    write_json(a.json, runs)          # every run's summary and completions
     return 0
 
 

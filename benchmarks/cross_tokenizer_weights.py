@@ -1,6 +1,6 @@
 """Importance weights of real cross-tokenizer peer samples, per level (sequence / span / token).
 
-    .venv/bin/python benchmarks/cross_tokenizer_weights.py [--prompts 3] [--group 4] [--max-new-tokens 96]
+    .venv/bin/python -m benchmarks.cross_tokenizer_weights [--prompts 3] [--group 4] [--max-new-tokens 96]
 
 For each (generator → learner) pair, the generator samples real groups of completions on
 arith prompts (llama.cpp, T = 1, its own prompt format) with their behaviour log-probs and
@@ -14,7 +14,6 @@ SmolLM2 → SmolLM2 row, which is also the check that span level = token level t
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -22,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.harness import parser
 from ftis_edge.align import TokenBytes, shared_spans, span_sums
 from ftis_edge.generate.base import GeneratorOptions, SamplerSettings
 from ftis_edge.generate.registry import create_generator
@@ -130,7 +130,7 @@ def level_stats(learner: Learner, samples: list[TrainSample], level: str) -> dic
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, result=False)
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)

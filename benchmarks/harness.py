@@ -45,6 +45,18 @@ def write_json(path: Path | None, result) -> None:
     os.replace(tmp, path)
 
 
+def eval_args(**overrides) -> argparse.Namespace:
+    """The arguments of `ftis-edge eval` with its own defaults and these overrides (for benchmarks that
+    call ``evaluate.evaluate`` in process)."""
+    from ftis_edge import evaluate
+    eval_parser = argparse.ArgumentParser()
+    evaluate.add_arguments(eval_parser)
+    args = eval_parser.parse_args([])
+    for k, v in overrides.items():
+        setattr(args, k, v)
+    return args
+
+
 def free_port() -> int:
     """A loopback TCP port nobody listens on right now (for a relay the benchmark starts)."""
     with socket.socket() as s:

@@ -1,7 +1,7 @@
 """Load harness: 1,000+ synthetic nodes against one relay, or against three federated relays.
 
-    python benchmarks/load_relay.py [--nodes 1000] [--period 8] [--k 4] [--seconds 60]
-                                    [--relays 1|3] [--procs 4] [--audit 2] [--clients swarm|bare]
+    python -m benchmarks.load_relay [--nodes 1000] [--period 8] [--k 4] [--seconds 60]
+                                    [--relays 1|3] [--procs 4] [--audit 2] [--clients swarm|bare] [--json PATH]
 
 No models. By default (--clients swarm) every node is a real `SwarmClient` (decode=False):
 the node's own I/O thread, acks, retries, `busy` back-off and its keep-alive (a PING every
@@ -23,41 +23,30 @@ latency (publish -> arrival), relay CPU (% of one core) and RSS, busy NACKs, and
 """
 from __future__ import annotations
 
-import argparse
 import heapq
 import multiprocessing as mp
 import os
 import random
 import signal
-import socket
 import struct
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import numpy as np
+import orjson
+import zmq
 
-import numpy as np  # noqa: E402
-import orjson  # noqa: E402
-import zmq  # noqa: E402
-
-from relay import protocol as P  # noqa: E402
-from relay.cli import query_stats  # noqa: E402
+from benchmarks.harness import ROOT, free_port, parser, vm_bytes, write_json
+from relay import protocol as P
+from relay.cli import query_stats
 
 _TS = struct.Struct("<d")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def templates() -> list[bytes]:
     """Real encoded groups (the codec's own output) to patch fresh ids into."""
-    from bench_wire import fixture_rollouts
+    from benchmarks.bench_wire import fixture_rollouts
     from ftis_edge import wire
     out = []
     for r in fixture_rollouts():
@@ -234,16 +223,8 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mb(pid: int, key: str = "VmRSS") -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--nodes", type=int, default=1000, help="synthetic nodes (publish and subscribe with budget K)")
     ap.add_argument("--period", type=float, default=8.0, help="s between one node's groups; also the budget window")
     ap.add_argument("--k", type=int, default=4, help="delivery budget K per window (0 = everything)")
@@ -291,10 +272,10 @@ def main(argv=None) -> int:
         dt_pub = time.time() - t0
         cpu = [(_cpu_s(r.pid) - c0) / dt_pub for r, c0 in zip(relays, cpu0)]
         stats0 = [query_stats(a, timeout_s=10) for a in addrs]
-        rss = [_rss_mb(r.pid) for r in relays]
+        rss = [vm_bytes(r.pid, "VmRSS") / 2**20 for r in relays]
         results = [out.get(timeout=args.seconds + 120) for _ in workers]
         stats = [query_stats(a, timeout_s=10) for a in addrs]
-        hwm = [_rss_mb(r.pid, "VmHWM") for r in relays]
+        hwm = [vm_bytes(r.pid) / 2**20 for r in relays]
         for w in workers:
             w.join(30)
     finally:
@@ -337,11 +318,11 @@ def main(argv=None) -> int:
               f"skipped_slow {s['counts'].get('skipped_slow', 0)}")
     print(f"rollouts lost (ACKed, not at an everything-subscriber): {per_audit_lost}, "
           f"duplicates there: {per_audit_dup}  ({len(acked)} ACKed)")
-    print(orjson.dumps({"nodes": args.nodes, "clients": args.clients, "relays": args.relays, "k": args.k, "period": args.period,
+    write_json(args.json, {"nodes": args.nodes, "clients": args.clients, "relays": args.relays, "k": args.k, "period": args.period,
                         "acked": len(acked), "deliveries_s": deliveries / dt_pub, "egress_mb_s": egress / dt_pub / 1e6,
                         "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
                         "cpu": cpu, "rss_mb": rss, "hwm_mb": hwm, "lost": per_audit_lost, "dup": per_audit_dup,
-                        "busy": busy}).decode())
+                        "busy": busy})
     return 0
 
 

@@ -3,8 +3,8 @@
 The fast wire tests and the wire benchmark use this file, so they measure real token ids,
 real text and real behaviour log-probs without loading a model.
 
-    .venv/bin/python benchmarks/make_rollout_fixture.py [--out tests/data/real_rollouts.json]
-    .venv/bin/python benchmarks/make_rollout_fixture.py --add-token-bytes   # update in place
+    .venv/bin/python -m benchmarks.make_rollout_fixture [--out tests/data/real_rollouts.json]
+    .venv/bin/python -m benchmarks.make_rollout_fixture --add-token-bytes   # update in place
 
 Sampling is done here in numpy from softmax(raw logits) at T = 1 (no truncation), so each
 recorded log-prob is exactly the log-prob of the sampled token under the sampling
@@ -12,7 +12,6 @@ distribution (docs/bridge.md, the log-prob contract).
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.harness import ROOT, parser
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
@@ -84,7 +83,7 @@ def token_bytes(llm, ids: list[int], text: str, eos: int) -> list[int] | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, result=False)
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "real_rollouts.json"))
     ap.add_argument("--arith", type=int, default=2)
     ap.add_argument("--gsm8k", type=int, default=3)

@@ -22,28 +22,23 @@ turn as the calibration (the learner's own-score pool keeps the earlier turns' s
 per kind, the fraction of peer samples that keep their weight (target: >= 99%), the samples
 with tokens masked as repeated, and the fraction of tokens masked.
 
-    python benchmarks/plausibility_fp.py [--hf-per-prompt 8] [--gemma-per-prompt 4]
-        [--full-ft GGUF | --full-ft ''] [--calibrations 5] [--json]
+    python -m benchmarks.plausibility_fp [--hf-per-prompt 8] [--gemma-per-prompt 4]
+        [--full-ft GGUF | --full-ft ''] [--calibrations 5] [--json PATH]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 from collections import Counter
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from ftis_edge.learner import Learner, TrainSample  # noqa: E402
-from ftis_edge.plausibility import PlausibilityConfig, RepeatMemory  # noqa: E402
+from benchmarks.harness import ROOT, parser, write_json
+from ftis_edge.learner import Learner, TrainSample
+from ftis_edge.plausibility import PlausibilityConfig, RepeatMemory
 
 FIXTURE = ROOT / "tests" / "data" / "real_rollouts.json"
 FULL_FT = ROOT / "runs" / "fill-pilot" / "fill-hetero" / "s0" / "ftis-2" / "export" / "model-f16.gguf"
@@ -90,14 +85,13 @@ def gemma_samples(smol, messages: list[list[dict]], n: int) -> list[TrainSample]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--hf-per-prompt", type=int, default=8, help="also the full-ft peer's samples per prompt")
     ap.add_argument("--gemma-per-prompt", type=int, default=4)
     ap.add_argument("--full-ft", default=str(FULL_FT) if FULL_FT.is_file() else "",
                     help="the full-fine-tuned peer's GGUF ('' to skip)")
     ap.add_argument("--calibrations", type=int, default=5, help="own groups that take a turn as calibration")
     ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from ftis_edge.models import resolve_model
     smol = resolve_model("smollm2-135m")
@@ -155,9 +149,7 @@ def main(argv=None) -> int:
                         "repeated_token_frac": round(d["repeated_tokens"] / d["tokens"], 5) if d["tokens"] else None,
                         "score_quantiles": _quantiles(scores[kind])}
                  for kind, d in judged.items()}}
-    if args.json:
-        print(json.dumps(result))
-        return 0
+    write_json(args.json, result)
     print("thresholds per calibration group:", result["thresholds"])
     print("generation seconds:", gen_s, "| sample levels:", levels)
     for kind, d in judged.items():

@@ -1,46 +1,93 @@
-"""Run every benchmark in benchmarks/ with short settings and print one markdown document.
+"""Run every benchmark that fits in 30 minutes, one after another, and print one markdown document.
 
-    benchmarks/run_all [--quick] [--out PATH] [--only NAME ...]
+    benchmarks/run_all [--quick] [--out PATH] [--only NAME ...] [--list]
 
-Benchmarks run one after another (never two at once: they measure the same CPU). Each gets a
-section with its command, wall time and exit status, then its output (markdown tables as they
-are; fixed-width text inside a code block). A failing benchmark is reported in its section and
-the others still run; the exit status is then 1 and the failed names are listed on stderr.
-Measured on 2 idle cores: the four benchmarks other than bench_grpo_round took 397 s at full
-settings; bench_grpo_round adds about 3 minutes (one interleaved pair at 64 tokens).
-``calibrate_arith.py`` and ``make_rollout_fixture.py`` are tools, not benchmarks: not run here.
+Benchmarks run one after another (never two at once: they measure the same CPU), each as
+`python -m benchmarks.NAME` with the settings below. Each gets a section with its command, wall
+time and exit status, then its output (markdown tables as they are; fixed-width text inside a
+code block). A failing benchmark is reported in its section and the others still run; the exit
+status is then 1 and the failed names are listed on stderr.
+
+The settings are chosen so that the whole run fits in about 30 minutes on 2 idle cores (the
+minutes below are estimates from the figures in docs/benchmarks.md, docs/relay.md and docs/node.md;
+the document prints what each took). Run a benchmark alone for its full settings (its --help).
+Not run here: the tools `calibrate_arith`, `calibrate_tasks` and `make_rollout_fixture`, and
+`bench_relay_rounds` (it needs a second checkout, --base).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-
-# name -> (full arguments, quick arguments, what it measures)
-BENCHMARKS = {
-    "bench_wire": ([], [], "wire bytes per completion token and codec speed on real rollouts"),
-    "bench_relay": (["--pubs", "8", "--subs", "8", "--per-pub", "500"],
-                    ["--pubs", "2", "--subs", "2", "--per-pub", "100"],
-                    "ftis-relay vs a raw ZeroMQ proxy: throughput and latency on loopback"),
-    "bench_generate": (["--reps", "1", "--hf-reps", "1", "--threads", "2"],
-                       ["--reps", "1", "--hf-reps", "1", "--threads", "2"],
-                       "group generation speed: LlamaCppGenerator vs bare llama.cpp vs HF generate()"),
-    "sync_agreement": ([], ["--skip-gemma"],
-                       "learner -> llama.cpp log-prob agreement after a real training step"),
-    "bench_grpo_round": (["--reps", "1", "--threads", "2", "--max-new-tokens", "64"], ["--quick"],
-                         "one GRPO round, ftis-edge vs TRL GRPOTrainer"),
-}
+from benchmarks.harness import ROOT, parser
 
 
-def run_one(name: str, args: list[str], timeout_s: float) -> tuple[int, str, str, float]:
-    cmd = [sys.executable, str(HERE / f"{name}.py"), *args]
+@dataclass(frozen=True)
+class Bench:
+    module: str            # under benchmarks/: `python -m benchmarks.MODULE`
+    full: tuple[str, ...]  # run_all's settings
+    quick: tuple[str, ...]  # --quick: a smoke pass
+    what: str
+    minutes: float         # estimated wall minutes at `full` on 2 idle cores
+
+
+BENCHMARKS = [
+    Bench("bench_wire", (), (), "wire bytes per completion token and codec speed on real rollouts", 0.1),
+    Bench("bench_relay", ("--pubs", "8", "--subs", "8", "--per-pub", "500"),
+          ("--pubs", "2", "--subs", "2", "--per-pub", "100"),
+          "ftis-relay vs a raw ZeroMQ proxy: throughput and latency on loopback", 0.5),
+    Bench("load_relay", ("--nodes", "1000", "--seconds", "30"), ("--nodes", "100", "--seconds", "5"),
+          "1,000 synthetic nodes against one relay: deliveries/s, latency, relay CPU and memory, losses", 1.5),
+    Bench("attacks.flood", ("--scenario", "identity"), ("--scenario", "identity", "--identities", "50", "--seconds", "3"),
+          "identity flood: N identities flood an open relay; the legitimate pair loses nothing ACKed", 0.5),
+    Bench("attacks.flood", ("--scenario", "accept-budget"), ("--scenario", "accept-budget", "--seconds", "4"),
+          "accept-budget flood: the honest node is never busy, loses nothing, p99 <= 1 s", 0.5),
+    Bench("attacks.flood", ("--scenario", "sybil-budget"), ("--scenario", "sybil-budget", "--seconds", "4"),
+          "sybil budget: fake ids cannot starve a publisher the subscriber found useful", 0.5),
+    Bench("attacks.relay_memory", (), ("--seconds", "3"),
+          "subscribers that do not read, against the relay's memory", 1.0),
+    Bench("bench_tui_peers", (), ("--peers", "1000", "--rounds", "1"),
+          "the dashboard with 10,000 peers: mount, Peers tab, a new round", 1.0),
+    Bench("bench_generate", ("--reps", "1", "--hf-reps", "1", "--threads", "2"),
+          ("--reps", "1", "--hf-reps", "1", "--threads", "2"),
+          "group generation speed: LlamaCppGenerator vs bare llama.cpp vs HF generate()", 2.0),
+    Bench("sync_agreement", ("--skip-gemma",), ("--skip-gemma", "--no-full"),
+          "learner -> llama.cpp log-prob agreement after a real training step", 2.0),
+    Bench("cross_tokenizer_weights", (), ("--prompts", "1", "--group", "2", "--max-new-tokens", "32"),
+          "importance weights of real cross-tokenizer peer samples, per level", 1.0),
+    Bench("bench_eval_batch", ("--reps", "1"), ("--limit", "8", "--batch", "4", "--max-new-tokens", "64"),
+          "ftis-edge eval: continuous batching vs one prompt at a time, answers identical", 1.6),
+    Bench("bench_grpo_round", ("--reps", "1", "--threads", "2", "--max-new-tokens", "64"), ("--quick",),
+          "one GRPO round, ftis-edge vs TRL GRPOTrainer (needs ./install.sh --bench)", 3.0),
+    Bench("bench_shared_prompt", ("--rounds", "1", "--update-reps", "1", "--no-memory"),
+          ("--rounds", "1", "--update-reps", "1", "--no-memory"),
+          "the prompt once per group: the update and a whole round, before vs after", 3.0),
+    Bench("bench_cpu_contention", ("--reps", "1"), ("--reps", "1"),
+          "a node's CPU-seconds beside an idle, a generating and a training neighbour", 2.0),
+    Bench("bench_fit", ("--only", "smollm2-135m"), ("--only", "smollm2-135m"),
+          "fit.py's memory estimate against a real node's peak RSS", 1.5),
+    Bench("bench_heldout", ("--rounds", "1"), ("--rounds", "1"),
+          "the held-out eval inside the run: its cost beside a training round", 3.0),
+    Bench("plausibility_fp", ("--hf-per-prompt", "2", "--gemma-per-prompt", "2", "--calibrations", "2",
+                              "--full-ft", ""),
+          ("--hf-per-prompt", "1", "--gemma-per-prompt", "0", "--calibrations", "1", "--full-ft", ""),
+          "false positives of the plausibility defence on honest real peer rollouts", 3.0),
+    Bench("attacks.poison", ("--steps", "5"), ("--steps", "1", "--arms", "undefended,defended"),
+          "a phrase smuggled inside correct answers: how far it trains in, defended and not", 2.0),
+]
+
+
+def estimate_minutes(benches: list[Bench]) -> float:
+    return sum(b.minutes for b in benches)
+
+
+def run_one(bench: Bench, args: tuple[str, ...], timeout_s: float) -> tuple[int, str, str, float]:
+    cmd = [sys.executable, "-m", f"benchmarks.{bench.module}", *args]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
@@ -53,10 +100,10 @@ def run_one(name: str, args: list[str], timeout_s: float) -> tuple[int, str, str
     return rc, out, err, time.perf_counter() - t0
 
 
-def section(name: str, args: list[str], what: str, rc: int, out: str, err: str, secs: float) -> str:
-    cmd = " ".join([".venv/bin/python", f"benchmarks/{name}.py", *args])
+def section(bench: Bench, args: tuple[str, ...], rc: int, out: str, err: str, secs: float) -> str:
+    cmd = " ".join([".venv/bin/python", "-m", f"benchmarks.{bench.module}", *args])
     status = "ok" if rc == 0 else f"**FAILED (exit {rc})**"
-    lines = [f"## {name}", "", f"{what}.", "", f"`{cmd}` — {secs:.0f} s, {status}", ""]
+    lines = [f"## {bench.module}", "", f"{bench.what}.", "", f"`{cmd}` — {secs:.0f} s, {status}", ""]
     body = out.rstrip()
     if body:
         is_markdown = any(line.startswith("|") for line in body.splitlines())
@@ -67,39 +114,44 @@ def section(name: str, args: list[str], what: str, rc: int, out: str, err: str, 
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke pass (~3 min)")
-    ap.add_argument("--out", help="also write the markdown document to this file")
-    ap.add_argument("--only", nargs="+", choices=list(BENCHMARKS), help="run only these")
-    ap.add_argument("--timeout", type=float, default=1200, help="per benchmark, seconds")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__, result=False)
+    ap.add_argument("--quick", action="store_true", help="smoke pass: every benchmark at its smallest settings")
+    ap.add_argument("--out", type=Path, help="also write the markdown document to this file")
+    ap.add_argument("--only", nargs="+", choices=sorted({b.module for b in BENCHMARKS}), help="run only these")
+    ap.add_argument("--timeout", type=float, default=1800, help="per benchmark, seconds (default 30 min)")
+    ap.add_argument("--list", action="store_true", help="list the benchmarks, their settings and estimates")
+    args = ap.parse_args(argv)
 
-    names = args.only or list(BENCHMARKS)
+    benches = [b for b in BENCHMARKS if not args.only or b.module in args.only]
+    if args.list:
+        for b in benches:
+            print(f"{b.minutes:5.1f} min  python -m benchmarks.{b.module} {' '.join(b.full)}  — {b.what}")
+        print(f"{estimate_minutes(benches):5.1f} min in all (estimate, 2 idle cores)")
+        return 0
     load = os.getloadavg()
-    doc = [f"# ftis-edge benchmarks ({'quick' if args.quick else 'full'} settings)", "",
+    doc = [f"# ftis-edge benchmarks ({'quick' if args.quick else 'run_all'} settings)", "",
            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.machine()}, "
            f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at start.", ""]
     print("\n".join(doc), flush=True)
     failed = []
     t_all = time.perf_counter()
-    for name in names:
-        full, quick, what = BENCHMARKS[name]
-        bench_args = quick if args.quick else full
-        print(f"[run_all] {name} {' '.join(bench_args)} ...", file=sys.stderr, flush=True)
-        rc, out, err, secs = run_one(name, bench_args, args.timeout)
+    for b in benches:
+        bench_args = b.quick if args.quick else b.full
+        print(f"[run_all] {b.module} {' '.join(bench_args)} ...", file=sys.stderr, flush=True)
+        rc, out, err, secs = run_one(b, bench_args, args.timeout)
         if rc != 0:
-            failed.append(name)
-            print(f"[run_all] {name} FAILED (exit {rc})", file=sys.stderr, flush=True)
-        text = section(name, bench_args, what, rc, out, err, secs)
+            failed.append(" ".join([b.module, *bench_args]))
+            print(f"[run_all] {b.module} FAILED (exit {rc})", file=sys.stderr, flush=True)
+        text = section(b, bench_args, rc, out, err, secs)
         doc.append(text)
         print(text, flush=True)
     tail = f"Total {time.perf_counter() - t_all:.0f} s; " + \
-        (f"FAILED: {', '.join(failed)}." if failed else f"all {len(names)} benchmarks passed.")
+        (f"FAILED: {', '.join(failed)}." if failed else f"all {len(benches)} benchmarks passed.")
     doc.append(tail)
     print(tail, flush=True)
     if args.out:
-        Path(args.out).write_text("\n".join(doc) + "\n")
+        args.out.write_text("\n".join(doc) + "\n")
     if failed:
         print(f"[run_all] failed benchmarks: {', '.join(failed)}", file=sys.stderr)
         return 1

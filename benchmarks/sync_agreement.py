@@ -10,11 +10,10 @@ step), and hot-swap times.
 Any supported model spec works (``--model``, repeatable: an alias, a .gguf, an HF directory or hub id;
 an HF model is converted once with llama.cpp's converter and its "quantized" base is Q8_0).
 
-Run: .venv/bin/python benchmarks/sync_agreement.py [--skip-gemma] [--model SPEC ...]
+Run: .venv/bin/python -m benchmarks.sync_agreement [--skip-gemma] [--model SPEC ...]
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -23,14 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ftis_edge.generate.base import SamplerSettings  # noqa: E402
-from ftis_edge.generate.llamacpp import LlamaCppGenerator  # noqa: E402
-from ftis_edge.learner import Learner, TrainSample  # noqa: E402
-from ftis_edge.gguf_io import arch_layout  # noqa: E402
-from ftis_edge.models import ModelError, resolve_model  # noqa: E402
-from ftis_edge.sync import export_merged_gguf, write_gguf_lora  # noqa: E402
+from benchmarks.harness import parser
+from ftis_edge.generate.base import SamplerSettings
+from ftis_edge.generate.llamacpp import LlamaCppGenerator
+from ftis_edge.learner import Learner, TrainSample
+from ftis_edge.gguf_io import arch_layout
+from ftis_edge.models import ModelError, resolve_model
+from ftis_edge.sync import export_merged_gguf, write_gguf_lora
 
 PROMPTS = ["Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:",
            "Question: A shop sells pens at 2 dollars each. How much do 7 pens cost?\nAnswer:"]
@@ -177,7 +175,7 @@ def bench_model(spec: str, out: Path, lines: list[str], *, full: bool) -> None:
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, result=False)
     ap.add_argument("--skip-gemma", action="store_true")
     ap.add_argument("--model", action="append", default=None,
                     help="model spec to measure (repeatable; default smollm2-135m and gemma3-270m)")
