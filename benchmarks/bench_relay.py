@@ -93,14 +93,22 @@ def _relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
     out.put(("recv", got, nbytes, time.process_time() - cpu0))
 
 
+def _welcomed_dealer(ctx, addr: str, node: str, rcvhwm: int = 0):
+    """A bare DEALER that said HELLO as NODE and was welcomed (set up before the timed part)."""
+    d = ctx.socket(zmq.DEALER)
+    if rcvhwm:
+        d.setsockopt(zmq.RCVHWM, rcvhwm)
+    d.connect(addr)
+    d.send_multipart([P.HELLO, orjson.dumps({"node_id": node, "protocol": P.RELAY_PROTOCOL})])
+    assert d.poll(10_000) and d.recv_multipart()[0] == P.WELCOME
+    return d
+
+
 def _raw_relay_publisher(addr, node, n, pace_s, go, out):
     """The relay protocol on a bare DEALER (no SwarmClient): the counterpart of a PUB socket."""
     msgs = payloads_for(node, n)
     ctx = zmq.Context()
-    d = ctx.socket(zmq.DEALER)
-    d.connect(addr)
-    d.send_multipart([P.HELLO, orjson.dumps({"node_id": node, "protocol": P.RELAY_PROTOCOL})])
-    assert d.poll(10_000) and d.recv_multipart()[0] == P.WELCOME
+    d = _welcomed_dealer(ctx, addr, node)
     go.wait()
     cpu0 = time.process_time()
     sent, acked, window = {}, 0, 200
@@ -121,11 +129,7 @@ def _raw_relay_publisher(addr, node, n, pace_s, go, out):
 
 def _raw_relay_subscriber(addr, node, expected, timeout_s, ready, go, out):
     ctx = zmq.Context()
-    d = ctx.socket(zmq.DEALER)
-    d.setsockopt(zmq.RCVHWM, 100_000)
-    d.connect(addr)
-    d.send_multipart([P.HELLO, orjson.dumps({"node_id": node, "protocol": P.RELAY_PROTOCOL})])
-    assert d.poll(10_000) and d.recv_multipart()[0] == P.WELCOME
+    d = _welcomed_dealer(ctx, addr, node, rcvhwm=100_000)
     d.send_multipart([P.SUB, b"bench", orjson.dumps({"epoch": None, "last_seq": 0})])
     ready.put(node)
     go.wait()
