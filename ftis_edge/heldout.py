@@ -149,6 +149,13 @@ class HeldOut:
         if every > 0 and prompts > 0 and not self.prompts:
             log.warning("held-out eval: task %s has no eval split, so this run records no held-out accuracy",
                         getattr(task, "name", task))
+        # a task that trains on its eval split (math500 has one split; gsm8k with split = "test") holds
+        # nothing out: the eval still runs (it tracks what the owner gets), but says it is not held out
+        self.overlap = sum(1 for p in self.prompts if task.is_trainable(p.id))
+        if self.overlap:
+            log.warning("held-out eval: %d of its %d prompts are training prompts too (task %s trains on its "
+                        "eval split), so its accuracy is not a held-out measure", self.overlap, len(self.prompts),
+                        getattr(task, "name", task))
         self.ids = [bundle.encode(bundle.render_prompt(task.messages(p.question))) for p in self.prompts]
         # greedy: temperature 0 takes the arg-max, no random number is drawn (the seed is unused)
         self.sampler = SamplerSettings(temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, seed=0)

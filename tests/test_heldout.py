@@ -327,3 +327,42 @@ def test_the_guard_on_a_real_swarm_node(tmp_path, relay):
         node.swarm.close()
         node.generator.close()
     assert "swarm guard:" in (tmp_path / "guarded" / "node.log").read_text()
+
+
+def _task(name: str, tmp_path: Path, **task):
+    from ftis_edge.tasks import task_from_config
+    if name == "jsonl":
+        rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(40)]
+        path = tmp_path / "mine.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        task["path"] = str(path)
+    return task_from_config(config.from_dict({"task": {"name": name, **task}}).task)
+
+
+@pytest.mark.parametrize("name,task", [
+    ("arith", {}), ("jsonl", {}), ("reasoning_gym", {"datasets": {"chain_sum": {}, "basic_arithmetic": {}}}),
+    ("capitals_task:CapitalsTask", {"options": {"countries": 4}}), ("gsm8k", {}), ("math500", {})])
+def test_every_task_kind_with_an_eval_split_takes_part(name, task, tmp_path, monkeypatch, caplog):
+    """The node's held-out set is the first eval.prompts of the task's eval split, each rendered
+    with the model's chat template, and not one of them can be trained on — except on math500,
+    whose one split is both (said once in the log)."""
+    from ftis_edge.models import resolve_model
+    from ftis_edge.paths import shared_data_dir
+    if name in ("gsm8k", "math500") and shared_data_dir() is None:
+        pytest.skip("no data folder (set $FTIS_SHARED as CI does, or run ./install.sh --data)")
+    monkeypatch.syspath_prepend(str(Path(ROOT) / "tests" / "data"))     # the user's own task class
+    t = _task(name, tmp_path, **task)
+    bundle = resolve_model("smollm2-135m")
+    with caplog.at_level(logging.WARNING, logger="ftis_edge.heldout"):
+        h = HeldOut(t, bundle, None, every=10, prompts=4, max_new_tokens=16)
+    assert h.active and 1 <= len(h.prompts) <= 4
+    assert [p.id for p in h.prompts] == [p.id for p in t.eval_prompts(4)]
+    trainable = sum(t.is_trainable(p.id) for p in h.prompts)
+    said = [r.getMessage() for r in caplog.records if "not a held-out measure" in r.getMessage()]
+    if name == "math500":
+        assert trainable == h.overlap == len(h.prompts) and len(said) == 1
+    else:
+        assert trainable == h.overlap == 0 and not said
+    assert all(ids and ids == bundle.encode(bundle.render_prompt(t.messages(p.question)))
+               for ids, p in zip(h.ids, h.prompts))
+    assert h.sampler.temperature == 0.0 and h.sampler.max_new_tokens == 16
