@@ -93,6 +93,7 @@ TINY = {
     "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"},
     "model": {"threads": 1},
     "train": {"micro_batch": 8},
+    "eval": {"prompts": 4},      # the held-out eval runs on every node start (round 0 and the end), cheaply
 }
 
 
