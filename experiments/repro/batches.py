@@ -267,3 +267,27 @@ BATCHES["h6"] = SwarmBatch(
     per_node=HETERO_NODES,
     arms={"protect": merge(_fill(1), _method("f-tis")), "ftis": merge(_fill(1), _method("f-tis"), PROTECTIONS_OFF)},
 )
+
+# The swarm guard (docs/node.md, "The swarm guard"), shown where the swarm harms a node and where it
+# does not: H5's heterogeneous swarm with nois on every node (its Gemma node fell from 72.5 % alone to
+# 0 % held-out) and H4's homogeneous swarm (held-out ID −0.010 ± 0.003), both with the in-run eval
+# every 4 rounds on 32 prompts and the guard on. Only the swarm arms tell anything here (a node alone
+# is never guarded): run them with --receivers (docs/runs/guard/README.md has the commands).
+GUARD_EVAL = {"eval": {"every": 4, "prompts": 32, "guard": True}}
+
+BATCHES.update({
+    "guard-hetero": SwarmBatch(
+        "guard-hetero",
+        "the swarm guard where the swarm harms: H5's heterogeneous swarm with nois on every node, in-run "
+        "eval every 4 rounds with the guard on",
+        k=4, node=_method("nois"), settings=merge(VALUE, GUARD_EVAL), eval_limit=VALUE_EVAL, rounds=FILL_ROUNDS,
+        per_node=HETERO_NODES, arms={"nois": merge(_fill(1), _method("nois"))},
+    ),
+    "guard-homo": SwarmBatch(
+        "guard-homo",
+        "the swarm guard where the swarm does not harm: H4's homogeneous swarm (4 SmolLM2 LoRA, own1), "
+        "in-run eval every 4 rounds with the guard on",
+        k=4, node=_method("f-tis"), settings=merge(VALUE, GUARD_EVAL), eval_limit=VALUE_EVAL, rounds=FILL_ROUNDS,
+        arms={"own1": _fill(1)},
+    ),
+})
