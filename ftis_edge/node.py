@@ -676,7 +676,12 @@ class Node:
             "collaboration": cfg.mode, "relay": cfg.swarm.relay or None, "resumed_from": resumed,
             "machine": machine.describe(), "config": resolved.to_dict()})
         if self.heldout.active and self.heldout.base is None:
-            self._eval_base()
+            if resumed is None:
+                self._eval_base()
+            else:       # the base model is gone: the first eval after the resume is the reference
+                log.warning("held-out eval: the checkpoint has no eval of the base model on these prompts "
+                            "(eval turned on, or eval.prompts changed, at --resume); later evals compare with "
+                            "the first one after round %d", resumed)
         old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         try:
             while self.round < cfg.node.rounds and not self.stop_reason:
@@ -712,4 +717,3 @@ class Node:
         self.progress.phase(phases.STOPPED, reason=reason)
         log.info("stopped after round %d (%s); run dir %s", self.round, reason, self.run_dir)
         return 0
-
