@@ -351,8 +351,11 @@ def held_out_chunks(view: View) -> list[Content]:
         chunks.append(field("base", fmt.pct(ev.base, 0)))
     if ev.best is not None:
         chunks.append(field("best", f"{fmt.pct(ev.best, 0)} (round {fmt.integer(ev.best_round)}, its weights kept)"))
-    if ev.guard:
-        chunks += [BREAK, line(("swarm guard: ", "bold " + (RED if ev.guard_level else GREEN)), ev.guard)]
+    if ev.guard:        # "evidence: action": one chunk per clause, so a narrow screen wraps between them
+        parts = ev.guard.split(": ")
+        ends = [":" if i < len(parts) - 1 else "" for i in range(len(parts))]
+        chunks += [BREAK, line(("swarm guard: ", "bold " + (RED if ev.guard_level else GREEN)), parts[0] + ends[0])]
+        chunks += [Content(p + e) for p, e in zip(parts[1:], ends[1:])]
     return chunks
 
 
