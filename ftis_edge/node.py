@@ -699,6 +699,9 @@ class Node:
                 self.metrics.write(record)
                 line = round_line(record, swarm=self.swarm is not None)
                 held = eval_line(record)
+                if self.guard is not None and self.guard.level:     # said every round while it holds
+                    from .guard import LEVELS
+                    held = "; ".join(filter(None, [held, f"swarm guard: {LEVELS[self.guard.level]}"]))
                 log.info("%s", f"{line}; {held}" if held else line)
                 if self.round % cfg.node.checkpoint_every == 0 or self.round == cfg.node.rounds \
                         or self.stop_reason or read_control(self.run_dir)["stop"]:
