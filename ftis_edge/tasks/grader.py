@@ -28,6 +28,12 @@ from typing import Sequence
 from .rewards import RewardSettings, answers_match, check_format, exact_match, prefilter, reward_value
 
 STARTUP_TIMEOUT_S = 60.0        # a cold worker start (python + sympy imports), once per process
+# Memory a worker may take past its prepared state. An answer is 12 characters away from
+# gigabytes (``(1,)*10**9`` in an evaluating verifier); the time budget alone let it reach 4 GB.
+MEMORY_LIMIT_MB = 512
+MEMORY_ERROR = "grader error: MemoryError"              # the worker's own (RLIMIT_AS)
+MEMORY_KILLED = "grader error: memory limit (watchdog)"  # the parent's: the worker is killed
+log = logging.getLogger("ftis_edge.grader")
 MATH_SETUP = '{"rule": "math"}'  # what a worker prepares: its rule (and, for reasoning_gym, the datasets)
 
 
@@ -59,6 +65,31 @@ def _gym_checker(setup: dict):
 CHECKERS = {"math": _math_checker, "regex": _regex_checker, "reasoning_gym": _gym_checker}
 
 
+def _vm_bytes(key: str, pid: int | str = "self") -> int | None:
+    """VmSize / VmHWM / VmRSS of a process from /proc (Linux), None elsewhere."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _limit_memory(extra_bytes: int) -> None:
+    """Linux: the worker's address space may grow by ``extra_bytes`` past what it holds now
+    (RLIMIT_AS; an allocation beyond raises MemoryError, the answer scores 0 and the worker lives
+    on). Elsewhere RLIMIT_AS / RLIMIT_DATA are not enforced reliably (macOS): the parent's
+    watchdog (``_Worker.ask``) kills a worker whose resident memory passes the same bound."""
+    size = _vm_bytes("VmSize")
+    if size is None or not sys.platform.startswith("linux"):
+        return
+    import resource
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = size + extra_bytes if hard == resource.RLIM_INFINITY else min(size + extra_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
 def _worker_main(setup_json: str = '{"rule": "math"}') -> None:
     """The grader process: prepare the rule named by ``setup_json``, then read JSON requests
     [id, answer, reference] on stdin and answer [id, score in [0, 1], error] on stdout, one
@@ -69,6 +100,7 @@ def _worker_main(setup_json: str = '{"rule": "math"}') -> None:
     sys.stdout = sys.stderr
     setup = json.loads(setup_json)
     check = CHECKERS[setup.get("rule", "math")](setup)
+    _limit_memory(MEMORY_LIMIT_MB << 20)       # once prepared: what it holds now is its baseline
     out.write('["ready", true, null]\n')
     out.flush()
     for line in sys.stdin:
@@ -97,6 +129,7 @@ class _Worker:
             encoding="utf-8")
         self.replies: queue.Queue = queue.Queue()
         self.ready = False
+        self.rss_limit: int | None = None       # the watchdog's bound, set once it is ready
         threading.Thread(target=self._read, daemon=True, name="ftis-grader-reader").start()
 
     def _read(self) -> None:
@@ -117,16 +150,35 @@ class _Worker:
             except queue.Empty:
                 return False
             self.ready = msg is not None and msg[0] == "ready"
+            if self.ready:
+                rss = self._rss()
+                self.rss_limit = None if rss is None else rss + (MEMORY_LIMIT_MB << 20)
         return self.ready
+
+    def _rss(self) -> int | None:
+        try:
+            import psutil
+            return psutil.Process(self.process.pid).memory_info().rss
+        except Exception:                        # noqa: BLE001 - no psutil, or the worker is gone
+            return _vm_bytes("VmRSS", self.process.pid)
 
     def ask(self, req_id: int, answer: str, reference: str, timeout: float):
         """The worker's reply [id, correct, error]; None on timeout; raises OSError if it died."""
         self.process.stdin.write(json.dumps([req_id, answer, reference]) + "\n")
         self.process.stdin.flush()
-        try:
-            msg = self.replies.get(timeout=max(0.0, timeout))
-        except queue.Empty:
-            return None
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:         # the memory watchdog: every 50 ms while it grades
+            try:
+                msg = self.replies.get(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+                break
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return None
+                rss = self._rss() if self.rss_limit is not None else None
+                if rss is not None and rss > self.rss_limit:
+                    log.warning("grader worker passed its memory limit (%d MB resident, limit %d MB past its "
+                                "start): killed", rss >> 20, MEMORY_LIMIT_MB)
+                    return [req_id, 0.0, MEMORY_KILLED]
         if msg is None or msg[0] != req_id:
             raise OSError("grader worker exited")
         return msg
@@ -236,6 +288,11 @@ class Grader:
                 self._discard_active()           # the spare takes over at once
                 return Verdict(0.0, True, f"grading took longer than {budget_s:.3g} s")
             _, value, error = reply
+            if error == MEMORY_KILLED:
+                self._discard_active()           # still at it: the spare takes over
+            elif error == MEMORY_ERROR:
+                log.warning("grader: an answer hit the worker's memory limit (%d MB past its start): "
+                            "scored 0", MEMORY_LIMIT_MB)
             value = min(1.0, max(0.0, float(value)))
             reason = error or ("correct" if value >= 1.0 else f"partial credit {value:.3g}" if value > 0
                                else "wrong answer")

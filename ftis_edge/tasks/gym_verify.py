@@ -15,6 +15,7 @@ budget, as for math-verify.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sys
 import types
@@ -28,6 +29,22 @@ _MATH_TEXT = re.compile(r"[\w\s+\-*/^().,=]*")
 _EVAL_NAMES = ("eval", "exec", "compile", "parse_expr", "sympify", "parse_latex")
 
 
+# MemoryErrors raised while evaluating an answer: verifiers catch every exception and score
+# the answer as wrong, so the worker's memory limit (grader.MEMORY_LIMIT_MB) would fire unseen
+_memory_hits = [0]
+
+
+def _counting_memory(fn):
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MemoryError:
+            _memory_hits[0] += 1
+            raise
+    return call
+
+
+@_counting_memory
 def _literal_eval(text, *args, **kwargs):
     if not isinstance(text, str) or len(text) > 10_000:
         raise ValueError("not a literal")
@@ -39,13 +56,16 @@ def _refuse(*args, **kwargs):
 
 
 def math_text_ok(text) -> bool:
-    """Arithmetic over single letters and a few function names: nothing Python could act on."""
-    if not isinstance(text, str) or len(text) > 2000 or "__" in text or not _MATH_TEXT.fullmatch(text):
+    """Arithmetic over single letters and a few function names: nothing Python could act on.
+    ASCII only: Python folds identifiers by NFKC, so a full-width ``ｆｕｎｃ`` is ``func``."""
+    if not isinstance(text, str) or len(text) > 2000 or not text.isascii() or "__" in text \
+            or not _MATH_TEXT.fullmatch(text):
         return False
     return all(len(name) == 1 or name in SAFE_NAMES for name in re.findall(r"[A-Za-z_]\w*", text))
 
 
 def _guarded(original):
+    @_counting_memory
     def parse(text, *args, **kwargs):
         if not math_text_ok(text):
             raise ValueError("not an arithmetic expression")
@@ -110,7 +130,15 @@ class _Sandbox:
 _MISSING = object()
 _BLOCKED_EVENTS = ("os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty",
                    "subprocess.Popen", "socket.", "os.remove", "os.unlink", "os.rename", "os.rmdir",
-                   "os.mkdir", "os.chmod", "os.kill", "shutil.", "ctypes.", "pty.")
+                   "os.mkdir", "os.chmod", "os.kill", "shutil.", "ctypes.", "pty.",
+                   # what changes a file without opening it for writing
+                   "os.truncate", "os.symlink", "os.link", "os.utime", "os.chown", "os.chflags",
+                   "os.lchflags", "os.lchmod", "os.setxattr", "os.removexattr", "os.mkfifo", "os.mknod",
+                   "sqlite3.", "_winapi.", "winreg.")
+# os.open flags that write, create or truncate (the access mode alone misses O_RDONLY|O_CREAT|O_TRUNC)
+_WRITE_FLAGS = 0o3
+for _flag in ("O_CREAT", "O_TRUNC", "O_APPEND", "O_EXCL", "O_TMPFILE"):
+    _WRITE_FLAGS |= getattr(os, _flag, 0)
 
 
 def _audit(event: str, args) -> None:
@@ -118,7 +146,8 @@ def _audit(event: str, args) -> None:
         raise PermissionError(f"{event} is not allowed in the grader")
     if event == "open" and len(args) >= 2:
         mode, flags = args[1], (args[2] if len(args) > 2 else 0)
-        if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & 0o3):
+        if (isinstance(mode, str) and any(c in mode for c in "wax+")) \
+                or (isinstance(flags, int) and flags & _WRITE_FLAGS):
             raise PermissionError("writing files is not allowed in the grader")
 
 
@@ -145,8 +174,11 @@ def checker(setup: dict):
             entry = entries[prompt_id] = ds[parsed[1]]
             if len(entries) > 256:
                 entries.popitem(last=False)
+        hits = _memory_hits[0]
         with sandboxes[parsed[0]]:
             value = ds.score_answer(answer, entry)
+        if _memory_hits[0] != hits:           # the verifier swallowed it: the worker says so (and scores 0)
+            raise MemoryError("the answer passed the grader worker's memory limit")
         return float(value) if isinstance(value, (int, float)) else 0.0
 
     return score
