@@ -101,6 +101,16 @@ def write_dir(path: str | os.PathLike, write: Callable[[Path], object], *, keep_
     return path
 
 
+def is_regular(path: str | os.PathLike) -> bool:
+    """A regular file (through symlinks)? Files from a shared run directory are opened only
+    then: a FIFO blocks its reader for ever, a device never ends."""
+    import stat
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def sha256_of(path: str | os.PathLike) -> str:
     """Hex sha256 of a file, read in 4 MiB blocks (what a published file is checked against)."""
     h = hashlib.sha256()

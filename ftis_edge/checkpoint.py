@@ -71,13 +71,16 @@ def complete(run_dir: Path) -> list[int]:
 
 
 def _state_file(ckpt: Path) -> Path | None:
-    return ckpt / STATE if (ckpt / STATE).exists() else None
+    return ckpt / STATE if atomic.is_regular(ckpt / STATE) else None     # a FIFO would block its reader
 
 
 def _load(path: Path) -> dict:
     state = statefile.load(path)
     if not isinstance(state, dict) or "round" not in state:
         raise ValueError("not a checkpoint state (no round)")
+    for key in ("learner", "trainable"):        # what a resume or an export hands to torch as a state dict
+        if key in state and not isinstance(state[key], dict):
+            raise ValueError(f"its {key!r} entry is a {type(state[key]).__name__}, not a state dict")
     return state
 
 
@@ -90,6 +93,8 @@ def load_round(run_dir: Path, round_: int) -> dict:
     name, size = path.name, path.stat().st_size
     if size == 0:
         raise CheckpointError(f"{ckpt.name}: {name} is empty")
+    if (ckpt / MANIFEST).exists() and not atomic.is_regular(ckpt / MANIFEST):
+        raise CheckpointError(f"{ckpt.name}: {MANIFEST} is not a regular file")
     try:
         manifest = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -172,6 +177,8 @@ def best_info(run_dir: Path) -> dict | None:
         return None
     rounds = sorted(int(m.group(1)) for p in root.iterdir() if (m := _BEST.match(p.name)))
     for r in reversed(rounds):
+        if not atomic.is_regular(root / f"best-{r:06d}" / MANIFEST):
+            continue
         try:
             manifest = json.loads((root / f"best-{r:06d}" / MANIFEST).read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -189,7 +196,7 @@ def load_best(run_dir: Path) -> dict | None:
         return None
     ckpt = dir_of(run_dir) / f"best-{manifest['round']:06d}"
     path = ckpt / STATE
-    if not path.is_file() or path.stat().st_size != manifest.get("bytes"):
+    if not atomic.is_regular(path) or path.stat().st_size != manifest.get("bytes"):
         raise CheckpointError(f"{ckpt.name}: {STATE} is missing or has another size than was written (truncated?)")
     if atomic.sha256_of(path) != manifest.get("sha256"):
         raise CheckpointError(f"{ckpt.name}: {STATE} does not match its checksum (corrupted)")

@@ -377,10 +377,14 @@ def load(path: str | os.PathLike | None, overrides: dict | None = None) -> Confi
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"{p}: no such config file (create one with `ftis-edge init {p}`)")
+        if not p.is_file():                      # a FIFO would block the read for ever
+            raise ConfigError(f"{p}: not a regular file")
         try:
             data = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML: {e}") from None
+        except RecursionError:                   # tomllib recurses once per nesting level
+            raise ConfigError(f"{p}: nested too deeply to be a config") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{p}: not a UTF-8 text file") from None
     for dotted, value in (overrides or {}).items():

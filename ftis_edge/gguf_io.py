@@ -112,6 +112,7 @@ def check_gguf_file(path: Path) -> None:
 def read_gguf_field(path, name: str, default=None):
     """One metadata value of a GGUF file (parses the whole header: use the ``models`` index when you can)."""
     import gguf
+    check_gguf_file(Path(path))            # a FIFO or device would block the reader
     field = gguf.GGUFReader(path).fields.get(name)
     return default if field is None else field.contents()
 
@@ -122,6 +123,7 @@ def read_gguf_metadata(path: Path) -> dict:
     GGUFReader takes 2-11 s on a model file: callers cache the result (``models`` keeps an index).
     """
     import gguf
+    check_gguf_file(Path(path))
     try:
         reader = gguf.GGUFReader(path)
     except Exception as e:  # noqa: BLE001 - any parse failure is a bad file

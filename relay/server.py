@@ -143,8 +143,9 @@ class Relay:
                              f"{sorted(cfg.trusted_bridges)[0]!r} and publish as any node): use CURVE "
                              "(--keys/--allow, the name is then a key's), or pass --open-bridges to accept that")
         self.name = cfg.name or f"{socket.gethostname()}:{cfg.bind.rsplit(':', 1)[-1]}"
-        if P.NAMESPACE in self.name or not 0 < len(self.name) <= 64:
-            raise ValueError(f"relay name {self.name!r}: 1..64 characters without {P.NAMESPACE!r}")
+        if P.NAMESPACE in self.name or not 0 < len(self.name) <= 64 or not (self.name.isascii()
+                                                                              and self.name.isprintable()):
+            raise ValueError(f"relay name {self.name!r}: 1..64 printable ASCII characters without {P.NAMESPACE!r}")
         # --trust-bridge NAME (any other relay's namespace) or NAME=RELAY,RELAY (only those)
         self.bridges: dict[str, frozenset | None] = {}
         for t in cfg.trusted_bridges:
@@ -539,7 +540,9 @@ class Relay:
         namespaces when its --trust-bridge names them."""
         node, at, ns = origin.partition(P.NAMESPACE)
         allowed = self.bridges[bridge]
+        # relay names are ASCII: a look-alike (Cyrillic "А" for "A") would pass for another relay
         return bool(node and at and ns) and P.NAMESPACE not in ns and ns != self.name \
+            and ns.isascii() and ns.isprintable() and node.isprintable() \
             and (allowed is None or ns in allowed)
 
     def _on_pub(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
