@@ -1,7 +1,7 @@
 """What the node that differs trains on: IS weights, KL and lengths of its peers' samples, against
 its held-out accuracy (docs/results.md, "Why the Gemma node drifts").
 
-    .venv/bin/python experiments/diagnose_foreign.py committed [--runs docs/runs/fill/fill-hetero/s0]
+    .venv/bin/python experiments/diagnose_foreign.py committed [--runs docs/runs/fill/fill-hetero/s0] [--arms ftis-3 ...]
     .venv/bin/python experiments/diagnose_foreign.py fresh [--groups 12 --steps 4 --eval-prompts 64]
         [--json docs/runs/diagnose-foreign.json]
 
@@ -92,9 +92,9 @@ def _eval(run: Path, name: str) -> str:
     return f"{acc:.3f}" if isinstance(acc, (int, float)) else "–"
 
 
-def committed(runs: Path) -> None:
+def committed(runs: Path, arms=("ftis-3", "nois-3", "alone-3")) -> None:
     fmt = lambda v, f: "–" if v is None else format(v, f)   # noqa: E731
-    for arm in ("ftis-3", "nois-3", "alone-3"):
+    for arm in arms:
         run = runs / arm
         rows = peer_rounds(run / "metrics.jsonl")
         print(f"\n{arm}: held-out greedy accuracy of the final weights ID {_eval(run, 'id')}, OOD {_eval(run, 'ood')}")
@@ -256,6 +256,8 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("committed")
     c.add_argument("--runs", type=Path, default=H5)
+    c.add_argument("--arms", nargs="+", default=["ftis-3", "nois-3", "alone-3"], help="run directories under --runs "
+                   "(H6: protect-3 ftis-3 alone-3)")
     f = sub.add_parser("fresh")
     f.add_argument("--groups", type=int, default=12)
     f.add_argument("--steps", type=int, default=4)
@@ -268,7 +270,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     if args.cmd == "committed":
-        committed(args.runs)
+        committed(args.runs, args.arms)
     else:
         out = fresh(args)
         if args.json:
