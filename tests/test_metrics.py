@@ -93,7 +93,10 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
                              # issue 25: the plausibility filter
                              "trust/implausible", "trust/threshold", "trust/repeated_tokens",
                              # the held-out eval and the swarm guard
-                             *(k for k in mk.METRICS if k.startswith(("eval/", "swarm/guard"))), "time/eval_s"}
+                             *(k for k in mk.METRICS if k.startswith(("eval/", "swarm/guard"))), "time/eval_s",
+                             # another model's samples (docs/ftis.md)
+                             "samples/foreign", "is/foreign_capped", "peers/refused_length",
+                             "peers/success_weight", "samples/masked_truncated"}
 
 
 def test_the_recorded_fixture_uses_only_registered_keys():
