@@ -25,3 +25,17 @@ def relay():
         if r.proc.poll() is None:
             r.proc.kill()
             r.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def solo_run(tmp_path_factory):
+    """The default node alone (procs.TINY) for 2 rounds, a checkpoint every round, run once for
+    the session: ``.run`` its run directory, ``.phases`` what its progress.json announced while
+    it ran, ``.output`` what it printed. Tests only read it."""
+    from types import SimpleNamespace
+
+    from procs import run_node_watching, write_config
+    folder = tmp_path_factory.mktemp("solo")
+    cfg = write_config(folder, "solo", node={"rounds": 2, "checkpoint_every": 1})
+    output, phases = run_node_watching(cfg, folder / "solo")
+    return SimpleNamespace(run=folder / "solo", phases=phases, output=output)

@@ -54,3 +54,11 @@ def replies(s: zmq.Socket, wait_ms: int = 300, n: int | None = None, timeout_s: 
             continue
         out.append(s.recv_multipart())
     return out
+
+
+def subscribe(s: zmq.Socket, filters: dict | None = None, budget: dict | None = None, swarm: bytes = b"s") -> None:
+    """SUB from the start of the swarm's replay (with the given filters / delivery budget), answered SUBOK."""
+    body = {"epoch": None, "last_seq": 0, **({"filters": filters} if filters is not None else {}),
+            **({"budget": budget} if budget is not None else {})}
+    s.send_multipart([P.SUB, swarm, orjson.dumps(body)])
+    assert replies(s, n=1)[0][0] == P.SUBOK

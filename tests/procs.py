@@ -29,6 +29,11 @@ def wait_for(cond, timeout_s: float = 10.0, every_s: float = 0.05) -> bool:
     return bool(cond())
 
 
+def wait_connected(*clients, timeout_s: float = 10.0) -> None:
+    """Relay clients (``RelayClient``, ``SwarmClient``) all connected to their relay."""
+    assert wait_for(lambda: all(c.stats()["connected"] for c in clients), timeout_s), [c.stats() for c in clients]
+
+
 def cli(*args: str, cwd=ROOT, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m ftis_edge.cli ARGS`` as a user runs it: exit code, stdout and stderr as text."""
     return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=cwd, capture_output=True,
@@ -155,3 +160,30 @@ def finish_all(*procs: subprocess.Popen, relay: RelayProc | None = None, timeout
         if relay is not None:
             relay.stop()
     return outs
+
+
+# The commands that read a run directory someone else may have written (attacks aim at these).
+RUN_DIR_COMMANDS = ("export", "start --resume", "eval --model")
+
+
+def run_dir_command(command: str, run: Path) -> tuple[str, ...]:
+    """The `ftis-edge` arguments of one of RUN_DIR_COMMANDS on ``run``, with the cheapest settings."""
+    return {"export": ("export", str(run), "--eval-limit", "0"),
+            "start --resume": ("start", str(Path(run) / "config.toml"), "--headless", "--resume"),
+            "eval --model": ("eval", "--model", str(run), "--task", "arith", "--limit", "1")}[command]
+
+
+def run_node_watching(cfg: Path, run_dir: Path, timeout: float = 900) -> tuple[str, list[str]]:
+    """Run a node to its end while reading its ``progress.json`` every 20 ms: (its output, the
+    phases it announced, in order, each once per stretch)."""
+    from ftis_edge import progress
+    proc = start_node(cfg)
+    seen: list[str] = []
+    with running(proc):
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            got = progress.read_progress(run_dir)
+            if got and (not seen or seen[-1] != got["phase"]):
+                seen.append(got["phase"])
+            time.sleep(0.02)
+        return finish(proc, 60), seen

@@ -23,6 +23,7 @@ import torch
 
 from ftis_edge.gguf_io import (GGUFError, arch_layout, convert_hf_to_gguf, converter_dir, export_merged_gguf,
                                gguf_arch_of, lora_targets_for, read_gguf_metadata, write_gguf_lora)
+from scoring import cpp_scores, hf_scores, mean_abs
 
 needs_converter = pytest.mark.skipif(not (converter_dir() / "convert_hf_to_gguf.py").is_file(),
                                      reason="llama.cpp's converter is not installed (./install.sh keeps it)")
@@ -114,22 +115,8 @@ def _build(case: str, tokenizer, root):
     return hf_dir, tokenizer
 
 
-def _scores_hf(learner, samples):
-    with torch.no_grad():
-        logp, mask = learner.logprobs(samples)
-    return [logp[b][mask[b]].double().numpy() for b in range(len(samples))]
-
-
-def _scores_cpp(gen, samples):
-    return [np.asarray(gen.score(s.prompt_ids, [s.completion_ids])[0], dtype=np.float64) for s in samples]
-
-
-def _mean_abs(a, b) -> float:
-    return float(np.abs(np.concatenate(a) - np.concatenate(b)).mean())
-
-
 def _step(learner, samples):
-    from ftis_edge.learner import TrainSample
+    from ftis_edge.samples import TrainSample
     batch = [TrainSample(s.prompt_ids, s.completion_ids, s.gen_logprobs, None, 1.0 if i % 2 == 0 else -1.0)
              for i, s in enumerate(samples)]
     stats = learner.step(batch)
@@ -173,41 +160,41 @@ def test_architecture_round_trip(case, tokenizer, tmp_path):
     _step(learner, samples)                                      # a real F-TIS step on llama.cpp's samples
     r = RESULTS.setdefault(case, {"arch": arch, "tokens": sum(len(s.completion_ids) for s in samples)})
 
-    hf_lora = _scores_hf(learner, samples)
+    hf_lora = hf_scores(learner, samples)
     with learner.model.disable_adapter():
-        hf_base = _scores_hf(learner, samples)
-    r["adapter_effect"] = _mean_abs(hf_lora, hf_base)
+        hf_base = hf_scores(learner, samples)
+    r["adapter_effect"] = mean_abs(hf_lora, hf_base)
     gen.set_adapter(None, 0)
-    r["base"] = _mean_abs(_scores_cpp(gen, samples), hf_base)
+    r["base"] = mean_abs(cpp_scores(gen, samples), hf_base)
     gen.set_adapter(str(write_gguf_lora(learner.model, tmp_path / "v1.gguf", **heads)), 1)
-    r["adapter"] = _mean_abs(_scores_cpp(gen, samples), hf_lora)
+    r["adapter"] = mean_abs(cpp_scores(gen, samples), hf_lora)
     # the other q/k layout (permuted where the converter does not, and vice versa) must not pass;
     # phi3 has no separate q/k projections (fused qkv_proj, never permuted)
     if "q_proj" in lora_targets_for(arch, ALL_TARGETS):
         wrong = write_gguf_lora(learner.model, tmp_path / "wrong.gguf", permute=not arch_layout(arch).permute_qk,
                                 **heads)
         gen.set_adapter(str(wrong), 1)
-        r["wrong_layout"] = _mean_abs(_scores_cpp(gen, samples), hf_lora)
+        r["wrong_layout"] = mean_abs(cpp_scores(gen, samples), hf_lora)
     merged = export_merged_gguf(learner.model, gguf_path, tmp_path / "merged-lora.gguf", dtype="f16")
     gen.set_adapter(None, 1)
     gen.reload(str(merged), 1)
-    r["merged_lora"] = _mean_abs(_scores_cpp(gen, samples), hf_lora)
+    r["merged_lora"] = mean_abs(cpp_scores(gen, samples), hf_lora)
 
     # the HF backend samples from the learner itself: its recorded log-probs are the learner's
     hf_gen = HFGenerator(learner.model, tokenizer, eos_token_ids=eos)
     comps = hf_gen.generate(samples[0].prompt_ids, 2, SamplerSettings(temperature=1.0, max_new_tokens=12, seed=5))
     hf_samples = [TrainSample(samples[0].prompt_ids, c.token_ids, c.logprobs, None, 0.0) for c in comps]
-    r["hf_backend"] = _mean_abs([np.asarray(c.logprobs) for c in comps], _scores_hf(learner, hf_samples))
+    r["hf_backend"] = mean_abs([np.asarray(c.logprobs) for c in comps], hf_scores(learner, hf_samples))
     del learner
 
     full = Learner(hf_dir, trainable="full", lr=1e-3, seed=0)
-    before = _scores_hf(full, samples)
+    before = hf_scores(full, samples)
     _step(full, samples)
-    after = _scores_hf(full, samples)
-    r["full_step_effect"] = _mean_abs(after, before)
+    after = hf_scores(full, samples)
+    r["full_step_effect"] = mean_abs(after, before)
     merged = export_merged_gguf(full.model, gguf_path, tmp_path / "merged-full.gguf", dtype="f32")
     gen.reload(str(merged), 2)
-    r["merged_full"] = _mean_abs(_scores_cpp(gen, samples), after)
+    r["merged_full"] = mean_abs(cpp_scores(gen, samples), after)
     gen.close()
 
     # GGUF -> PyTorch: what bundle.hf_dir() loads (transformers' GGUF loader + our fixes), F16 weights

@@ -16,23 +16,18 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_edge import config
-from procs import ROOT
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+from procs import ROOT, cli, run_node, write_config
 
 
 def test_export_and_eval_refuse_what_is_not_a_trained_run_in_one_line(tmp_path):
-    r = _cli("export", str(tmp_path / "nope"))
+    r = cli("export", str(tmp_path / "nope"))
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "not a run directory" in r.stderr
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text("[node]\nid = \"x\"\n")
-    r = _cli("export", str(run), "--eval-limit", "0")
+    r = cli("export", str(run), "--eval-limit", "0")
     assert r.returncode == 2 and "no checkpoint yet" in r.stderr and r.stderr.strip().count("\n") == 0
-    r = _cli("eval", "--model", str(run), "--task", "arith", "--limit", "1")
+    r = cli("eval", "--model", str(run), "--task", "arith", "--limit", "1")
     assert r.returncode == 2 and "no adapter/latest.gguf yet" in r.stderr and r.stderr.strip().count("\n") == 0
 
 
@@ -65,17 +60,28 @@ EVAL_N = 12
 
 
 def _run(tmp_path: Path, node_id: str, **sections) -> Path:
-    cfg = {"node": {"id": node_id, "run_dir": str(tmp_path / "{id}"), "rounds": 1, "checkpoint_every": 1},
-           "model": {"threads": 1}, "train": {"micro_batch": 8}, "eval": {"prompts": 4},
-           "task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"}}
-    for s, v in sections.items():
-        cfg.setdefault(s, {}).update(v)
-    path = tmp_path / f"{node_id}.toml"
-    path.write_text(config.to_toml(config.from_dict(cfg), comments=False))
-    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(path), "--headless"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    """A node's one round (2 prompts x 4 completions, procs.TINY), checkpointed; its run directory."""
+    run_node(write_config(tmp_path, node_id, node={"rounds": 1, "checkpoint_every": 1}, **sections), timeout=1200)
     return tmp_path / node_id
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory) -> Path:
+    """One short LoRA run on llama.cpp, trained once for this file: exporting it (by the API into
+    another folder, by the command line into its export/) leaves what it trained as it was."""
+    return _run(tmp_path_factory.mktemp("export"), "lora")
+
+
+def _trained_learner(run: Path):
+    """(the run's learner as its newest checkpoint left it, a fixed batch, the model bundle)."""
+    from ftis_edge.export import _latest_state, _learner_from_checkpoint
+    from ftis_edge.models import resolve_model
+    from ftis_edge.rundir import load_config as load_run_config
+
+    cfg = load_run_config(run)
+    bundle = resolve_model(cfg.model.spec)
+    learner, _ = _learner_from_checkpoint(_latest_state(run), cfg, bundle)
+    return learner, _batch(bundle), bundle
 
 
 def _batch(bundle):
@@ -104,17 +110,16 @@ def _plain_llama_cpp_eval(gguf: Path, bundle, task, prompts, max_tokens: int) ->
 
 @pytest.mark.model
 @pytest.mark.timeout(3600)
-def test_export_of_a_llamacpp_lora_run(tmp_path):
+def test_export_of_a_llamacpp_lora_run(tmp_path, lora_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from ftis_edge import evaluate
-    from ftis_edge.export import _latest_state, _learner_from_checkpoint, export_run
+    from ftis_edge.export import export_run
     from ftis_edge.rundir import load_config as load_run_config
-    from ftis_edge.models import resolve_model
     from ftis_edge.tasks import get_task
 
-    run = _run(tmp_path, "lora")
+    run = lora_run
     latest = run / "adapter" / "latest.gguf"
     assert latest.is_file(), "the node keeps a stable adapter/latest.gguf"
 
@@ -140,10 +145,7 @@ def test_export_of_a_llamacpp_lora_run(tmp_path):
     assert info["eval"]["after"]["n"] == EVAL_N
 
     # the PEFT directory gives the learner's log-probs
-    cfg = load_run_config(run)
-    bundle = resolve_model(cfg.model.spec)
-    learner, _ = _learner_from_checkpoint(_latest_state(run), cfg, bundle)
-    batch = _batch(bundle)
+    learner, batch, bundle = _trained_learner(run)
     with torch.no_grad():
         ref, mask = learner.logprobs(batch)
         base = AutoModelForCausalLM.from_pretrained(bundle.hf_dir(), dtype=torch.float32)
@@ -153,7 +155,7 @@ def test_export_of_a_llamacpp_lora_run(tmp_path):
     assert float((ref - got)[mask].abs().max()) <= 1e-5
 
     # the exported quantized GGUF in plain llama-cpp-python: the node's held-out eval, within noise
-    task = get_task("arith", few_shot=cfg.task.few_shot)
+    task = get_task("arith", few_shot=load_run_config(run).task.few_shot)
     prompts = task.eval_prompts(EVAL_N)
     plain = _plain_llama_cpp_eval(out / "model-q8_0.gguf", bundle, task, prompts, 40)
     node = [it["reward"] for it in node_eval["items"]]
@@ -171,19 +173,14 @@ def test_export_of_a_llamacpp_lora_run(tmp_path):
 def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from ftis_edge.export import _latest_state, _learner_from_checkpoint, export_run
-    from ftis_edge.rundir import load_config as load_run_config
+    from ftis_edge.export import export_run
     from ftis_edge.generate.llamacpp import LlamaCppGenerator
-    from ftis_edge.models import resolve_model
 
     run = _run(tmp_path, "full", model={"backend": "hf", "threads": 1}, train={"trainable": "full", "learning_rate": 2e-5})
     info = export_run(run, None, quant="q8_0", eval_limit=0, log=lambda *_: None, latest=True)
     out = run / "export"
     assert sorted(info["files"]) == ["f16", "hf", "q8_0"] and (out / "hf" / "config.json").is_file()
-    cfg = load_run_config(run)
-    bundle = resolve_model(cfg.model.spec)
-    learner, _ = _learner_from_checkpoint(_latest_state(run), cfg, bundle)
-    batch = _batch(bundle)
+    learner, batch, bundle = _trained_learner(run)
     with torch.no_grad():
         ref, mask = learner.logprobs(batch)
         learner.model = AutoModelForCausalLM.from_pretrained(out / "hf", dtype=torch.float32)
@@ -203,10 +200,10 @@ def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
 
 @pytest.mark.model
 @pytest.mark.timeout(3600)
-def test_export_from_the_command_line_says_one_line_per_step(tmp_path):
+def test_export_from_the_command_line_says_one_line_per_step(lora_run):
     """`ftis-edge export` as a user sees it: one line per step, llama.cpp's loader/quantizer output
     and warnings in export.log, what the quantized file holds, a card that compares like with like."""
-    run = _run(tmp_path, "cli")
+    run = lora_run
     r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "export", str(run), "--quant", "q4_k_m",
                         "--eval-limit", "3", "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     print(r.stdout)

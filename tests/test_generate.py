@@ -416,6 +416,21 @@ def test_generate_many_without_a_batched_prefill_is_generate_one_prompt_at_a_tim
         gen.generate_many(prompts, 1, samplers[:2])
 
 
+def _sampled_with_their_logits(g, prompts, n: int, samplers) -> list:
+    """``n`` sampled completions per prompt, checked: the recorded log-prob of every token is that
+    of the processed distribution (temperature, top-p) of the logits it was drawn from."""
+    g.record_logits = True
+    many = g.generate_many(prompts, n, samplers)
+    g.record_logits = False
+    comps = [c for grp in many for c in grp]
+    assert [len(grp) for grp in many] == [n] * len(prompts) and len(g.last_logits) == len(comps)
+    for c, s, raw in zip(comps, [s for s in samplers for _ in range(n)], g.last_logits):
+        assert len(raw) == len(c.token_ids)
+        ref = _torch_reference(raw, s.temperature, 0, s.top_p)
+        assert np.abs(np.asarray(c.logprobs) - ref[np.arange(len(c.token_ids)), c.token_ids]).max() < 1e-6
+    return comps
+
+
 def _arith_prompts(bundle, n):
     from ftis_edge.tasks import get_task
     task = get_task("arith")
@@ -442,14 +457,7 @@ def test_llamacpp_decodes_many_prompts_together_with_the_same_greedy_answers(bun
         # distribution of the logits it was drawn from (F16 batch-shape rounding moves logits by
         # ~1e-3, so sampled tokens may differ from one-prompt-at-a-time runs; greedy ones do not)
         s2 = [SamplerSettings(temperature=0.8, top_p=0.95, max_new_tokens=12, seed=10 + i) for i in range(3)]
-        g.record_logits = True
-        many = g.generate_many(prompts[:3], 2, s2)
-        g.record_logits = False
-        comps = [c for grp in many for c in grp]
-        assert [len(grp) for grp in many] == [2, 2, 2] and len(g.last_logits) == 6
-        for c, raw in zip(comps, g.last_logits):
-            ref = _torch_reference(raw, 0.8, 0, 0.95)
-            assert np.abs(np.asarray(c.logprobs) - ref[np.arange(len(c.token_ids)), c.token_ids]).max() < 1e-6
+        _sampled_with_their_logits(g, prompts[:3], 2, s2)
     finally:
         g.close()
 
@@ -476,14 +484,9 @@ def test_llamacpp_refills_finished_slots_with_the_next_prompt(bundle):
     g = LlamaCppGenerator.from_bundle(bundle, "f16", max_group=5, n_threads=THREADS)
     try:
         s2 = [SamplerSettings(temperature=0.9, max_new_tokens=6 + 5 * i, seed=20 + i) for i in range(4)]
-        g.record_logits = True
-        many = g.generate_many(prompts[:4], 2, s2)
-        comps = [c for grp in many for c in grp]
-        assert [len(grp) for grp in many] == [2, 2, 2, 2] and len(g.last_logits) == 8
-        for c, s, raw in zip(comps, [s for s in s2 for _ in range(2)], g.last_logits):
-            assert 1 <= len(c.token_ids) <= s.max_new_tokens and len(raw) == len(c.token_ids)
-            ref = _torch_reference(raw, 0.9, 0, 1.0)
-            assert np.abs(np.asarray(c.logprobs) - ref[np.arange(len(c.token_ids)), c.token_ids]).max() < 1e-6
+        comps = _sampled_with_their_logits(g, prompts[:4], 2, s2)
+        for c, s in zip(comps, [s for s in s2 for _ in range(2)]):
+            assert 1 <= len(c.token_ids) <= s.max_new_tokens
     finally:
         g.close()
 

@@ -5,30 +5,14 @@ import pytest
 
 from ftis_edge.metric_keys import unregistered
 from ftis_edge.metrics import read_metrics
-from procs import finish, start_node
+from procs import finish, start_node, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 
 
 def test_a_node_trains_a_round_on_a_reasoning_gym_mix_and_tags_its_rollouts(tmp_path):
-    cfg = tmp_path / "rg.toml"
-    cfg.write_text(f"""
-[node]
-id = "rg"
-run_dir = "{tmp_path / '{id}'}"
-rounds = 1
-[model]
-threads = 1
-[task]
-name = "reasoning_gym"
-prompts_per_round = 2
-num_generations = 4
-max_completion_length = 40
-reward = "shaped"
-[task.datasets]
-chain_sum = {{}}
-leg_counting = {{ weight = 2 }}
-""")
+    cfg = write_config(tmp_path, "rg", node={"rounds": 1},
+                       task={"name": "reasoning_gym", "datasets": {"chain_sum": {}, "leg_counting": {"weight": 2}}})
     finish(start_node(cfg))
     records = read_metrics(tmp_path / "rg")
     assert [r["type"] for r in records] == ["start", "round", "stop"]

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ from ftis_edge.heldout import EvalResult, HeldOut, eval_line, mcnemar_worse, pai
 from ftis_edge.metric_keys import unregistered
 from ftis_edge.metrics import read_metrics
 from ftis_edge.tasks import Task
-from procs import ROOT
+from procs import ROOT, run_node, write_config
 
 H5_EVALS = json.loads((Path(ROOT) / "tests" / "data" / "h5_evals.json").read_text())["runs"]
 
@@ -162,29 +160,6 @@ def test_guard_skips_a_step_that_would_exclude_nobody():
 
 # --- the node (real model) -----------------------------------------------------------------------
 
-TINY = {"task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 40, "reward": "shaped"},
-        "model": {"threads": 1}, "train": {"micro_batch": 8}}
-
-
-def _config(tmp_path: Path, name: str, node_id: str = "n", **sections) -> Path:
-    """A tiny node file; runs in tmp_path/<name>. The node id is part of every sampling seed, so
-    two runs that must match share it."""
-    merged: dict = {s: dict(v) for s, v in TINY.items()}
-    for s, v in sections.items():
-        merged.setdefault(s, {}).update(v)
-    merged.setdefault("node", {}).update({"id": node_id, "run_dir": str(tmp_path / name)})
-    path = tmp_path / f"{name}.toml"
-    path.write_text(config.to_toml(config.from_dict(merged), comments=False))
-    return path
-
-
-def _run(cfg: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless"], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    return proc.stdout
-
-
 # what training produced: must not depend on whether the eval ran
 TRAINING_KEYS = ("reward", "reward/own", "accuracy/own", "loss", "grad_norm", "kl/mean", "gen/tokens",
                  "completions/mean_length", "version", "filter/dropped", "samples")
@@ -194,8 +169,8 @@ TRAINING_KEYS = ("reward", "reward/own", "accuracy/own", "loss", "grad_norm", "k
 @pytest.mark.timeout(900)
 def test_eval_on_leaves_training_bit_identical_and_keeps_the_best(tmp_path):
     node = {"rounds": 2, "checkpoint_every": 1, "seed": 3}
-    _run(_config(tmp_path, "off", node=node, eval={"every": 0}))
-    out = _run(_config(tmp_path, "on", node=node, eval={"every": 1, "prompts": 6}))
+    run_node(write_config(tmp_path, "n", name="off", node=node, eval={"every": 0}))
+    out = run_node(write_config(tmp_path, "n", name="on", node=node, eval={"every": 1, "prompts": 6}))
     off = [r for r in read_metrics(tmp_path / "off") if r.get("type") == "round"]
     on = [r for r in read_metrics(tmp_path / "on") if r.get("type") == "round"]
     assert len(off) == len(on) == 2
@@ -231,8 +206,8 @@ def test_export_takes_the_best_eval_by_default_and_the_newest_with_latest(tmp_pa
 
     from ftis_edge.export import export_run
     # lr high enough that round 2's weights differ from round 1's in every LoRA matrix
-    _run(_config(tmp_path, "run", node={"rounds": 2, "checkpoint_every": 2},
-                 train={"learning_rate": 1e-3}, eval={"every": 1, "prompts": 4}))
+    run_node(write_config(tmp_path, "n", name="run", node={"rounds": 2, "checkpoint_every": 2},
+                          train={"learning_rate": 1e-3}, eval={"every": 1, "prompts": 4}))
     run = tmp_path / "run"
     best = checkpoint.load_best(run)
     said = []
@@ -271,9 +246,9 @@ def test_the_guard_on_a_real_swarm_node(tmp_path, relay):
     from test_wire import real_rollouts
 
     r = relay()
-    cfg = config.load(_config(tmp_path, "guarded", node={"rounds": 3},
-                              swarm={"relay": r.address, "max_wait_s": 3.0},
-                              eval={"every": 1, "prompts": 8}))
+    cfg = config.load(write_config(tmp_path, "n", name="guarded", node={"rounds": 3},
+                                   swarm={"relay": r.address, "max_wait_s": 3.0},
+                                   eval={"every": 1, "prompts": 8}))
     node = Node(cfg, console_log=False)
     node.cfg = node._resolve_engines(node.cfg)
     node.build()

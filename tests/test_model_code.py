@@ -20,7 +20,7 @@ from ftis_edge import checkpoint, config
 from ftis_edge.gguf_io import GGUFError, convert_hf_to_gguf, converter_dir
 from ftis_edge.model_code import TRUST_MODEL_CODE_ENV, code_in_model_dir
 from ftis_edge.models import ModelError, resolve_model
-from procs import ROOT
+from procs import ROOT, RUN_DIR_COMMANDS, cli, run_dir_command
 
 
 def model_folder(path, marker, *, arch="QWenLMHeadModel", tokenizer_code=True, config_code=False, stray_py=False):
@@ -109,14 +109,10 @@ def _run_dir_with_model(tmp_path):
     return run, marker
 
 
-@pytest.mark.parametrize("command", ["eval --model", "export", "start --resume"])
+@pytest.mark.parametrize("command", RUN_DIR_COMMANDS)
 def test_commands_on_a_shared_run_run_no_model_code(tmp_path, command):
     run, marker = _run_dir_with_model(tmp_path)
-    args = {"export": ("export", str(run), "--eval-limit", "0"),
-            "start --resume": ("start", str(run / "config.toml"), "--headless", "--resume"),
-            "eval --model": ("eval", "--model", str(run), "--task", "arith", "--limit", "1")}[command]
-    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env=_env())
+    r = cli(*run_dir_command(command, run), env=_env())
     print(r.stderr)
     assert not marker.exists(), "the model folder's code ran"
     assert r.returncode != 0 and TRUST_MODEL_CODE_ENV in r.stderr and "Traceback" not in r.stderr, r.stderr

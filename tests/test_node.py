@@ -15,10 +15,8 @@ from procs import RelayProc, finish, finish_all, free_port, rounds_of, running, 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 
 
-def test_default_node_alone_writes_metrics_checkpoints_and_adapter(tmp_path):
-    cfg = write_config(tmp_path, "solo", node={"rounds": 2, "checkpoint_every": 1})
-    finish(start_node(cfg))
-    run = tmp_path / "solo"
+def test_default_node_alone_writes_metrics_checkpoints_and_adapter(solo_run):
+    run = solo_run.run
     records = read_metrics(run)
     assert [r["type"] for r in records] == ["start", "round", "round", "stop"]
     start, r1, r2, stop = records

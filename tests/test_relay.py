@@ -20,7 +20,7 @@ from relay import protocol as P
 from relay.cli import query_stats
 from relay.keys import ClientKeys
 from messages import make_rollout
-from procs import ROOT, free_port, wait_for
+from procs import ROOT, free_port, wait_connected, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -35,10 +35,6 @@ def collect(clients: dict[str, SwarmClient], until, timeout_s: float = 10.0) -> 
             break
         time.sleep(0.02)
     return got
-
-
-def wait_connected(*clients: SwarmClient) -> None:
-    assert wait_for(lambda: all(c.stats()["connected"] for c in clients), 5), [c.stats() for c in clients]
 
 
 def test_three_clients_each_receive_the_others_exactly_once(relay):

@@ -11,15 +11,9 @@ import zmq
 from relay import protocol as P
 from relay.client import RelayClient
 from messages import raw_rollout
+from procs import wait_connected
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _connected(*cs) -> None:
-    deadline = time.time() + 10
-    while not all(c.stats()["connected"] for c in cs):
-        assert time.time() < deadline, [c.health() for c in cs]
-        time.sleep(0.02)
 
 
 def _drain(c: RelayClient, until, timeout_s: float) -> list:
@@ -38,7 +32,7 @@ def test_budget_k_per_window_fair_across_publishers_and_filtered(relay):
     math_only = RelayClient(r.address, swarm="s", node_id="math", filters={"task": ["math500"]}).start()
     clients = [greedy, *calm, budget, everything, math_only]
     try:
-        _connected(*clients)
+        wait_connected(*clients)
         time.sleep(0.3)
         for i in range(40):                                   # the greedy one publishes 20x more
             greedy.publish_bytes(raw_rollout(f"g{i}", task="gsm8k"), task="gsm8k")
@@ -83,7 +77,7 @@ def test_overload_turns_into_busy_not_skips(relay):
     stuck.setsockopt(zmq.RCVHWM, 1)
     stuck.connect(r.address)
     try:
-        _connected(*pubs, sub)
+        wait_connected(*pubs, sub)
         stuck.send_multipart([P.HELLO, orjson.dumps({"node_id": "stuck", "protocol": P.RELAY_PROTOCOL})])
         stuck.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
         time.sleep(0.3)
@@ -165,7 +159,7 @@ def test_a_subscribers_own_publishing_takes_no_share_of_its_budget(relay):
     a = RelayClient(r.address, swarm="s", node_id="a", budget_k=2, budget_window_s=5.0).start()
     b = RelayClient(r.address, swarm="s", node_id="b", budget_k=2, budget_window_s=5.0).start()
     try:
-        _connected(a, b)
+        wait_connected(a, b)
         time.sleep(0.3)
         a.publish_bytes(raw_rollout("a0"))
         a.publish_bytes(raw_rollout("a1"))
@@ -198,7 +192,7 @@ def test_a_reading_subscriber_is_not_judged_slow_because_of_sybil_pipes(relay):
     reader.connect(r.address)
     sybils = []
     try:
-        _connected(*pubs)
+        wait_connected(*pubs)
         reader.send_multipart([P.HELLO, orjson.dumps({"node_id": "reader", "protocol": P.RELAY_PROTOCOL})])
         reader.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
         for i in range(5):

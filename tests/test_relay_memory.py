@@ -17,15 +17,11 @@ import pytest
 from relay import protocol as P
 from relay.cli import format_stats
 from relay.client import RelayClient
-from messages import dealer, hello, raw_rollout, replies
+from messages import dealer, hello, raw_rollout, replies, subscribe
+from procs import wait_connected
 
 pytestmark = pytest.mark.timeout(120)
 MB = 1 << 20
-
-
-def _sub(s) -> None:
-    s.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
-    assert replies(s, n=1)[0][0] == P.SUBOK
 
 
 def _liar_pings(s, n=3) -> None:
@@ -42,10 +38,7 @@ def _publish(pub, n, size):
 
 
 def _connected(*clients):
-    deadline = time.time() + 10
-    while not all(c.stats()["connected"] for c in clients):
-        assert time.time() < deadline
-        time.sleep(0.05)
+    wait_connected(*clients)
     time.sleep(0.3)
 
 
@@ -57,7 +50,7 @@ def test_a_subscriber_claiming_it_read_everything_is_held_at_its_cap(relay):
     reader = RelayClient(r.address, swarm="s", node_id="reader").start()
     try:
         assert hello(liar, "liar")[0] == P.WELCOME
-        _sub(liar)
+        subscribe(liar)
         _connected(pub, reader)
         got = set()
         for burst in range(4):
@@ -91,7 +84,7 @@ def test_many_non_readers_are_held_at_the_total_cap_and_a_reader_still_gets_all(
     try:
         for i, s in enumerate(stuck):
             assert hello(s, f"stuck-{i}")[0] == P.WELCOME
-            _sub(s)
+            subscribe(s)
         _connected(pub, reader)
         _publish(pub, 24, 512 << 10)
         got, deadline = set(), time.time() + 40
@@ -121,7 +114,7 @@ def test_a_silent_non_reader_saying_hello_again_gets_no_fresh_room(relay):
     pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
     try:
         assert hello(stuck, "stuck")[0] == P.WELCOME
-        _sub(stuck)
+        subscribe(stuck)
         _connected(pub)
         _publish(pub, 8, MB)
         time.sleep(1.0)

@@ -18,16 +18,10 @@ from ftis_edge.samples import OWN, TrainSample
 from ftis_edge.node import useful_peers
 from relay import protocol as P
 from relay.client import RelayClient
-from procs import ROOT
-from messages import dealer, hello, make_rollout, raw_rollout, replies
+from procs import ROOT, wait_connected
+from messages import dealer, hello, make_rollout, raw_rollout, replies, subscribe
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _sub(s, filters: dict | None = None, budget: dict | None = None) -> None:
-    s.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0, "filters": filters,
-                                                 "budget": budget})])
-    assert replies(s, n=1)[0][0] == P.SUBOK
 
 
 def test_a_rollouts_tags_are_read_from_its_prefix_not_claimed(relay):
@@ -39,8 +33,8 @@ def test_a_rollouts_tags_are_read_from_its_prefix_not_claimed(relay):
     try:
         for s, name in ((pub, "sybil"), (arith, "a"), (gsm, "g")):
             assert hello(s, name)[0] == P.WELCOME
-        _sub(arith, {"task": ["arith"]})
-        _sub(gsm, {"task": ["gsm8k", "rg/leg_counting/0"]})
+        subscribe(arith, {"task": ["arith"]})
+        subscribe(gsm, {"task": ["gsm8k", "rg/leg_counting/0"]})
         lie = wire.encode(make_rollout("sybil", task="gsm8k"))
         pub.send_multipart([P.PUB, b"s", lie, orjson.dumps({"task": "arith"})])
         nack = replies(pub, n=1)[0]
@@ -106,11 +100,8 @@ def test_queued_bytes_per_subscriber_are_bounded(relay):
     reader = RelayClient(r.address, swarm="s", node_id="reader").start()
     try:
         assert hello(stuck, "stuck")[0] == P.WELCOME
-        _sub(stuck)
-        deadline = time.time() + 10
-        while not (pub.stats()["connected"] and reader.stats()["connected"]):
-            assert time.time() < deadline
-            time.sleep(0.05)
+        subscribe(stuck)
+        wait_connected(pub, reader)
         time.sleep(0.3)
         body = os.urandom(1 << 20)
         for i in range(24):

@@ -230,24 +230,11 @@ async def test_q_q_leaves_and_says_the_node_finishes_in_the_background(tmp_path)
 # ---- a real node ---------------------------------------------------------------------------
 @pytest.mark.model
 @pytest.mark.timeout(900)
-def test_a_real_node_reports_its_phases_and_remembers_its_load_time(tmp_path):
-    """A real SmolLM2 node alone for 2 rounds; progress.json sampled while it runs."""
-    from procs import ROOT, write_config
-
+def test_a_real_node_reports_its_phases_and_remembers_its_load_time(solo_run):
+    """A real SmolLM2 node alone for 2 rounds (conftest.solo_run); progress.json sampled while it ran."""
     from ftis_edge.paths import cache_dir
 
-    cfg = write_config(tmp_path, "phases", node={"rounds": 2, "checkpoint_every": 1})
-    run = tmp_path / "phases"
-    proc = subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: list[str] = []
-    while proc.poll() is None:
-        got = phases.read_progress(run)
-        if got and (not seen or seen[-1] != got["phase"]):
-            seen.append(got["phase"])
-        time.sleep(0.02)
-    out = proc.stdout.read()
-    assert proc.returncode == 0, out[-3000:]
+    run, seen = solo_run.run, solo_run.phases
     assert seen[0] == phases.LOADING and seen[-1] == phases.STOPPED, seen
     # sampled every 20 ms: grading 16 arith answers can take less than that (it was missed once
     # in CI), so it is not required here; the phases that last are

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from ftis_edge import checkpoint, config
-from procs import ROOT
+from procs import ROOT, RUN_DIR_COMMANDS, cli, run_dir_command
 
 
 class _Payload:
@@ -45,11 +45,6 @@ def crafted_run_dir(tmp_path, protocol: int = 2):
     return run, marker
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-
-
 def test_the_payload_really_runs_when_unpickled(tmp_path):
     """The attack is real: plain pickle.loads of the crafted file creates the marker."""
     run, marker = crafted_run_dir(tmp_path)
@@ -57,13 +52,11 @@ def test_the_payload_really_runs_when_unpickled(tmp_path):
     assert marker.exists()
 
 
-@pytest.mark.parametrize("command", ["export", "start --resume", "eval --model"])
+@pytest.mark.parametrize("command", RUN_DIR_COMMANDS)
 def test_a_crafted_checkpoint_runs_nothing_and_fails_in_one_line(tmp_path, command):
     run, marker = crafted_run_dir(tmp_path)
-    args = {"export": ("export", str(run), "--eval-limit", "0"),
-            "start --resume": ("start", str(run / "config.toml"), "--headless", "--resume"),
-            "eval --model": ("eval", "--model", str(run), "--task", "arith", "--limit", "1")}[command]
-    r = _cli(*args)
+    args = run_dir_command(command, run)
+    r = cli(*args)
     print(f"$ ftis-edge {' '.join(args)}  -> exit {r.returncode}\n{r.stderr.strip()}")
     assert not marker.exists(), "the pickle ran its command"
     assert r.returncode == 2, r.stderr
@@ -121,12 +114,9 @@ def test_a_run_dir_whose_task_is_python_code_imports_nothing(tmp_path, command):
     text = (run / "config.toml").read_text().replace('name = "arith"', 'name = "evil_task:Evil"', 1)
     assert "evil_task:Evil" in text
     (run / "config.toml").write_text(text)
-    args = {"export": ("export", str(run), "--eval-limit", "0"),
-            "eval --model": ("eval", "--model", str(run), "--task", "arith", "--limit", "1")}[command]
     env = {k: v for k, v in os.environ.items() if k != rundir.TRUST_TASK_CODE_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300, env=env)
+    r = cli(*run_dir_command(command, run), env=env)
     print(r.stderr)
     assert not marker.exists(), "the run dir's task module was imported"
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
