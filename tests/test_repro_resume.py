@@ -2,6 +2,7 @@
 checkpoint with --resume (its partial run kept), and one without with --overwrite."""
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -71,3 +72,25 @@ def test_an_interrupted_run_continues_where_it_stopped(tmp_path):
     for s in starts:
         assert s["machine"] == here and s["machine"]["cpu"] and s["machine"]["cores"] >= 1
     assert run.finished(run_dir)
+
+
+def _finished_run(run_dir: Path, *machines: dict) -> None:
+    """A finished receiver as a node writes it: one start record per start, rounds, a stop by steps."""
+    run_dir.mkdir(parents=True)
+    recs = [{"type": "start", "resumed_from": None, "machine": m} for m in machines]
+    recs += [{"type": "round", "round": 1, "reward/own": 0.5}, {"type": "stop", "reason": "steps"}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_analyze_says_when_compared_runs_ran_on_two_machines(tmp_path):
+    import analyze
+    here = machine.describe()
+    elsewhere = {**here, "cpu": "Another CPU", "boot_id": "0123456789abcdef"}
+    seed = tmp_path / "fill4" / "s0"
+    _finished_run(seed / "own1-0", here)
+    _finished_run(seed / "alone-0", here)
+    assert analyze.machine_lines(analyze.load_all(tmp_path)) == []          # one machine: nothing to say
+    _finished_run(seed / "own1-1", here, elsewhere)                          # resumed on another machine
+    lines = analyze.machine_lines(analyze.load_all(tmp_path))
+    assert len(lines) == 1 and "fill4 s0 ran on 2 machines or boots" in lines[0], lines
+    assert "Another CPU" in lines[0] and "boot 01234567: own1-1" in lines[0], lines

@@ -43,7 +43,8 @@ def load_run(run_dir: Path) -> dict | None:
         f = run_dir / f"eval-{which}.json"
         if f.exists():
             evals[which] = json.loads(f.read_text())
-    return {"rounds": rounds, "evals": evals}
+    machines = [r["machine"] for r in recs if r.get("type") == "start" and r.get("machine")]
+    return {"rounds": rounds, "evals": evals, "machines": machines}
 
 
 def load_all(runs: Path) -> dict:
@@ -57,6 +58,27 @@ def load_all(runs: Path) -> dict:
                 if run is not None:
                     out.setdefault(batch, {}).setdefault(rd.name, {})[seed] = run
     return out
+
+
+def machine_lines(data: dict) -> list[str]:
+    """One line per batch and seed whose runs (or one run's resumes) ran on more than one machine or
+    boot: their CPU-seconds (and, across machines, their floats) do not compare. Runs from before the
+    start record named its machine say nothing."""
+    lines = []
+    for batch, receivers in data.items():
+        for seed in sorted({s for seeds in receivers.values() for s in seeds}):
+            where: dict[tuple, list[str]] = {}
+            for name, seeds in sorted(receivers.items()):
+                for m in seeds.get(seed, {}).get("machines", []):
+                    runs = where.setdefault((m.get("cpu"), m.get("cores"), m.get("boot_id")), [])
+                    if name not in runs:
+                        runs.append(name)
+            if len(where) > 1:
+                parts = [f"{cpu}, {cores} cores, boot {str(boot)[:8]}: {', '.join(names)}"
+                         for (cpu, cores, boot), names in where.items()]
+                lines.append(f"* **{batch} s{seed} ran on {len(where)} machines or boots** (compare CPU-seconds "
+                             f"only within one): " + "; ".join(parts))
+    return lines
 
 
 def base_accuracy(runs: Path, data: dict) -> dict:
@@ -513,6 +535,9 @@ def main() -> int:
     PREFIX = args.prefix
     data = load_all(args.runs)
     base = base_accuracy(args.runs, data)
+    confounds = machine_lines(data)
+    if confounds:
+        print("### Machines\n\n" + "\n".join(confounds) + "\n")
     print("### Outcomes (mean ± SE over seeds)\n")
     print("\n".join(table_outcomes(data, base)))
     print("\n### Paired differences to the isolated node (same seed: same prompts, sampling seeds, LoRA init)\n")
