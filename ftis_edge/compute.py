@@ -18,14 +18,15 @@ PHASES = ("gen", "grade", "intake", "train", "sync")   # cpu/<phase>_s in the ro
 
 
 class CpuClock:
-    """One round's process CPU-seconds, by phase (``with clock.phase("gen"): ...``)."""
+    """One round's process CPU-seconds, by phase (``with clock.measure("gen"): ...``)."""
 
     def __init__(self):
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self._start = time.process_time()
 
     @contextmanager
-    def phase(self, name: str):
+    def measure(self, name: str):
+        """Add the CPU time of the ``with`` block to phase ``name``."""
         t0 = time.process_time()
         try:
             yield

@@ -17,7 +17,7 @@ import signal
 import statistics
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ import torch
 from . import checkpoint, machine, neighbours, preflight, rundir
 from . import progress as phases
 from .batch import LocalTokenizer, OwnGroup, SampleRules, build_batch, peer_usage
-from .learner import OWN
+from .samples import OWN
 from .compute import ComputeTotals, CpuClock, round_compute
 from .plausibility import PlausibilityConfig
 from .config import Config, to_toml
@@ -75,6 +75,32 @@ def useful_peers(samples, per_sample: dict | None) -> set[str]:
     return {s.source for i, s in enumerate(samples)
             if s.source != OWN and not any(bool(f[i]) for f in flags)}
 
+
+@dataclass
+class WireCount:
+    """Rollouts on the wire in one direction this round: their bytes and tokens."""
+    nbytes: int = 0
+    ntokens: int = 0
+
+    def add(self, nbytes: int, ntokens: int) -> None:
+        self.nbytes += nbytes
+        self.ntokens += ntokens
+
+    def per_token(self) -> float | None:
+        return self.nbytes / self.ntokens if self.ntokens else None
+
+
+@dataclass
+class Filled:
+    """A round's batch under batch fill: own groups (the minimum plus any top-up), the peer
+    groups that replaced the rest, and what generating and waiting for them took."""
+    own: list
+    peers: list
+    gen_s: float
+    tokens: int
+    topped_up: int                  # own groups generated because peers did not supply them
+    peer_stats: dict = field(default_factory=dict)
+
 class Node:
     def __init__(self, cfg: Config, *, resume: bool = False, fresh_if_missing: bool = False,
                  console_log: bool = True):
@@ -93,7 +119,7 @@ class Node:
         self.progress = phases.ProgressReport(self.run_dir)    # what the dashboard's phase cell reads
         self.totals = ComputeTotals()      # own tokens, CPU-seconds, groups: cumulative, checkpointed
         self.cpu = CpuClock()
-        self._bytes_in = [0, 0]           # this round's received bytes and tokens
+        self._bytes_in = WireCount()      # this round's received rollouts
 
     # --- assembly ---------------------------------------------------------------------
     def build(self) -> None:
@@ -142,7 +168,7 @@ class Node:
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
         phases.remember_load_seconds(cache_dir(), load_key, time.time() - t0)
-        self.learner.on_micro_batch = lambda done, total: self.progress.step(done, total)
+        self.learner.on_micro_batch = lambda done, total: self.progress.advance(done, total)
         self.swarm = None
         self.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after,
                              window=cfg.swarm.quarantine_window, max_reject_rate=cfg.swarm.quarantine_rate)
@@ -313,7 +339,7 @@ class Node:
         horizontal = cfg.mode == "horizontal"
         n = cfg.task.num_generations // 2 if horizontal else cfg.task.num_generations
         groups, tokens, t0 = [], 0, time.time()
-        with self.cpu.phase("gen"):
+        with self.cpu.measure("gen"):
             self.progress.phase(phases.GENERATING, done=0, total=n * len(prompts))
             for i, prompt in enumerate(prompts, start=first):
                 text = self.bundle.render_prompt(self.task.messages(prompt.question))
@@ -323,7 +349,7 @@ class Node:
                                           seed=derive_seed(cfg.node.seed, self.node_id, self.round, i))
                 comps = self.generator.generate(prompt_ids, n, sampler)
                 tokens += sum(len(c.token_ids) for c in comps)
-                self.progress.step(n * (i - first + 1), n * len(prompts),
+                self.progress.advance(n * (i - first + 1), n * len(prompts),
                                    tok_s=tokens / max(time.time() - t0, 1e-9))
                 if horizontal:
                     group_id = f"{cfg.swarm.name}:{self.round}:{prompt.id}"
@@ -336,7 +362,7 @@ class Node:
         # Grade all own completions in one call.
         texts = [c.text for g in groups for c in g.completions]
         refs = [g.prompt.reference for g in groups for _ in g.completions]
-        with self.cpu.phase("grade"):
+        with self.cpu.measure("grade"):
             results = self.task.reward_many(texts, refs) if texts else []
         k = 0
         for g in groups:
@@ -397,12 +423,11 @@ class Node:
 
     def _poll(self, timeout_s: float) -> None:
         """Receive what the relay has for us (waiting at most ``timeout_s``) into intake."""
-        with self.cpu.phase("intake"):
+        with self.cpu.measure("intake"):
             items = self.swarm.poll(timeout_s=timeout_s)
             for it in items:
                 if it.rollout is not None:
-                    self._bytes_in[0] += it.nbytes
-                    self._bytes_in[1] += it.rollout.num_tokens
+                    self._bytes_in.add(it.nbytes, it.rollout.num_tokens)
             self.intake.receive(items, self.round)
             self._admit_peers()
 
@@ -419,15 +444,14 @@ class Node:
         while True:
             self._poll(min(0.2, max(0.0, deadline - time.time())))
             ready = self.intake.ready(self.round, limit, own_group_ids, per_peer)
-            self.progress.step(min(ready, limit), limit)
+            self.progress.advance(min(ready, limit), limit)
             if ready >= limit or time.time() >= deadline:
                 break
-        with self.cpu.phase("intake"):
+        with self.cpu.measure("intake"):
             taken = self.intake.take(self.round, limit, own_group_ids, per_peer)
         counts = self.intake.pop_round_counts()
-        nbytes, ntok = self._bytes_in
         return taken, {"time/peer_wait_s": time.time() - t0,
-                       "wire/bytes_per_token_in": nbytes / ntok if ntok else None,
+                       "wire/bytes_per_token_in": self._bytes_in.per_token(),
                        "peers/groups_received": counts.get("received", 0),
                        "peers/rejected": counts.get("rejected", 0),
                        "peers/stale": counts.get("stale", 0),
@@ -442,7 +466,7 @@ class Node:
             return None
         return max(0, min(cfg.task.prompts_per_round - cfg.swarm.own_groups, cfg.swarm.max_peer_groups))
 
-    def _fill_batch(self, prompts, slots: int, wire_out: list[int]):
+    def _fill_batch(self, prompts, slots: int, wire_out: WireCount) -> Filled:
         """Batch fill: peers' groups replace part of the own generation, the batch stays B groups.
 
         1. take in what arrived while we trained (no wait); 2. generate and publish the own
@@ -461,14 +485,12 @@ class Node:
             more, more_s, more_tokens = self._generate(prompts[keep:keep + short], first=keep)
             self._share(more, wire_out)
             own, gen_s, tokens = own + more, gen_s + more_s, tokens + more_tokens
-        return own, peers, gen_s, tokens, short, peer_stats
+        return Filled(own, peers, gen_s, tokens, topped_up=short, peer_stats=peer_stats)
 
-    def _share(self, groups: list[OwnGroup], wire_out: list[int]) -> None:
+    def _share(self, groups: list[OwnGroup], wire_out: WireCount) -> None:
         if self.cfg.swarm.share and groups:
-            with self.cpu.phase("intake"):
-                nbytes, ntok = self._publish(groups)
-            wire_out[0] += nbytes
-            wire_out[1] += ntok
+            with self.cpu.measure("intake"):
+                wire_out.add(*self._publish(groups))
 
     def _local_tokenizer(self) -> LocalTokenizer:
         """How peers' prompts and completion texts become our token ids (for build_batch)."""
@@ -509,16 +531,17 @@ class Node:
         t_round = time.time()
         self.progress.round_started(self.round)
         self.cpu = CpuClock()
-        self._bytes_in = [0, 0]
+        self._bytes_in = WireCount()
         self._guard_excluded = 0
-        wire_out = [0, 0]
+        wire_out = WireCount()
         prompts = self._round_prompts()
         slots = self._fill_slots()
         record: dict = {"round": self.round}
         peers, topped_up = [], 0
         if slots is not None:
-            own, peers, gen_s, tokens, topped_up, peer_stats = self._fill_batch(prompts, slots, wire_out)
-            record.update(peer_stats)
+            filled = self._fill_batch(prompts, slots, wire_out)
+            own, peers, gen_s, tokens, topped_up = filled.own, filled.peers, filled.gen_s, filled.tokens, filled.topped_up
+            record.update(filled.peer_stats)
         else:
             own, gen_s, tokens = self._generate(prompts)
             if self.swarm is not None:
@@ -528,13 +551,13 @@ class Node:
                 record.update(peer_stats)
         record.update(self._gen_stats(own, gen_s, tokens))
         if self.swarm is not None and cfg.swarm.share:
-            record["wire/bytes_per_token_out"] = wire_out[0] / wire_out[1] if wire_out[1] else None
+            record["wire/bytes_per_token_out"] = wire_out.per_token()
         record["groups/topped_up"] = topped_up
         batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
                             local=self.local_tokenizer, rules=self.sample_rules)
         samples = batch.samples
         t0 = time.time()
-        with self.cpu.phase("train"):
+        with self.cpu.measure("train"):
             stats = self._train(samples) if samples else {"skipped": 1, "samples": 0}
         record["time/train_s"] = time.time() - t0
         uses = peer_usage(samples, stats.get("per_sample"))
@@ -544,7 +567,7 @@ class Node:
             self.swarm.mark_useful(useful_peers(samples, stats.get("per_sample")))
         t0 = time.time()
         self.progress.phase(phases.SYNCING)
-        with self.cpu.phase("sync"):
+        with self.cpu.measure("sync"):
             sync_info = self.sync.sync(self.learner.version) or {}
         record["time/sync_s"] = time.time() - t0
         own_rewards = [r for g in own for r in g.rewards]

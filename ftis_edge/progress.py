@@ -50,7 +50,7 @@ class ProgressReport:
         self.state = {**keep, "phase": name, "since": now, **detail}
         self._write(now)
 
-    def step(self, done: int, total: int, **detail) -> None:
+    def advance(self, done: int, total: int, **detail) -> None:
         """Progress inside the phase: ``done`` of ``total`` (throttled)."""
         self.state.update(done=done, total=total, **detail)
         now = self.clock()

@@ -41,7 +41,7 @@ class Bridge:
         self.b.start()
         return self
 
-    def step(self, timeout_s: float = 0.05) -> int:
+    def forward_once(self, timeout_s: float = 0.05) -> int:
         """Forward what arrived since the last call; returns how many rollouts moved."""
         moved = 0
         for src, dst, key in ((self.a, self.b, "a_to_b"), (self.b, self.a, "b_to_a")):
@@ -61,7 +61,7 @@ class Bridge:
     def run(self) -> None:
         """Forward until stop()."""
         while not self._stop.is_set():
-            self.step()
+            self.forward_once()
 
     def stop(self) -> None:
         self._stop.set()

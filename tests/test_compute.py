@@ -19,9 +19,9 @@ def _spin(cpu_s: float) -> None:
 
 def test_the_clock_counts_process_cpu_per_phase_not_wall_time():
     clock = CpuClock()
-    with clock.phase("train"):
+    with clock.measure("train"):
         _spin(0.2)
-    with clock.phase("sync"):
+    with clock.measure("sync"):
         time.sleep(0.3)                 # waiting costs no CPU: a wall clock would count 0.3 s
     assert clock.seconds["train"] >= 0.2 and clock.seconds["sync"] < 0.05
     assert clock.seconds["gen"] == 0.0 and clock.round_s() >= clock.seconds["train"]

@@ -34,14 +34,14 @@ def test_progress_report_writes_phases_at_once_and_steps_throttled(tmp_path):
     report.phase(phases.GENERATING, done=0, total=8)
     assert phases.read_progress(tmp_path)["phase"] == "generating"
     clock[0] += 0.1
-    report.step(4, 8, tok_s=400.0)            # 0.1 s after the last write: held back
+    report.advance(4, 8, tok_s=400.0)            # 0.1 s after the last write: held back
     assert phases.read_progress(tmp_path)["done"] == 0
     clock[0] += 0.5
-    report.step(6, 8, tok_s=410.0)            # 0.6 s: written
+    report.advance(6, 8, tok_s=410.0)            # 0.6 s: written
     got = phases.read_progress(tmp_path)
     assert (got["done"], got["total"], got["tok_s"], got["round"]) == (6, 8, 410.0, 3)
     clock[0] += 0.01
-    report.step(8, 8)                         # the last step always lands
+    report.advance(8, 8)                         # the last step always lands
     assert phases.read_progress(tmp_path)["done"] == 8
     report.phase(phases.TRAINING, samples=16)  # a new phase drops the old one's details
     got = phases.read_progress(tmp_path)
@@ -96,7 +96,7 @@ async def test_dashboard_shows_phase_bar_eta_and_round_time(tmp_path):
         assert cell(app, "state") == "running"          # no progress file yet: nothing invented
         report.round_started(last["round"] + 1)
         report.phase(phases.GENERATING, done=0, total=8)
-        report.step(8, 8, tok_s=412.4)
+        report.advance(8, 8, tok_s=412.4)
         await wait_for(pilot, lambda: cell(app, "state") == "generating")
         assert "running · generating 8/8 completions · 412 tok/s" in app.sub_title
         line = text_of(app, "round-progress")
@@ -109,7 +109,7 @@ async def test_dashboard_shows_phase_bar_eta_and_round_time(tmp_path):
         await wait_for(pilot, lambda: cell(app, "state") == "peer wait")
         assert "waiting for peers 1/4 groups" in text_of(app, "round-progress")
         report.phase(phases.TRAINING, samples=16)
-        report.step(2, 4)
+        report.advance(2, 4)
         await wait_for(pilot, lambda: "training micro-batch 2/4" in text_of(app, "round-progress"))
 
 
