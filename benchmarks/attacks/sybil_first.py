@@ -7,28 +7,24 @@ and publishes --honest-rate rollouts/s. A budgeted subscriber (the real client, 
 relay offers. Control: the same without fake ids. Prints the honest rollouts received and the
 honest publisher's fair share (K / publishers per window, at most what it published).
 
-    python benchmarks/attacks/sybil_first.py [--fakes 8 40] [--seconds 24] [--relay-root DIR] [--json]
+    python -m benchmarks.attacks.sybil_first [--fakes 8 40] [--seconds 24] [--relay-root DIR] [--json PATH]
 
 --relay-root runs another checkout's relay and client (e.g. the code before a change,
 extracted with ``git archive REV relay | tar -x -C DIR``).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if "--relay-root" in sys.argv:
+from benchmarks.harness import ROOT, free_port, parser, write_json
+
+if "--relay-root" in sys.argv:     # another checkout's relay AND client: its package must win the import
     sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--relay-root") + 1]).resolve()))
-else:
-    sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 import zmq  # noqa: E402
@@ -40,12 +36,6 @@ from relay.client import RelayClient  # noqa: E402
 def rollout(rid: str, task: str = "gsm8k", size: int = 2000) -> bytes:
     body = os.urandom(size)
     return P.pack_prefix("none", rid, task, "", len(body)) + body
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _fakes(address: str, n: int, rate: float, seconds: float) -> None:
@@ -77,7 +67,7 @@ def _fakes(address: str, n: int, rate: float, seconds: float) -> None:
 
 
 def run(n_fakes: int, a, root: Path) -> dict:
-    address = f"tcp://127.0.0.1:{_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     relay = subprocess.Popen([sys.executable, "-m", "relay", "--bind", address, "--log-level", "WARNING"],
                              cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -116,7 +106,7 @@ def run(n_fakes: int, a, root: Path) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--fakes", type=int, nargs="+", default=[8, 40])
     ap.add_argument("--fake-rate", type=float, default=3.0)
     ap.add_argument("--honest-rate", type=float, default=2.0)
@@ -125,17 +115,13 @@ def main() -> int:
     ap.add_argument("--warm", type=float, default=3.0)
     ap.add_argument("--seconds", type=float, default=24.0)
     ap.add_argument("--relay-root", default=str(ROOT))
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     root = Path(a.relay_root).resolve()
     rows = [run(n, a, root) for n in [0, *a.fakes]]
-    if a.json:
-        print(json.dumps({"relay_root": str(root), "k": a.k, "window_s": a.window, "seconds": a.seconds,
-                          "rows": rows}, indent=1))
-    else:
-        for r in rows:
-            print(f"fake ids {r['fakes']:>3}: honest received {r['honest_received']:>3} of {r['honest_published']:>3} "
-                  f"published, fair share {r['fair_share']:>6}, {r['share_of_fair']}")
+    write_json(a.json, {"relay_root": str(root), "k": a.k, "window_s": a.window, "seconds": a.seconds, "rows": rows})
+    for r in rows:
+        print(f"fake ids {r['fakes']:>3}: honest received {r['honest_received']:>3} of {r['honest_published']:>3} "
+              f"published, fair share {r['fair_share']:>6}, {r['share_of_fair']}")
     return 0
 
 
