@@ -8,6 +8,9 @@ import of ``pkg.sub`` is an edge to ``pkg.sub`` only, not to its parent package'
 from __future__ import annotations
 
 import ast
+import functools
+import subprocess
+import sys
 from pathlib import Path
 
 from procs import ROOT
@@ -45,6 +48,7 @@ def _imports(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
+@functools.cache            # read once per session: every test here only reads it
 def import_graph() -> dict[str, set[str]]:
     modules = _modules()
     graph: dict[str, set[str]] = {m: set() for m in modules}
@@ -122,3 +126,53 @@ def test_the_finder_sees_a_cycle_and_a_function_level_import():
 def test_no_import_cycle_in_ftis_edge_or_relay():
     found = cycles(import_graph())
     assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others (any import statement)."""
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+# The training core: what a sample is, the objective, the batch, the learner, and intake's checks.
+CORE = ("ftis_edge.samples", "ftis_edge.objective", "ftis_edge.batch", "ftis_edge.learner", "ftis_edge.intake")
+# What assembles a node from its settings: the core must never reach it.
+ABOVE = ("ftis_edge.config", "ftis_edge.node", "ftis_edge.cli", "ftis_edge.swarm", "ftis_edge.rundir",
+         "ftis_edge.export", "ftis_edge.tui")
+
+
+def test_the_training_core_sits_below_config():
+    graph = import_graph()
+    for m in CORE:
+        above = {a for a in reaches(graph, m) if a.startswith(ABOVE)}
+        assert not above, f"{m} imports {sorted(above)}"
+    assert "ftis_edge.learner" not in reaches(graph, "ftis_edge.batch")     # batch: the sample types only
+    assert "ftis_edge.batch" not in reaches(graph, "ftis_edge.intake")
+    assert "ftis_edge.config" not in reaches(graph, "ftis_edge.metric_keys")   # the docs generator joins them
+
+
+# Modules with no tensor in them: importing one must not load torch (seconds, and a GPU driver),
+# so intake's checks, the wire format and the relay's socket-free parts stay cheap to run and test.
+NO_TORCH = ("ftis_edge.samples", "ftis_edge.intake", "ftis_edge.wire", "ftis_edge.metric_keys", "ftis_edge.fit",
+            "ftis_edge.config", "ftis_edge.checkpoint", "relay.protocol", "relay.topic", "relay.budget",
+            "relay.limits", "relay.auth", "relay.frames", "relay.server", "relay.client")
+HEAVY = ("torch", "transformers", "peft", "llama_cpp")
+
+
+def test_modules_without_tensors_import_no_torch():
+    probe = "import importlib, sys; importlib.import_module(sys.argv[1]); print(' '.join(sorted(set(m.split('.')[0] for m in sys.modules))))"
+    procs = {m: subprocess.Popen([sys.executable, "-c", probe, m], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for m in NO_TORCH}
+    for m, p in procs.items():
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, (m, err[-2000:])
+        loaded = set(out.split())
+        assert not loaded & set(HEAVY), f"importing {m} loads {sorted(loaded & set(HEAVY))}"
+    # the probe can fail: the learner does load torch
+    out = subprocess.run([sys.executable, "-c", probe, "ftis_edge.learner"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert "torch" in out.split()
