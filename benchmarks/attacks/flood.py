@@ -55,16 +55,23 @@ def rollout(rid: str, task: str = "") -> bytes:
     return P.pack_prefix("none", rid, task, "", len(BODY)) + BODY
 
 
-def _flooder(address: str, first: int, n: int, seconds: float, out: mp.Queue) -> None:
-    ctx = zmq.Context()
+def hello_crowd(ctx, address: str, ids: range, prefix: str = "sybil", sndhwm: int = 0) -> list:
+    """One DEALER per identity PREFIX-i, each connected and past HELLO (replies are not awaited)."""
     socks = []
-    for i in range(first, first + n):
+    for i in ids:
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 200)
+        if sndhwm:
+            s.setsockopt(zmq.SNDHWM, sndhwm)
         s.connect(address)
-        s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"sybil-{i}", "protocol": P.RELAY_PROTOCOL})])
+        s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"{prefix}-{i}", "protocol": P.RELAY_PROTOCOL})])
         socks.append(s)
+    return socks
+
+
+def _flooder(address: str, first: int, n: int, seconds: float, out: mp.Queue) -> None:
+    ctx = zmq.Context()
+    socks = hello_crowd(ctx, address, range(first, first + n), sndhwm=200)
     sent = acked = 0
     deadline = time.time() + seconds
     k = 0
@@ -115,13 +122,7 @@ def _paced_flooder(address: str, name: str, rate: float, seconds: float, out: mp
 def _sybil_crowd(address: str, n: int, rate: float, delay_s: float, seconds: float, out: mp.Queue) -> None:
     """n identities, one connection each, each publishing `rate` gsm8k-tagged rollouts/s."""
     ctx = zmq.Context()
-    socks = []
-    for i in range(n):
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(address)
-        s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"sybil-{i}", "protocol": P.RELAY_PROTOCOL})])
-        socks.append(s)
+    socks = hello_crowd(ctx, address, range(n))
     time.sleep(delay_s)
     sent = acked = 0
     t0 = time.time()

@@ -26,9 +26,9 @@ from benchmarks.harness import ROOT, free_port, parser, write_json
 if "--relay-root" in sys.argv:     # another checkout's relay AND client: its package must win the import
     sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--relay-root") + 1]).resolve()))
 
-import orjson  # noqa: E402
 import zmq  # noqa: E402
 
+from benchmarks.attacks.flood import hello_crowd  # noqa: E402  (after the path: its relay is the one under test)
 from relay import protocol as P  # noqa: E402
 from relay.client import RelayClient  # noqa: E402
 
@@ -40,13 +40,7 @@ def rollout(rid: str, task: str = "gsm8k", size: int = 2000) -> bytes:
 
 def _fakes(address: str, n: int, rate: float, seconds: float) -> None:
     ctx = zmq.Context()
-    socks = []
-    for i in range(n):
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(address)
-        s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"fake-{i}", "protocol": P.RELAY_PROTOCOL})])
-        socks.append(s)
+    socks = hello_crowd(ctx, address, range(n), prefix="fake")
     t0, sent = time.time(), 0
     while time.time() - t0 < seconds:
         due = int((time.time() - t0) * rate) + 1
