@@ -30,7 +30,9 @@ def test_default_node_alone_writes_metrics_checkpoints_and_adapter(solo_run):
         assert unregistered(r) == []          # every key a real round writes is in the metric registry
         assert 0.0 <= r["reward/own"] <= 1.0 and r["gen/tokens"] > 0
     assert (run / "config.toml").exists() and (run / "node.log").stat().st_size > 0
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round-000001", "round-000002"]
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert [n for n in kept if n.startswith("round-")] == ["round-000001", "round-000002"], kept
+    assert len([n for n in kept if n.startswith("best-")]) == 1, kept        # the best held-out eval's weights
     assert list((run / "adapter").glob("*.gguf")), "the GGUF LoRA the generator uses"
 
 
