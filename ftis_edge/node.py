@@ -563,7 +563,7 @@ class Node:
         uses = peer_usage(samples, stats.get("per_sample"))
         for use in uses:
             self.book.get(use.node_id).record_use(use)
-        if self.swarm is not None:      # the relay's budget favours them over fresh ids (issue 25.2)
+        if self.swarm is not None:      # the relay's budget favours them over fresh ids (a Sybil crowd)
             self.swarm.mark_useful(useful_peers(samples, stats.get("per_sample")))
         t0 = time.time()
         self.progress.phase(phases.SYNCING)

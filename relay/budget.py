@@ -2,7 +2,7 @@
 newest first (docs/relay.md, "Delivery budgets"). The rules only: no socket, and the time is
 always given (`now`), so they are tested with a made-up clock.
 
-Sybil resistance (issue 25.2): a subscriber names the publishers it found useful (USEFUL, the
+Sybil resistance (many fake ids must not crowd out a useful publisher): a subscriber names the publishers it found useful (USEFUL, the
 node: those whose groups it trained on). While one of them is active, the useful publishers
 share the budget but a probation slice, and every other id (fresh, unknown: what a crowd of
 fake identities is) shares only that slice, one rollout each, so no number of fresh ids can

@@ -129,7 +129,7 @@ def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float =
     poller.register(mon, zmq.POLLIN)
     failed = ""
     try:
-        if keys is None:      # an open relay answers STATS only after HELLO (issue 30)
+        if keys is None:      # an open relay answers STATS (O(peers) bytes) only after a HELLO
             s.send_multipart([P.HELLO, orjson.dumps({"node_id": STATUS_NODE_ID, "protocol": P.RELAY_PROTOCOL})])
         s.send_multipart([P.STATS])
         deadline = time.monotonic() + timeout_s

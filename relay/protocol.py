@@ -64,7 +64,8 @@ REFUSED_AT_HELLO = frozenset({IDENTITY, "too_many_peers", "bad_version", "bad_he
 # where task, tokenizer and id are each (u8 kind, u8 length, bytes): kind 1 = lowercase hex
 # packed two chars per byte, kind 0 = the string's bytes (printable ASCII for the id, printable
 # UTF-8 for the tags). The task tag and tokenizer fingerprint live here and nowhere else in the
-# rollout: the relay filters on exactly what a receiver decodes (issue 25.2).
+# rollout: the relay filters on exactly what a receiver decodes, so a publisher cannot tag a
+# rollout as another task than it is.
 ROLLOUT_MAGIC = b"FTR"
 ROLLOUT_VERSION = 3          # 3: task and tokenizer in the prefix (not the body header);
                              # 2: token byte lengths in the body (wire.py); older ones are refused

@@ -138,7 +138,7 @@ class Relay:
         if hint:
             raise ValueError(hint)
         if cfg.trusted_bridges and not cfg.keys_dir and not cfg.open_bridges:
-            # On an open relay anyone may HELLO as the bridge's name (issue 25.4).
+            # On an open relay anyone may HELLO as the bridge's name: trusting it there trusts anyone.
             raise ValueError("--trust-bridge on an open relay trusts a claimed node id (anyone can HELLO as "
                              f"{sorted(cfg.trusted_bridges)[0]!r} and publish as any node): use CURVE "
                              "(--keys/--allow, the name is then a key's), or pass --open-bridges to accept that")
@@ -463,7 +463,7 @@ class Relay:
 
     def _on_ping(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
         # O(1) per PING, and at most PING_RATE per connection: a PONG carries the peer count,
-        # never the peer list (that made 1,000 pinging clients O(N^2) bytes/s, issue 30)
+        # never the peer list (that made 1,000 pinging clients O(N^2) bytes/s)
         if not self.control_limits.allow(b"p" + rid, 0, time.monotonic()):
             self.rejected["ping_rate"] += 1
             return
@@ -535,7 +535,7 @@ class Relay:
         return a
 
     def _origin_allowed(self, bridge: str, origin: str) -> bool:
-        """A bridged origin is NODE@RELAY (issue 30.2): never a local id (those have no '@', and
+        """A bridged origin is NODE@RELAY (a bridge must not speak for local nodes): never a local id (those have no '@', and
         on CURVE they are keys' names), never this relay's namespace, and one of the bridge's
         namespaces when its --trust-bridge names them."""
         node, at, ns = origin.partition(P.NAMESPACE)
@@ -722,7 +722,7 @@ class Relay:
         sent more than a pipe holds): then it is the one that is slow, not the relay (under a
         flood the relay's own I/O can stall every pipe at once, and that must not count; and a
         fresh pipe that was never filled proves nothing, so a crowd of fresh Sybil subscribers
-        cannot make a reading one "slow", issue 30.5). A frozen lone subscriber stops pinging
+        cannot make a reading one "slow"). A frozen lone subscriber stops pinging
         and is dropped after peer_timeout_s."""
         full = [p for rid in topic.full_subs if (p := self.peers.get(rid)) is not None]
         if not full:
