@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batches import BATCHES, SwarmBatch  # noqa: E402
+from run import last_adapter  # noqa: E402  (the weights run.py evaluates)
 
 KEEP = ("config.toml", "metrics.jsonl", "eval-*.json", "*.md")
 WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".pt", ".pth", ".bin", ".ckpt")
@@ -86,11 +87,6 @@ def copy_kept(f: Path, target: Path) -> None:
         target.write_text(compact_json(f.read_text(encoding="utf-8")), encoding="utf-8")
     else:
         shutil.copy2(f, target)
-
-
-def last_adapter(run_dir: Path) -> Path | None:
-    found = sorted((run_dir / "adapter").glob("adapter-v*.gguf"))
-    return found[-1] if found else None
 
 
 def run_dirs(src: Path) -> list[Path]:
