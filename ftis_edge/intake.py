@@ -15,13 +15,14 @@ Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
   completions in a measurement), and a completion cut mid-character ends in U+FFFD, which
   re-encodes differently;
 * the reward is recomputed here from the text, within a total time budget a round that is
-  shared across senders (``fair_grading_order``): senders whose answers made the grader
-  overrun go last, the others take turns, one rollout each; one rollout may take at most an
-  equal share of what is left and stops at its first overrun, so a flooder with slow
-  answers spends its own share, never an honest peer's. A rollout with an answer on which the grader
-  overran is refused (``grader_timeout``) and counts towards its sender's quarantine; one
-  the budget or the workers did not reach in full is refused as ``no_grading_time`` and
-  does not;
+  shared across senders (``fair_grading_order``): senders whose answers are known to grade
+  fast first, unknown ones next (shorter answers first), those known to grade slowly or to
+  make the grader overrun last; each sender's rollouts together get at most an equal share of
+  what is left, so many ids, or ids whose answers grade just under the limit, spend their own
+  share, never an honest peer's. A rollout with an answer on which the grader overran with
+  its whole per-answer timeout is refused (``grader_timeout``) and counts towards its
+  sender's quarantine; one cut short by its share, or that the budget or the workers did not
+  reach in full, is refused as ``no_grading_time`` and does not;
 * a peer whose rollouts are refused at a high rate over a sliding window is quarantined,
   with the reason logged and kept in its book; a change of its model or tokenizer
   fingerprint mid-run is logged and counted.
@@ -40,6 +41,7 @@ import numpy as np
 from .samples import carries_signal
 from .text_safety import terminal_safe
 from .tasks.grader import get_grader
+from .tasks.rewards import check_format
 from .wire import Rollout, WireCompletion
 
 log = logging.getLogger("ftis_edge.intake")
@@ -111,6 +113,7 @@ class PeerStats:
     kl_sum: float = 0.0
     is_weight_sum: float = 0.0
     grader_timeouts: int = 0
+    grade_s: float | None = None     # grading seconds per answer of its rollouts (moving average)
     reward_mismatches: int = 0       # claimed reward != our grade
     fingerprint_changes: int = 0     # model / tokenizer fingerprint changed mid-run
     fingerprint_change: str = ""     # the latest change, "tokenizer a -> b"
@@ -247,12 +250,35 @@ def overran(breakdown: dict) -> bool:
     return bool(breakdown.get("timed_out")) and str(breakdown.get("reason", "")).startswith("grading took longer")
 
 
-def fair_grading_order(queues: dict, turns: dict, slow: set) -> str:
-    """The sender whose next rollout is graded: senders whose answers made the grader overrun
-    go last; the others take turns, one rollout each, those with fewer rollouts waiting first.
-    So fast honest answers never wait behind a flood of slow ones, and a sender that makes the
-    grader overrun pays with its own share."""
-    return min(queues, key=lambda s: (s in slow, turns.get(s, 0), len(queues[s])))
+def _answer_len(text: str) -> int:
+    """Length of the answer the grader will compare (linear time; a prior for its cost)."""
+    answer = check_format(text).answer if isinstance(text, str) else None
+    return len(answer) if answer is not None else 0
+
+
+EXPENSIVE = 0.25      # of the per-answer timeout: a sender whose answers took this long on average
+
+
+def grading_tier(grade_s: float | None, timeout_s: float, slow: bool) -> int:
+    """0: answers known to grade fast; 1: not known yet; 2: known to grade slowly (just under
+    the time limit); 3: made the grader overrun."""
+    if slow:
+        return 3
+    if grade_s is None:
+        return 1
+    return 0 if grade_s < EXPENSIVE * timeout_s else 2
+
+
+def fair_grading_order(queues: dict, turns: dict, slow: set, tiers: dict | None = None,
+                       sizes: dict | None = None) -> str:
+    """The sender whose next rollout is graded: by tier (``grading_tier``: senders whose
+    answers grade fast first, unknown ones next, slow and overrunning ones last), then turns,
+    one rollout each, then the shorter answers (a prior for unknown senders: a slow answer is
+    rarely short), then fewer rollouts waiting. So a crowd of ids whose answers grade just
+    under the time limit spends its own share, never an honest peer's."""
+    tiers, sizes = tiers or {}, sizes or {}
+    return min(queues, key=lambda s: (tiers.get(s, 3 if s in slow else 1), turns.get(s, 0),
+                                      sizes.get(s, 0), len(queues[s])))
 
 
 class Intake:
@@ -371,6 +397,9 @@ class Intake:
         for k, (sender, _, _, _) in enumerate(fresh):
             queues[sender].append(k)
         slow = {s for s in queues if self.book.get(s).grader_timeouts}   # known to be expensive
+        timeout_s = self.task.reward_settings.timeout_s
+        tiers = {s: grading_tier(self.book.get(s).grade_s, timeout_s, s in slow) for s in queues}
+        sizes = {s: max(_answer_len(c.text) for k in ks for c in fresh[k][1].completions) for s, ks in queues.items()}
         grades: dict[int, list] = {}
         turns: dict[str, int] = defaultdict(int)
         if self._grader_killed:  # an overrun last time killed workers: let them restart (a hot spare
@@ -381,28 +410,47 @@ class Intake:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            sender = fair_grading_order(queues, turns, slow)
-            share = left / len(queues)           # this sender's and every other waiting sender's
-            k = queues[sender].popleft()
-            if not queues[sender]:
-                del queues[sender]
-            _, r, prompt, _ = fresh[k]
-            grades[k] = self._grade_rollout(r, prompt.reference, min(time.monotonic() + share, deadline))
-            turns[sender] += 1
-            if any(overran(b) for _, b in grades[k]):
-                slow.add(sender)
-                self._grader_killed = True
+            # one sender at a time, all its rollouts within its share of what is left (a
+            # grading budget per publisher: many ids, or many rollouts, spend only their own)
+            sender = fair_grading_order(queues, turns, slow, tiers, sizes)
+            until = min(time.monotonic() + left / len(queues), deadline)
+            for k in queues.pop(sender):
+                if time.monotonic() >= until:
+                    break
+                _, r, prompt, _ = fresh[k]
+                grades[k] = self._grade_rollout(r, prompt.reference, until)
+                turns[sender] += 1
+                graded_s = [b["seconds"] for _, b in grades[k] if "seconds" in b]
+                if graded_s:                          # what its answers cost: its place next time
+                    per = sorted(graded_s)[len(graded_s) // 2]      # the median: not one cold start
+                    peer = self.book.get(sender)
+                    peer.grade_s = per if peer.grade_s is None else 0.5 * peer.grade_s + 0.5 * per
+                if any(overran(b) for _, b in grades[k]):
+                    slow.add(sender)
+                    self._grader_killed = True
+                    break
+                if any(b.get("share_spent") for _, b in grades[k]):
+                    self._grader_killed = True
+                    break
         return grades
 
     def _grade_rollout(self, r: Rollout, reference: str, until: float) -> list:
+        """An answer that times out is charged to its sender only when it had the whole
+        per-answer timeout; cut short by its share of the round, it is just not graded."""
         out, stop = [], False
+        timeout_s = self.task.reward_settings.timeout_s
         for c in r.completions:
             left = until - time.monotonic()
-            stop = stop or bool(out) and overran(out[-1][1])
+            stop = stop or bool(out) and (overran(out[-1][1]) or out[-1][1].get("share_spent", False))
             if stop or left <= 0:
                 out.append((0.0, {"timed_out": True, "reason": "not graded: an earlier answer overran, or its share was used up"}))
                 continue
-            out += self.task.reward_many([c.text], [reference], total_budget_s=left)
+            graded = self.task.reward_many([c.text], [reference], total_budget_s=left)
+            if left < timeout_s and overran(graded[0][1]):
+                value, b = graded[0]
+                graded = [(0.0, {**b, "reason": "not graded: its share of the round's budget was used up",
+                                 "share_spent": True})]
+            out += graded
         return out
 
     def _rescore(self, fresh, current_round: int) -> None:
