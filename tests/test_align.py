@@ -73,8 +73,7 @@ TEXTS = ["Hello world 123 ü 🙂\n\n<answer>42</answer>", " leading  spaces\tan
          "日本語のテキスト and 数字 3.14"]
 
 
-@pytest.mark.model
-@pytest.mark.parametrize("spec", ["smollm2-135m", "gemma3-270m"])
+@pytest.mark.parametrize("spec", ["smollm2-135m", "gemma3-270m"])     # tokenizers only: no model mark
 def test_real_tokenizer_bytes_spell_the_text(spec):
     from ftis_edge.models import resolve_model
     bundle = resolve_model(spec)
@@ -92,7 +91,6 @@ def test_real_tokenizer_bytes_spell_the_text(spec):
     assert tb.lengths([len(tb.table) + 5], "") is None
 
 
-@pytest.mark.model
 def test_smollm2_and_gemma_share_word_boundaries():
     from ftis_edge.models import resolve_model
     text = "Natalia sold 48 clips in April, so 48 / 2 = 24 in May.\n<answer>72</answer>"

@@ -6,7 +6,7 @@ import pytest
 from ftis_edge.generate.stops import StopRule
 from ftis_edge.tasks.rewards import check_format
 
-pytestmark = pytest.mark.model         # the shipped SmolLM2 tokenizer
+# the shipped SmolLM2 tokenizer only (no model weights): part of the default suite
 
 
 @pytest.fixture(scope="module")
