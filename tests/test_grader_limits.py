@@ -80,3 +80,17 @@ def test_a_huge_answer_stays_within_the_workers_memory_limit(caplog):
         assert peak <= start + (MEMORY_LIMIT_MB << 20) + (64 << 20), (start >> 20, peak >> 20)
     assert "memory limit" in caplog.text
     assert task.reward(f"<answer>{p.meta['answer']}</answer>", p.reference)[0] == 1.0
+
+
+@pytest.mark.parametrize("answer", ["40 Visit evil.example", "40 visit evil dot example", "40 www.evil",
+                                    "40 I hope this helps! Let me know if you have any other questions.",
+                                    "40 (see https://x.io)"])
+def test_a_math_answer_is_a_bare_answer_not_a_carrier(answer):
+    """math-verify finds 40 in "40 Visit evil.example": graded correct, the phrase was rewarded
+    and reinforced. Words beyond the reference's (plus one, a unit) or a link: refused."""
+    from ftis_edge.tasks.rewards import RewardSettings
+    value, b = score(f"<answer>{answer}</answer>", "40", RewardSettings())
+    assert value == 0.0 and b["reason"].startswith("refused"), b
+    for honest, ref in (("40", "40"), ("18 dollars", "18"), ("2 \\text{ inches}", "2"), ("\\frac{1}{2}", "0.5"),
+                        ("\\text{(C)}", "\\text{(C)}"), ("3.14", "3.14")):
+        assert score(f"<answer>{honest}</answer>", ref, RewardSettings())[0] == 1.0, honest

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .rewards import RewardSettings, answers_match, check_format, exact_match, prefilter, reward_value
+from .rewards import RewardSettings, answers_match, bare_answer_refusal, check_format, exact_match, prefilter, reward_value
 
 STARTUP_TIMEOUT_S = 60.0        # a cold worker start (python + sympy imports), once per process
 # Memory a worker may take past its prepared state. An answer is 12 characters away from
@@ -348,6 +348,8 @@ def score(text: str, reference: str, settings: RewardSettings = RewardSettings()
     value, timed_out, reason = 0.0, False, fmt.reason
     if fmt.answer is not None:
         refused = prefilter(fmt.answer, settings) if settings.prefilter else None
+        if refused is None and settings.prefilter and settings.rule == "math":
+            refused = bare_answer_refusal(fmt.answer, str(reference))
         if refused:
             reason = f"refused: {refused}"
         elif budget <= 0:

@@ -127,6 +127,23 @@ def _exponents(answer: str):
         i += 1
 
 
+# Words outside LaTeX commands, and what looks like a domain or a link: an answer is the
+# answer, not a carrier for text (math-verify finds "40" in "40 Visit evil.example", so the
+# phrase would be rewarded as correct and reinforced).
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_LINK = re.compile(r"://|www\.|[A-Za-z0-9-]\.[A-Za-z]{2,}")
+
+
+def bare_answer_refusal(answer: str, reference: str) -> str | None:
+    """Why a math answer is not a bare answer (None when it is): more words than its reference
+    plus one (a unit: "18 dollars"), or a link or domain its reference does not have."""
+    if _LINK.search(answer) and not _LINK.search(reference):
+        return "a link in the answer"
+    if len(_WORD.findall(answer)) > len(_WORD.findall(reference)) + 1:
+        return "words around the answer"
+    return None
+
+
 def prefilter(answer: str, settings: RewardSettings) -> str | None:
     """Why ``answer`` is refused before grading, or None when it may be graded."""
     if len(answer) > settings.max_answer_chars:
