@@ -62,3 +62,9 @@ def subscribe(s: zmq.Socket, filters: dict | None = None, budget: dict | None = 
             **({"budget": budget} if budget is not None else {})}
     s.send_multipart([P.SUB, swarm, orjson.dumps(body)])
     assert replies(s, n=1)[0][0] == P.SUBOK
+
+
+def join(s: zmq.Socket, node_id: str, **sub) -> None:
+    """HELLO as ``node_id`` (answered WELCOME), then SUB (``subscribe``'s filters / budget)."""
+    assert hello(s, node_id)[0] == P.WELCOME
+    subscribe(s, **sub)

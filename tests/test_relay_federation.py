@@ -9,12 +9,11 @@ import time
 
 import orjson
 import pytest
-import zmq
 
 from ftis_edge import wire
 from ftis_edge.swarm import SwarmClient
 from relay import protocol as P
-from messages import make_rollout
+from messages import dealer, hello, make_rollout
 from procs import ROOT, RelayProc, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -243,12 +242,9 @@ def test_bridged_ids_are_namespaced_so_no_bridge_can_pose_as_a_local_node(net):
     mallory, carol = client(c, "bob", subscribe=False), client(c, "carol")
     assert wait_for(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
     assert wait_for(lambda: all(x.stats()["connected"] for x in (alice, bob, mallory, carol)), 10)
-    evil = zmq.Context.instance().socket(zmq.DEALER)
-    evil.setsockopt(zmq.LINGER, 0)
-    evil.connect(c.address)
+    evil = dealer(c.address)
     try:
-        evil.send_multipart([P.HELLO, orjson.dumps({"node_id": "evil", "protocol": P.RELAY_PROTOCOL})])
-        assert evil.poll(5000) and evil.recv_multipart()[0] == P.WELCOME
+        assert hello(evil, "evil")[0] == P.WELCOME
         answers = []
         for origin in ("bob", "carol@relay-c", "bob@relay-b", "bob@relay-b@relay-a", "alice@relay-a"):
             node = P.home_id(origin)

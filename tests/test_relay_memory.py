@@ -17,7 +17,7 @@ import pytest
 from relay import protocol as P
 from relay.cli import format_stats
 from relay.client import RelayClient
-from messages import dealer, hello, raw_rollout, replies, subscribe
+from messages import dealer, hello, join, raw_rollout, replies, subscribe
 from procs import wait_connected
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,8 +49,7 @@ def test_a_subscriber_claiming_it_read_everything_is_held_at_its_cap(relay):
     pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
     reader = RelayClient(r.address, swarm="s", node_id="reader").start()
     try:
-        assert hello(liar, "liar")[0] == P.WELCOME
-        subscribe(liar)
+        join(liar, "liar")
         _connected(pub, reader)
         got = set()
         for burst in range(4):

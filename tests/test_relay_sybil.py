@@ -18,8 +18,8 @@ from ftis_edge.samples import OWN, TrainSample
 from ftis_edge.node import useful_peers
 from relay import protocol as P
 from relay.client import RelayClient
+from messages import dealer, hello, join, make_rollout, raw_rollout, replies, subscribe
 from procs import ROOT, wait_connected
-from messages import dealer, hello, make_rollout, raw_rollout, replies, subscribe
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -99,8 +99,7 @@ def test_queued_bytes_per_subscriber_are_bounded(relay):
     pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
     reader = RelayClient(r.address, swarm="s", node_id="reader").start()
     try:
-        assert hello(stuck, "stuck")[0] == P.WELCOME
-        subscribe(stuck)
+        join(stuck, "stuck")
         wait_connected(pub, reader)
         time.sleep(0.3)
         body = os.urandom(1 << 20)

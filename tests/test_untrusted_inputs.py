@@ -11,10 +11,10 @@ import sys
 import orjson
 import pytest
 import torch
-import zmq
 
 from ftis_edge import checkpoint, config
 from relay import protocol as P
+from messages import dealer, hello
 from procs import ROOT
 from test_relay_boundary import raw_rollout
 
@@ -86,12 +86,9 @@ def test_look_alike_namespaces_are_refused_by_an_unrestricted_bridge(relay):
     """`--trust-bridge br` (any namespace): `alice@relay-a` passes, `alice@rеlay-a` (Cyrillic
     е), `alice@А` and a namespace with a control character are `bad_origin`."""
     r = relay("--name", "relay-b", "--trust-bridge", "br", "--open-bridges")
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(r.address)
+    s = dealer(r.address)
     try:
-        s.send_multipart([P.HELLO, orjson.dumps({"node_id": "br", "protocol": P.RELAY_PROTOCOL})])
-        assert s.poll(5000) and s.recv_multipart()[0] == P.WELCOME
+        assert hello(s, "br")[0] == P.WELCOME
         answers = []
         for i, origin in enumerate(["alice@relay-a", "alice@r\u0435lay-a", "alice@\u0410", "alice@relay\x1b-a",
                                     "al\u202eice@relay-a"]):
