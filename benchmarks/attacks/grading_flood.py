@@ -37,7 +37,10 @@ def main() -> int:
     from ftis_edge.models import resolve_model
     from ftis_edge.swarm import Received
     from ftis_edge.tasks import get_task, warm_up
-    from test_intake import intake_for, rollout       # the tests' rollout builder (real tokenizer)
+    try:                                              # the tests' rollout builder (real tokenizer)
+        from peers import intake_for, rollout
+    except ImportError:
+        from test_intake import intake_for, rollout
 
     task, smol = get_task("arith"), resolve_model("smollm2-135m")
     smol.tokenizer()
