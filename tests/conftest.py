@@ -28,6 +28,22 @@ def relay():
 
 
 @pytest.fixture(scope="session")
+def smol():
+    """The default model's bundle (SmolLM2-135M), its tokenizer loaded: one per session."""
+    from ftis_edge.models import resolve_model
+    bundle = resolve_model("smollm2-135m")
+    bundle.tokenizer()
+    return bundle
+
+
+@pytest.fixture(scope="session")
+def task():
+    """The built-in arith task (binary reward), as a node without settings runs it."""
+    from ftis_edge.tasks import get_task
+    return get_task("arith")
+
+
+@pytest.fixture(scope="session")
 def solo_run(tmp_path_factory):
     """The default node alone (procs.TINY) for 2 rounds, a checkpoint every round, run once for
     the session: ``.run`` its run directory, ``.phases`` what its progress.json announced while

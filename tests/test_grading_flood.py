@@ -11,7 +11,7 @@ import pytest
 from ftis_edge.intake import grading_tier
 from ftis_edge.swarm import Received
 from ftis_edge.tasks import warm_up
-from test_intake import intake_for, rollout, smol, task  # noqa: F401 - fixtures
+from peers import intake_for, rollout
 
 SLOW = "<answer>\\sqrt{99999^{45000}}</answer>"
 
@@ -22,7 +22,7 @@ def test_the_tiers_put_known_fast_senders_first_and_known_slow_ones_last():
 
 
 @pytest.mark.timeout(300)
-def test_forty_ids_just_under_the_time_limit_cannot_keep_an_honest_group_ungraded(smol, task):  # noqa: F811
+def test_forty_ids_just_under_the_time_limit_cannot_keep_an_honest_group_ungraded(smol, task):
     prompt = next(task.prompts(seed=3))
     intake = intake_for(smol, task, rescore_budget_s=5.0)
     for rnd in (1, 2, 3):

@@ -14,12 +14,6 @@ from ftis_edge.wire import Rollout, WireCompletion, decode, encode
 pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
-def smol():
-    from ftis_edge.models import resolve_model
-    return resolve_model("smollm2-135m")
-
-
 @pytest.fixture(scope="module", params=["llamacpp", "hf"])
 def generator(request, smol):
     if request.param == "llamacpp":

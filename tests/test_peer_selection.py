@@ -18,12 +18,6 @@ G = 4
 
 
 @pytest.fixture(scope="module")
-def smol():
-    from ftis_edge.models import resolve_model
-    return resolve_model("smollm2-135m")
-
-
-@pytest.fixture(scope="module")
 def task():
     return get_task("arith", reward="shaped")     # format credit: most real groups have mixed rewards
 
