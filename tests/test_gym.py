@@ -97,7 +97,7 @@ def test_relay_tags_carry_the_dataset_and_its_settings(mix):
 def test_a_peer_on_another_dataset_is_filtered_out_by_a_real_relay(relay, mix):
     """The node subscribes with task.tags and tags each rollout with task.tag_of(prompt id)."""
     from relay.client import RelayClient
-    from test_relay_boundary import raw_rollout
+    from messages import raw_rollout
 
     only_chain = get_task("reasoning_gym", datasets={"chain_sum": {}})
     r = relay("--rate", "0", "--rate-mb", "0")

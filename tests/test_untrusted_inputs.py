@@ -14,9 +14,8 @@ import torch
 
 from ftis_edge import checkpoint, config
 from relay import protocol as P
-from messages import dealer, hello
+from messages import dealer, hello, raw_rollout
 from procs import ROOT
-from test_relay_boundary import raw_rollout
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
 
