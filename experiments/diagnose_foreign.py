@@ -187,8 +187,9 @@ def fresh(args) -> dict:
     start = copy.deepcopy(learner.state_dict())
     policy = create_generator("hf", gemma, GeneratorOptions(policy=learner.model, threads=args.threads))
     heldout = HeldOut(task, gemma, policy, every=1, prompts=args.eval_prompts, max_new_tokens=budget)
-    base = heldout.run(0)
-    print(f"# Gemma base held-out: {base.accuracy:.3f} on {base.n} ({base.seconds:.0f} s)", flush=True)
+    base = heldout.run(0) if heldout.active else None      # --eval-prompts 0: weights and KL only
+    if base is not None:
+        print(f"# Gemma base held-out: {base.accuracy:.3f} on {base.n} ({base.seconds:.0f} s)", flush=True)
 
     arms = {
         "f-tis (today)": (SampleRules(model_fp=gemma.fingerprint), None),
@@ -197,7 +198,7 @@ def fresh(args) -> dict:
                                             mask_truncated_completions=t.mask_truncated_completions),
                                 t.foreign_is_cap or None),
     }
-    out = {"groups": len(peers), "generation_s": gen_s, "base": base.as_dict(), "arms": {}}
+    out = {"groups": len(peers), "generation_s": gen_s, "base": base and base.as_dict(), "arms": {}}
     for arm, (rules, cap) in arms.items():
         learner.load_state_dict(copy.deepcopy(start))
         steps, first_pos = [], None
@@ -222,13 +223,15 @@ def fresh(args) -> dict:
         learner.optimizer.zero_grad(set_to_none=True)
         w_after = again["per_sample"]["is_weight"].tolist()
         w_before = [r["w"] for r in steps[0]["samples"] if r["adv"] > 0]
+        out["arms"][arm] = dict(steps=steps, first_positive_w_before=w_before, first_positive_w_after=w_after)
+        print(f"# {arm}: first step's positive samples, IS weight {statistics.fmean(w_before):.3f} at step 1 -> "
+              f"{statistics.fmean(w_after):.3f} after {args.steps} steps (plain F-TIS weight, C = {t.C})", flush=True)
+        if base is None:
+            continue
         res = heldout.run(args.steps)
         ch = paired_change(res.correct, base.correct)
-        out["arms"][arm] = dict(steps=steps, first_positive_w_before=w_before, first_positive_w_after=w_after,
-                                eval=res.as_dict(), change=ch.change, change_se=ch.se)
+        out["arms"][arm].update(eval=res.as_dict(), change=ch.change, change_se=ch.se)
         lo, hi = res.interval
-        print(f"# {arm}: first step's positive samples, IS weight {statistics.fmean(w_before):.3f} at step 1 -> "
-              f"{statistics.fmean(w_after):.3f} after {args.steps} steps (plain F-TIS weight, C = {t.C})")
         print(f"# {arm}: held-out {res.accuracy:.3f} [{lo:.3f}, {hi:.3f}], format {statistics.fmean(res.format_ok):.2f},"
               f" cut {statistics.fmean(res.truncated):.2f}; paired change vs base {ch.change:+.3f} ± {ch.se:.3f}",
               flush=True)
