@@ -14,7 +14,7 @@ from ftis_edge.divergence import DivergenceWatch, learning_rate_note
 from ftis_edge.metrics import read_metrics
 from ftis_edge.tui import DashboardApp
 from procs import ROOT, finish, rounds_of, start_node, write_config
-from test_tui import FAST, append, cell, live_copy, plain, wait_for
+from dashboard import FAST, append, cell, live_copy, plain, wait_for
 
 ISSUE_ROUNDS = [   # bob, full fine-tuning at the LoRA rate the init file wrote (issue numbers)
     {"round": 1, "format/own": 0.21, "completions/mean_length": 48.0},

@@ -19,7 +19,7 @@ from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.app import LEGENDS, TABS
 from ftis_edge.tui.state import RunState, phase_text, progress_is_current, round_clock
 from ftis_edge.tui.widgets import Legend, Packed
-from test_tui import FAST, FIXTURE, ROUNDS, cell, live_copy, wait_for
+from dashboard import FAST, FIXTURE, ROUNDS, cell, live_copy, wait_for
 
 
 def text_of(app: DashboardApp, widget_id: str) -> str:
@@ -297,7 +297,7 @@ async def test_q_q_with_a_real_node_it_finishes_its_round_in_the_background(tmp_
 async def test_the_dashboard_says_what_the_swarm_saved_in_one_phrase(tmp_path):
     """Batch fill: the round record's own/peer groups and saved share become one sentence on the
     Overview and the Peers tab, with why peer groups were skipped."""
-    from test_tui import append
+    from dashboard import append
     run = live_copy(tmp_path)
     last = dict(ROUNDS[-1])
     app = DashboardApp(run, poll_interval=FAST)
