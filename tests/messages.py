@@ -1,19 +1,43 @@
-"""What tests send a real relay: rollouts (decoded, and raw bytes with only the prefix the relay
-reads), and a bare DEALER socket that speaks the relay protocol by hand."""
+"""What tests send a real relay or a node's intake: rollouts (real ones from the committed fixture,
+made-up ones, and raw bytes with only the prefix the relay reads), and a bare DEALER socket that
+speaks the relay protocol by hand."""
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import orjson
 import zmq
 
 from ftis_edge import wire
+from ftis_edge.wire import Rollout, WireCompletion
 from relay import protocol as P
 from relay.keys import ClientKeys
 
 _RNG = np.random.default_rng(0)
+REAL_ROLLOUTS = Path(__file__).parent / "data" / "real_rollouts.json"
+
+
+def real_rollouts(with_prompt_ids: bool = False, with_token_bytes: bool = True) -> list[Rollout]:
+    """One Rollout per group of the committed fixture (benchmarks/make_rollout_fixture.py)."""
+    fx = json.loads(REAL_ROLLOUTS.read_text())
+    out = []
+    for i, g in enumerate(fx["groups"]):
+        comps = [WireCompletion(c["token_ids"], c["logprobs"], c["text"], reward=float(i % 2),
+                                finish_reason=c["finish_reason"],
+                                token_bytes=c["token_bytes"] if with_token_bytes else None)
+                 for c in g["completions"]]
+        out.append(Rollout(
+            node_id="node-7f3a2c", swarm="gsm8k-smollm2", task=g["task"], prompt_id=g["prompt_id"],
+            completions=comps, group_id=uuid.uuid4().hex, round=123, adapter_version=122,
+            prompt_ids=g["prompt_ids"] if with_prompt_ids else None,
+            model_fp="9372c470eeadd5ec",              # sha256[:16], as ftis_edge.models
+            tokenizer_fp="1a7674eb4ee78df7",
+            model_name=fx["model_name"], vocab_size=fx["vocab_size"], temperature=1.0))
+    return out
 
 
 def make_rollout(node_id: str, n: int = 4, tokens: int = 24, **kw) -> wire.Rollout:

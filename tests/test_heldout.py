@@ -243,7 +243,7 @@ def test_the_guard_on_a_real_swarm_node(tmp_path, relay):
     from ftis_edge.guard import LEVELS
     from ftis_edge.intake import PeerGroup
     from ftis_edge.node import Node
-    from test_wire import real_rollouts
+    from messages import real_rollouts
 
     r = relay()
     cfg = config.load(write_config(tmp_path, "n", name="guarded", node={"rounds": 3},

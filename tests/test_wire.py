@@ -3,11 +3,9 @@ and fuzzing that decode raises nothing but WireError."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import struct
 import uuid
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,28 +14,7 @@ from hypothesis import strategies as st
 
 from ftis_edge import wire
 from ftis_edge.wire import Rollout, WireCompletion, WireError
-
-FIXTURE = Path(__file__).parent / "data" / "real_rollouts.json"
-
-
-def real_rollouts(with_prompt_ids: bool = False, with_token_bytes: bool = True) -> list[Rollout]:
-    """One Rollout per group of the committed fixture (benchmarks/make_rollout_fixture.py)."""
-    fx = json.loads(FIXTURE.read_text())
-    out = []
-    for i, g in enumerate(fx["groups"]):
-        comps = [WireCompletion(c["token_ids"], c["logprobs"], c["text"], reward=float(i % 2),
-                                finish_reason=c["finish_reason"],
-                                token_bytes=c["token_bytes"] if with_token_bytes else None)
-                 for c in g["completions"]]
-        out.append(Rollout(
-            node_id="node-7f3a2c", swarm="gsm8k-smollm2", task=g["task"], prompt_id=g["prompt_id"],
-            completions=comps, group_id=uuid.uuid4().hex, round=123, adapter_version=122,
-            prompt_ids=g["prompt_ids"] if with_prompt_ids else None,
-            model_fp="9372c470eeadd5ec",              # sha256[:16], as ftis_edge.models
-            tokenizer_fp="1a7674eb4ee78df7",
-            model_name=fx["model_name"], vocab_size=fx["vocab_size"], temperature=1.0))
-    return out
-
+from messages import real_rollouts
 
 def small(**kw) -> Rollout:
     comps = [WireCompletion([1, 2, 3], [-0.5, -0.0, -7.25], "a b c", 1.0, "stop"),
