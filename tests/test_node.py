@@ -124,7 +124,10 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     common = {"swarm": {"relay": relay.address, "max_wait_s": 300.0, "max_peer_groups": 2,
                         "delivery_budget": -1, "own_groups": 0},
               "node": {"rounds": 1}, "task": {"prompts_per_round": 2, "num_generations": 4,
-                                              "max_completion_length": 24, "reward": "shaped"}}
+                                              "max_completion_length": 24, "reward": "shaped"},
+              # at 24 tokens most answers are cut: the default length rule would refuse them all
+              # (tests/test_foreign.py covers it); here the span path must get samples
+              "train": {"foreign_length_rule": "truncate"}}
     a = start_node(write_config(tmp_path, "smol", **common))
     b = start_node(write_config(tmp_path, "gemma", model={"spec": "gemma3-270m", "threads": 1}, **common))
     finish_all(a, b, relay=relay, timeout=800)
@@ -140,6 +143,10 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     for rec in (smol, gemma):
         assert rec.get("samples/span_level", 0) + rec.get("samples/sequence_level", 0) == rec["peers/samples_used"]
     assert smol.get("samples/span_level", 0) + gemma.get("samples/span_level", 0) > 0
+    # each is the other's foreign peer (another tokenizer): marked as such, none refused here
+    for rec in (smol, gemma):
+        assert rec["peers/refused_length"] == 0
+        assert rec.get("samples/foreign", 0) == rec["peers/samples_used"]
     assert all(r["wire/bytes_per_token_out"] for r in (smol, gemma))
 
 
