@@ -61,6 +61,17 @@ def save(run_dir: Path, round_: int, state: dict, *, best: dict | None = None) -
     return final
 
 
+def make_room(run_dir: Path, need: int, free_bytes) -> None:
+    """Before a save on a filling disk: remove older checkpoints, never the newest, until
+    ``free_bytes(dir)`` reaches ``need`` (``save`` keeps KEEP and would remove them afterwards)."""
+    root = dir_of(run_dir)
+    for old in complete(run_dir)[:-1]:
+        if free_bytes(root) >= need:
+            return
+        log.warning("disk nearly full: removing the checkpoint of round %d to make room for the next one", old)
+        shutil.rmtree(root / f"round-{old:06d}", ignore_errors=True)
+
+
 def complete(run_dir: Path) -> list[int]:
     """Rounds that have a checkpoint directory with a state file (verified or not), oldest first."""
     root = dir_of(run_dir)

@@ -55,14 +55,16 @@ def _run_start(args) -> int:
         overrides["node.run_dir"] = args.run_dir
     if args.node_id is not None:
         overrides["node.id"] = args.node_id
+    resume = args.resume or args.resume_or_fresh
     try:
         cfg = load(args.config, overrides)
+        if resume:
+            cfg = _as_the_run_was(cfg, args, overrides)
         if cfg.mode != "alone":
             resolve_relay(cfg.swarm.relay)
     except ConfigError as e:
         return _die(str(e))
     run_dir = cfg.run_path
-    resume = args.resume or args.resume_or_fresh
     if args.overwrite and resume:
         return _die("--overwrite deletes the run that --resume would continue: pick one")
     from . import runlock
@@ -109,6 +111,34 @@ def _run_start(args) -> int:
     print(rundir.stop_summary(run_dir, config=args.config, exit_code=proc.poll(),
                               failure=rundir.last_error_line(*stderr_file) if proc.poll() else None))
     return code
+
+
+def _as_the_run_was(cfg, args, overrides: dict):
+    """A resume continues the run as it was: its relay (swarm, keys) and its node id, unless the
+    command line or the config file says otherwise (``--relay ""`` resumes alone)."""
+    from .config import ConfigError, load
+    previous = cfg.run_path / rundir.CONFIG_FILE
+    if not previous.is_file():
+        return cfg
+    try:
+        was = load(previous)
+    except ConfigError:
+        return cfg                       # resume reports a broken run directory itself
+    carried = {"node.run_dir": str(cfg.run_path)}        # the id below must not move the run
+    said = []
+    if args.relay is None and not cfg.swarm.relay and was.swarm.relay:
+        carried.update({"swarm.relay": was.swarm.relay, "swarm.name": was.swarm.name,
+                        "swarm.client_keys": was.swarm.client_keys, "swarm.server_key": was.swarm.server_key})
+        said.append(f"relay {was.swarm.relay} (swarm '{was.swarm.name}')")
+    if args.node_id is None and was.node.id and was.node.id != cfg.node_id:
+        carried["node.id"] = was.node.id
+        said.append(f"node id {was.node.id}")
+    if not said:
+        return cfg
+    alone = "--relay '' trains alone, " if "swarm.relay" in carried else ""
+    print(f"note: resuming {cfg.run_path} as it ran: {' and '.join(said)} (from {previous}; "
+          f"{alone}--node-id names it otherwise)", file=sys.stderr)
+    return load(args.config, {**overrides, **carried})
 
 
 def _stop_node_on_hangup(proc) -> None:

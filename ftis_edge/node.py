@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from . import checkpoint, machine, neighbours, preflight, rundir
+from . import checkpoint, diskspace, machine, neighbours, preflight, rundir
 from . import progress as phases
 from .batch import LocalTokenizer, OwnGroup, SampleRules, build_batch, peer_usage
 from .samples import OWN
@@ -246,7 +246,7 @@ class Node:
     def _checkpoint(self) -> None:
         t0 = time.time()
         self.progress.phase(phases.CHECKPOINTING)
-        checkpoint.save(self.run_dir, self.round, {
+        state = {
             "round": self.round,
             "learner": self.learner.state_dict(),
             "oom_retries": self.oom_retries,
@@ -256,9 +256,32 @@ class Node:
             "compute": self.totals.state(),
             **({"heldout": self.heldout.state()} if self.heldout.active else {}),
             **({"guard": self.guard.state()} if self.guard is not None else {}),
-        }, best=self._best_pointer())
+        }
+        self._room_for_checkpoint(diskspace.tensor_bytes(state))
+        checkpoint.save(self.run_dir, self.round, state, best=self._best_pointer())
         self.saved_round = self.round
         log.info("checkpoint round %d (%.2f s)", self.round, time.time() - t0)
+
+    def _kept(self) -> str:
+        if self.saved_round:
+            return f"the checkpoint of round {self.saved_round} is kept"
+        return "no checkpoint was written yet" if self.round else "no round is lost: none had run"
+
+    def _room_for_checkpoint(self, need: int) -> None:
+        """Room for this checkpoint, made by removing all but the newest older one (it would be
+        removed after the write anyway); DiskFull, with the newest kept, when there is none."""
+        checkpoint.make_room(self.run_dir, need + diskspace.MARGIN, diskspace.free_bytes)
+        diskspace.require(checkpoint.dir_of(self.run_dir), need, f"the checkpoint of round {self.round}",
+                          kept=self._kept())
+
+    def _room_at_start(self) -> None:
+        """Before round 1: room for a checkpoint and the generator's weights (written every round,
+        two kept), so a disk that can never hold them costs no round."""
+        state = self.learner.state_dict()
+        weights = diskspace.tensor_bytes(state["trainable"])
+        # Adam's two moments appear with the first step: a checkpoint holds ~3x the weights
+        self._disk_need = max(diskspace.tensor_bytes(state), 3 * weights) + 2 * weights
+        diskspace.require(self.run_dir, self._disk_need, "a checkpoint and this model's weights", kept=self._kept())
 
     def _best_pointer(self) -> dict | None:
         """What a checkpoint's manifest says of the best held-out weights kept beside it."""
@@ -645,8 +668,10 @@ class Node:
         try:
             return self._run()
         except BaseException as exc:
+            if diskspace.is_disk_full(exc):        # a write still met a full disk: named, in one line
+                exc = diskspace.explain(exc, self.run_dir, getattr(self, "_disk_need", None), self._kept())
             self._record_failure(exc)
-            raise
+            raise exc
 
     @staticmethod
     def _resolve_engines(cfg: Config) -> Config:
@@ -658,6 +683,18 @@ class Node:
         if why:
             log.info("%s", why)
         return replace(cfg, model=replace(cfg.model, device=device, backend=backend))
+
+    def _say_if_left_the_swarm(self) -> None:
+        """A resumed run that trained in a swarm and now runs alone says so (before config.toml,
+        which holds the run's relay, is rewritten)."""
+        from .config import ConfigError, load
+        try:
+            was = load(self.run_dir / rundir.CONFIG_FILE)
+        except ConfigError:
+            return
+        if was.swarm.relay and self.cfg.mode == "alone":
+            log.warning("this run trained in swarm '%s' via %s; resumed ALONE now (add --relay %s to rejoin)",
+                        was.swarm.name, was.swarm.relay, was.swarm.relay)
 
     def _record_failure(self, exc: BaseException) -> None:
         if isinstance(exc, KeyboardInterrupt):
@@ -684,6 +721,8 @@ class Node:
             rundir.prepare_resume(self.run_dir)
         else:
             rundir.prepare_fresh(self.run_dir)
+        if self.resume:
+            self._say_if_left_the_swarm()
         # the resolved config: node.id is the effective id (hostname-model when left empty)
         resolved = replace(cfg, node=replace(cfg.node, id=self.node_id))
         (self.run_dir / rundir.CONFIG_FILE).write_text(to_toml(resolved))
@@ -691,6 +730,7 @@ class Node:
         write_control(self.run_dir, pause=False, stop=False)
         self.build()
         resumed = self._restore() if self.resume else None
+        self._room_at_start()
         self.sync.sync(self.learner.version)          # generator starts from the learner's weights
         self.metrics.write({
             "type": "start", "node_id": self.node_id, "model": cfg.model_label, "model_name": self.bundle.name,
@@ -743,3 +783,4 @@ class Node:
         self.progress.phase(phases.STOPPED, reason=reason)
         log.info("stopped after round %d (%s); run dir %s", self.round, reason, self.run_dir)
         return 0
+
