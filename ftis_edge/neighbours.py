@@ -46,8 +46,17 @@ def other_nodes(proc: Path = Path("/proc")) -> list[Neighbour]:
             continue
         config = _node_config([a.decode(errors="replace") for a in argv if a])
         if config is not None:
-            found.append(Neighbour(int(entry.name), config))
-    return sorted(found, key=lambda n: n.pid)
+            found.append((Neighbour(int(entry.name), config), _parent(entry)))
+    # a dashboard is a `start` process whose node is its child `start --headless`: one node, counted once
+    parents = {ppid for _, ppid in found}
+    return sorted((n for n, _ in found if n.pid not in parents), key=lambda n: n.pid)
+
+
+def _parent(entry: Path) -> int | None:
+    try:        # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
+        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def threads_for(requested: int, cores: int | None = None, others: list[Neighbour] | None = None) -> tuple[int, str | None]:

@@ -1,6 +1,8 @@
 """Two nodes on one PC: a node finds the other node processes on the machine and takes its share of the cores."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,3 +60,28 @@ def test_alone_every_core_and_no_note():
 ])
 def test_which_command_lines_are_nodes(argv, config):
     assert _node_config(argv) == config
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_dashboard_and_its_node_count_once(tmp_path):
+    """`ftis-edge start bob.toml` in a terminal is two processes: the dashboard and its child node
+    (`start --headless`). A friend's node beside it must see one neighbour, not two."""
+    cfg = str(tmp_path / "bob.toml")
+    child = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}, '-m', "
+             f"'ftis_edge.cli', 'start', '--headless', {cfg!r}, '--log-file-only']); print(p.pid, flush=True); "
+             f"time.sleep(60)")
+    dashboard = subprocess.Popen([sys.executable, "-c", child, "-m", "ftis_edge.cli", "start", cfg],
+                                 stdout=subprocess.PIPE, text=True)
+    node_pid = int(dashboard.stdout.readline())
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and node_pid not in {n.pid for n in other_nodes()}:
+            time.sleep(0.1)                                 # until the child has exec'd its command line
+        found = [n for n in other_nodes() if n.config == cfg]
+        assert [n.pid for n in found] == [node_pid]                        # the node, not its dashboard
+        threads, note = threads_for(0, cores=8, others=found)
+        assert threads == 4 and "1 other ftis-edge node(s)" in note        # the README's 8-core example
+    finally:
+        os.kill(node_pid, signal.SIGKILL)
+        dashboard.kill()
+        dashboard.wait()
