@@ -189,6 +189,7 @@ class Node:
                                      budget_k=0 if k < 0 or cfg.mode == "horizontal" else k,
                                      filters={"task": list(self.task.tags)})
             self.swarm.start()
+            self._watch_relay()
             # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
             log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)
@@ -198,6 +199,25 @@ class Node:
         note = learning_rate_note(cfg)
         if note:
             log.warning("%s", note)
+
+    def _watch_relay(self, every_s: float = 1.0) -> None:
+        """The relay's health into progress.json within a second of a change, from a thread: a
+        round (and its record) can take minutes, the dashboard's relay cell must not."""
+        import threading
+        self._relay_watch = stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(every_s):
+                try:
+                    health = self.swarm.health()
+                    latency = self.swarm.stats().get("latency_ms")
+                except Exception:      # noqa: BLE001 - a closing client; the round record still tells
+                    return
+                self.progress.relay({"state": health.get("state"), "reason": health.get("reason") or None,
+                                     "latency_ms": round(latency) if health.get("state") == "connected"
+                                     and isinstance(latency, (int, float)) else None})
+
+        threading.Thread(target=watch, name="relay-watch", daemon=True).start()
 
     def _build_heldout(self) -> None:
         """The held-out eval (heldout.py) on the loaded generator, and the swarm guard (guard.py)
@@ -775,6 +795,7 @@ class Node:
             for s, h in old.items():
                 signal.signal(s, h)
             if self.swarm is not None:
+                self._relay_watch.set()
                 self.swarm.close()
             self.generator.close()
         reason = self.stop_reason or "steps"

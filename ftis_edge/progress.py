@@ -13,6 +13,7 @@ model in the cache (``load_times.json``) so the next start-up can say what to ex
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -39,23 +40,35 @@ class ProgressReport:
         self.clock = clock
         self.state: dict = {"pid": os.getpid()}
         self._written = 0.0
+        self._lock = threading.RLock()      # the node's relay watcher writes from its own thread
 
     def round_started(self, rnd: int) -> None:
-        self.state.update(round=rnd, round_started=self.clock())
+        with self._lock:
+            self.state.update(round=rnd, round_started=self.clock())
 
     def phase(self, name: str, **detail) -> None:
         """Enter phase ``name`` (written now); ``detail`` replaces the previous phase's."""
-        now = self.clock()
-        keep = {k: self.state[k] for k in ("pid", "round", "round_started") if k in self.state}
-        self.state = {**keep, "phase": name, "since": now, **detail}
-        self._write(now)
+        with self._lock:
+            now = self.clock()
+            keep = {k: self.state[k] for k in ("pid", "round", "round_started", "relay") if k in self.state}
+            self.state = {**keep, "phase": name, "since": now, **detail}
+            self._write(now)
 
     def advance(self, done: int, total: int, **detail) -> None:
         """Progress inside the phase: ``done`` of ``total`` (throttled)."""
-        self.state.update(done=done, total=total, **detail)
-        now = self.clock()
-        if done >= total or now - self._written >= self.min_interval:
-            self._write(now)
+        with self._lock:
+            self.state.update(done=done, total=total, **detail)
+            now = self.clock()
+            if done >= total or now - self._written >= self.min_interval:
+                self._write(now)
+
+    def relay(self, health: dict) -> None:
+        """The relay as the node's client sees it now ({state, reason, latency_ms}), written when
+        it changed: the dashboard's relay cell is then as fresh as the node's own log, not a round old."""
+        with self._lock:
+            if self.state.get("relay") != health:
+                self.state["relay"] = health
+                self._write(self.clock())
 
     def _write(self, now: float) -> None:
         self.state["time"] = now

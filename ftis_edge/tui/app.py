@@ -288,7 +288,7 @@ class DashboardApp(App[int]):
         if not changed and key == self._view_key and self.view is not None:
             return
         self._view_key = key
-        relay = relay_health(self.state)        # the one reading: header, headline, Peers tab
+        relay = relay_health(self.state, self.progress)   # the one reading: header, headline, Peers tab
         word, colour, sentence = self.status(relay)
         self.view = View(self.state, word, colour, sentence, relay, self.progress, clock, now)
 

@@ -211,12 +211,17 @@ class RelayHealth:
         return self.problem or self.state or fmt.MISSING
 
 
-def relay_health(state: RunState) -> RelayHealth:
-    """The one reading of the relay's health: the round record's ``relay/state`` and
-    ``relay/reason`` (SwarmClient.health()), else its ``relay/connected`` flag."""
+def relay_health(state: RunState, progress: dict | None = None) -> RelayHealth:
+    """The one reading of the relay's health: what the node's client says now (progress.json's
+    ``relay``, updated within a second of a change), else the round record's ``relay/state`` and
+    ``relay/reason`` (a round old: minutes on a slow node), else its ``relay/connected`` flag."""
     if state.start is not None and "relay" in state.start and state.start["relay"] is None:
         return RelayHealth("off")
+    now = (progress or {}).get("relay")
     latest = state.latest
+    if isinstance(now, dict) and isinstance(now.get("state"), str) and now["state"]:
+        latest = {"relay/state": now["state"], "relay/reason": now.get("reason"),
+                  "relay/latency_ms": now.get("latency_ms")}
     word, reason = latest.get("relay/state"), latest.get("relay/reason")
     if not isinstance(word, str) or not word:
         connected = latest.get("relay/connected")
