@@ -16,38 +16,83 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import random
 import re
 from pathlib import Path
 from typing import Iterator
 
 from .base import Prompt, Task, TaskError, shuffled_stream
-from .datasets import read_jsonl
 from .gym import SYSTEM_PROMPT
 
 GRADES = ("math", "exact", "regex")
+log = logging.getLogger(__name__)
+
+
+MAX_SHOWN = 10            # bad lines named one by one; the rest are counted
 
 
 def _records(path: Path, question_field: str, answer_field: str, grade: str,
              ignore_case: bool) -> list[tuple[str, str]]:
-    """(question, reference) per record; a TaskError naming the file and line otherwise."""
-    out = []
+    """(question, reference) per record. The whole file is checked first: a TaskError names
+    every bad line in file order (the first MAX_SHOWN, then a count), with the column of broken JSON."""
+    out, bad = [], []
     flags = re.IGNORECASE if ignore_case else 0
-    for lineno, record in read_jsonl(path, ()):
-        question, answer = record.get(question_field), record.get(answer_field)
-        if not isinstance(question, str) or not question.strip():
-            raise TaskError(f"{path}:{lineno}: missing text field {question_field!r}")
-        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-            answer = str(answer)
-        if not isinstance(answer, str) or not answer.strip():
-            raise TaskError(f"{path}:{lineno}: missing answer field {answer_field!r} (text or number)")
-        if grade == "regex":
-            try:
-                re.compile(answer, flags)
-            except re.error as e:
-                raise TaskError(f"{path}:{lineno}: {answer_field!r} is not a regular expression ({e})") from None
-        out.append((question.strip(), answer.strip()))
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text ({e.reason})") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        problem = _line_problem(line, question_field, answer_field, grade, flags)
+        if isinstance(problem, str):
+            bad.append((lineno, problem))
+        else:
+            out.append(problem)
+    if len(bad) == 1:
+        raise TaskError(f"{path}:{bad[0][0]}: {bad[0][1]}")
+    if bad:
+        more = f"; and {len(bad) - MAX_SHOWN} more" if len(bad) > MAX_SHOWN else ""
+        raise TaskError(f"{path}: {len(bad)} bad lines of {len(out) + len(bad)} — "
+                        + "; ".join(f"line {n}: {why}" for n, why in bad[:MAX_SHOWN]) + more)
+    if not out:
+        raise TaskError(f"{path}: no records")
     return out
+
+
+def _line_problem(line: str, question_field: str, answer_field: str, grade: str, flags: int):
+    """(question, answer) of one line, or what is wrong with it (a str)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"not valid JSON at column {e.colno} ({e.msg})"
+    if not isinstance(record, dict):
+        return "expected a JSON object"
+    question, answer = record.get(question_field), record.get(answer_field)
+    if not isinstance(question, str) or not question.strip():
+        return f"missing text field {question_field!r}"
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
+    if not isinstance(answer, str) or not answer.strip():
+        return f"missing answer field {answer_field!r} (text or number)"
+    if grade == "regex":
+        try:
+            re.compile(answer, flags)
+        except re.error as e:
+            return f"{answer_field!r} is not a regular expression ({e})"
+    if grade == "math" and not _looks_mathematical(answer):
+        return (f"{answer_field} {answer.strip()[:40]!r} is not a number or math expression "
+                f"(grade = \"math\" compares values; grade = \"exact\" compares text)")
+    return question.strip(), answer.strip()
+
+
+def _looks_mathematical(answer: str) -> bool:
+    """A number, LaTeX, or a short symbol ("x", "\\pi", "(a,b)"): not words ("ten pens"), which
+    math grading can never match, so every completion would score 0 and nothing be learnt."""
+    if re.search(r"[0-9\\]", answer):
+        return True
+    return not re.search(r"[A-Za-z]{3,}", answer)
 
 
 class JsonlTask(Task):
@@ -90,6 +135,10 @@ class JsonlTask(Task):
             train = [r for i, r in enumerate(train) if i not in picked]
             if not train:
                 raise TaskError(f"jsonl: {files[0]}: no records left for training after the eval split")
+        where = f"{files[1]} (eval_path)" if eval_path else f"eval_fraction = {eval_fraction:g}"
+        self.split_summary = (f"jsonl: {files[0]}: {len(train)} lines for training, {len(held)} held out "
+                              f"({where})")
+        log.info("%s", self.split_summary)
         digest.update(json.dumps([question_field, answer_field, grade, bool(ignore_case), split]).encode())
         self.key = digest.hexdigest()[:12]
         self.tag = f"jsonl/{self.key}"
