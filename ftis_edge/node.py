@@ -676,7 +676,8 @@ class Node:
             time.sleep(0.25)
 
     def _on_signal(self, signum, _frame) -> None:
-        if self.stop_reason:          # second Ctrl-C: stop now
+        # second Ctrl-C (or one after the dashboard's q / Ctrl-C asked for a stop): abort now
+        if self.stop_reason or (signum == signal.SIGINT and read_control(self.run_dir)["stop"]):
             raise KeyboardInterrupt
         self.stop_reason = "signal"
         log.info("stopping after this round (%s); press Ctrl-C again to abort", signal.Signals(signum).name)

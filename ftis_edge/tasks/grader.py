@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -95,6 +96,9 @@ def _worker_main(setup_json: str = '{"rule": "math"}') -> None:
     [id, answer, reference] on stdin and answer [id, score in [0, 1], error] on stdout, one
     line each."""
     logging.disable(logging.WARNING)      # math-verify warns that its own timeout is off
+    # Ctrl-C in a terminal reaches the whole process group: the node decides what it means (stop
+    # after the round); this worker ends when the node closes its stdin, without a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")   # the protocol channel ...
     os.dup2(2, 1)                                        # ... and stray prints go to stderr
     sys.stdout = sys.stderr

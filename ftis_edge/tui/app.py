@@ -127,6 +127,8 @@ class DashboardApp(App[int]):
     TITLE = "ftis-edge"
     BINDINGS = [
         Binding("q", "stop", "stop"),
+        # Ctrl-C means what it means headless: stop after the round; twice: abort (checkpoint kept)
+        Binding("ctrl+c", "interrupt", "stop", show=False, priority=True),
         Binding("p", "toggle_pause", "pause"),
         Binding("d", "detach", "detach"),
         Binding("question_mark", "help", "help"),
@@ -445,6 +447,25 @@ class DashboardApp(App[int]):
                     "then finishes the round in the background)")
         self.publish()
 
+    def action_interrupt(self) -> None:
+        """Ctrl-C: the first asks the node to stop after its round (as q); the second aborts it now
+        (as a headless node's second Ctrl-C: the round in progress is lost, the last checkpoint
+        kept) and leaves once it has ended."""
+        if not self._node_running():
+            self.exit(self.node_exit or 0, return_code=self.node_exit or 0)
+            return
+        if not self.stop_pressed:
+            self.action_stop()
+            self.notify("Ctrl-C again: abort now (the round in progress is lost, the last checkpoint kept)")
+            return
+        if self.node_process is not None:
+            import signal
+            # a SIGINT after a stop was asked (control.json) is the node's "abort now"
+            self.node_process.send_signal(signal.SIGINT)
+            self.notify("aborting the node…", severity="warning")
+        else:
+            self.exit(0)
+
     def background_notice(self) -> str | None:
         """What to tell the terminal when we left a node finishing its round (q q), else None."""
         if not self.left_running:
@@ -509,8 +530,10 @@ def run_dashboard(run_dir: str | os.PathLike, node_process: subprocess.Popen | N
                        node_stderr=node_stderr, notes=notes)
     app.run()
     notice = app.background_notice()
-    if notice and node_process is not None and node_process.poll() is None:
-        print(notice, file=sys.stderr)
+    if node_process is not None and node_process.poll() is None:
+        # left running (q q, or ctrl+q): say where it is and how to stop it
+        print(notice or (f"the node (pid {node_process.pid}) is still running. Watch it: ftis-edge watch {run_dir}; "
+                         f"stop it after its round with: kill -INT {node_process.pid}"), file=sys.stderr)
     if node_process is not None and node_process.poll() is not None:
         return node_process.returncode
     return app.return_code or 0
