@@ -179,7 +179,18 @@ def _add_init(sub) -> None:
     p = sub.add_parser("init", help="write a fully commented node.toml")
     p.add_argument("path", nargs="?", default="node.toml")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--task", help="the [task] section to write: arith (default), gsm8k, math500, reasoning_gym "
+                                  "(a mix a small model can start on), jsonl")
     p.set_defaults(func=_run_init)
+
+
+# `init --task reasoning_gym`: the README's mix, easy enough for a 135M model to get rewards
+GYM_MIX = {
+    "chain_sum": {"weight": 2, "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                         "operators": ["+", "-", "*"], "allow_parentheses": False, "allow_negation": False},
+    "leg_counting": {"weight": 0.5, "min_animals": 1, "max_animals": 1, "min_instances": 1, "max_instances": 3},
+}
 
 
 def _run_init(args) -> int:
@@ -187,10 +198,21 @@ def _run_init(args) -> int:
     path = Path(args.path)
     if path.exists() and not args.force:
         return _die(f"{path} exists (use --force to overwrite)")
-    path.write_text(to_toml(Config()), encoding="utf-8")
+    cfg = Config()
+    if args.task:
+        from dataclasses import replace
+        from .config import ConfigError, from_dict
+        task = {"name": args.task}
+        if args.task == "reasoning_gym":
+            task.update(reward="shaped", datasets=GYM_MIX)
+        try:
+            cfg = replace(cfg, task=from_dict({"task": task}).task)
+        except ConfigError as e:
+            return _die(f"--task: {e}")
+    path.write_text(to_toml(cfg), encoding="utf-8")
     print(f"wrote {path} — edit it, then: {rundir.command_name()} start {path}")
     from .fit import summary
-    print(summary(Config()))          # will the file's model fit on this machine?
+    print(summary(cfg))          # will the file's model fit on this machine?
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -382,6 +383,12 @@ def load(path: str | os.PathLike | None, overrides: dict | None = None) -> Confi
         try:
             data = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
+            twice = re.search(r"Cannot declare \('?([^)]*?)'?,?\) twice(.*)", str(e))
+            if twice:       # a README [task] block pasted below the one `ftis-edge init` wrote
+                section = ".".join(part.strip(" '") for part in twice.group(1).split(","))
+                raise ConfigError(f"{p}: [{section}] appears twice{twice.group(2)}: a file from `ftis-edge init` "
+                                  f"already has every section; replace that [{section}] instead of adding "
+                                  f"another (or write the file with `ftis-edge init --task NAME`)") from None
             raise ConfigError(f"{p}: not valid TOML: {e}") from None
         except RecursionError:                   # tomllib recurses once per nesting level
             raise ConfigError(f"{p}: nested too deeply to be a config") from None

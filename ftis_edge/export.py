@@ -323,7 +323,9 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
             "trainable": cfg.train.trainable, "backend": cfg.model.backend, "task": cfg.task.name,
             "weights": {k: v for k, v in weights.items() if k != "line"},
             "held_out": _held_out_history(run_dir),
-            "files": files, "quantized": quantized, "reward_curve": _reward_curve(run_dir), "eval": None}
+            "files": files, "quantized": quantized, "reward_curve": _reward_curve(run_dir), "eval": None,
+            "context": context, "temperature": cfg.task.temperature, "shipped": shipped,
+            "max_tokens": cfg.task.max_completion_length}
     if eval_limit > 0:
         # like with like: base and trained both at F16 (the effect of training); the shipped
         # quantized file on its own row (the effect of quantization on top)
@@ -386,7 +388,41 @@ def model_card(info: dict) -> str:
             lines.append(f"| {key}: {r['model']} | {r['accuracy']:.1%} | {lo:.1%} – {hi:.1%} | {r['format_rate']:.1%} |")
         lines.append("")
     lines += ["## Use it", "", "```bash", "ollama create ftis-model -f Modelfile", "ollama run ftis-model", "```", ""]
+    lines += _outside_ollama(info)
     return "\n".join(lines)
+
+
+def _outside_ollama(info: dict) -> list[str]:
+    """How to use the model without Ollama: the prompt it was trained with, a llama-cpp-python
+    snippet that sends it, and why the Modelfile's temperature is what it is."""
+    if "context" not in info:
+        return []
+    context, t = info["context"], info["temperature"]
+    system = next((m["content"] for m in context if m["role"] == "system"), None)
+    examples = sum(m["role"] == "user" for m in context)
+    lines = ["## Use it without Ollama", "",
+             "The model was trained on prompts that start with "
+             + ("this system prompt" if system else "no system prompt")
+             + (f" and {examples} worked example{'s' if examples != 1 else ''} (user / assistant turns)"
+                if examples else "")
+             + ". Send the same, then your question: without them it answers less often in the format it "
+               "learnt (the held-out numbers above were measured with them).", ""]
+    if system:
+        lines += ["```text", system, "```", ""]
+    lines += ["With llama-cpp-python (`pip install llama-cpp-python`; it applies the chat template stored in "
+              "the GGUF):", "", "```python", "from llama_cpp import Llama", "",
+              f"llm = Llama(model_path={info['shipped']!r}, n_ctx=4096, verbose=False)",
+              f"trained_with = {json.dumps(context, indent=4, ensure_ascii=False)}",
+              'messages = trained_with + [{"role": "user", "content": "A shop sells pens at 3 for $2. '
+              'How much do 12 pens cost?"}]',
+              f"out = llm.create_chat_completion(messages=messages, temperature={t:g}, "
+              f"max_tokens={info.get('max_tokens', 256)})",
+              'print(out["choices"][0]["message"]["content"])', "```", "",
+              f"Why temperature {t:g} (the Modelfile's `PARAMETER temperature`): it is `task.temperature`, the "
+              f"temperature the model sampled at while it trained; GRPO taught it from answers drawn at that "
+              f"temperature, so its format and accuracy are what training saw there. For the single most likely "
+              f"answer (what the held-out eval measures) use temperature 0.", ""]
+    return lines
 
 
 def _held_out_section(info: dict) -> list[str]:

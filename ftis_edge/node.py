@@ -253,7 +253,7 @@ class Node:
             for nid, d in state["peers"].items():
                 p = self.book.get(nid)
                 for k in ("sent", "accepted", "rejected", "grader_timeouts", "quarantined",
-                          "quarantine_reason"):
+                          "quarantine_reason", "last_seen"):
                     if k in d:
                         setattr(p, k, d[k])
         self.heldout.load_state(state.get("heldout"))
@@ -803,6 +803,6 @@ class Node:
         self.metrics.write({"type": "stop", "round": self.round, "reason": reason})
         self.metrics.close()
         self.progress.phase(phases.STOPPED, reason=reason)
-        log.info("stopped after round %d (%s); run dir %s", self.round, reason, self.run_dir)
+        log.info("stopped after round %d (%s); run dir %s", self.round, rundir.stop_words(reason), self.run_dir)
         return 0
 

@@ -203,7 +203,8 @@ def _command(program: str, *args: str) -> str:
 
 def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | None = None,
                  failure: str | None = None, program: str | None = None) -> str:
-    """One line for the terminal when the dashboard closes: what happened and where things are.
+    """What the terminal says when the dashboard closes: one line for a failure or a running node, a
+    short block for a stop (what ran, best held-out accuracy, resume, export).
 
     It points at ``export`` for the model: ``adapter/latest.gguf`` is a LoRA adapter for a
     LoRA run (llama.cpp refuses it as a model) and a full run's weights live in checkpoints."""
@@ -223,14 +224,44 @@ def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | N
         return (f"node {state} after round {last} — run dir {run_dir}, "
                 f"watch with: {_command(program, 'watch', str(run_dir))}")
     start = ["start"] + ([config] if config else []) + ["--run-dir", str(run_dir), "--resume"]
-    parts = [f"stopped after round {last} ({stop.get('reason')}) — run dir {run_dir}",
-             f"resume with: {_command(program, *start)}"]
+    first = next((r for r in reversed(records) if r.get("type") == "start"), {})
+    planned = ((first.get("config") or {}).get("node") or {}).get("rounds")
+    of = f" of {planned}" if isinstance(planned, int) and stop.get("reason") != "steps" else ""
+    rows = [f"stopped after round {last}{of}: {stop_words(stop.get('reason'))}",
+            f"  run dir   {run_dir}"]
+    held = _best_held_out(rounds)
+    if held:
+        rows.append(f"  held-out  {held}")
+    relay = first.get("relay")
+    rows.append(f"  resume    {_command(program, *start)}" + (f"   (rejoins {relay})" if relay else ""))
     if checkpoint.complete(run_dir):
-        parts.append(f"a model to use elsewhere (GGUF, Ollama, PEFT): {_command(program, 'export', str(run_dir))}")
+        rows.append(f"  export    {_command(program, 'export', str(run_dir))}   (GGUF, Ollama, PEFT)")
     found = latest_weights(run_dir)
     if found and found[1] == "adapter":
-        parts.append(f"{found[0]} is a LoRA adapter, not a model (llama.cpp --lora)")
-    return ", ".join(parts)
+        rows.append(f"  note      {found[0]} is a LoRA adapter, not a model (llama.cpp --lora)")
+    return "\n".join(rows)
+
+
+STOP_WORDS = {"steps": "all rounds done", "user": "stopped by you (q)",
+              "signal": "stopped by a signal (Ctrl-C, SIGTERM or a closed terminal)",
+              "aborted": "aborted (second Ctrl-C); the round in progress is lost", "error": "failed"}
+
+
+def stop_words(reason) -> str:
+    """A stop record's reason in words ("steps" -> "all rounds done")."""
+    return STOP_WORDS.get(reason, str(reason))
+
+
+def _best_held_out(rounds: list[dict]) -> str | None:
+    """The best held-out accuracy of the run, against the base model's, when it was evaluated."""
+    evals = [r for r in rounds if isinstance(r.get("eval/accuracy"), (int, float))]
+    if not evals:
+        return None
+    best = max(evals, key=lambda r: r["eval/accuracy"])
+    base = next((r["eval/base_accuracy"] for r in rounds if isinstance(r.get("eval/base_accuracy"), (int, float))),
+                None)
+    return (f"best {best['eval/accuracy']:.0%} at round {best['round']}"
+            + (f" (base model {base:.0%})" if base is not None else "") + f", {evals[-1]['eval/accuracy']:.0%} at the end")
 
 
 def last_error_line(path: Path, offset: int = 0) -> str | None:

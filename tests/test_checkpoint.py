@@ -116,10 +116,10 @@ def test_stop_summary_points_at_export_in_the_users_spelling(tmp_path):
         '{"type":"start"}\n{"type":"round","round":3}\n{"type":"stop","round":3,"reason":"user"}\n')
     _save(tmp_path, 3)
     line = rundir.stop_summary(tmp_path, config="node.toml", program=".venv/bin/ftis-edge")
-    assert line.startswith(f"stopped after round 3 (user) — run dir {tmp_path}")
-    assert f"resume with: .venv/bin/ftis-edge start node.toml --run-dir {tmp_path} --resume" in line
-    assert f"(GGUF, Ollama, PEFT): .venv/bin/ftis-edge export {tmp_path}" in line
-    assert "adapter-v000003.gguf is a LoRA adapter, not a model" in line and "\n" not in line
+    assert line.splitlines()[:2] == ["stopped after round 3: stopped by you (q)", f"  run dir   {tmp_path}"]
+    assert f"  resume    .venv/bin/ftis-edge start node.toml --run-dir {tmp_path} --resume" in line
+    assert f"  export    .venv/bin/ftis-edge export {tmp_path}   (GGUF, Ollama, PEFT)" in line
+    assert "adapter-v000003.gguf is a LoRA adapter, not a model" in line and len(line.splitlines()) == 5
     assert "a complete" not in line and "cp " not in line
     (tmp_path / "metrics.jsonl").write_text(
         '{"type":"round","round":2}\n{"type":"stop","round":2,"reason":"error","error":"model x: boom"}\n')

@@ -11,8 +11,8 @@ import pytest
 from ftis_edge.progress import PROGRESS_FILE, read_progress
 from ftis_edge.tui import DashboardApp
 from procs import rounds_of, start_node, wait_for, write_config
-from test_tui import FAST, cell, live_copy
-from test_tui import wait_for as wait_on_screen
+from dashboard import FAST, cell, live_copy
+from dashboard import wait_for as wait_on_screen
 
 
 def write_progress(run, relay: dict) -> None:

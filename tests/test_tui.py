@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Log, Static, TabbedContent
 
 from ftis_edge import config, metric_keys
 from ftis_edge.metrics import read_control
+from ftis_edge.rundir import stop_words
 from ftis_edge.tui import DashboardApp, watch
 from ftis_edge.tui.format import age, text
 from ftis_edge.tui.state import LogTail, RunState, relay_health
@@ -71,7 +72,7 @@ async def test_headline_shows_the_last_round():
         assert cell(app, "peers") == f"{active}" + (f" +{quarantined}q" if quarantined else "")
         assert cell(app, "relay") == f"ok {LAST['relay/latency_ms']:.0f}ms"
         assert cell(app, "state") == "finished"
-        assert f"finished ({RECORDS[-1]['reason']})" in app.sub_title
+        assert f"finished ({stop_words(RECORDS[-1]['reason'])})" in app.sub_title
         assert RECORDS[0]["node_id"] in app.title
 
 

@@ -26,7 +26,7 @@ from textual.widgets import DataTable, Footer, Header, Log, Static, TabbedConten
 
 from ftis_edge import progress as phases
 from ftis_edge.metrics import LOG_FILE, MetricsFollower, read_control, write_control
-from ftis_edge.rundir import last_error_line
+from ftis_edge.rundir import last_error_line, stop_words
 from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import (
     LogTail,
@@ -345,7 +345,7 @@ class DashboardApp(App[int]):
             return word, RED, f"failed: {self.failure}"
         # a node loading after the stop record resumes the run: that stop is the previous run's
         if st.finished and (self.progress or {}).get("phase") != phases.LOADING:
-            reason, last = fmt.text(st.stop.get("reason")), fmt.integer(st.stop.get("round"))
+            reason, last = fmt.text(stop_words(st.stop.get("reason"))), fmt.integer(st.stop.get("round"))
             return "finished", FINISHED, f"finished ({reason}) after round {last}"
         if self.node_exit is not None:
             colour = RED if self.node_exit else ""

@@ -410,6 +410,7 @@ class PeersTable(DataTable):
     @staticmethod
     def cells(node: str, peer: dict, now: float | None) -> dict[str, Text]:
         seen = fmt.as_number(peer.get("last_seen"))
+        seen = seen if seen and seen > 0 else None       # 0: not seen since a resume (never "20789d")
         values = {
             "node": fmt.text(node, 24), "model": fmt.text(peer.get("model"), 28),
             "tokenizer": fmt.text(peer.get("tokenizer"), 16),

@@ -1,0 +1,71 @@
+"""Words, not dumps: the stop summary as a short block (what ran, best held-out accuracy, resume with
+its relay, export), "steps" said as "all rounds done", `init --task reasoning_gym`, a pasted second
+[task] named as such, a peer restored from a checkpoint not "last seen 20789d"."""
+from __future__ import annotations
+
+import orjson
+
+from ftis_edge import config, rundir
+from ftis_edge.tui import DashboardApp
+from ftis_edge.tui.widgets import PeersTable
+from procs import cli
+from dashboard import live_copy
+
+
+def _records(run, *records) -> None:
+    run.mkdir(exist_ok=True)
+    (run / "metrics.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+
+def test_stop_summary_is_a_short_block_with_best_held_out_and_the_relay(tmp_path):
+    run = tmp_path / "alice"
+    _records(run, {"type": "start", "relay": "tcp://10.0.0.2:5555", "config": {"node": {"rounds": 30}}},
+             {"type": "round", "round": 1, "eval/base_accuracy": 0.25},
+             {"type": "round", "round": 5, "eval/accuracy": 0.41},
+             {"type": "round", "round": 10, "eval/accuracy": 0.38},
+             {"type": "stop", "round": 10, "reason": "user"})
+    block = rundir.stop_summary(run, config="alice.toml", program="ftis-edge").splitlines()
+    assert block[0] == "stopped after round 10 of 30: stopped by you (q)"
+    assert block[2] == "  held-out  best 41% at round 5 (base model 25%), 38% at the end"
+    assert block[3] == (f"  resume    ftis-edge start alice.toml --run-dir {run} --resume   "
+                        f"(rejoins tcp://10.0.0.2:5555)")
+    assert len(block) <= 6 and all(len(line) < 160 for line in block)
+    _records(run, {"type": "start", "relay": None}, {"type": "round", "round": 3},
+             {"type": "stop", "round": 3, "reason": "steps"})
+    block = rundir.stop_summary(run, program="ftis-edge").splitlines()
+    assert block[0] == "stopped after round 3: all rounds done" and "held-out" not in "\n".join(block)
+
+
+def test_init_writes_the_reasoning_gym_section_and_a_pasted_second_task_is_named(tmp_path):
+    path = tmp_path / "gym.toml"
+    out = cli("init", str(path), "--task", "reasoning_gym")
+    assert out.returncode == 0, out.stderr
+    task = config.load(path).task
+    assert task.name == "reasoning_gym" and task.reward == "shaped"
+    assert set(task.datasets) == {"chain_sum", "basic_arithmetic", "leg_counting"}
+    assert cli("init", str(tmp_path / "x.toml"), "--task", "nonsense").returncode == 2
+    # the README's [task] block pasted under an init file's own [task]
+    plain = tmp_path / "bob.toml"
+    assert cli("init", str(plain)).returncode == 0
+    plain.write_text(plain.read_text() + '\n[task]\nname = "reasoning_gym"\nreward = "shaped"\n')
+    out = cli("start", str(plain), "--headless")
+    assert out.returncode == 2
+    err = out.stderr.strip()
+    assert err.startswith(f"ftis-edge: error: {plain}: [task] appears twice (at line ") and "Cannot declare" not in err
+    assert "replace that [task] instead of adding another" in err
+
+
+async def test_a_peer_restored_from_a_checkpoint_is_not_last_seen_decades_ago(tmp_path):
+    run = live_copy(tmp_path)
+    lines = (run / "metrics.jsonl").read_bytes().splitlines()
+    last = orjson.loads(lines[-1])
+    name = next(iter(last["peers"]))
+    last["peers"][name]["last_seen"] = 0.0       # what a resumed node's peer book held before
+    (run / "metrics.jsonl").write_bytes(b"\n".join([*lines[:-1], orjson.dumps(last)]) + b"\n")
+    app = DashboardApp(run, poll_interval=0.05)
+    async with app.run_test(size=(140, 30)) as pilot:
+        await pilot.press("5")
+        await pilot.pause()
+        table = app.query_one(PeersTable)
+        seen = table.get_cell(name, "last_seen").plain
+        assert seen == "–" or seen == "-" or "d" not in seen, seen
