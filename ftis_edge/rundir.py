@@ -247,9 +247,13 @@ STOP_WORDS = {"steps": "all rounds done", "user": "stopped by you (q)",
               "aborted": "aborted (second Ctrl-C); the round in progress is lost", "error": "failed"}
 
 
-def stop_words(reason) -> str:
-    """A stop record's reason in words ("steps" -> "all rounds done")."""
-    return STOP_WORDS.get(reason, str(reason))
+SHORT_STOP_WORDS = {"steps": "all rounds done", "user": "stopped by you", "signal": "by a signal",
+                    "aborted": "aborted", "error": "failed"}
+
+
+def stop_words(reason, short: bool = False) -> str:
+    """A stop record's reason in words ("steps" -> "all rounds done"); ``short`` for a status line."""
+    return (SHORT_STOP_WORDS if short else STOP_WORDS).get(reason, str(reason))
 
 
 def _best_held_out(rounds: list[dict]) -> str | None:

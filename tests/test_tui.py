@@ -72,7 +72,7 @@ async def test_headline_shows_the_last_round():
         assert cell(app, "peers") == f"{active}" + (f" +{quarantined}q" if quarantined else "")
         assert cell(app, "relay") == f"ok {LAST['relay/latency_ms']:.0f}ms"
         assert cell(app, "state") == "finished"
-        assert f"finished ({stop_words(RECORDS[-1]['reason'])})" in app.sub_title
+        assert f"finished ({stop_words(RECORDS[-1]['reason'], short=True)})" in app.sub_title
         assert RECORDS[0]["node_id"] in app.title
 
 

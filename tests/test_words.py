@@ -4,6 +4,7 @@ its relay, export), "steps" said as "all rounds done", `init --task reasoning_gy
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from ftis_edge import config, rundir
 from ftis_edge.tui import DashboardApp
@@ -69,3 +70,17 @@ async def test_a_peer_restored_from_a_checkpoint_is_not_last_seen_decades_ago(tm
         table = app.query_one(PeersTable)
         seen = table.get_cell(name, "last_seen").plain
         assert seen == "–" or seen == "-" or "d" not in seen, seen
+
+
+async def test_the_reward_plot_tells_own_peers_and_all_apart_and_draws_a_trend():
+    from dashboard import FIXTURE, ROUNDS
+    from ftis_edge.tui.widgets import trend_line
+    assert trend_line([0.0, 1.0, 0.0, 1.0, 0.0, 1.0]) == [0.0, 0.5, 1 / 3, 0.5, 0.4, 0.6]
+    app = DashboardApp(FIXTURE, poll_interval=0.05)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        monitor = app.query_one("#panel-reward PlotextPlot").plt._active.monitor
+        markers = [m[0] for m in monitor.marker]
+        assert len(markers) == 4 and len(set(markers)) == 4           # own, its trend, peers, all: 4 styles
+        own = [r["reward/own"] for r in ROUNDS if r.get("reward/own") is not None]
+        assert monitor.y[1] == pytest.approx(trend_line(own)[-len(monitor.y[1]):])

@@ -75,8 +75,9 @@ TALL, WIDE = 40, 140         # from this many rows / columns the overview shows 
 FINISHED = "#90caf9"
 
 # Panel contents, shared by a panel's own tab and its copy on a large overview.
-REWARD = [Series("reward/own", "own", OWN, mean=True), Series("reward/peers", "peers", PEERS),
-          Series("reward", "all", ALL)]
+# own, peers, all: three styles (braille, x, dots) and own's 5-round trend (hd)
+REWARD = [Series("reward/own", "own", OWN, mean=True, trend=True), Series("reward/peers", "peers", PEERS, marker="x"),
+          Series("reward", "all", ALL, marker="•")]
 ACCURACY = [Series("accuracy/own", "training", OWN, fmt.pct, mean=True),
             Series("format/own", "format", VIOLET, fmt.pct),
             # greedy answers to held-out prompts (heldout.py), from round 0 (the base model), with the
@@ -345,8 +346,8 @@ class DashboardApp(App[int]):
             return word, RED, f"failed: {self.failure}"
         # a node loading after the stop record resumes the run: that stop is the previous run's
         if st.finished and (self.progress or {}).get("phase") != phases.LOADING:
-            reason, last = fmt.text(stop_words(st.stop.get("reason"))), fmt.integer(st.stop.get("round"))
-            return "finished", FINISHED, f"finished ({reason}) after round {last}"
+            # the round is on the line already (the headline's cell, the progress line's "round N:")
+            return "finished", FINISHED, f"finished ({fmt.text(stop_words(st.stop.get('reason'), short=True))})"
         if self.node_exit is not None:
             colour = RED if self.node_exit else ""
             return f"exited {self.node_exit}", colour, f"node exited with code {self.node_exit}"

@@ -177,6 +177,21 @@ class Series:
     plot: bool = True            # False: a number in the stats line only
     points: Callable[[RunState], tuple[list, list]] | None = None   # (rounds, values) other than key's
     value: Callable[[RunState], float | None] | None = None          # the stats line's value other than key's
+    marker: str = "braille"      # plotext marker: lines of one panel told apart by style, not colour alone
+    trend: bool = False          # also draw the mean of the last TREND rounds (noisy rounds: where it heads)
+
+
+TREND = 5
+
+
+def trend_line(ys: list[float], window: int = TREND) -> list[float]:
+    """The running mean of the last ``window`` values (fewer at the start): a round's noise
+    (groups of 4-8 answers) hides where reward heads; the mean over rounds shows it."""
+    out, total = [], 0.0
+    for i, y in enumerate(ys):
+        total += y - (ys[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
 
 
 def records_key(state: RunState) -> tuple:
@@ -261,8 +276,10 @@ class MetricPanel(Vertical):
             xs, ys = _thin(*(s.points(state) if s.points else state.series(s.key)), most=dots_across)
             ys = [min(max(y, low), high) for y in ys]
             if s.plot and ys:
-                plt.plot(xs, ys, color=_rgb(s.color), marker="braille")
+                plt.plot(xs, ys, color=_rgb(s.color), marker=s.marker)
                 first_x = xs[0] if first_x is None else min(first_x, xs[0])
+                if s.trend and len(ys) >= 3:
+                    plt.plot(xs, trend_line(ys), color=_rgb(s.color), marker="hd")
         if self.ylim:
             plt.ylim(*self.ylim)
         if state.rounds:
