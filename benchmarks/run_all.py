@@ -53,6 +53,8 @@ BENCHMARKS = [
           "subscribers that do not read, against the relay's memory", 0.75),
     Bench("attacks.sybil_first", ("--fakes", "8", "40", "--seconds", "12"), ("--fakes", "8", "--seconds", "4"),
           "fake ids that came first cannot keep a new honest publisher out of a budgeted subscriber", 0.8),
+    Bench("attacks.grading_flood", ("--fakes", "40", "--rounds", "1"), ("--fakes", "8", "--rounds", "1"),
+          "many ids whose answers grade just under the time limit cannot keep an honest peer ungraded", 0.1),
     Bench("bench_grader_latency", (), ("--calls", "20"),
           "the reward rule's latency: per-call grading overhead, and how fast answer bombs are refused", 0.3),
     Bench("bench_tui_peers", (), ("--peers", "1000", "--rounds", "1"),

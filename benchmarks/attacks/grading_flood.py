@@ -6,28 +6,26 @@ each on an idle core; the limit is 0.5 s) ahead of an honest peer's 2 groups; th
 re-grading budget is 5 s (the default). Control: the honest peer alone. Prints honest groups
 graded of sent, and the grader timeouts charged to the honest peer.
 
-    python benchmarks/attacks/grading_flood.py [--fakes 40] [--rounds 6] [--intake FILE] [--json]
+    python -m benchmarks.attacks.grading_flood [--fakes 40] [--rounds 6] [--intake FILE] [--json PATH]
 
 --intake runs another version of ftis_edge/intake.py (e.g. ``git show REV:ftis_edge/intake.py``).
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from benchmarks.harness import ROOT, parser, write_json
+
+# the tests' rollout builder (real tokenizer) lives in tests/, which is not a package
+sys.path.append(str(ROOT / "tests"))
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--fakes", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--intake", help="another ftis_edge/intake.py to run")
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.intake:
         spec = importlib.util.spec_from_file_location("ftis_edge.intake", a.intake)
@@ -66,12 +64,10 @@ def main() -> int:
         rows.append({"fakes": n_fakes, "honest_graded": graded, "honest_sent": sent, "per_round": per_round,
                      "honest_grader_timeouts": alice["grader_timeouts"],
                      "honest_refused": alice["rejected_by_reason"]})
-    if a.json:
-        print(json.dumps({"intake": a.intake or "this checkout", "rows": rows}, indent=1))
-    else:
-        for r in rows:
-            print(f"fake ids {r['fakes']:>3}: honest groups graded {r['honest_graded']}/{r['honest_sent']} "
-                  f"(per round {r['per_round']}), grader timeouts charged to it {r['honest_grader_timeouts']}")
+    write_json(a.json, {"intake": a.intake or "this checkout", "rows": rows})
+    for r in rows:
+        print(f"fake ids {r['fakes']:>3}: honest groups graded {r['honest_graded']}/{r['honest_sent']} "
+              f"(per round {r['per_round']}), grader timeouts charged to it {r['honest_grader_timeouts']}")
     return 0
 
 
