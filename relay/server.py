@@ -374,6 +374,7 @@ class Relay:
             self._refuse_hello(rid, *refusal)
             return
         peer = self.peers.get(rid)
+        joined = peer is None
         if peer is None and len(self.peers) >= self.cfg.max_peers:
             self._refuse_hello(rid, "too_many_peers")
             return
@@ -392,6 +393,8 @@ class Relay:
         peer.last_seen = time.monotonic()
         self.peers[rid] = peer
         self.counts["hello"] += 1
+        if joined:
+            log.info("node %s joined from %s (%d connected)", _safe(node_id), _safe(address or "?"), len(self.peers))
         self._send(rid, [P.WELCOME, orjson.dumps({"epoch": self.epoch.decode(), "heartbeat_s": self.cfg.heartbeat_s,
                                                   "identity": "key" if self.curve else "claimed",
                                                   "relay": self.name})])
@@ -995,6 +998,8 @@ class Relay:
         """Forget a peer. Unless its connection is known ``gone``, what is queued for it stays
         counted (as a ghost) until a probe finds the connection closed."""
         peer = self.peers.pop(rid, None)
+        if peer is not None and peer.node_id:
+            log.info("node %s left (%d connected)", _safe(peer.node_id.decode(errors="replace")), len(self.peers))
         if peer is not None and peer.queued_bytes() > 0:
             if gone:
                 self.queued_total -= peer.queued_bytes()
@@ -1088,10 +1093,20 @@ def run(cfg: RelayConfig) -> int:
         relay.serve()
     finally:
         s = relay.stats()
-        log.info("relay stopped after %.0f s: %d accepted, rejected %s", s["uptime_s"],
-                 s["counts"].get("accepted", 0), s["rejected"])
+        log.info("relay stopped after %.0f s: %d messages accepted; %s", s["uptime_s"],
+                 s["counts"].get("accepted", 0), _rejected_in_words(s["rejected"]))
         relay.close()
     return 0
+
+
+def _rejected_in_words(rejected: dict) -> str:
+    """`{'ping_rate': 100}` as an operator reads it: "100 refused (100 over the ping rate)"."""
+    total = sum(int(n) for n in rejected.values())
+    if not total:
+        return "none refused"
+    parts = ", ".join(f"{int(n)} {_safe(str(reason)).replace('_', ' ')}"
+                      for reason, n in sorted(rejected.items(), key=lambda kv: -int(kv[1])))
+    return f"{total} refused ({parts})"
 
 
 def _exit_later(delay_s: float) -> None:

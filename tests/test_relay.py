@@ -358,7 +358,11 @@ def test_status_cli_and_clean_sigterm(relay):
     finally:
         c.close()
     assert r.stop() == 0
-    assert "shutting down" in r.proc.stdout.read()   # SIGTERM took the clean path
+    log = r.proc.stdout.read()
+    assert "shutting down" in log                    # SIGTERM took the clean path
+    assert "node node-status joined from" in log     # the operator sees who comes and goes
+    stopped = next(line for line in log.splitlines() if "relay stopped after" in line)
+    assert "messages accepted" in stopped and "{" not in stopped, stopped   # words, not a dict
     down = subprocess.run([sys.executable, "-m", "relay", "status", "--connect", r.address, "--timeout", "0.5"],
                           cwd=ROOT, capture_output=True, text=True, timeout=10)
     assert down.returncode == 1 and "no answer" in down.stderr
