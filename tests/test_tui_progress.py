@@ -100,7 +100,7 @@ async def test_dashboard_shows_phase_bar_eta_and_round_time(tmp_path):
         await wait_for(pilot, lambda: cell(app, "state") == "generating")
         assert "running · generating 8/8 completions · 412 tok/s" in app.sub_title
         line = text_of(app, "round-progress")
-        assert line.startswith(f"round {last['round'] + 1}: generating 8/8 completions")
+        assert line.startswith(f"round {last['round'] + 1} of 6: generating 8/8 completions")
         assert "ETA" in line and "%" in line and ("█" in line or "░" in line)
         assert f"last round {last['time/round_s']:.1f} s" in line
         typical = sum(r["time/round_s"] for r in ROUNDS[-5:]) / len(ROUNDS[-5:])

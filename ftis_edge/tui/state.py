@@ -302,6 +302,36 @@ def round_clock(state: RunState, progress: dict | None, now: float) -> RoundCloc
                       typical)
 
 
+@dataclass(frozen=True)
+class RunProgress:
+    """How far the whole run is: rounds finished of the rounds it was started for, and the
+    time the rest should take at the usual round time. The percentage is ``done / total``
+    and nothing else, so it can never disagree with the "4 of 30" beside it (the round in
+    progress has its own bar)."""
+    done: int
+    total: int
+    left_s: float | None        # None: no round time measured yet, or the node is not running
+
+    @property
+    def percent(self) -> int:
+        pct = round(self.done * 100 / self.total)
+        return min(pct, 99) if self.done < self.total else 100    # 100 % only when all are done
+
+
+def run_progress(state: RunState, clock: RoundClock) -> RunProgress | None:
+    """The run's progress, or None before its start record says how many rounds it has."""
+    config = (state.start or {}).get("config")       # another program's file: any shape at all
+    node = config.get("node") if isinstance(config, dict) else None
+    total = as_number(node.get("rounds")) if isinstance(node, dict) else None
+    if total is None or total < 1:
+        return None
+    total, done = int(total), min(int(total), state.last_round or 0)
+    left = None
+    if not state.finished and clock.typical is not None:
+        left = max(0.0, (total - done) * clock.typical - (clock.elapsed or 0.0))
+    return RunProgress(done, total, left)
+
+
 @dataclass(eq=False)
 class View:
     """What every widget draws from, replaced (never mutated) when anything changed: the

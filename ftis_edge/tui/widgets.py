@@ -3,6 +3,7 @@ replaced when the run changed) and redraws itself from it; none reads a file."""
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,7 +20,7 @@ from textual_plotext import PlotextPlot
 
 from ftis_edge.compute import saved_phrase
 from ftis_edge.tui import format as fmt
-from ftis_edge.tui.state import RelayHealth, RunState, View, held_out, phase_text
+from ftis_edge.tui.state import RelayHealth, RunProgress, RunState, View, held_out, phase_text, run_progress
 
 # One colour per role, shared by a plot line and the label that names it (hex for Textual,
 # an (r, g, b) tuple for plotext).
@@ -386,18 +387,42 @@ def progress_chunks(view: View) -> list[Content]:
         what = phase_text(view.progress, view.now)
     else:
         what = view.sentence
-    head = f"round {clock.round}: " if clock.round is not None else ""
+    run = run_progress(state, clock)
+    head = "" if clock.round is None else f"round {clock.round}: " if run is None else \
+        f"round {clock.round} of {run.total}: "
     chunks = [line((head + what, "bold"))]
     if clock.fraction is not None:
         full = int(round(clock.fraction * BAR))
         chunks.append(line(("█" * full, OWN), ("░" * (BAR - full), "dim"), f" {100 * clock.fraction:.0f}%"))
         chunks.append(field("ETA", fmt.age(clock.eta)))
+    if run is not None:         # short when the head already says "of N": two lines at 80 columns
+        chunks.append(run_chunk(run, total_shown=clock.round is not None))
     chunks.append(field("last round", fmt.seconds(state.last("time/round_s"))))
-    chunks.append(field("avg5", fmt.seconds(clock.typical)))
+    if not state.finished:      # the usual round time predicts the rounds to come: none are left
+        chunks.append(field("avg5", fmt.seconds(clock.typical)))
     swarm = saved_phrase(state.latest) if state.latest else None
     if swarm:                       # what joining saved: the swarm's groups stand in for your own
         chunks += [BREAK, line((swarm, "bold"))]
     return chunks
+
+
+def run_chunk(run: RunProgress, *, total_shown: bool = False) -> Content:
+    """The whole run, beside the round's bar: "4 of 30 rounds done (13%) · ~26 min left", or
+    "4 done (13%) · ~26 min left" after a "round 5 of 30" head. The percentage is always of
+    the rounds done, the count printed beside it."""
+    left = f" · {time_left(run.left_s)}" if run.left_s is not None and run.done < run.total else ""
+    counter = f"{run.done} done" if total_shown else f"{run.done} of {run.total} rounds done"
+    return line((counter, "bold"), f" ({run.percent}%){left}")
+
+
+def time_left(seconds: float) -> str:
+    """A coarse estimate in words: "<1 min left", "~26 min left", "~3.5 h left"."""
+    minutes = seconds / 60
+    if minutes < 1:
+        return "<1 min left"
+    if minutes < 120:
+        return f"~{math.ceil(minutes)} min left"
+    return f"~{minutes / 60:.1f} h left"
 
 
 class PeersTable(DataTable):
