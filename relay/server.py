@@ -331,7 +331,7 @@ class Relay:
         elif kind == P.USEFUL:
             self._on_useful(rid, peer, args)
         elif kind == P.BYE:
-            self._drop_peer(rid)
+            self._drop_peer(rid, why="said bye")
         else:
             self.rejected["bad_frame"] += 1
 
@@ -703,7 +703,7 @@ class Relay:
             return False
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
-                self._drop_peer(rid, gone=True)
+                self._drop_peer(rid, gone=True, why="its connection is gone")
                 return False
             raise
 
@@ -904,7 +904,7 @@ class Relay:
         if blocked:
             self._blocked(peer, now)
             if gone:
-                self._drop_peer(rid, gone=True)
+                self._drop_peer(rid, gone=True, why="its connection is gone")
             else:
                 self._mark(peer, force=True)
         elif sent:
@@ -994,12 +994,13 @@ class Relay:
             self.counts["budget_sent"] += 1
         b.index.hungry.discard(peer.rid)
 
-    def _drop_peer(self, rid: bytes, *, gone: bool = False) -> None:
+    def _drop_peer(self, rid: bytes, *, why: str, gone: bool = False) -> None:
         """Forget a peer. Unless its connection is known ``gone``, what is queued for it stays
         counted (as a ghost) until a probe finds the connection closed."""
         peer = self.peers.pop(rid, None)
         if peer is not None and peer.node_id:
-            log.info("node %s left (%d connected)", _safe(peer.node_id.decode(errors="replace")), len(self.peers))
+            log.info("node %s left: %s (%d connected)", _safe(peer.node_id.decode(errors="replace")), why,
+                     len(self.peers))
         if peer is not None and peer.queued_bytes() > 0:
             if gone:
                 self.queued_total -= peer.queued_bytes()
@@ -1025,8 +1026,7 @@ class Relay:
         for rid, p in list(self.peers.items()):
             self._mark(p, force=True)        # a slow trickle gets its receipt too
             if now - p.last_seen > self.cfg.peer_timeout_s:
-                log.info("peer %s timed out", _safe(repr(p.node_id.decode(errors="replace"))))
-                self._drop_peer(rid)
+                self._drop_peer(rid, why=f"timed out, silent for {now - p.last_seen:.0f} s")
 
     # -------------------------------------------------------------- stats
     def stats(self) -> dict:

@@ -357,10 +357,12 @@ def test_status_cli_and_clean_sigterm(relay):
         assert s["peers"][0]["in_bytes"] > 0
     finally:
         c.close()
+    assert wait_for(lambda: "node-status" not in {p["node_id"] for p in r.stats()["peers"]}, 5)
     assert r.stop() == 0
     log = r.proc.stdout.read()
     assert "shutting down" in log                    # SIGTERM took the clean path
-    assert "node node-status joined from" in log     # the operator sees who comes and goes
+    assert "node node-status joined from" in log     # the operator sees who comes and goes, and why
+    assert "node node-status left: said bye (0 connected)" in log, log
     stopped = next(line for line in log.splitlines() if "relay stopped after" in line)
     assert "messages accepted" in stopped and "{" not in stopped, stopped   # words, not a dict
     down = subprocess.run([sys.executable, "-m", "relay", "status", "--connect", r.address, "--timeout", "0.5"],

@@ -150,7 +150,7 @@ def test_status_and_log_escape_peer_strings(relay):
         time.sleep(2.5)                                          # timed out: the log names it
         assert r.stop() == 0
         log = r.proc.stdout.read()
-        assert "timed out" in log and "\\u202eevil\\x1b]52" in log, log
+        assert "left: timed out, silent for" in log and "\\u202eevil\\x1b]52" in log, log
         assert "\x1b" not in log and "\u202e" not in log and "\x07" not in log
     finally:
         s.close(0)
