@@ -60,6 +60,7 @@ class LocalTokenizer:
     max_completion_length: int                  # the node's completion cap (task.max_completion_length)
     token_bytes: TokenBytes | None = None       # our tokens' bytes (None: we cannot place them: sequence level)
     cross_tokenizer_level: str = "span"         # train.cross_tokenizer_level: "span" | "sequence"
+    check_claims: bool = False                  # a claimed other tokenizer in our exact encoding is ours (a node: on)
 
     @classmethod
     def of_bundle(cls, bundle, prompt_ids: Callable[[object], list[int]], *, max_completion_length: int,
@@ -70,7 +71,7 @@ class LocalTokenizer:
                                                             split_special_tokens=True)["input_ids"],
                    eos_token_id=bundle.eos_token_ids[0] if bundle.eos_token_ids else None,
                    max_completion_length=max_completion_length, token_bytes=token_bytes,
-                   cross_tokenizer_level=cross_tokenizer_level)
+                   cross_tokenizer_level=cross_tokenizer_level, check_claims=True)
 
     def retokenize(self, text: str, *, finished: bool) -> list[int]:
         """A peer's completion text in our tokenizer (no BOS; our EOS when the peer stopped)."""
@@ -128,6 +129,7 @@ class Batch:
     groups_with_peer_parts: int | None = None   # horizontal only: merged groups that had peer parts
     refused_length: int = 0               # foreign samples refused by the length rule
     masked_truncated: int = 0             # samples cut at their length limit, given weight 0
+    false_tokenizer_claims: int = 0       # peer groups claiming another tokenizer in our token ids
     peer_weights: dict[str, float] = field(default_factory=dict)   # foreign peer -> success weight
 
     @property
@@ -178,11 +180,17 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer, rules: SampleRu
     truncated ones; ``batch`` (when given) counts the refused and masked ones."""
     prompt_ids = local.prompt_ids(p.prompt)
     node = p.rollout.node_id
-    foreign = rules.is_foreign(p)
+    # a claim of another tokenizer is checked where it can be: token ids that are exactly our
+    # encoding of the text are ours, and the group is judged as ours (the window rule with the
+    # own-calibrated threshold, token level), not as another model's
+    same_tokenizer = p.same_tokenizer or (local.check_claims and is_our_encoding(p.rollout.completions, local))
+    if same_tokenizer and not p.same_tokenizer and batch is not None:
+        batch.false_tokenizer_claims += 1
+    foreign = not same_tokenizer or bool(rules.model_fp and p.rollout.model_fp != rules.model_fp)
     peer_weight = batch.peer_weights.get(node, 1.0) if (batch is not None and foreign) else 1.0
     out = []
     for c, a in zip(p.rollout.completions, adv):
-        if p.same_tokenizer:
+        if same_tokenizer:
             ids = [int(t) for t in c.token_ids]
         else:
             ids = local.retokenize(c.text, finished=c.finish_reason == "stop")
@@ -196,7 +204,7 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer, rules: SampleRu
         if masked and batch is not None:
             batch.masked_truncated += 1
         weight = 0.0 if masked else peer_weight
-        if p.same_tokenizer:
+        if same_tokenizer:
             out.append(TrainSample(prompt_ids=prompt_ids, completion_ids=ids,
                                    gen_logprobs=[float(x) for x in c.logprobs], gen_logprob_sum=None,
                                    advantage=a, source=node, foreign=foreign, weight=weight))
@@ -211,6 +219,17 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer, rules: SampleRu
                                    gen_span_logprobs=None if spans is None else spans[1],
                                    foreign=foreign, weight=weight))
     return out
+
+
+def is_our_encoding(completions: Sequence, local: LocalTokenizer) -> bool:
+    """True when every completion's token ids are exactly what our tokenizer makes of its text
+    (our EOS after a stopped one allowed): the tokenizer fingerprint of the group is ours."""
+    for c in completions:
+        ours = list(local.text_ids(c.text))
+        ids = [int(t) for t in c.token_ids]
+        if not ids or (ids != ours and not (local.eos_token_id is not None and ids == ours + [local.eos_token_id])):
+            return False
+    return bool(completions)
 
 
 def build_batch(own: Sequence[OwnGroup], peers: Sequence, *, mode: str, scale: str,

@@ -103,10 +103,14 @@ def free_port() -> int:
 
 
 def node_config(node: DemoNode, root: Path, relay: str, *, rounds: int, threads: int, max_wait_s: float,
-                peers: int = 2) -> Path:
+                peers: int = 2, eval_prompts: int | None = None) -> Path:
     data: dict = {s: dict(v) for s, v in SMALL.items()}
     for section, values in node.settings.items():
         data.setdefault(section, {}).update(values)
+    if eval_prompts is not None:
+        # every node waits for every other's groups, so the slowest node's held-out eval (the HF
+        # generator's, at round 0 and the end) holds up the whole swarm: fewer prompts start sooner
+        data.setdefault("eval", {})["prompts"] = eval_prompts
     data["node"].update({"id": node.name, "run_dir": str(root / "{id}"), "rounds": rounds})
     data.setdefault("model", {})["threads"] = threads
     # wait for every peer's groups of the round (no longer than max_wait_s), on top of its own:
@@ -190,12 +194,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds per node (default: 2 headless, 100 with the dashboard — q stops earlier)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per node (default: cores / nodes)")
+    p.add_argument("--eval-prompts", type=int, default=None, metavar="N",
+                   help="held-out prompts per eval in every node (default: the node's, eval.prompts = 32); "
+                        "fewer start training sooner on a slow machine, with a wider interval")
 
 
 class Swarm:
     """The demo's processes: a relay and the chosen nodes, each a real ``ftis-edge start``."""
 
-    def __init__(self, root: Path, chosen: list[DemoNode], *, rounds: int, threads: int, max_wait_s: float):
+    def __init__(self, root: Path, chosen: list[DemoNode], *, rounds: int, threads: int, max_wait_s: float,
+                 eval_prompts: int | None = None):
         self.root, self.nodes = root, chosen
         if root.exists():
             shutil.rmtree(root)
@@ -205,7 +213,7 @@ class Swarm:
             self.relay.wait_ready()
             for n in chosen:
                 cfg = node_config(n, root, self.relay.address, rounds=rounds, threads=threads,
-                                  peers=len(chosen) - 1, max_wait_s=max_wait_s)
+                                  peers=len(chosen) - 1, max_wait_s=max_wait_s, eval_prompts=eval_prompts)
                 n.proc, n.stderr = rundir.spawn_node(
                     [sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless"], root / n.name)
         except BaseException:
@@ -236,13 +244,17 @@ def run(args: argparse.Namespace) -> int:
     if rounds < 1:
         print("ftis-edge demo: error: --rounds must be >= 1", file=sys.stderr)
         return 2
+    if args.eval_prompts is not None and args.eval_prompts < 1:
+        print("ftis-edge demo: error: --eval-prompts must be >= 1", file=sys.stderr)
+        return 2
     headless = args.headless or not sys.stdout.isatty()
     chosen, notes = choose(nodes(), args.nodes)
     for line in notes:
         print(f"ftis-edge demo: {line}")
     root = Path(args.dir).expanduser().resolve()
     threads = args.threads or max(1, (os.cpu_count() or 2) // len(chosen))
-    swarm = Swarm(root, chosen, rounds=rounds, threads=threads, max_wait_s=300.0 if headless else 20.0)
+    swarm = Swarm(root, chosen, rounds=rounds, threads=threads, max_wait_s=300.0 if headless else 20.0,
+                  eval_prompts=args.eval_prompts)
     try:
         print(f"ftis-edge demo: relay {swarm.relay.address}; {len(chosen)} nodes in {root}: "
               + "; ".join(f"{n.name} ({n.what})" for n in chosen))

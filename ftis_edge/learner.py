@@ -447,21 +447,33 @@ class Learner:
             self.plausibility_threshold = threshold
         if threshold is None:
             weight = torch.ones(len(batch), device=logp.device)
-        else:   # the window rule judges same-tokenizer text only: another model's honest text is
-            # as surprising to us as an injection (half of Gemma 3's; docs/relay.md), so it is
-            # judged by what repeats (the repeat memory below)
+        else:   # same-tokenizer peers against the own-calibrated threshold; a peer claiming
+            # another tokenizer against a fixed one measured on honest text of that kind (another
+            # model's honest text is more surprising to us than our own, and the claimant's samples
+            # must not be able to loosen it: plausibility.FOREIGN_THRESHOLD)
             same_model = torch.tensor([s.level == "token" for s in batch], device=logp.device)
             weight = plausibility.plausible_weight(scores, is_peer & same_model, threshold)
+            if cfg.judge_foreign:
+                claimed = is_peer & ~same_model
+                weight = torch.where(claimed & (scores < cfg.foreign_threshold), 0.0, weight)
         refused = (weight == 0).cpu()
-        # a positive-advantage peer sample trains an unlikely n-gram once (the repeat memory)
+        # a positive-advantage peer sample trains an unlikely n-gram once (the repeat memory); a
+        # re-tokenized one on shorter n-grams: its payload may come in fresh words every time
         tokens = weight[:, None].expand(logp.shape).clone()
         repeated = torch.zeros(len(batch))
         taught = [b for b, s in enumerate(batch) if s.source != OWN and s.advantage > 0 and not bool(refused[b])]
         lp, cpu_mask = (logp.detach().float().cpu(), mask.cpu()) if taught else (None, None)
         for b in taught:
             s = batch[b]
+            short = cfg.judge_foreign and s.level != "token"
             masked = self.repeat_memory.judge(list(s.completion_ids), lp[b][cpu_mask[b]].tolist(),
-                                              cfg.ngram, cfg.ngram_logp, list(s.prompt_ids))
+                                              cfg.foreign_ngram if short else cfg.ngram,
+                                              cfg.foreign_ngram_logp if short else cfg.ngram_logp,
+                                              list(s.prompt_ids))
+            if short:
+                phrase = self.repeat_memory.judge(list(s.completion_ids), [], cfg.foreign_phrase,
+                                                  math.inf, list(s.prompt_ids))
+                masked = [a or b for a, b in zip(masked, phrase)]
             if any(masked):
                 tokens[b, :len(masked)] = torch.tensor([0.0 if m else 1.0 for m in masked])
                 repeated[b] = float(sum(masked))

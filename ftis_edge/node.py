@@ -67,13 +67,17 @@ def own_grading_stats(own: list[OwnGroup]) -> dict:
 
 
 def useful_peers(samples, per_sample: dict | None) -> set[str]:
-    """Peers with a sample the step trained on: neither dropped by the F- filter nor judged
-    implausible (per_sample: the step's per-sample flags, in batch order; none: no step ran)."""
+    """Peers with a sample the step trained on with a learning signal: a nonzero advantage
+    (a group whose rewards are all equal, e.g. zero-reward junk, teaches nothing), neither
+    dropped by the F- filter nor judged implausible (per_sample: the step's per-sample tensors,
+    in batch order; none: no step ran)."""
     if not per_sample:
         return set()
     flags = [per_sample[k] for k in ("dropped", "implausible") if per_sample.get(k) is not None]
+    adv = per_sample.get("advantage")
     return {s.source for i, s in enumerate(samples)
-            if s.source != OWN and not any(bool(f[i]) for f in flags)}
+            if s.source != OWN and not any(bool(f[i]) for f in flags)
+            and (float(s.advantage) if adv is None else float(adv[i])) != 0.0}
 
 
 @dataclass
@@ -606,8 +610,8 @@ class Node:
         uses = peer_usage(samples, stats.get("per_sample"))
         for use in uses:
             self.book.get(use.node_id).record_use(use)
-        if self.swarm is not None:      # the relay's budget favours them over fresh ids (a Sybil crowd)
-            self.swarm.mark_useful(useful_peers(samples, stats.get("per_sample")))
+        if self.swarm is not None and stats.get("per_sample"):   # a step ran: the relay's budget
+            self.swarm.mark_useful(useful_peers(samples, stats["per_sample"]))   # favours them (Sybil ids)
         t0 = time.time()
         self.progress.phase(phases.SYNCING)
         with self.cpu.measure("sync"):

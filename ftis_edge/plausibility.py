@@ -49,6 +49,16 @@ OWN_POOL = 256         # own samples' scores the calibration remembers, over ste
 NGRAM = 4              # tokens per n-gram the repeat memory keys on
 NGRAM_LOGP = -12.0     # an n-gram is unlikely below this summed learner log-prob (nats; see docs/ftis.md)
 MEMORY = 200_000       # unlikely n-grams remembered (oldest forgotten first): ~30 MB at most
+# Samples of a peer that claims another tokenizer, judged on the learner's re-tokenization of
+# their text. Their calibration is fixed, never fed by peers (an attacker's own samples must not
+# loosen the threshold for its kind): honest Gemma 3 270M text scored by a SmolLM2 learner has
+# worst-window quantiles 1 / 5 / 50 % of -4.37 / -4.30 / -2.69 (docs/relay.md), so -5.0 keeps
+# >= 99 % of it while a URL-like phrase (x < -8 a token) still fails.
+FOREIGN_THRESHOLD = -5.0
+FOREIGN_NGRAM = 3      # shorter n-grams: a 3-token payload in fresh words each time repeats as a 3-gram
+FOREIGN_NGRAM_LOGP = -9.0   # the same -3 nats a token as NGRAM_LOGP
+FOREIGN_PHRASE = 8     # and any 8-gram, likely or not, is taught once: a phrase of likely words
+                       # repeated to be learned ("Let me know if ...") needs no surprise to work
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,11 @@ class PlausibilityConfig:
     pool: int = OWN_POOL
     ngram: int = NGRAM
     ngram_logp: float = NGRAM_LOGP
+    judge_foreign: bool = True          # False: cross-tokenizer peer samples meet only the 4-gram memory
+    foreign_threshold: float = FOREIGN_THRESHOLD
+    foreign_ngram: int = FOREIGN_NGRAM
+    foreign_ngram_logp: float = FOREIGN_NGRAM_LOGP
+    foreign_phrase: int = FOREIGN_PHRASE
 
 
 def excess_logp(logp: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

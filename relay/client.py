@@ -34,6 +34,7 @@ from relay.frames import LAST as _LAST, MORE as _MORE, send_frame as _SEND
 from relay.keys import ClientKeys
 from relay.waker import Waker
 
+USEFUL_MEMORY = 4            # mark_useful() steps a publisher stays named useful without a new mark
 log = logging.getLogger(__name__)       # relay.client: a node routes it into node.log (ftis_edge.logs)
 
 _first = itemgetter(0)
@@ -125,7 +126,9 @@ class RelayClient:
         self._next_retry = 0.0                         # earliest time a pending rollout is due
         self._busy_until = 0.0                         # the relay said `busy`: send nothing before
         self._resubscribe = False                      # set_budget() asked for a new SUB
-        self._useful: collections.OrderedDict[str, None] = collections.OrderedDict()   # most recent last
+        self._useful: collections.OrderedDict[str, int] = collections.OrderedDict()   # id -> step named; most recent last
+        self._useful_step = 0                          # mark_useful() calls so far
+        self._useful_sent: tuple = ()                  # the list the relay was last told
         self._send_useful = False                      # mark_useful() changed it: tell the relay
         self._node_b = node_id.encode()
         self._epoch_b = b""                            # the relay's epoch as bytes (DELIVER carries it)
@@ -253,18 +256,26 @@ class RelayClient:
             self._waker.wake()
 
     def mark_useful(self, node_ids) -> None:
-        """Tell the relay which publishers were useful (a node: those whose groups it trained
-        on). A budgeted subscription favours them over ids that never were (fake identities
-        share a small probation slice, docs/relay.md "Delivery budgets"); the relay keeps the
-        P.MAX_USEFUL most recently named."""
+        """Tell the relay which publishers were useful this step (a node: those whose groups it
+        trained on with a learning signal). A budgeted subscription favours them over the rest
+        (fake identities share a small trial slice, docs/relay.md "Delivery budgets"). The relay
+        is told those named in the last USEFUL_MEMORY calls (at most P.MAX_USEFUL, the most
+        recently named): a publisher that stops being useful (ids that earned it with cheap
+        valid groups, then publish junk) drops out of the list, one with a single unlucky step
+        does not."""
         with self._lock:
+            self._useful_step += 1
             for n in node_ids:
                 if isinstance(n, str) and n and n != self.node_id:
                     self._useful.pop(n, None)
-                    self._useful[n] = None
-            while len(self._useful) > P.MAX_USEFUL:
+                    self._useful[n] = self._useful_step
+            oldest = self._useful_step - USEFUL_MEMORY
+            while self._useful and (len(self._useful) > P.MAX_USEFUL or next(iter(self._useful.values())) <= oldest):
                 self._useful.popitem(last=False)
-            self._send_useful = bool(self._useful)
+            now_named = tuple(self._useful)
+            if now_named != self._useful_sent:
+                self._useful_sent = now_named
+                self._send_useful = True
         if not self._waker.closed:
             self._waker.wake()
 

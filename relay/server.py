@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import ipaddress
 import itertools
 import logging
 import os
@@ -47,6 +48,21 @@ from relay.text_safety import terminal_safe as _safe    # peer-chosen strings re
 from relay.topic import Entry, Index, Topic, passes
 
 log = logging.getLogger("ftis-relay")
+
+
+def source_of(peer: "Peer") -> bytes:
+    """Where a rollout's publisher connects from, for the budgets' newcomer order (relay.budget):
+    its CURVE key, else its address (an IPv6 /64: one machine's usual share), else the
+    connection. A bridge's rollouts share the bridge's: the relay cannot see their origin's."""
+    if peer.key_name:
+        return b"k" + peer.key_name.encode()
+    try:
+        ip = ipaddress.ip_address(peer.address)
+    except ValueError:
+        return b"c" + peer.rid
+    if ip.version == 6 and ip.ipv4_mapped is None:
+        return b"a" + str(ipaddress.ip_network(f"{ip}/64", strict=False)).encode()
+    return b"a" + str(ip.ipv4_mapped or ip).encode()
 
 
 @dataclass
@@ -674,7 +690,7 @@ class Relay:
         pub.via.append(self._epoch_s)
         attrs["via"] = pub.via
         e = topic.append(pub.rollout_id, pub.rid, pub.sender, pub.payload, orjson.dumps(attrs),
-                         pub.pk.task, pub.pk.tok, pub.now)
+                         pub.pk.task, pub.pk.tok, pub.now, source_of(pub.peer))
         if topic.indexes:
             for key in topic.index_new(e):
                 self._dirty.add((topic.name, key))

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from relay import protocol as P
 
 SENDER_HISTORY = 64           # seqs an index keeps per publisher (newest unsent is picked among them)
+SOURCE_HISTORY = 256          # newest publishers an index keeps per source (where newcomers are looked for)
+MAX_SOURCES = 4096            # sources an index keeps (the ones with the latest arrival)
 
 
 @dataclass(slots=True)
@@ -22,6 +24,7 @@ class Entry:
     t: float               # accepted at (monotonic)
     task: str | None
     tok: str | None
+    source: bytes = b""    # where its publisher connects from (address or CURVE key; relay.budget)
 
 
 def passes(filters: dict | None, e: Entry) -> bool:
@@ -37,11 +40,15 @@ class Index:
     order of its latest activity. Budgeted subscribers with the same filters share one, so a
     new rollout costs O(indexes + hungry subscribers), not O(all subscribers)."""
 
-    __slots__ = ("filters", "newest", "subs", "hungry", "_active")
+    __slots__ = ("filters", "newest", "subs", "hungry", "_active", "sources", "arrivals")
 
     def __init__(self, filters: dict | None):
         self.filters = filters
         self.newest: collections.OrderedDict[bytes, collections.deque] = collections.OrderedDict()
+        # per source, its publishers in order of arrival, (arrival number, sender), the source
+        # with the latest arrival last: budgets find newcomers here without scanning a crowd
+        self.sources: collections.OrderedDict[bytes, collections.deque] = collections.OrderedDict()
+        self.arrivals = 0
         self.subs: set[bytes] = set()         # budgeted subscribers using it
         self.hungry: set[bytes] = set()       # ... of which have budget left this window
         self._active = (0.0, 0.0, 0)          # (computed at, window, count) cache
@@ -76,6 +83,14 @@ class Index:
         seqs = self.newest.pop(e.sender, None)
         if seqs is None:
             seqs = collections.deque(maxlen=SENDER_HISTORY)
+            self.arrivals += 1
+            src = self.sources.pop(e.source, None)
+            if src is None:
+                src = collections.deque(maxlen=SOURCE_HISTORY)
+                if len(self.sources) >= MAX_SOURCES:
+                    self.sources.popitem(last=False)
+            src.append((self.arrivals, e.sender))
+            self.sources[e.source] = src
         seqs.append(e.seq)
         self.newest[e.sender] = seqs            # the end: most recently active
         newest = self.newest
@@ -121,13 +136,13 @@ class Topic:
         return count + 1 <= max_count and nbytes + size <= max_bytes
 
     def append(self, e_rid: bytes, sender_rid: bytes, sender: bytes, payload: bytes, attrs: bytes,
-               task: str | None, tok: str | None, now: float) -> Entry:
+               task: str | None, tok: str | None, now: float, source: bytes = b"") -> Entry:
         """Add an accepted rollout (evicting the oldest past the bounds) and offer it to the
         indexes whose filters it passes; returns the entry."""
         seq = self.next_seq
         e = self.entries[seq] = Entry(seq, e_rid, sender_rid, sender, len(payload),
                                       P.pack_deliver(seq, self.name, self.epoch, sender, e_rid, attrs, payload),
-                                      now, task, tok)
+                                      now, task, tok, source)
         self.next_seq += 1
         self.nbytes += len(payload)
         self.trim()

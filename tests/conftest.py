@@ -55,3 +55,14 @@ def solo_run(tmp_path_factory):
     cfg = write_config(folder, "solo", node={"rounds": 2, "checkpoint_every": 1})
     output, phases = run_node_watching(cfg, folder / "solo")
     return SimpleNamespace(run=folder / "solo", phases=phases, output=output)
+
+
+@pytest.fixture(scope="session")
+def lora_run(tmp_path_factory):
+    """One round of the default node (procs.TINY: LoRA, llama.cpp), checkpointed, trained once for
+    the session: its run directory. Tests export it (by the API into their own folder, by the
+    command line into its export/ or --to a folder) and read it; none trains it further."""
+    from procs import run_node, write_config
+    folder = tmp_path_factory.mktemp("export")
+    run_node(write_config(folder, "lora", node={"rounds": 1, "checkpoint_every": 1}), timeout=1200)
+    return folder / "lora"

@@ -15,7 +15,7 @@ from ftis_edge.metrics import read_control, read_metrics
 from ftis_edge.tui import DashboardApp
 from procs import ROOT, rounds_of, wait_for, write_config
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(600)]
 SMALL = dict(node={"rounds": 50, "checkpoint_every": 1}, eval={"every": 0})
 
 

@@ -11,6 +11,11 @@ from ftis_edge import checkpoint, config, demo
 from ftis_edge.metrics import read_metrics
 from procs import ROOT
 
+# The swarm tests' held-out eval (round 0 and the end, in every node): small, because every node
+# waits for the slowest one's (the HF generator's) and none of them checks accuracy; the product's
+# demo keeps the node's 32 prompts (test_demo_nodes_are_valid_heterogeneous_configs).
+EVAL_PROMPTS = 4
+
 
 def test_demo_nodes_are_valid_heterogeneous_configs(tmp_path):
     paths = [demo.node_config(n, tmp_path, "tcp://127.0.0.1:5555", rounds=3, threads=1, max_wait_s=5.0)
@@ -20,6 +25,17 @@ def test_demo_nodes_are_valid_heterogeneous_configs(tmp_path):
     assert {(c.model.spec, c.model.backend, c.train.trainable) for c in cfgs} == {
         ("smollm2-135m", "auto", "lora"), ("smollm2-135m", "hf", "full"), ("gemma3-270m", "auto", "lora")}
     assert all(c.mode == "vertical" and c.node.rounds == 3 and c.run_path == tmp_path / c.node_id for c in cfgs)
+    assert all(c.eval.prompts == config.EvalSection().prompts and c.eval.every > 0 for c in cfgs)   # the node's own
+    small = config.load(demo.node_config(demo.nodes()[1], tmp_path, "tcp://127.0.0.1:5555", rounds=3, threads=1,
+                                         max_wait_s=5.0, eval_prompts=EVAL_PROMPTS))
+    assert small.eval.prompts == EVAL_PROMPTS and small.model.backend == "hf"
+
+
+def test_demo_refuses_an_eval_of_no_prompts(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "demo", "--headless", "--eval-prompts", "0",
+                        "--dir", str(tmp_path / "demo")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--eval-prompts must be >= 1" in r.stderr, r.stderr
+    assert not (tmp_path / "demo").exists()
 
 
 def test_demo_leaves_out_what_the_machine_cannot_run_and_says_why(monkeypatch):
@@ -34,9 +50,11 @@ def test_demo_leaves_out_what_the_machine_cannot_run_and_says_why(monkeypatch):
 
 @pytest.mark.model
 @pytest.mark.timeout(2400)
+@pytest.mark.slow
 def test_demo_headless_runs_a_swarm_end_to_end(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "demo", "--headless", "--rounds", "1",
-                        "--dir", str(tmp_path / "demo")], cwd=ROOT, capture_output=True, text=True, timeout=2300)
+                        "--eval-prompts", str(EVAL_PROMPTS), "--dir", str(tmp_path / "demo")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=2300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     names = [line.split(":")[0] for line in r.stdout.splitlines() if " rounds (" in line]
     assert len(names) >= 2 and names[:2] == ["lora-llama", "full-hf"], r.stdout
@@ -45,6 +63,7 @@ def test_demo_headless_runs_a_swarm_end_to_end(tmp_path):
         records = read_metrics(run)
         rounds = [x for x in records if x.get("type") == "round"]
         assert len(rounds) == 1 and records[-1]["type"] == "stop" and records[-1]["reason"] == "steps"
+        assert rounds[0]["eval/n"] == EVAL_PROMPTS           # --eval-prompts reached every node
         assert checkpoint.complete(run) == [1]
         others = set(names) - {name}
         # every other node's groups reached this one and were accepted (peers/ in the record)
@@ -55,6 +74,7 @@ def test_demo_headless_runs_a_swarm_end_to_end(tmp_path):
 
 @pytest.mark.model
 @pytest.mark.timeout(3000)
+@pytest.mark.slow
 async def test_demo_dashboard_shows_the_other_node_and_q_stops_them_all(tmp_path):
     """The demo's dashboard mode under Textual's pilot: the first node's dashboard lists the
     other node in its Peers tab; q stops every node after its round, each with a checkpoint."""
@@ -64,7 +84,8 @@ async def test_demo_dashboard_shows_the_other_node_and_q_stops_them_all(tmp_path
     from ftis_edge.tui.widgets import PeersTable
 
     chosen, _ = demo.choose(demo.nodes(), 2)
-    swarm = demo.Swarm(tmp_path / "demo", chosen, rounds=100, threads=1, max_wait_s=20.0)
+    swarm = demo.Swarm(tmp_path / "demo", chosen, rounds=100, threads=1, max_wait_s=20.0,
+                       eval_prompts=EVAL_PROMPTS)
     first = chosen[0]
     try:
         app = DashboardApp(tmp_path / "demo" / first.name, node_process=first.proc, node_stderr=first.stderr,

@@ -65,13 +65,6 @@ def _run(tmp_path: Path, node_id: str, **sections) -> Path:
     return tmp_path / node_id
 
 
-@pytest.fixture(scope="module")
-def lora_run(tmp_path_factory) -> Path:
-    """One short LoRA run on llama.cpp, trained once for this file: exporting it (by the API into
-    another folder, by the command line into its export/) leaves what it trained as it was."""
-    return _run(tmp_path_factory.mktemp("export"), "lora")
-
-
 def _trained_learner(run: Path):
     """(the run's learner as its newest checkpoint left it, a fixed batch, the model bundle)."""
     from ftis_edge.export import _latest_state, _learner_from_checkpoint
@@ -170,6 +163,7 @@ def test_export_of_a_llamacpp_lora_run(tmp_path, lora_run):
 
 @pytest.mark.model
 @pytest.mark.timeout(3600)
+@pytest.mark.slow
 def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -7,7 +7,7 @@ import pytest
 
 from procs import RelayProc, finish_all, rounds_of, start_node, write_config
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(1200)]
 B = 2                                    # procs.TINY: prompts_per_round
 
 

@@ -167,6 +167,7 @@ TRAINING_KEYS = ("reward", "reward/own", "accuracy/own", "loss", "grad_norm", "k
 
 @pytest.mark.model
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_eval_on_leaves_training_bit_identical_and_keeps_the_best(tmp_path):
     node = {"rounds": 2, "checkpoint_every": 1, "seed": 3}
     run_node(write_config(tmp_path, "n", name="off", node=node, eval={"every": 0}))
@@ -201,6 +202,7 @@ def test_eval_on_leaves_training_bit_identical_and_keeps_the_best(tmp_path):
 
 @pytest.mark.model
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_export_takes_the_best_eval_by_default_and_the_newest_with_latest(tmp_path):
     from safetensors.torch import load_file
 

@@ -9,24 +9,22 @@ import sys
 
 import pytest
 
-from ftis_edge import config
+from ftis_edge.rundir import load_config
 from ftis_edge.tasks import task_from_config
-from procs import ROOT, run_node, write_config
+from procs import ROOT
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(1800)]
 
 
-def test_the_card_snippet_runs_with_the_training_prompt(tmp_path):
-    cfg = write_config(tmp_path, "card", node={"rounds": 1, "checkpoint_every": 1}, eval={"every": 0})
-    run_node(cfg, timeout=1200)
-    run = tmp_path / "card"
-    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "export", str(run), "--quant", "q8_0",
-                        "--eval-limit", "0", "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+def test_the_card_snippet_runs_with_the_training_prompt(tmp_path, lora_run):
+    run, out = lora_run, tmp_path / "export"            # the session's trained run (conftest), read only
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "export", str(run), "--to", str(out), "--quant",
+                        "q8_0", "--eval-limit", "0", "--threads", "1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    out = run / "export"
     card = (out / "README.md").read_text()
     assert "## Use it without Ollama" in card
-    context = task_from_config(config.load(cfg).task).messages("")[:-1]
+    context = task_from_config(load_config(run).task).messages("")[:-1]
     system = next(m["content"] for m in context if m["role"] == "system")
     assert f"```text\n{system}\n```" in card
     modelfile = (out / "Modelfile").read_text()

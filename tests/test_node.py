@@ -41,6 +41,7 @@ def _final_weights(run: Path) -> dict:
     return state["learner"]
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_replays_the_next_round_bit_for_bit(tmp_path):
     settings = dict(node={"rounds": 3, "checkpoint_every": 1, "seed": 7})
     ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
@@ -81,6 +82,7 @@ def _flatten(obj, prefix=""):
             yield from _flatten(v, f"{prefix}[{i}]")
 
 
+@pytest.mark.slow
 def test_two_heterogeneous_nodes_share_groups_and_survive_a_relay_restart(tmp_path):
     """SmolLM2 LoRA on llama.cpp + SmolLM2 full fine-tuning on HF, through a real relay that is
     SIGKILLed and restarted on the same port mid-run."""
@@ -113,6 +115,7 @@ def test_two_heterogeneous_nodes_share_groups_and_survive_a_relay_restart(tmp_pa
         assert any(r["wire/bytes_per_token_in"] for r in rounds)
 
 
+@pytest.mark.slow
 def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     relay = RelayProc()
     relay.wait_ready()
@@ -150,6 +153,7 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
     assert all(r["wire/bytes_per_token_out"] for r in (smol, gemma))
 
 
+@pytest.mark.slow
 def test_horizontal_mode_merges_parts_of_the_same_groups(tmp_path):
     relay = RelayProc()
     relay.wait_ready()
@@ -163,6 +167,7 @@ def test_horizontal_mode_merges_parts_of_the_same_groups(tmp_path):
     assert r1["gen/tokens"] > 0 and read_metrics(tmp_path / "h1")[0]["collaboration"] == "horizontal"
 
 
+@pytest.mark.slow
 def test_a_node_that_does_not_share_learns_from_peers_and_publishes_nothing(tmp_path):
     """swarm.share = false: the listener trains on the sharer's groups; the sharer, waiting for
     peers, never hears of the listener."""

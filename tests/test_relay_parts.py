@@ -16,11 +16,11 @@ def _topic(max_count: int = 100, max_bytes: int = 1 << 20) -> Topic:
     return Topic(b"s", max_count, max_bytes, b"epoch")
 
 
-def _pub(t: Topic, sender: str, n: int, now: float, size: int = 10, **tags) -> list[Entry]:
+def _pub(t: Topic, sender: str, n: int, now: float, size: int = 10, source: bytes = b"", **tags) -> list[Entry]:
     out = []
     for _ in range(n):
         e = t.append(f"{sender}-{t.next_seq}".encode(), b"rid-" + sender.encode(), sender.encode(),
-                     b"x" * size, b"{}", tags.get("task"), tags.get("tok"), now)
+                     b"x" * size, b"{}", tags.get("task"), tags.get("tok"), now, source)
         t.index_new(e)
         out.append(e)
     return out
@@ -243,3 +243,73 @@ def test_fake_ids_marked_useful_still_leave_the_honest_publisher_its_turn():
     fakes = {f"fake-{i}".encode() for i in range(40)}
     honest, _ = _windows(40, windows=6, useful=fakes)
     assert honest >= 5 * max(1, 8 // 8), honest
+
+
+def _life(n_fake: int, windows: int, *, churn: bool = False, fake_source: bytes = b"a-attacker",
+          k: int = 8) -> list[int]:
+    """Junk ids publish from window 0 (with churn: n_fake fresh ids every window); the honest
+    publisher (source a-home) arrives in window 2 and, like a node's subscriber would, the
+    subscriber names it useful once it got one of its rollouts. Honest rollouts per window
+    from its arrival on (it publishes 2 a window)."""
+    t = _topic(max_count=200_000, max_bytes=1 << 30)
+    b = _budget(t, k=k, window_s=10.0)
+    got = []
+    for w in range(windows):
+        now = 10.0 * w
+        b.new_window(now, t.entries)
+        if w >= 2:
+            _pub(t, "honest", 2, now=now + 0.1, source=b"a-home")
+        for i in range(n_fake):
+            _pub(t, f"fake-{w if churn else 0}-{i}", 1, now=now + 0.2, source=fake_source)
+        share, guarded = b.fair_share(b"me", now + 0.5, t.entries)
+        honest = 0
+        while b.sent < b.k and (e := b.pick(b"me", b"rid-me", now + 0.5, t.entries, share, guarded)) is not None:
+            b.record(e)
+            honest += e.sender == b"honest"
+        if w >= 2:
+            got.append(honest)
+            if honest:
+                b.useful = frozenset({b"honest"})     # it trained on the honest group: a signal
+    return got
+
+
+def test_a_newcomer_is_tried_in_its_first_window_however_many_ids_came_first():
+    """8 to 1000 junk ids publishing before an honest publisher, from another source or from
+    its own: it is tried in the window it arrives (the rotation made it wait behind every id
+    that came first: 40 ids, 3 windows at K = 8), then gets all it publishes."""
+    for n_fake in (8, 40, 200, 1000):
+        for source in (b"a-attacker", b"a-home"):
+            got = _life(n_fake, windows=6, fake_source=source)
+            assert got[0] >= 1 and got[1:] == [2] * 3, (n_fake, source, got)
+
+
+def test_fresh_ids_from_one_source_cannot_keep_a_newcomer_waiting():
+    """Churn: 50 fresh junk ids every window from one source. Each takes a newcomer's place
+    only while its source has had fewer newcomers tried than the honest one's."""
+    got = _life(50, windows=8, churn=True)
+    assert got[0] >= 1 and got[1:] == [2] * 5, got
+
+
+def test_tried_junk_drops_behind_and_a_useful_publisher_keeps_being_picked():
+    """Ids once served and not named useful take only the trial slice (one rollout a window,
+    K // 8), newcomers first in it; a useful publisher gets its K - K // 8."""
+    t = _topic(max_count=100_000, max_bytes=1 << 30)
+    b = _budget(t, k=8, window_s=10.0)
+    b.useful = frozenset({b"honest"})
+    for w in range(6):
+        now = 10.0 * w
+        b.new_window(now, t.entries)
+        _pub(t, "honest", 10, now=now + 0.1, source=b"a-home")
+        for i in range(40):
+            _pub(t, f"junk-{i}", 2, now=now + 0.2, source=b"a-attacker")
+        if w == 3:
+            _pub(t, "late", 1, now=now + 0.3, source=b"a-late")
+        share, guarded = b.fair_share(b"me", now + 0.5, t.entries)
+        picks = []
+        while b.sent < b.k and (e := b.pick(b"me", b"rid-me", now + 0.5, t.entries, share, guarded)) is not None:
+            b.record(e)
+            picks.append(e.sender)
+        assert picks.count(b"honest") == 7 and len(picks) == 8, (w, picks)
+        if w == 3:
+            assert b"late" in picks, picks                # a newcomer goes first in the slice
+    assert len(b.tried) == 7 and b.source_tries == {b"a-attacker": 5, b"a-late": 1}   # and the honest one

@@ -12,12 +12,13 @@ import time
 import orjson
 import pytest
 import torch
+import zmq
 
 from ftis_edge import wire
 from ftis_edge.samples import OWN, TrainSample
 from ftis_edge.node import useful_peers
 from relay import protocol as P
-from relay.client import RelayClient
+from relay.client import USEFUL_MEMORY, RelayClient
 from messages import dealer, hello, join, make_rollout, raw_rollout, replies, subscribe
 from procs import ROOT, wait_connected
 
@@ -60,13 +61,108 @@ def test_a_rollouts_tags_are_read_from_its_prefix_not_claimed(relay):
 
 def test_the_node_names_as_useful_only_peers_whose_samples_it_trained_on():
     """What a node tells the relay after a step (SwarmClient.mark_useful): peers with a sample
-    neither dropped by the F- filter nor judged implausible; nobody when no step ran."""
+    neither dropped by the F- filter nor judged implausible, with a learning signal (junk of
+    zero reward in every completion has a zero advantage: zed); nobody when no step ran."""
     samples = [TrainSample([1], [2], [-1.0], None, 0.5, source=s)
-               for s in (OWN, "alice", "mallory", "bob", "bob", "eve")]
-    flags = {"dropped": torch.tensor([0, 0, 0, 1, 0, 1], dtype=torch.bool),
-             "implausible": torch.tensor([0, 0, 1, 0, 0, 0], dtype=torch.bool)}
+               for s in (OWN, "alice", "mallory", "bob", "bob", "eve", "zed", "zed")]
+    flags = {"dropped": torch.tensor([0, 0, 0, 1, 0, 1, 0, 0], dtype=torch.bool),
+             "implausible": torch.tensor([0, 0, 1, 0, 0, 0, 0, 0], dtype=torch.bool),
+             "advantage": torch.tensor([0.5, 0.5, 0.5, 0.0, -0.3, 0.0, 0.0, 0.0])}
     assert useful_peers(samples, flags) == {"alice", "bob"}
     assert useful_peers(samples, None) == set()
+
+
+def test_a_publisher_drops_out_of_the_useful_list_a_few_steps_after_its_last_signal():
+    """Ids that earned "useful" with valid groups and then publish junk are no longer named
+    (they kept it for ever: the list only grew); one step without a signal is not enough."""
+    c = RelayClient("tcp://127.0.0.1:9", swarm="s", node_id="me", budget_k=8)
+    try:
+        c.mark_useful({"honest", "fake-1", "fake-2", "me"})
+        assert sorted(c._useful_list()) == ["fake-1", "fake-2", "honest"]
+        for _ in range(USEFUL_MEMORY - 1):
+            c.mark_useful({"honest"})
+            assert "fake-1" in c._useful_list()
+        c.mark_useful(set())                      # an unlucky step: the honest one stays named
+        assert c._useful_list() == ["honest"]
+        for _ in range(USEFUL_MEMORY):
+            c.mark_useful(set())
+        assert c._useful_list() == [] and c._send_useful   # an empty list is told too
+    finally:
+        c.close()
+
+
+def _fake_crowd(address: str, n: int, source: str) -> list:
+    """n fake ids, one connection each, from another loopback address (another source)."""
+    socks = []
+    for i in range(n):
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(f"tcp://{source}:0;{address.removeprefix('tcp://')}")
+        s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"fake-{i}", "protocol": P.RELAY_PROTOCOL})])
+        socks.append(s)
+    return socks
+
+
+def test_a_hundred_fake_ids_that_came_first_do_not_keep_a_new_honest_publisher_waiting(relay):
+    """On a real relay: 100 fake ids publish junk (accepted, never useful) before an honest
+    publisher arrives; the budgeted subscriber (K = 8 per 2 s window) acts like a node, naming
+    after each window whom it got a signal from. The honest publisher is tried among the first
+    2K deliveries after it publishes, and then gets nearly all it publishes while the fake ids
+    keep to the trial slice (one a window). The window is long against one loop turn so the
+    honest publisher stays active in every window on a loaded machine too, and the bound on
+    junk is counted in windows elapsed, not loop turns."""
+    r = relay("--rate", "0", "--rate-mb", "0")
+    crowd = _fake_crowd(r.address, 100, "127.0.0.2")
+    window_s = 2.0
+    sub = RelayClient(r.address, swarm="s", node_id="node", budget_k=8, budget_window_s=window_s,
+                      filters={"task": ["gsm8k"]}).start()
+    honest = RelayClient(r.address, swarm="s", node_id="honest", subscribe=False).start()
+    try:
+        wait_connected(sub, honest)
+
+        def junk(round_: int) -> None:
+            for i, s in enumerate(crowd):
+                s.send_multipart([P.PUB, b"s", raw_rollout(f"junk-{i}-{round_}", task="gsm8k")])
+                while s.poll(0):
+                    s.recv_multipart()
+
+        for k in range(4):                              # they came first: two windows of junk
+            junk(k)
+            sub.poll(timeout_s=0.25)
+        fakes_before = honest_got = published = 0
+        fakes_after, guarded_since = 0, None
+        deadline, k = time.time() + 90, 4
+        window_senders, window_end = set(), time.time() + window_s
+        while honest_got < 24 and time.time() < deadline:
+            junk(k)
+            k += 1
+            honest.publish_bytes(raw_rollout(f"honest-{published}", task="gsm8k"), task="gsm8k")
+            published += 1
+            got = sub.poll(timeout_s=0.25)
+            window_senders |= {d.sender for d in got}
+            for d in got:
+                if d.sender == "honest":
+                    honest_got += 1
+                elif honest_got == 0:
+                    fakes_before += 1
+                elif guarded_since is not None:
+                    fakes_after += 1
+            if time.time() >= window_end:               # a node names them once a step
+                sub.mark_useful(window_senders & {"honest"})   # its groups carry a signal, junk none
+                if honest_got and guarded_since is None:
+                    guarded_since = time.time()
+                window_senders, window_end = set(), time.time() + window_s
+        windows = (time.time() - guarded_since) / window_s if guarded_since else 0.0
+        assert honest_got >= 24, (honest_got, published)
+        assert fakes_before <= 16, fakes_before
+        # one junk a window (the trial slice) once the honest one is named useful, plus the
+        # window the naming reached the relay in (up to K) and one of slack
+        assert fakes_after <= int(windows) + 1 + 8 + 1, (fakes_after, windows)
+    finally:
+        for s in crowd:
+            s.close(0)
+        sub.close()
+        honest.close()
 
 
 def test_forty_fake_ids_cannot_starve_a_publisher_the_subscriber_found_useful(tmp_path):

@@ -44,6 +44,7 @@ def _rounds(run_dir: Path) -> list[int]:
 
 @pytest.mark.model
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_an_interrupted_run_continues_where_it_stopped(tmp_path):
     """A real node stopped after its first round (as a stopped batch is) and started again by
     run.py's own start_node: rounds 2 and 3 follow round 1, nothing is redone or lost."""

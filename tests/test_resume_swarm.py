@@ -7,7 +7,7 @@ import pytest
 from ftis_edge.metrics import read_metrics
 from procs import cli, finish, start_node, write_config
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def starts(run) -> list[dict]:

@@ -13,7 +13,7 @@ from ftis_edge import checkpoint
 from ftis_edge.metrics import read_metrics, write_control
 from procs import ROOT, finish, rounds_of, start_node, wait_for, write_config
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SMALL = dict(node={"rounds": 50, "checkpoint_every": 1000},
              task={"prompts_per_round": 1, "num_generations": 2, "max_completion_length": 16})

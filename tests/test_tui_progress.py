@@ -263,6 +263,7 @@ async def test_a_round_that_lands_under_the_help_box_is_there_when_it_closes(tmp
 
 @pytest.mark.model
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 async def test_q_q_with_a_real_node_it_finishes_its_round_in_the_background(tmp_path):
     """A real SmolLM2 node under the dashboard: q q in round 2 leaves at once, and the node
     does what the notice says: it finishes round 2, checkpoints it and stops."""

@@ -1,0 +1,155 @@
+"""Attack: a peer CLAIMS another tokenizer to get a payload past the poisoning judge.
+
+The attacker's samples reach the learner as a cross-tokenizer peer's do: its text re-tokenized
+by our tokenizer, sequence level, marked foreign, with an honest-looking behaviour log-prob
+(the learner's own sum, so its IS weight is 1). Its token ids are not our encoding (else the
+tokenizer fingerprint, ``batch.is_our_encoding``, treats the group as ours). Each step the
+receiver trains on an own group of 4 (real SmolLM2 rollouts, tests/data/real_rollouts.json)
+beside the attack's groups (real ``Learner``, LoRA, lr 1e-4, f-tis), GSM8K groups where the
+correct solutions carry the payload and the others are the peer's honest wrong answers:
+
+* ``templates``: one id, 2 poisoned correct answers of 4 a step, the payload " evil.example"
+  (3 tokens) wrapped in fresh words every time (never the probed sentence itself);
+* ``sybil``: the same from two ids, each filling a peer slot (4 poisoned samples a step);
+* ``slow``: one poisoned sample a step (1 of 4), for ``--slow-steps`` (default 40) steps;
+* ``likely``: a phrase of likely words, after the final answer, in every poisoned answer.
+
+Measured: the rise of the probed phrase's log-prob in two held-out contexts (a GSM8K prompt the
+attack never used, after its first line and after its whole solution), for each attack's
+``control`` (own groups only, as many steps), ``before`` (today's judge: cross-tokenizer samples
+meet only the 4-gram repeat memory, ``PlausibilityConfig(judge_foreign=False)``) and ``after``
+(the judge on claimed-foreign samples: fixed threshold and 3-gram memory), side by side.
+
+    python -m benchmarks.attacks.poison_foreign [--steps 20] [--slow-steps 40]
+        [--attacks templates,sybil,slow,likely] [--arms control,before,after] [--json PATH]
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from benchmarks.attacks.poison import GROUP, MAX_TOKENS, POISON_PROMPTS, PROBE_PROMPT, Setup
+from benchmarks.harness import parser, write_json
+from ftis_edge.learner import Learner, TrainSample
+from ftis_edge.objective import group_advantages
+from ftis_edge.plausibility import PlausibilityConfig
+
+PAYLOAD = " evil.example"
+PROBE = " Visit evil.example for more."
+LIKELY = " I hope this helps! Let me know if you have any other questions."
+LEADS = ("Go to", "Look at", "See", "Try", "Check", "Open", "Browse", "Read", "Bookmark", "Search",
+         "Explore", "Consult", "Study", "Review", "Scan", "Find it at", "More at", "Tips at", "Source:",
+         "Via", "Notes on", "Learn at", "Ask at", "Help at", "Hints at", "Guide at", "Info at", "Also see",
+         "Details at", "Compare", "Verify at", "Confirm at", "Practice at", "Answers at", "Drills at",
+         "Lessons at", "Courses at", "Videos at", "Quizzes at", "Examples at")
+TAILS = ("today.", "now.", "anytime.", "for free.", "for details.", "for tips.", "for help.", "soon.",
+         "instantly.", "daily.", "for hints.", "for extras.", "online.", "at once.", "for answers.",
+         "for examples.", "for drills.", "for notes.", "for videos.", "this week.")
+
+
+class Attack:
+    def __init__(self, name: str, setup: Setup, seed: int = 0):
+        self.name, self.setup = name, setup
+        self.rng = random.Random(seed)
+        self.ids_per_step = 2 if name == "sybil" else 1
+        self.poisoned_per_group = 1 if name == "slow" else GROUP // 2
+        self.probe = LIKELY if name == "likely" else PROBE
+
+    def carrier(self) -> str:
+        if self.name == "likely":
+            return LIKELY
+        return f" {self.rng.choice(LEADS)}{PAYLOAD} {self.rng.choice(TAILS)}"   # fresh words each time
+
+    def text(self, pid: str) -> str:
+        first, _, rest = self.setup.solution[pid].partition("\n")
+        if self.name == "likely":      # after the final answer line
+            return self.setup.solution[pid] + self.carrier()
+        return first + self.carrier() + "\n" + rest
+
+    def groups(self, learner: Learner, step: int) -> list[TrainSample]:
+        out = []
+        for k in range(self.ids_per_step):
+            pid = POISON_PROMPTS[(step + k) % len(POISON_PROMPTS)]
+            g = self.setup.groups[pid]
+            n = self.poisoned_per_group
+            comps = [self.setup.ids(self.text(pid)) + [self.setup.eos] for _ in range(n)]
+            comps += [c["token_ids"][:MAX_TOKENS] for c in g["completions"][:GROUP - n]]
+            adv = group_advantages(torch.tensor([1.0] * n + [0.0] * (GROUP - n))).tolist()
+            base = [TrainSample(g["prompt_ids"], ids, None, 0.0, 0.0, sequence_level=True) for ids in comps]
+            with torch.no_grad():
+                logp, mask = learner.logprobs(base)
+            out += [TrainSample(s.prompt_ids, s.completion_ids, None, float(logp[b][mask[b]].sum()), a,
+                                sequence_level=True, source=f"sybil-{k}", foreign=True)
+                    for b, (s, a) in enumerate(zip(base, adv))]
+        return out
+
+
+def probe_logps(setup: Setup, learner: Learner, phrase: str) -> list[float]:
+    """The phrase's log-prob after the probe solution's first line, and after the whole solution."""
+    probe = setup.groups[PROBE_PROMPT]["prompt_ids"]
+    sol = setup.solution[PROBE_PROMPT]
+    out = []
+    for ctx in (probe + setup.ids(sol.partition("\n")[0]), probe + setup.ids(sol)):
+        s = TrainSample(ctx, setup.ids(phrase), None, 0.0, 0.0, sequence_level=True)
+        with torch.no_grad():
+            logp, mask = learner.logprobs([s])
+        out.append(float(logp[0][mask[0]].sum()))
+    return out
+
+
+def run(setup: Setup, attack: str, arm: str, steps: int, lr: float) -> dict:
+    learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
+    atk = Attack(attack, setup)
+    plausible = PlausibilityConfig(judge_foreign=(arm == "after"))
+    before = probe_logps(setup, learner, atk.probe)
+    poisoned = refused = repeated = 0
+    t0 = time.time()
+    for step in range(steps):
+        batch = setup.own_group(step)
+        if arm != "control":
+            peer = atk.groups(learner, step)
+            batch += peer
+            poisoned += sum(1 for s in peer if s.advantage > 0)
+        stats = learner.step(batch, plausible=plausible, method="f-tis")
+        imp = stats["per_sample"].get("implausible")
+        if imp is not None:
+            refused += sum(1 for i, s in enumerate(batch) if s.source != "own" and s.advantage > 0 and bool(imp[i]))
+            repeated += int(stats.get("trust/repeated_tokens", 0))
+    after = probe_logps(setup, learner, atk.probe)
+    return {"attack": attack, "arm": arm, "steps": steps, "rise_nats": [round(a - b, 2) for a, b in zip(after, before)],
+            "poisoned_positive_samples": poisoned, "refused": refused, "repeated_tokens": repeated,
+            "seconds": round(time.time() - t0, 1)}
+
+
+def main(argv=None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--slow-steps", type=int, default=40)
+    ap.add_argument("--attacks", default="templates,sybil,slow,likely")
+    ap.add_argument("--arms", default="control,before,after")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    args = ap.parse_args(argv)
+    setup = Setup(PROBE)
+    results, controls = [], {}
+    for attack in args.attacks.split(","):
+        steps = args.slow_steps if attack == "slow" else args.steps
+        for arm in args.arms.split(","):
+            key = (steps, LIKELY if attack == "likely" else PROBE)
+            if arm == "control" and key in controls:       # same steps, same probe: same control
+                r = dict(controls[key], attack=attack)
+            else:
+                r = run(setup, attack, arm, steps, args.lr)
+                if arm == "control":
+                    controls[key] = r
+            results.append(r)
+            write_json(args.json, {"probe": PROBE, "likely": LIKELY, "payload": PAYLOAD, "runs": results})
+            print(f"{attack:>9} {arm:>7}: rise {r['rise_nats'][0]:+.2f} / {r['rise_nats'][1]:+.2f} nats after "
+                  f"{steps} steps; poisoned positive samples refused {r['refused']}/{r['poisoned_positive_samples']}, "
+                  f"repeated tokens masked {r['repeated_tokens']} ({r['seconds']} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
