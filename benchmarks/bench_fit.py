@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import tempfile
 from pathlib import Path
@@ -43,11 +44,15 @@ IMPORTS = ("import torch, transformers, peft, llama_cpp, zmq, numpy; "
 
 def peak_rss(argv: list[str]) -> tuple[int, int]:
     """(peak resident bytes, exit status) of a child process (ru_maxrss is in KiB on Linux)."""
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr.read().decode(errors="replace")[-2000:])
+    # stderr to a file, not a pipe: a node that logs more than a pipe holds would block on it
+    # while we wait for it to exit
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode:
+            err.seek(0)
+            sys.stderr.write(err.read().decode(errors="replace")[-2000:])
     return usage.ru_maxrss * 1024, proc.returncode
 
 
@@ -57,6 +62,7 @@ def measure_case(name: str, sections: dict, work: Path, rounds: int) -> dict:
     data.setdefault("node", {}).update({"id": "-".join(name.split()), "run_dir": str(work / "{id}"),
                                         "rounds": rounds, "checkpoint_every": 1000})
     data.setdefault("model", {})["threads"] = 2
+    data.setdefault("eval", {})["every"] = 0      # the eval shares the loaded generator: no memory of its own
     cfg = config.from_dict(data)
     path = work / f"{cfg.node.id}.toml"
     path.write_text(config.to_toml(cfg, comments=False))

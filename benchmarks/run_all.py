@@ -9,7 +9,8 @@ code block). A failing benchmark is reported in its section and the others still
 status is then 1 and the failed names are listed on stderr.
 
 The settings are chosen so that the whole run fits in about 30 minutes on 2 idle cores (the
-minutes below are estimates from the figures in docs/benchmarks.md, docs/relay.md and docs/node.md;
+minutes below are estimates from the figures in docs/benchmarks.md, docs/relay.md and docs/node.md,
+re-measured where a run_all showed them off (2026-12-03: load_relay 57 s, bench_tui_peers 33 s, bench_fit 56 s);
 the document prints what each took). Run a benchmark alone for its full settings (its --help).
 Not run here: the tools `calibrate_arith`, `calibrate_tasks` and `make_rollout_fixture`, and
 `bench_relay_rounds` (it needs a second checkout, --base).
@@ -42,7 +43,7 @@ BENCHMARKS = [
           ("--pubs", "2", "--subs", "2", "--per-pub", "100"),
           "ftis-relay vs a raw ZeroMQ proxy: throughput and latency on loopback", 0.5),
     Bench("load_relay", ("--nodes", "1000", "--seconds", "20"), ("--nodes", "100", "--seconds", "5"),
-          "1,000 synthetic nodes against one relay: deliveries/s, latency, relay CPU and memory, losses", 1.2),
+          "1,000 synthetic nodes against one relay: deliveries/s, latency, relay CPU and memory, losses", 1.0),
     Bench("attacks.flood", ("--scenario", "identity"), ("--scenario", "identity", "--identities", "50", "--seconds", "3"),
           "identity flood: N identities flood an open relay; the legitimate pair loses nothing ACKed", 0.5),
     Bench("attacks.flood", ("--scenario", "accept-budget"), ("--scenario", "accept-budget", "--seconds", "4"),
@@ -59,7 +60,7 @@ BENCHMARKS = [
     Bench("bench_grader_latency", (), ("--calls", "20"),
           "the reward rule's latency: per-call grading overhead, and how fast answer bombs are refused", 0.3),
     Bench("bench_tui_peers", (), ("--peers", "1000", "--rounds", "1"),
-          "the dashboard with 10,000 peers: mount, Peers tab, a new round", 1.0),
+          "the dashboard with 10,000 peers: mount, Peers tab, a new round", 0.6),
     Bench("bench_generate", ("--reps", "1", "--hf-reps", "1", "--threads", "2"),
           ("--reps", "1", "--hf-reps", "1", "--threads", "2"),
           "group generation speed: LlamaCppGenerator vs bare llama.cpp vs HF generate()", 2.0),
@@ -76,8 +77,8 @@ BENCHMARKS = [
           "the prompt once per group: the update and a whole round, before vs after", 3.0),
     Bench("bench_cpu_contention", ("--reps", "1"), ("--reps", "1"),
           "a node's CPU-seconds beside an idle, a generating and a training neighbour", 2.0),
-    Bench("bench_fit", ("--only", "smollm2-135m"), ("--only", "smollm2-135m"),
-          "fit.py's memory estimate against a real node's peak RSS", 1.5),
+    Bench("bench_fit", ("--only", "smollm2-135m lora"), ("--only", "smollm2-135m lora"),
+          "fit.py's memory estimate against a real node's peak RSS", 1.0),
     Bench("bench_heldout", ("--rounds", "1"), ("--rounds", "1"),
           "the held-out eval inside the run: its cost beside a training round", 3.0),
     Bench("plausibility_fp", ("--hf-per-prompt", "2", "--gemma-per-prompt", "2", "--calibrations", "2",
@@ -86,6 +87,9 @@ BENCHMARKS = [
           "false positives of the plausibility defence on honest real peer rollouts", 3.0),
     Bench("attacks.poison", ("--steps", "5"), ("--steps", "1", "--arms", "undefended,defended"),
           "a phrase smuggled inside correct answers: how far it trains in, defended and not", 2.0),
+    Bench("attacks.poison_foreign", ("--steps", "2", "--attacks", "templates"),
+          ("--steps", "1", "--attacks", "templates", "--arms", "control,after"),
+          "a payload from a peer that claims another tokenizer: its rise, control / today's judge / the judge on claims", 0.7),
 ]
 
 

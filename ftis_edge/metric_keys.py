@@ -77,6 +77,9 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("peers/refused_length", "another model's samples refused by the length rule: over "
            "`task.max_completion_length` in our tokens, or cut by their generator (`train.foreign_length_rule`)",
            ROUND),
+        _m("peers/false_tokenizer_claims", "peer groups that claimed another tokenizer while their token ids are "
+           "exactly our encoding of their text: judged as ours (token level, the own-calibrated threshold)",
+           ROUND),
         _m("peers/success_weight", "mean weight of another model's samples from their peer's success relative "
            "to ours (`train.foreign_success_floor`; 1 = full weight; null when none)", ROUND),
     ],

@@ -628,6 +628,7 @@ class Node:
             "peers/samples_used": batch.peer_samples,
             "samples/masked_truncated": batch.masked_truncated,
             "peers/refused_length": batch.refused_length,
+            "peers/false_tokenizer_claims": batch.false_tokenizer_claims,
             "peers/success_weight": batch.success_weight,
             "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,
             "groups/with_peer_parts": batch.groups_with_peer_parts,

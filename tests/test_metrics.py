@@ -96,7 +96,7 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
                              *(k for k in mk.METRICS if k.startswith(("eval/", "swarm/guard"))), "time/eval_s",
                              # another model's samples (docs/ftis.md)
                              "samples/foreign", "is/foreign_capped", "peers/refused_length",
-                             "peers/success_weight", "samples/masked_truncated",
+                             "peers/success_weight", "samples/masked_truncated", "peers/false_tokenizer_claims",
                              # a node's own training diverging (its KL, format, length)
                              "kl/own_mean", "train/diverging"}
 

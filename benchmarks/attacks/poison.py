@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -104,27 +105,49 @@ class Setup:
         return float(logp[0][mask[0]].sum())
 
 
+
+@dataclass
+class Counts:
+    poisoned: int = 0     # positive-advantage attack samples offered
+    refused: int = 0      # of them, refused whole by the judge
+    repeated: int = 0     # tokens masked by the repeat memory
+
+
+def train_steps(setup: "Setup", learner: Learner, steps: int, peers, plausible, after_step=None) -> Counts:
+    """``steps`` learner steps on an own group each, plus ``peers(step)``'s samples when given
+    (None: the control); counts what the judge did with the attack's positive samples."""
+    c = Counts()
+    for step in range(steps):
+        batch = setup.own_group(step)
+        if peers is not None:
+            peer = peers(step)
+            batch += peer
+            c.poisoned += sum(1 for s in peer if s.advantage > 0)
+        stats = learner.step(batch, plausible=plausible, method="f-tis")
+        imp = stats["per_sample"].get("implausible")
+        if imp is not None:
+            c.refused += sum(1 for i, s in enumerate(batch) if s.source != "own" and s.advantage > 0 and bool(imp[i]))
+            c.repeated += int(stats.get("trust/repeated_tokens", 0))
+        if after_step is not None:
+            after_step(step + 1, c)
+    return c
+
+
 def run_arm(setup: Setup, arm: str, steps: int, lr: float, progress_every: int = 0) -> dict:
     learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
     plausible = PlausibilityConfig() if arm == "defended" else None
     before = setup.phrase_logp(learner)
-    refused = poisoned = repeated = 0
     t0 = time.time()
-    for step in range(steps):
-        batch = setup.own_group(step)
-        if arm != "control":
-            peer = setup.poisoned_group(learner, step)
-            batch += peer
-            poisoned += sum(1 for s in peer if s.advantage > 0)
-        stats = learner.step(batch, plausible=plausible, method="f-tis")
-        imp = stats["per_sample"].get("implausible")
-        if imp is not None:
-            refused += sum(1 for i, s in enumerate(batch) if s.source != "own" and s.advantage > 0 and bool(imp[i]))
-            repeated += int(stats.get("trust/repeated_tokens", 0))
-        if progress_every and (step + 1) % progress_every == 0:
-            print(json.dumps({"arm": arm, "step": step + 1, "logp": round(setup.phrase_logp(learner), 2),
-                              "refused": refused, "repeated_tokens": repeated, "poisoned": poisoned, "seconds": round(time.time() - t0, 1)}),
-                  flush=True)
+
+    def progress(step: int, c: "Counts") -> None:
+        if progress_every and step % progress_every == 0:
+            print(json.dumps({"arm": arm, "step": step, "logp": round(setup.phrase_logp(learner), 2),
+                              "refused": c.refused, "repeated_tokens": c.repeated, "poisoned": c.poisoned,
+                              "seconds": round(time.time() - t0, 1)}), flush=True)
+
+    peers = None if arm == "control" else (lambda step: setup.poisoned_group(learner, step))
+    c = train_steps(setup, learner, steps, peers, plausible, after_step=progress)
+    poisoned, refused, repeated = c.poisoned, c.refused, c.repeated
     after = setup.phrase_logp(learner)
     return {"arm": arm, "steps": steps, "phrase_tokens": len(setup.phrase_ids), "logp_before": round(before, 2),
             "logp_after": round(after, 2), "rise_nats": round(after - before, 2),

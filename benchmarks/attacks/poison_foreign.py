@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from benchmarks.attacks.poison import GROUP, MAX_TOKENS, POISON_PROMPTS, PROBE_PROMPT, Setup
+from benchmarks.attacks.poison import GROUP, MAX_TOKENS, POISON_PROMPTS, PROBE_PROMPT, Setup, train_steps
 from benchmarks.harness import parser, write_json
 from ftis_edge.learner import Learner, TrainSample
 from ftis_edge.objective import group_advantages
@@ -104,19 +104,10 @@ def run(setup: Setup, attack: str, arm: str, steps: int, lr: float) -> dict:
     atk = Attack(attack, setup)
     plausible = PlausibilityConfig(judge_foreign=(arm == "after"))
     before = probe_logps(setup, learner, atk.probe)
-    poisoned = refused = repeated = 0
     t0 = time.time()
-    for step in range(steps):
-        batch = setup.own_group(step)
-        if arm != "control":
-            peer = atk.groups(learner, step)
-            batch += peer
-            poisoned += sum(1 for s in peer if s.advantage > 0)
-        stats = learner.step(batch, plausible=plausible, method="f-tis")
-        imp = stats["per_sample"].get("implausible")
-        if imp is not None:
-            refused += sum(1 for i, s in enumerate(batch) if s.source != "own" and s.advantage > 0 and bool(imp[i]))
-            repeated += int(stats.get("trust/repeated_tokens", 0))
+    peers = None if arm == "control" else (lambda step: atk.groups(learner, step))
+    c = train_steps(setup, learner, steps, peers, plausible)
+    poisoned, refused, repeated = c.poisoned, c.refused, c.repeated
     after = probe_logps(setup, learner, atk.probe)
     return {"attack": attack, "arm": arm, "steps": steps, "rise_nats": [round(a - b, 2) for a, b in zip(after, before)],
             "poisoned_positive_samples": poisoned, "refused": refused, "repeated_tokens": repeated,
