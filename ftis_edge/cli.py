@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from . import __version__
@@ -172,6 +173,24 @@ def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log:
         if not log_file.exists():
             raise
         return _die(f"{one_line(e)} (traceback in {log_file})", code=1)
+    finally:
+        _ctrl_c_now_exits()
+
+
+def _ctrl_c_now_exits() -> None:
+    """The node has stopped and said so (its stop record is written): a Ctrl-C while the
+    interpreter tears down (threads, torch, the grader pool) leaves at once with 130, not a
+    KeyboardInterrupt traceback from whatever was being torn down."""
+    def leave(signum, _frame):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, leave)
 
 
 # --- init -------------------------------------------------------------------------------

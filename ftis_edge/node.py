@@ -773,6 +773,13 @@ class Node:
                             "the first one after round %d", resumed)
         old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         try:
+            return self._loop(cfg)
+        finally:        # only now: a second Ctrl-C while the node shuts down still means "abort now"
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _loop(self, cfg: Config) -> int:
+        try:
             while self.round < cfg.node.rounds and not self.stop_reason:
                 paused = self._wait_if_paused()
                 if self.stop_reason:
@@ -798,8 +805,6 @@ class Node:
             if self.round > self.saved_round:      # a stop read between rounds (q while paused)
                 self._checkpoint()
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
             if self.swarm is not None:
                 self._relay_watch.set()
                 self.swarm.close()

@@ -106,3 +106,19 @@ def test_help_lists_the_commands():
     r = run("--help")
     for cmd in ("start", "init", "eval", "watch"):
         assert cmd in r.stdout
+
+
+def test_a_ctrl_c_after_the_node_has_stopped_exits_130_without_a_traceback():
+    # the node's stop record is written; the interpreter is still tearing down (threads, torch)
+    # when a second Ctrl-C arrives: it leaves at once, quietly, instead of a KeyboardInterrupt
+    # from whatever was being torn down (the CI run that saw exit -2)
+    script = ("import os, signal, time\n"
+              "from ftis_edge.cli import _ctrl_c_now_exits\n"
+              "_ctrl_c_now_exits()\n"
+              "print('stopped', flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGINT)\n"
+              "time.sleep(30)\n"
+              "print('still here')\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 130, (r.returncode, r.stderr)
+    assert r.stdout == "stopped\n" and "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr

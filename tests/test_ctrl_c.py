@@ -12,6 +12,7 @@ import pytest
 
 from ftis_edge import checkpoint, rundir
 from ftis_edge.metrics import read_control, read_metrics
+from ftis_edge.progress import GENERATING, read_progress
 from ftis_edge.tui import DashboardApp
 from procs import ROOT, rounds_of, wait_for, write_config
 
@@ -37,6 +38,11 @@ def test_headless_ctrl_c_stops_after_the_round_without_tracebacks(tmp_path):
     assert read_metrics(run)[-1]["reason"] == "signal"
 
 
+def in_round_2(run) -> bool:
+    progress = read_progress(run) or {}
+    return progress.get("round") == 2 and progress.get("phase") == GENERATING
+
+
 async def test_ctrl_c_in_the_dashboard_stops_then_aborts_keeping_the_checkpoint(tmp_path):
     cfg = write_config(tmp_path, "d", **SMALL)
     run = tmp_path / "d"
@@ -44,8 +50,10 @@ async def test_ctrl_c_in_the_dashboard_stops_then_aborts_keeping_the_checkpoint(
     app = DashboardApp(run, node_process=proc, poll_interval=0.2, node_stderr=stderr)
     try:
         async with app.run_test(size=(100, 30)) as pilot:
-            while not rounds_of(run) and proc.poll() is None:
-                await pilot.pause(0.5)
+            # the first Ctrl-C inside round 2 (not while round 1 checkpoints: that stop completes
+            # at once and leaves no round for the second Ctrl-C to abort)
+            while not in_round_2(run) and proc.poll() is None:
+                await pilot.pause(0.2)
             await pilot.press("ctrl+c")
             await pilot.pause(0.2)
             assert read_control(run)["stop"] and app.is_running      # not Textual's "press ctrl+q"
