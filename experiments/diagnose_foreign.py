@@ -33,16 +33,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments" / "repro"))
+import records  # noqa: E402  (published records: plain or gzip-compressed)
+
 H5 = ROOT / "docs" / "runs" / "fill" / "fill-hetero" / "s0"
 
 
 # --------------------------------------------------------------------------- committed records
 
-def peer_rounds(path: Path) -> list[dict]:
+def peer_rounds(run: Path) -> list[dict]:
     """Per round: the batch's stats and the peer-only numbers differenced from the cumulative book."""
     rows, prev = [], {}
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
+    for r in records.metrics(run):
         if r.get("type") != "round":
             continue
         n = kl = w = dropped = 0.0
@@ -84,10 +86,9 @@ def blocks(rows: list[dict], size: int = 4) -> list[dict]:
 
 
 def _eval(run: Path, name: str) -> str:
-    f = run / f"eval-{name}.json"
-    if not f.is_file():
+    d = records.eval_of(run, name)
+    if d is None:
         return "–"
-    d = json.loads(f.read_text())
     acc = d.get("accuracy", d.get("summary", {}).get("accuracy"))
     return f"{acc:.3f}" if isinstance(acc, (int, float)) else "–"
 
@@ -96,7 +97,7 @@ def committed(runs: Path, arms=("ftis-3", "nois-3", "alone-3")) -> None:
     fmt = lambda v, f: "–" if v is None else format(v, f)   # noqa: E731
     for arm in arms:
         run = runs / arm
-        rows = peer_rounds(run / "metrics.jsonl")
+        rows = peer_rounds(run)
         print(f"\n{arm}: held-out greedy accuracy of the final weights ID {_eval(run, 'id')}, OOD {_eval(run, 'ood')}")
         print("| rounds | own samples | peer samples | peer trained | peer Â ≤ 0 dropped (KL > g) | peers with KL > g | "
               "peer IS weight (mean) | tokens at C | own reward | own format | own length |")

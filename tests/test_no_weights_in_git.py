@@ -88,3 +88,34 @@ def test_publish_copies_results_not_weights(tmp_path):
     assert record["rebuild"] == (".venv/bin/python experiments/repro/run.py fill4 --seeds 0 --out runs/fill "
                                  "--receivers own1-0 own1-1 own1-2 own1-3")
     assert any("weights.json" in line for line in lines)
+
+
+def test_a_gzip_published_run_reads_back_the_same_for_the_analysis(tmp_path):
+    """publish.py --gzip (a batch too large for docs/ as text): the analysis, the plots and the
+    diagnosis read the compressed records as they read plain ones, and the bytes are repeatable."""
+    import analyze
+    import records
+    run = tmp_path / "runs" / "h6" / "s0" / "alone-3"
+    (run / "adapter").mkdir(parents=True)
+    rows = [{"type": "start", "node_id": "node-3"}] + \
+           [{"type": "round", "round": r, "reward/mean": r / 10, "gen/tokens": 100 + r} for r in (1, 2)] + \
+           [{"type": "stop", "round": 2, "reason": "steps"}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.toml").write_text('[node]\nid = "node-3"\n')
+    evaluation = {"task": "arith", "n": 3, "accuracy": 0.5, "items": [{"id": "a", "reward": 1.0}] * 3}
+    for which in ("id", "ood"):
+        (run / f"eval-{which}.json").write_text(json.dumps(evaluation, indent=2))
+    (run / "adapter" / "adapter-v000001.gguf").write_bytes(b"w" * 100)
+
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    publish.publish(tmp_path / "runs", plain, "runs/h6")
+    publish.publish(tmp_path / "runs", packed, "runs/h6", gz=True)
+    out = packed / "h6" / "s0" / "alone-3"
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "eval-id.json.gz", "eval-ood.json.gz",
+                                                     "metrics.jsonl.gz", "weights.json"]
+    assert analyze.load_run(out) == analyze.load_run(plain / "h6" / "s0" / "alone-3") is not None
+    assert records.eval_of(out, "id") == evaluation and records.metrics(out) == rows
+    first = (out / "metrics.jsonl.gz").read_bytes()
+    publish.publish(tmp_path / "runs", packed, "runs/h6", gz=True)
+    assert (out / "metrics.jsonl.gz").read_bytes() == first          # no time stamp inside
+    assert analyze.load_all(packed)["h6"]["alone-3"][0]["evals"]["ood"]["accuracy"] == 0.5

@@ -8,7 +8,6 @@ read from the runs' metrics.jsonl and eval-*.json files; nothing is typed in by 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -18,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import records  # noqa: E402
 from batches import BATCHES, SwarmBatch  # noqa: E402
 from experiments.summarize_run import mean_se as _mean_se  # noqa: E402
-from ftis_edge.metrics import read_metrics  # noqa: E402
 from run import EVAL_SETS, completed  # noqa: E402
 
 SWEEP = [("f-tis-g0.05", 0.05), ("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g200", 200)]
@@ -32,17 +31,15 @@ LAST = 3          # "final reward" = mean reward/own over the last LAST rounds
 
 def load_run(run_dir: Path) -> dict | None:
     """One receiver's rounds and evals, or None when it did not finish."""
-    if not (run_dir / "metrics.jsonl").exists():
-        return None
-    recs = read_metrics(run_dir)
+    recs = records.metrics(run_dir)          # plain or gzip-compressed (publish.py --gzip)
     rounds = [r for r in recs if r.get("type") == "round"]
     if not rounds or not completed(recs):
         return None
     evals = {}
     for which in EVAL_SETS:
-        f = run_dir / f"eval-{which}.json"
-        if f.exists():
-            evals[which] = json.loads(f.read_text())
+        e = records.eval_of(run_dir, which)
+        if e is not None:
+            evals[which] = e
     machines = [r["machine"] for r in recs if r.get("type") == "start" and r.get("machine")]
     return {"rounds": rounds, "evals": evals, "machines": machines}
 
@@ -88,10 +85,10 @@ def base_accuracy(runs: Path, data: dict) -> dict:
                 for r in seeds.values() if w in r["evals"]} for w in EVAL_SETS}
     base = {}
     for which in EVAL_SETS:
-        f = runs / "base" / f"eval-{which}.json"
-        if not f.exists():
+        e = records.eval_of(runs / "base", which)
+        if e is None:
             continue
-        items = json.loads(f.read_text())["items"]
+        items = e["items"]
         n = min(n_of[which]) if n_of[which] else len(items)
         acc = statistics.fmean(it["reward"] >= 1.0 for it in items[:n])
         base[which], base[f"{which}_value"] = f"{acc:.3f} (n = {n})", acc

@@ -21,13 +21,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ftis_edge.metrics import read_metrics  # noqa: E402
+import records  # noqa: E402  (published records: plain or gzip-compressed)
 
 COLORS = {"alone": "tab:gray", "own1": "tab:blue", "own2": "tab:green", "ftis": "tab:blue", "nois": "tab:red"}
 
 
 def rounds(run: Path) -> list[dict]:
-    return [r for r in read_metrics(run) if r.get("type") == "round"]
+    return [r for r in records.metrics(run) if r.get("type") == "round"]
 
 
 def running_mean(rs: list[dict]) -> list[float]:
@@ -43,7 +43,7 @@ def runs_of(runs: Path, batch: str, seed: int) -> list[tuple[str, int, list[dict
     """(arm, node index, rounds) of every run of one batch and seed."""
     out = []
     for run in sorted((runs / batch / f"s{seed}").iterdir()):
-        if run.is_dir() and (run / "metrics.jsonl").exists():
+        if run.is_dir() and records.exists(run / "metrics.jsonl"):
             arm, i = run.name.rsplit("-", 1)
             out.append((arm, int(i), rounds(run)))
     return out

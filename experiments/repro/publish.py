@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import records  # noqa: E402
 from batches import BATCHES, SwarmBatch  # noqa: E402
 from run import last_adapter  # noqa: E402  (the weights run.py evaluates)
 
@@ -82,11 +83,16 @@ def compact_json(text: str) -> str:
     return "{\n" + ",\n".join(rows) + "\n}\n"
 
 
-def copy_kept(f: Path, target: Path) -> None:
-    if f.suffix == ".json":
-        target.write_text(compact_json(f.read_text(encoding="utf-8")), encoding="utf-8")
+def copy_kept(f: Path, target: Path, gz: bool = False) -> Path:
+    """F as docs/ keeps it at TARGET (an eval compacted); with GZ the metrics and evals as TARGET.gz."""
+    data = compact_json(f.read_text(encoding="utf-8")).encode() if f.suffix == ".json" else None
+    if gz and (f.suffix == ".json" or f.name == "metrics.jsonl"):
+        return records.write_gz(target, data if data is not None else f.read_bytes())
+    if data is not None:
+        target.write_bytes(data)
     else:
         shutil.copy2(f, target)
+    return target
 
 
 def run_dirs(src: Path) -> list[Path]:
@@ -101,16 +107,16 @@ def layout(src: Path, run_dir: Path) -> tuple[str, int, str] | None:
     return None
 
 
-def publish(src: Path, dest: Path, out_arg: str, dry_run: bool = False) -> list[str]:
-    """Copy the kept files of every run under SRC to DEST; returns what it did, one line each."""
+def publish(src: Path, dest: Path, out_arg: str, dry_run: bool = False, gz: bool = False) -> list[str]:
+    """Copy the kept files of every run under SRC to DEST (GZ: metrics and evals gzip-compressed,
+    records.py reads them); returns what it did, one line each."""
     done = []
     for rd in run_dirs(src):
         target = dest / rd.relative_to(src)
         files = sorted({f for pattern in KEEP for f in rd.glob(pattern) if f.is_file()})
         if not dry_run:
             target.mkdir(parents=True, exist_ok=True)
-            for f in files:
-                copy_kept(f, target / f.name)
+            files = [copy_kept(f, target / f.name, gz) for f in files]
         done.append(f"{target}: {', '.join(f.name for f in files)}")
         where, adapter = layout(src, rd), last_adapter(rd)
         if where and adapter is not None:
@@ -126,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("src", type=Path, help="run.py's --out (e.g. runs/fill)")
     ap.add_argument("dest", type=Path, help="where docs keeps them (e.g. docs/runs/fill)")
     ap.add_argument("--dry-run", action="store_true", help="say what would be copied, copy nothing")
+    ap.add_argument("--gzip", action="store_true",
+                    help="keep metrics.jsonl and eval-*.json gzip-compressed (a batch too large for docs/ as text)")
     args = ap.parse_args(argv)
     if not args.src.is_dir():
         ap.error(f"{args.src}: no such directory")
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         out_arg = str(args.src.resolve().relative_to(ROOT))
     except ValueError:
         out_arg = str(args.src.resolve())
-    for line in publish(args.src, args.dest, out_arg, args.dry_run):
+    for line in publish(args.src, args.dest, out_arg, args.dry_run, args.gzip):
         print(line)
     return 0
 
