@@ -60,7 +60,12 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    return _records(path.read_bytes().split(b"\n"))
+    return parse_records(path.read_bytes())
+
+
+def parse_records(data: bytes) -> list[dict]:
+    """A metrics.jsonl's bytes as records (also an archived copy's, experiments/repro/records.py)."""
+    return _records(data.split(b"\n"))
 
 
 def _records(lines: list[bytes]) -> list[dict]:

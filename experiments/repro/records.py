@@ -8,7 +8,7 @@ import gzip
 import json
 from pathlib import Path
 
-import orjson
+from ftis_edge.metrics import parse_records
 
 GZ = ".gz"
 
@@ -26,16 +26,8 @@ def exists(path: Path) -> bool:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    """The run's records in order (a torn or blank line is skipped, as ftis_edge.metrics does)."""
-    data = read_bytes(Path(run_dir) / "metrics.jsonl")
-    out = []
-    for line in (data or b"").split(b"\n"):
-        if line.strip():
-            try:
-                out.append(orjson.loads(line))
-            except orjson.JSONDecodeError:
-                continue
-    return out
+    """The run's records in order (a torn or blank line is skipped, as the node's reader does)."""
+    return parse_records(read_bytes(Path(run_dir) / "metrics.jsonl") or b"")
 
 
 def eval_of(run_dir: Path, which: str) -> dict | None:
