@@ -106,9 +106,15 @@ def test_a_gzip_published_run_reads_back_the_same_for_the_analysis(tmp_path):
     for which in ("id", "ood"):
         (run / f"eval-{which}.json").write_text(json.dumps(evaluation, indent=2))
     (run / "adapter" / "adapter-v000001.gguf").write_bytes(b"w" * 100)
+    (tmp_path / "runs" / "base").mkdir()
+    (tmp_path / "runs" / "base" / "eval-id.json").write_text(json.dumps(evaluation))   # the untrained model's
 
     plain, packed = tmp_path / "plain", tmp_path / "packed"
     publish.publish(tmp_path / "runs", plain, "runs/h6")
+    publish.publish(tmp_path / "runs", packed, "runs/h6")         # a plain copy first: the .gz replaces it
+    said = publish.publish(tmp_path / "runs", tmp_path / "dry", "runs/h6", dry_run=True, gz=True)
+    line = next(x for x in said if "alone-3:" in x)
+    assert "eval-id.json.gz" in line and "metrics.jsonl.gz" in line and not (tmp_path / "dry").exists()
     publish.publish(tmp_path / "runs", packed, "runs/h6", gz=True)
     out = packed / "h6" / "s0" / "alone-3"
     assert sorted(p.name for p in out.iterdir()) == ["config.toml", "eval-id.json.gz", "eval-ood.json.gz",
@@ -119,3 +125,5 @@ def test_a_gzip_published_run_reads_back_the_same_for_the_analysis(tmp_path):
     publish.publish(tmp_path / "runs", packed, "runs/h6", gz=True)
     assert (out / "metrics.jsonl.gz").read_bytes() == first          # no time stamp inside
     assert analyze.load_all(packed)["h6"]["alone-3"][0]["evals"]["ood"]["accuracy"] == 0.5
+    assert records.eval_of(packed / "base", "id") == evaluation                  # the baseline travels too
+    assert analyze.base_accuracy(packed, analyze.load_all(packed))["id_value"] == 1.0

@@ -83,16 +83,30 @@ def compact_json(text: str) -> str:
     return "{\n" + ",\n".join(rows) + "\n}\n"
 
 
-def copy_kept(f: Path, target: Path, gz: bool = False) -> Path:
-    """F as docs/ keeps it at TARGET (an eval compacted); with GZ the metrics and evals as TARGET.gz."""
+def packed(f: Path, gz: bool) -> bool:
+    """Whether docs/ keeps F gzip-compressed (publish --gzip: the metrics and the evals)."""
+    return gz and (f.suffix == ".json" or f.name == "metrics.jsonl")
+
+
+def kept_name(f: Path, gz: bool) -> str:
+    return f.name + records.GZ if packed(f, gz) else f.name
+
+
+def copy_kept(f: Path, target_dir: Path, gz: bool = False) -> Path:
+    """F as docs/ keeps it in TARGET_DIR (an eval compacted; with GZ the metrics and evals as .gz).
+    The record's other form is removed: a stale plain copy would shadow a fresh .gz for readers."""
+    plain = target_dir / f.name
+    for stale in (plain, plain.with_name(plain.name + records.GZ)):
+        if stale.name != kept_name(f, gz):
+            stale.unlink(missing_ok=True)
     data = compact_json(f.read_text(encoding="utf-8")).encode() if f.suffix == ".json" else None
-    if gz and (f.suffix == ".json" or f.name == "metrics.jsonl"):
-        return records.write_gz(target, data if data is not None else f.read_bytes())
+    if packed(f, gz):
+        return records.write_gz(plain, data if data is not None else f.read_bytes())
     if data is not None:
-        target.write_bytes(data)
+        plain.write_bytes(data)
     else:
-        shutil.copy2(f, target)
-    return target
+        shutil.copy2(f, plain)
+    return plain
 
 
 def run_dirs(src: Path) -> list[Path]:
@@ -111,13 +125,18 @@ def publish(src: Path, dest: Path, out_arg: str, dry_run: bool = False, gz: bool
     """Copy the kept files of every run under SRC to DEST (GZ: metrics and evals gzip-compressed,
     records.py reads them); returns what it did, one line each."""
     done = []
-    for rd in run_dirs(src):
+    # run.py's evals of the untrained model (SRC/base, no metrics.jsonl): the analysis's baseline
+    kept = [(src / "base", sorted((src / "base").glob("eval-*.json")))] + \
+           [(rd, sorted({f for pattern in KEEP for f in rd.glob(pattern) if f.is_file()})) for rd in run_dirs(src)]
+    for rd, files in kept:
+        if not files:
+            continue
         target = dest / rd.relative_to(src)
-        files = sorted({f for pattern in KEEP for f in rd.glob(pattern) if f.is_file()})
         if not dry_run:
             target.mkdir(parents=True, exist_ok=True)
-            files = [copy_kept(f, target / f.name, gz) for f in files]
-        done.append(f"{target}: {', '.join(f.name for f in files)}")
+            for f in files:
+                copy_kept(f, target, gz)
+        done.append(f"{target}: {', '.join(kept_name(f, gz) for f in files)}")
         where, adapter = layout(src, rd), last_adapter(rd)
         if where and adapter is not None:
             record = weights_record(rd, [adapter], rebuild_command(*where, out_arg))

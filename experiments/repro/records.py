@@ -13,16 +13,25 @@ from ftis_edge.metrics import parse_records
 GZ = ".gz"
 
 
+def located(path: Path) -> Path | None:
+    """The file that holds record PATH: PATH itself, else PATH.gz; None when neither is there."""
+    for candidate in (path, path.with_name(path.name + GZ)):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def read_bytes(path: Path) -> bytes | None:
-    """PATH's bytes, or those of PATH.gz decompressed; None when neither is there."""
-    if path.is_file():
-        return path.read_bytes()
-    packed = path.with_name(path.name + GZ)
-    return gzip.decompress(packed.read_bytes()) if packed.is_file() else None
+    """Record PATH's bytes (decompressed when it is kept as PATH.gz); None when it is not there."""
+    found = located(path)
+    if found is None:
+        return None
+    data = found.read_bytes()
+    return gzip.decompress(data) if found.name.endswith(GZ) else data
 
 
 def exists(path: Path) -> bool:
-    return path.is_file() or path.with_name(path.name + GZ).is_file()
+    return located(path) is not None
 
 
 def metrics(run_dir: Path) -> list[dict]:
