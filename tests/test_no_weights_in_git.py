@@ -65,8 +65,11 @@ def test_publish_copies_results_not_weights(tmp_path):
     run = tmp_path / "runs" / "fill4" / "s0" / "own1-2"
     (run / "adapter").mkdir(parents=True)
     (run / "checkpoints" / "round-000001").mkdir(parents=True)
-    (run / "metrics.jsonl").write_text('{"type":"start"}\n')
+    (run / "metrics.jsonl").write_text('{"type":"start"}\n{"type":"stop","reason":"steps"}\n')
     (run / "config.toml").write_text('[node]\nid = "node-2"\n')
+    busy = tmp_path / "runs" / "fill4" / "s0" / "own1-3"          # still training (or killed): no stop yet
+    busy.mkdir(parents=True)
+    (busy / "metrics.jsonl").write_text('{"type":"start"}\n{"type":"stop","reason":"user"}\n{"type":"start"}\n')
     (run / "node.log").write_text("log\n")
     evaluation = {"task": "arith", "accuracy": 0.5, "items": [{"id": "a", "text": "<answer>5</answer>"}] * 3}
     (run / "eval-id.json").write_text(json.dumps(evaluation, indent=2))
@@ -88,6 +91,8 @@ def test_publish_copies_results_not_weights(tmp_path):
     assert record["rebuild"] == (".venv/bin/python experiments/repro/run.py fill4 --seeds 0 --out runs/fill "
                                  "--receivers own1-0 own1-1 own1-2 own1-3")
     assert any("weights.json" in line for line in lines)
+    assert not (tmp_path / "docs" / "fill4" / "s0" / "own1-3").exists()       # half a run stays out of docs/
+    assert any(line.startswith(str(busy)) and "skipped" in line for line in lines)
 
 
 def test_a_gzip_published_run_reads_back_the_same_for_the_analysis(tmp_path):

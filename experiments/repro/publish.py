@@ -3,7 +3,8 @@
     .venv/bin/python experiments/repro/publish.py runs/fill docs/runs/fill [--seeds 0] [--dry-run]
 
 run.py writes whole run directories (checkpoints, adapters, node.log) under --out, outside docs/.
-For every run directory under SRC (one with a metrics.jsonl), this copies the files a reader of
+For every run directory under SRC (one with a metrics.jsonl whose run has stopped: one still
+training or interrupted is skipped and named), this copies the files a reader of
 docs/results.md needs into the same place under DEST (eval JSON without its indentation, the same
 value), and writes beside them `weights.json`: the
 sha256 and size of the weights its evals scored (the last GGUF adapter) and the run.py command
@@ -113,6 +114,13 @@ def run_dirs(src: Path) -> list[Path]:
     return sorted(p.parent for p in src.rglob("metrics.jsonl"))
 
 
+def still_open(run_dir: Path) -> bool:
+    """A run whose last start has no stop record after it: still training, or killed and waiting for
+    run.py to resume it. Its records would be half a run in docs/ (a stopped peer has its stop)."""
+    marks = [r["type"] for r in records.metrics(run_dir) if r.get("type") in ("start", "stop")]
+    return not marks or marks[-1] != "stop"
+
+
 def layout(src: Path, run_dir: Path) -> tuple[str, int, str] | None:
     """(batch, seed, name) of SRC/BATCH/sSEED/NAME, or None for another layout (base evals, experts)."""
     parts = run_dir.relative_to(src).parts
@@ -130,6 +138,9 @@ def publish(src: Path, dest: Path, out_arg: str, dry_run: bool = False, gz: bool
            [(rd, sorted({f for pattern in KEEP for f in rd.glob(pattern) if f.is_file()})) for rd in run_dirs(src)]
     for rd, files in kept:
         if not files:
+            continue
+        if rd != src / "base" and still_open(rd):
+            done.append(f"{rd}: skipped, not stopped yet (in progress, or interrupted: run.py resumes it)")
             continue
         target = dest / rd.relative_to(src)
         if not dry_run:
