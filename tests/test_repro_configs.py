@@ -213,3 +213,22 @@ def test_h6_decision_rule_on_the_committed_h5_runs():
     assert rows["same-model LoRA"].endswith("**yes** |") and "| 2 | -0.003 ± 0.013 |" in rows["same-model LoRA"]
     assert rows["other tokenizer"].endswith("**no** |") and "-0.325" in rows["other tokenizer"]
     assert "+0.400" in rows["3: other tokenizer"]                 # f-tis − nois on the Gemma node
+
+
+def test_h6_plot_reads_the_committed_runs_as_the_decision_does(tmp_path):
+    """plot_h6.py's markers are the final 200-prompt ID accuracies h6_decide.py pairs; its lines start
+    at the base model's round-0 eval; a run without its final eval (still going) is left out."""
+    import plot_h6
+    import records
+    runs = Path(ROOT) / "docs" / "runs" / "h6" / "h6"
+    twin = runs / "s0" / "alone-3"
+    x, acc, se = plot_h6.final_point([twin])
+    assert acc == records.eval_of(twin, "id")["accuracy"] and se == 0.0 and 20 < x < 40   # ~28k tokens
+    xs, ys = plot_h6.in_run_curve(twin)
+    assert xs[0] == 0.0 and len(xs) == 5 and xs == sorted(xs) and all(0 <= y <= 1 for y in ys)
+    going = tmp_path / "h6" / "s1" / "alone-3"
+    going.mkdir(parents=True)
+    (going / "metrics.jsonl").write_text('{"type":"start"}\n')
+    assert plot_h6.finished_runs(tmp_path / "h6", "alone-3") == []
+    said = plot_h6.plot(runs, tmp_path / "h6.png")
+    assert (tmp_path / "h6.png").stat().st_size > 10_000 and any(s.startswith("node 3 protect") for s in said)
