@@ -3,10 +3,12 @@ asked a verifier that evaluates it for 8 GB), full-width identifiers (Python fol
 into the names the name check refuses), and file writes that open no file for writing."""
 from __future__ import annotations
 
+import json
 import dataclasses
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +96,35 @@ def test_a_math_answer_is_a_bare_answer_not_a_carrier(answer):
     for honest, ref in (("40", "40"), ("18 dollars", "18"), ("2 \\text{ inches}", "2"), ("\\frac{1}{2}", "0.5"),
                         ("\\text{(C)}", "\\text{(C)}"), ("3.14", "3.14")):
         assert score(f"<answer>{honest}</answer>", ref, RewardSettings())[0] == 1.0, honest
+
+
+@pytest.mark.parametrize("answer, reference", [("9 - 4", "5"), ("16/2", "8"), ("15 + 59", "74"), ("21 ÷ 7", "3"),
+                                               ("3 \\times 4", "12"), ("\\frac{16}{2}", "8"), ("2^3", "8"),
+                                               ("(3+3) - 5i", "6 - 5i"), ("5 = 9 - 4", "5")])
+def test_a_math_answer_is_the_result_not_the_computation(answer, reference):
+    """math-verify evaluates "9 - 4" to 5, so restating the question scored as its answer: a Gemma 3
+    node alone learned exactly that (H6 seed 1's twin: 97.5 % held-out, every answer a restated
+    question). An answer with more operations on numbers than its reference is refused."""
+    from ftis_edge.tasks.rewards import RewardSettings
+    value, b = score(f"<answer>{answer}</answer>", reference, RewardSettings())
+    assert value == 0.0 and b["reason"] == "refused: a computation, not its result", b
+    for honest, ref in (("5", "5"), ("11 + 6 = 17", "17"), ("1/2", "0.5"), ("\\frac{3}{4}", "0.75"), ("-3", "-3"),
+                        ("6-5i", "6 - 5i"), ("x^2+1", "x^2+1"), ("2\\sqrt{3}", "2\\sqrt{3}"), ("8 pencils", "8"),
+                        ("2^{10}", "2^{10}"), ("x = -5", "-5")):
+        assert score(f"<answer>{honest}</answer>", ref, RewardSettings())[0] == 1.0, honest
+
+
+def test_no_correct_answer_in_the_committed_evals_is_refused_by_todays_rules():
+    """Every committed eval re-graded with the refusals (experiments/regrade_evals.py): the honest
+    answers the runs gave — SmolLM2, Gemma 3, full fine-tuning, GSM8K, MATH-500 — all still count."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import regrade_evals
+    runs = Path(__file__).resolve().parents[1] / "docs" / "runs"
+    checked = 0
+    for path in regrade_evals.eval_files(runs):
+        evaluation = json.loads(regrade_evals.records.read_bytes(path))
+        if evaluation.get("task") in regrade_evals.MATH_TASKS and "h6-grader-hole" not in str(path):
+            r = regrade_evals.regrade(evaluation)
+            checked += round(r["accuracy_was"] * r["n"])
+            assert not r["refused"], (path, r["refused"][:3])
+    assert checked > 10_000

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .rewards import RewardSettings, answers_match, bare_answer_refusal, check_format, exact_match, prefilter, reward_value
+from .rewards import (RewardSettings, answers_match, bare_answer_refusal, check_format, computation_refusal,
+                      exact_match, prefilter, reward_value)
 
 STARTUP_TIMEOUT_S = 60.0        # a cold worker start (python + sympy imports), once per process
 # Memory a worker may take past its prepared state. An answer is 12 characters away from
@@ -353,7 +354,8 @@ def score(text: str, reference: str, settings: RewardSettings = RewardSettings()
     if fmt.answer is not None:
         refused = prefilter(fmt.answer, settings) if settings.prefilter else None
         if refused is None and settings.prefilter and settings.rule == "math":
-            refused = bare_answer_refusal(fmt.answer, str(reference))
+            refused = (bare_answer_refusal(fmt.answer, str(reference))
+                       or computation_refusal(fmt.answer, str(reference)))
         if refused:
             reason = f"refused: {refused}"
         elif budget <= 0:

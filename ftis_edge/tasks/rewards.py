@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from math import gcd
 
 from ..turns import END_MARKERS
 
@@ -141,6 +142,42 @@ def bare_answer_refusal(answer: str, reference: str) -> str | None:
         return "a link in the answer"
     if len(_WORD.findall(answer)) > len(_WORD.findall(reference)) + 1:
         return "words around the answer"
+    return None
+
+
+# A computation on numbers: an operator with a number (or a closing bracket) before it and a
+# number after it ("9 - 4", "16/2", "3 \times 4", "2^3", "(3+3) - 5"), and \frac{16}{2}. math-verify
+# evaluates it, so restating the question was graded as its answer: a Gemma 3 node alone learned
+# to answer "<answer>9 - 4</answer>" within 32 rounds (H6 seed 1: 97.5 % held-out "accuracy" on
+# answers that compute nothing). A fraction in lowest terms ("1/2", "\frac{3}{4}") is a number
+# written as a fraction, not a computation.
+_NUM = r"\d+(?:\.\d+)?"
+_OP = r"(?:[-+*/^×÷·−]|\\times|\\cdot|\\div)"
+_COMPUTATION = re.compile(rf"(?:(?<![\d.])({_NUM})|[)\]}}])\s*({_OP})\s*[{{(]?\s*[-−]?\s*({_NUM})(?![\d.])")
+_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+
+
+def _is_lowest_terms(numerator: str, denominator: str) -> bool:
+    n, d = int(numerator), int(denominator)
+    return d > 1 and gcd(n, d) == 1
+
+
+def computations(text: str) -> int:
+    """How many operations on two numbers TEXT writes out (a fraction in lowest terms is none)."""
+    count = sum(not _is_lowest_terms(n, d) for n, d in _FRAC.findall(text))
+    for a, op, b in _COMPUTATION.findall(text):        # a is "" after a bracket: "(3+3) - 5"
+        plain_fraction = op == "/" and a and "." not in a + b and _is_lowest_terms(a, b)
+        count += not plain_fraction
+    return count
+
+
+def computation_refusal(answer: str, reference: str) -> str | None:
+    """Why a math answer is a computation rather than its result (None when it is not): it writes
+    out more operations on numbers than its reference does ("9 - 4" for 5, "16/2" for 8). With
+    working shown ("11 + 6 = 17") the result is what follows the last "="."""
+    result = answer.rsplit("=", 1)[-1] if "=" not in reference else answer
+    if computations(result) > computations(reference):
+        return "a computation, not its result"
     return None
 
 
