@@ -100,7 +100,12 @@ def test_a_math_answer_is_a_bare_answer_not_a_carrier(answer):
 
 @pytest.mark.parametrize("answer, reference", [("9 - 4", "5"), ("16/2", "8"), ("15 + 59", "74"), ("21 ÷ 7", "3"),
                                                ("3 \\times 4", "12"), ("\\frac{16}{2}", "8"), ("2^3", "8"),
-                                               ("(3+3) - 5i", "6 - 5i"), ("5 = 9 - 4", "5")])
+                                               ("(3+3) - 5i", "6 - 5i"), ("5 = 9 - 4", "5"), ("9 - 4 =", "5"),
+                                               # the same computation in LaTeX's other spellings
+                                               ("9\\,-\\,4", "5"), ("9\\!-\\!4", "5"), ("9\\ -\\ 4", "5"),
+                                               ("9-\\left(4\\right)", "5"), ("10 \\over 2", "5"),
+                                               ("\\frac{10}2", "5"), ("\\sqrt{25}", "5"), ("√25", "5"),
+                                               ("3!-1", "5"), ("\\boxed{9-4}", "5")])
 def test_a_math_answer_is_the_result_not_the_computation(answer, reference):
     """math-verify evaluates "9 - 4" to 5, so restating the question scored as its answer: a Gemma 3
     node alone learned exactly that (H6 seed 1's twin: 97.5 % held-out, every answer a restated
@@ -110,7 +115,8 @@ def test_a_math_answer_is_the_result_not_the_computation(answer, reference):
     assert value == 0.0 and b["reason"] == "refused: a computation, not its result", b
     for honest, ref in (("5", "5"), ("11 + 6 = 17", "17"), ("1/2", "0.5"), ("\\frac{3}{4}", "0.75"), ("-3", "-3"),
                         ("6-5i", "6 - 5i"), ("x^2+1", "x^2+1"), ("2\\sqrt{3}", "2\\sqrt{3}"), ("8 pencils", "8"),
-                        ("2^{10}", "2^{10}"), ("x = -5", "-5")):
+                        ("2^{10}", "2^{10}"), ("x = -5", "-5"), ("\\sqrt{12}", "2\\sqrt{3}"), ("\\frac{3}{4}", "\\frac34"),
+                        ("\\left( 3, \\frac{\\pi}{2} \\right)", "\\left( 3, \\frac{\\pi}{2} \\right)")):
         assert score(f"<answer>{honest}</answer>", ref, RewardSettings())[0] == 1.0, honest
 
 

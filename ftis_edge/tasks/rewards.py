@@ -154,7 +154,12 @@ def bare_answer_refusal(answer: str, reference: str) -> str | None:
 _NUM = r"\d+(?:\.\d+)?"
 _OP = r"(?:[-+*/^×÷·−]|\\times|\\cdot|\\div)"
 _COMPUTATION = re.compile(rf"(?:(?<![\d.])({_NUM})|[)\]}}])\s*({_OP})\s*[{{(]?\s*[-−]?\s*({_NUM})(?![\d.])")
-_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+_ARG = r"(?:\{\s*(\d+)\s*\}|\s*(\d))"              # a braced number, or one digit: \frac{10}2
+_FRAC = re.compile(rf"\\[dt]?frac\s*{_ARG}\s*{_ARG}")
+_ROOT_OR_FACTORIAL = re.compile(r"(?:\\sqrt\s*(?:\[[^\]]*\])?\s*\{?\s*\d|√\s*\(?\s*\d|\d\s*!|\d[²³])")
+# what renders the same and reads the same to math-verify: spacing, sizing, \mathrm{…} wrappers
+_SPACING = re.compile(r"\\[,!;:> ]|\\q?quad\b|~|\\(?:left|right|[bB]ig+[lr]?)\b")
+_WRAPPER = re.compile(r"\\(?:mathbin|mathrm|mathord|text|operatorname|displaystyle)\s*\{([^{}]*)\}")
 
 
 def _is_lowest_terms(numerator: str, denominator: str) -> bool:
@@ -162,10 +167,17 @@ def _is_lowest_terms(numerator: str, denominator: str) -> bool:
     return d > 1 and gcd(n, d) == 1
 
 
+def _plain(text: str) -> str:
+    text = _WRAPPER.sub(r"\1", _SPACING.sub(" ", text))
+    return re.sub(r"\\over\b", "/", text)
+
+
 def computations(text: str) -> int:
-    """How many operations on two numbers TEXT writes out (a fraction in lowest terms is none)."""
-    count = sum(not _is_lowest_terms(n, d) for n, d in _FRAC.findall(text))
-    for a, op, b in _COMPUTATION.findall(text):        # a is "" after a bracket: "(3+3) - 5"
+    """How many operations on numbers TEXT writes out (a fraction in lowest terms is none)."""
+    text = _plain(text)
+    count = len(_ROOT_OR_FACTORIAL.findall(text))
+    count += sum(not _is_lowest_terms(n or n1, d or d1) for n, n1, d, d1 in _FRAC.findall(text))
+    for a, op, b in _COMPUTATION.findall(_FRAC.sub("1", text)):   # a is "" after a bracket: "(3+3) - 5"
         plain_fraction = op == "/" and a and "." not in a + b and _is_lowest_terms(a, b)
         count += not plain_fraction
     return count
@@ -173,9 +185,10 @@ def computations(text: str) -> int:
 
 def computation_refusal(answer: str, reference: str) -> str | None:
     """Why a math answer is a computation rather than its result (None when it is not): it writes
-    out more operations on numbers than its reference does ("9 - 4" for 5, "16/2" for 8). With
-    working shown ("11 + 6 = 17") the result is what follows the last "="."""
-    result = answer.rsplit("=", 1)[-1] if "=" not in reference else answer
+    out more operations on numbers than its reference does ("9 - 4" for 5, "16/2" for 8,
+    "\\sqrt{25}" for 5). With working shown ("11 + 6 = 17") the result is what follows the last "="."""
+    sides = [side for side in answer.split("=") if side.strip()] or [answer]
+    result = sides[-1] if "=" not in reference else answer
     if computations(result) > computations(reference):
         return "a computation, not its result"
     return None
