@@ -2,7 +2,7 @@
 
 The objective emits per-micro-batch stats; ``learner.aggregate_stats`` combines them with the
 rule registered here (an unregistered stat is an error, never silently averaged). The node,
-the dashboard and docs/metrics.md (generated: ``python docs/make_metrics_doc.py``) use these
+the dashboard and docs/metrics.md (generated: ``python docs/make_docs.py``) use these
 names. Names are TRL's (GRPOTrainer's logged metrics) where TRL has the same concept; the
 ``trl`` column says which, and docs/trl.md lists them with the config keys.
 """
@@ -56,6 +56,8 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("format/own", "fraction of own completions in the required format", ROUND),
         _m("reward/timed_out", "own completions scored 0 because grading ran out of its budget "
            "(task.reward_timeout_s; a machine too busy for the budget)", ROUND),
+        _m("reward/refused", "own answers refused unread by the answer rules (a computation such as "
+           "`9 - 4` for 5, words around the answer, a grader bomb): one that climbs is reward hacking", ROUND),
         _m("frac_reward_zero_std", "fraction of the round's groups whose rewards were all equal "
            "(no signal: skipped)", ROUND, trl="frac_reward_zero_std"),
         _m("groups/with_peer_parts", "horizontal mode: own groups merged with peers' parts (else null)", ROUND),

@@ -63,7 +63,10 @@ def own_grading_stats(own: list[OwnGroup]) -> dict:
                     "scored 0: the machine is too busy for the budget", timed_out, len(marks))
     return {"accuracy/own": statistics.fmean([float(b.get("correct", False)) for b in marks]) if marks else None,
             "format/own": statistics.fmean([float(b.get("format_ok", False)) for b in marks]) if marks else None,
-            "reward/timed_out": timed_out}
+            "reward/timed_out": timed_out,
+            # answers the rules refused ("a computation, not its result", words around the answer): a
+            # count that climbs is the learner searching for a way around the grader
+            "reward/refused": sum(str(b.get("reason", "")).startswith("refused") for b in marks)}
 
 
 def useful_peers(samples, per_sample: dict | None) -> set[str]:

@@ -1,5 +1,6 @@
 """Grading cannot be denied by many ids: 40 fake ids, one rollout each a round, whose answers
-grade just under the time limit (real math-verify on ``\\sqrt{99999^{45000}}``, ~0.3 s idle),
+grade just under the time limit (real math-verify on ``\\binom{x}{60}``, 0.1-0.3 s idle; a
+symbolic answer, so the computation rule does not refuse it unread),
 ahead of an honest peer. Every honest group is graded every round, the honest peer is never
 charged a ``grader_timeout``, and the fakes end up graded after it (their cost is known)."""
 from __future__ import annotations
@@ -13,12 +14,20 @@ from ftis_edge.swarm import Received
 from ftis_edge.tasks import warm_up
 from peers import intake_for, rollout
 
-SLOW = "<answer>\\sqrt{99999^{45000}}</answer>"
+SLOW = "<answer>\\binom{x}{60}</answer>"
 
 
 def test_the_tiers_put_known_fast_senders_first_and_known_slow_ones_last():
     assert grading_tier(0.01, 0.5, False) == 0 and grading_tier(None, 0.5, False) == 1
     assert grading_tier(0.3, 0.5, False) == 2 and grading_tier(0.01, 0.5, True) == 3
+
+
+def test_the_slow_payload_is_graded_not_refused_unread():
+    """Guards this file against going vacuous: a payload the prefilter refuses costs nothing."""
+    from ftis_edge.tasks.grader import score
+    warm_up()
+    _, info = score(SLOW, "18")
+    assert not str(info.get("reason", "")).startswith("refused"), info
 
 
 @pytest.mark.timeout(300)
@@ -40,3 +49,4 @@ def test_forty_ids_just_under_the_time_limit_cannot_keep_an_honest_group_ungrade
     book = intake.book.snapshot()
     assert book["alice"]["rejected"] == 0 and book["alice"]["grader_timeouts"] == 0, book["alice"]
     assert intake.book.get("alice").grade_s < 0.1
+    warm_up()          # leave the grader's killed workers restarted for the next test file

@@ -13,6 +13,7 @@ import pytest
 from ftis_edge.intake import PeerBook
 from ftis_edge.swarm import Received
 from ftis_edge.tasks import get_task
+from ftis_edge.tasks.grader import score
 from ftis_edge.wire import WireCompletion, WireError
 from peers import completion, intake_for, rollout, send
 
@@ -279,9 +280,13 @@ def test_a_flood_of_slow_answers_cannot_starve_an_honest_peer_of_grading(smol, t
     from ftis_edge.tasks import warm_up
     prompt = next(task.prompts(seed=3))
     intake = intake_for(smol, task, rescore_budget_s=4.0)
+    # slow for the real grader yet past every rule: no operation on numbers (the computation rule
+    # refuses "\\sqrt{99999^{99999}}" unread now, in no time), no tower, no nesting
+    bomb = "<answer>\\binom{x}{99999}</answer>"
+    assert not score(bomb, prompt.reference, task.reward_settings)[1]["reason"].startswith("refused")
     for rnd in (1, 2, 3):
         warm_up()      # between rounds a node generates and trains: killed grader workers restart
-        slow = [rollout(smol, task, node="mallory", prompt=prompt, texts=["<answer>\\sqrt{99999^{99999}}</answer>"] * 4)[0]
+        slow = [rollout(smol, task, node="mallory", prompt=prompt, texts=[bomb] * 4)[0]
                 for _ in range(10)]
         honest = [rollout(smol, task, node="alice", prompt=prompt,
                           texts=[f"<answer>{prompt.reference}</answer>", "<answer>1</answer>"] * 2)[0]

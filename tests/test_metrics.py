@@ -89,7 +89,7 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
                              "groups/own", "groups/topped_up", "peers/share", "peers/saved_frac",
                              "peers/skipped_zero_advantage", "peers/skipped_peer_cap", "peers/skipped_surplus",
                              "gen/tokens_total", "cpu/gen_s", "cpu/grade_s", "cpu/intake_s", "cpu/train_s",
-                             "cpu/sync_s", "cpu/round_s", "cpu/total_s", "reward/timed_out",
+                             "cpu/sync_s", "cpu/round_s", "cpu/total_s", "reward/timed_out", "reward/refused",
                              # issue 25: the plausibility filter
                              "trust/implausible", "trust/threshold", "trust/repeated_tokens",
                              # the held-out eval and the swarm guard

@@ -236,3 +236,16 @@ def test_a_round_counts_and_logs_own_answers_that_ran_out_of_grading_time(caplog
     assert "1 of 3 own answers ran out of the grading budget" in caplog.text
     caplog.clear()
     assert own_grading_stats([])["reward/timed_out"] == 0 and not caplog.text
+
+
+def test_a_round_counts_own_answers_the_rules_refused():
+    """A learner that finds a way around the grader shows as reward/refused climbing."""
+    from ftis_edge.batch import OwnGroup
+    from ftis_edge.node import own_grading_stats
+    texts = ["<answer>9 - 4</answer>", "<answer>5</answer>", "<answer>6</answer>"]
+    graded = score_many(texts, ["5"] * 3, RewardSettings())
+    group = OwnGroup(prompt=None, prompt_ids=[], completions=[], group_id="g",
+                     rewards=[v for v, _ in graded], breakdowns=[b for _, b in graded])
+    stats = own_grading_stats([group])
+    assert stats["reward/refused"] == 1, graded
+    assert stats["accuracy/own"] == pytest.approx(1 / 3)
