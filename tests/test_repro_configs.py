@@ -232,3 +232,12 @@ def test_h6_plot_reads_the_committed_runs_as_the_decision_does(tmp_path):
     assert plot_h6.finished_runs(tmp_path / "h6", "alone-3") == []
     said = plot_h6.plot(runs, tmp_path / "h6.png")
     assert (tmp_path / "h6.png").stat().st_size > 10_000 and any(s.startswith("node 3 protect") for s in said)
+
+
+def test_h6_records_table_reads_the_published_runs_back():
+    """docs/results.md's "What the runs recorded" rows come from h6_records.py, not by hand."""
+    import h6_records
+    lines = h6_records.table(Path(ROOT) / "docs" / "runs" / "h6" / "h6" / "s0")
+    assert len(lines) == 2 + 12
+    assert "| protect-3 | 44%, 44%, 41%, 34% | quiet | 7774 | 421 | 35 | 416 | 5 / 4551 | – |" in lines
+    assert any(line.startswith("| alone-3 |") and "| – |" in line for line in lines)
