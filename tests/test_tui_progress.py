@@ -238,8 +238,14 @@ def test_a_real_node_reports_its_phases_and_remembers_its_load_time(solo_run):
     assert seen[0] == phases.LOADING and seen[-1] == phases.STOPPED, seen
     # sampled every 20 ms: grading 16 arith answers can take less than that (it was missed once
     # in CI), so it is not required here; the phases that last are
-    for phase in (phases.GENERATING, phases.TRAINING, phases.SYNCING, phases.CHECKPOINTING):
+    for phase in (phases.GENERATING, phases.TRAINING, phases.CHECKPOINTING):
         assert phase in seen, (phase, seen)
+    # syncing a LoRA adapter into llama.cpp takes ~70 ms, which the sampler missed once on 2 busy
+    # cores: the records show every round synced, and the phase is required when it lasted
+    rounds = [r for r in read_metrics(run) if r["type"] == "round"]
+    assert len(rounds) == 2 and all(r["sync/version"] is not None for r in rounds), rounds
+    if max(r["time/sync_s"] for r in rounds) > 0.25:
+        assert phases.SYNCING in seen, (rounds, seen)
     final = phases.read_progress(run)
     assert final["reason"] == "steps" and final["round"] == 2
     start = read_metrics(run)[0]
