@@ -19,10 +19,6 @@ ARMS = ("alone", "ftis", "protect")
 SUMMED = ("gen/tokens", "samples/foreign", "peers/refused_length", "is/foreign_capped")
 
 
-def rounds_of(run_dir: Path) -> list[dict]:
-    return [r for r in records.metrics(run_dir) if r.get("type") == "round"]
-
-
 def total(rounds: list[dict], key: str) -> int | None:
     values = [r[key] for r in rounds if isinstance(r.get(key), (int, float))]
     return round(sum(values)) if values else None
@@ -54,7 +50,7 @@ def table(seed_dir: Path) -> list[str]:
     for arm in ARMS:
         for run in sorted(seed_dir.glob(f"{arm}-*")):
             if run.is_dir():
-                lines.append(row(run.name, rounds_of(run)))
+                lines.append(row(run.name, records.rounds(run)))
     return lines
 
 

@@ -26,10 +26,6 @@ import records  # noqa: E402  (published records: plain or gzip-compressed)
 COLORS = {"alone": "tab:gray", "own1": "tab:blue", "own2": "tab:green", "ftis": "tab:blue", "nois": "tab:red"}
 
 
-def rounds(run: Path) -> list[dict]:
-    return [r for r in records.metrics(run) if r.get("type") == "round"]
-
-
 def running_mean(rs: list[dict]) -> list[float]:
     rewards = [r.get("reward/own") or 0.0 for r in rs]
     return [s / (i + 1) for i, s in enumerate(accumulate(rewards))]
@@ -45,7 +41,7 @@ def runs_of(runs: Path, batch: str, seed: int) -> list[tuple[str, int, list[dict
     for run in sorted((runs / batch / f"s{seed}").iterdir()):
         if run.is_dir() and records.exists(run / "metrics.jsonl"):
             arm, i = run.name.rsplit("-", 1)
-            out.append((arm, int(i), rounds(run)))
+            out.append((arm, int(i), records.rounds(run)))
     return out
 
 

@@ -31,7 +31,7 @@ ARMS = (("alone", "tab:gray", "alone (twin)"), ("protect", "tab:blue", "swarm, p
 
 def in_run_curve(run: Path) -> tuple[list[float], list[float]]:
     """(own tokens so far, in thousands; held-out accuracy) at each in-run eval, round 0 first."""
-    rounds = [r for r in records.metrics(run) if r.get("type") == "round"]
+    rounds = records.rounds(run)
     tokens = list(accumulate(r.get("gen/tokens") or 0 for r in rounds))
     xs, ys = [], []
     for r, t in zip(rounds, tokens):
@@ -58,8 +58,7 @@ def final_point(runs: list[Path]) -> tuple[float, float, float] | None:
     if not runs:
         return None
     acc = [float(records.eval_of(r, "id")["accuracy"]) for r in runs]
-    tok = [sum(r.get("gen/tokens") or 0 for r in records.metrics(run) if r.get("type") == "round") / 1000
-           for run in runs]
+    tok = [sum(r.get("gen/tokens") or 0 for r in records.rounds(run)) / 1000 for run in runs]
     se = stdev(acc) / len(acc) ** 0.5 if len(acc) > 1 else 0.0
     return mean(tok), mean(acc), se
 

@@ -39,6 +39,11 @@ def metrics(run_dir: Path) -> list[dict]:
     return parse_records(read_bytes(Path(run_dir) / "metrics.jsonl") or b"")
 
 
+def rounds(run_dir: Path) -> list[dict]:
+    """The run's round records, in order (its start and stop records left out)."""
+    return [r for r in metrics(run_dir) if r.get("type") == "round"]
+
+
 def eval_of(run_dir: Path, which: str) -> dict | None:
     """The run's eval-WHICH.json, or None."""
     data = read_bytes(Path(run_dir) / f"eval-{which}.json")
