@@ -241,3 +241,20 @@ def test_h6_records_table_reads_the_published_runs_back():
     assert len(lines) == 2 + 12
     assert "| protect-3 | 44%, 44%, 41%, 34% | quiet | 7774 | 421 | 35 | 416 | 5 / 4551 | – |" in lines
     assert any(line.startswith("| alone-3 |") and "| – |" in line for line in lines)
+
+
+def test_h6_compute_readings_count_only_rounds_while_every_node_ran():
+    """The two compute readings registered before seed 2: in seed 1 the SmolLM2 LoRA nodes finished
+    first, so the Gemma node's rounds after that (it topped up alone) fall outside the window, and
+    over the window its token ratio is higher than over the whole run."""
+    import h6_decide
+    data = h6_decide.load_all(Path(ROOT) / "docs" / "runs" / "h6")
+    recv = data["h6"]
+    assert all(recv[f"protect-{i}"][1]["stopped"] > recv[f"protect-{i}"][1]["rounds"][-1]["time"] for i in range(4))
+    windows = {i: h6_decide.shared_rounds(recv, "protect", 1, i) for i in range(4)}
+    assert max(windows.values()) == 32 and windows[3] == 23       # the first to stop saw all its rounds
+    twin, node = recv["alone-3"][1], recv["protect-3"][1]
+    whole, window = h6_decide.token_ratio(twin, node), h6_decide.token_ratio(twin, node, windows[3])
+    assert round(whole, 4) == 2.9992 and window > whole
+    rows = h6_decide.compute_readings(data, "h6", "protect")
+    assert len(rows) == 2 + 3 and all(r.count(" | ") == 7 for r in rows[2:])

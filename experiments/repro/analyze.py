@@ -41,7 +41,8 @@ def load_run(run_dir: Path) -> dict | None:
         if e is not None:
             evals[which] = e
     machines = [r["machine"] for r in recs if r.get("type") == "start" and r.get("machine")]
-    return {"rounds": rounds, "evals": evals, "machines": machines}
+    stops = [r["time"] for r in recs if r.get("type") == "stop" and isinstance(r.get("time"), (int, float))]
+    return {"rounds": rounds, "evals": evals, "machines": machines, "stopped": stops[-1] if stops else None}
 
 
 def load_all(runs: Path) -> dict:

@@ -10,6 +10,11 @@ and seed) on held-out greedy accuracy of the final weights (ID and OOD, 200 prom
 for a kind when ID ≥ twin − 2 SE (the other-tokenizer kind also within 5 points: ≥ −0.05) and
 every pair generated ≥ 3× fewer own tokens; it holds when it holds for every kind. Then
 ``--arm`` minus ``--control`` node by node (the protections' own effect), reported.
+
+Two readings of the compute part registered after seeing seeds 0 and 1 (before seed 2) are
+reported beside the decision, not in it: each kind's *mean* token ratio over its pairs, and the
+ratio over only the rounds in which all of the arm's nodes were still running (a node's round
+counts when it ended before the arm's first node stopped; the twin's same rounds by number).
 """
 from __future__ import annotations
 
@@ -42,6 +47,44 @@ def pairs(recv: dict, arm: str, ref: str, nodes) -> list[tuple[int, int, dict, d
 
 def _fmt(m: float, se: float) -> str:
     return "–" if m != m else f"{m:+.3f} ± {se:.3f}"
+
+
+def shared_rounds(recv: dict, arm: str, seed: int, node: int) -> int:
+    """How many of node NODE's rounds ended while every node of ARM (seed SEED) was still running:
+    before the first of them wrote its stop record. All its rounds when a stop time is missing."""
+    runs = [seeds[seed] for name, seeds in recv.items() if name.startswith(f"{arm}-") and seed in seeds]
+    stops = [r["stopped"] for r in runs if r.get("stopped") is not None]
+    rounds = recv[f"{arm}-{node}"][seed]["rounds"]
+    if not stops:
+        return len(rounds)
+    first_stop = min(stops)
+    return sum(1 for r in rounds if r.get("time", float("inf")) <= first_stop)
+
+
+def token_ratio(twin: dict, node: dict, k: int | None = None) -> float:
+    """Own tokens, twin ÷ node, over the first K rounds of each (all rounds when K is None)."""
+    own = lambda run: sum(r.get("gen/tokens") or 0 for r in run["rounds"][:k])   # noqa: E731
+    return own(twin) / own(node) if own(node) else float("nan")
+
+
+def compute_readings(data: dict, batch: str, arm: str) -> list[str]:
+    """The two compute readings registered after seeds 0 and 1 (docs/results.md), per kind."""
+    recv = data.get(batch, {})
+    lines = [f"| kind | pairs | alone ÷ {arm}, mean over pairs | mean ≥ {TOKENS_FOLD:g} | rounds with all "
+             f"nodes running (per pair) | alone ÷ {arm} over those rounds (per pair) | their mean | mean ≥ {TOKENS_FOLD:g} |",
+             "|---|---|---|---|---|---|---|---|"]
+    for kind, nodes in KINDS:
+        ps = pairs(recv, arm, "alone", nodes)
+        if not ps:
+            continue
+        whole = [token_ratio(b, a) for _, _, a, b in ps]
+        ks = [shared_rounds(recv, arm, seed, i) for i, seed, _, _ in ps]
+        window = [token_ratio(b, a, k) for (_, _, a, b), k in zip(ps, ks)]
+        m_whole, m_window = sum(whole) / len(whole), sum(window) / len(window)
+        lines.append(f"| {kind} | {len(ps)} | {m_whole:.2f} | {'met' if m_whole >= TOKENS_FOLD else 'not met'} | "
+                     f"{', '.join(map(str, ks))} | {', '.join(f'{w:.2f}' for w in window)} | {m_window:.2f} | "
+                     f"{'met' if m_window >= TOKENS_FOLD else 'not met'} |")
+    return lines
 
 
 def decide(data: dict, batch: str, arm: str, control: str) -> tuple[list[str], bool | None]:
@@ -93,6 +136,8 @@ def main() -> int:
     print("\n".join(lines))
     print(f"\nclaim (every kind no worse off while generating >= {TOKENS_FOLD:g}x fewer own tokens): "
           + {True: "HOLDS", False: "DOES NOT HOLD", None: "undecided (a kind has no pair)"}[holds])
+    print("\nThe compute part read two more ways (registered after seeds 0 and 1, reported, not decided on):\n")
+    print("\n".join(compute_readings(load_all(args.runs), args.batch, args.arm)))
     return 0
 
 
