@@ -96,17 +96,20 @@ class TrainSection:
                                       "shared byte boundaries, or one per sequence", choices=("span", "sequence"))
     peer_plausibility: bool = _opt(True, "do not train on peer samples whose text the learner finds far less "
                                    "likely than its own completions (poisoning defence; plausibility.py)")
-    foreign_is_cap: float = _opt(1.0, "upper cap on the IS weight of samples from another model (another tokenizer, "
+    # The three protections below are off by default: over H6's three seeds (docs/results.md) they did
+    # not help the node they were built for (Gemma among SmolLM2 peers: -2.3 ± 0.4 ID points against
+    # plain F-TIS) and helped no other node beyond the noise. They stay as switches.
+    foreign_is_cap: float = _opt(0.0, "upper cap on the IS weight of samples from another model (another tokenizer, "
                                  "or ours with other base weights: the rollout's fingerprints differ from ours) "
                                  "instead of C: at 1 a peer text the learner has come to like is never "
-                                 "up-weighted, so imitating it cannot feed itself (0 = off: C)", lo=0.0)
-    foreign_length_rule: str = _opt("refuse", "samples from another model longer than task.max_completion_length "
+                                 "up-weighted (0 = off: C; off by default, H6)", lo=0.0)
+    foreign_length_rule: str = _opt("truncate", "samples from another model longer than task.max_completion_length "
                                     "in our tokens, or cut by their generator: refused whole, or truncated to "
-                                    "our budget as before", choices=("refuse", "truncate"))
-    foreign_success_floor: float = _opt(0.5, "weight samples from another model by their peer's success rate this "
+                                    "our budget (the default, H6)", choices=("refuse", "truncate"))
+    foreign_success_floor: float = _opt(1.0, "weight samples from another model by their peer's success rate this "
                                         "round relative to ours, min(1, rate_peer / rate_own), never below this "
                                         "floor (rates: mean reward clipped to [0, 1], one success and one "
-                                        "failure added; 1 = off)", lo=0.0, hi=1.0)
+                                        "failure added; 1 = off, the default, H6)", lo=0.0, hi=1.0)
     mask_truncated_completions: bool = _opt(False, "completions cut at the length limit (own and peers') count "
                                             "in their group's advantages but are not trained on",
                                             trl="mask_truncated_completions")

@@ -187,10 +187,11 @@ def test_h6_arms_differ_only_in_the_protections_and_every_node_has_the_guard(tmp
     default = config.Config().train
     for i in range(4):
         protect, ftis, alone = loaded[f"protect-{i}"], loaded[f"ftis-{i}"], loaded[f"alone-{i}"]
-        assert protect.train.foreign_is_cap == default.foreign_is_cap == 1.0      # the new defaults
+        assert protect.train.foreign_is_cap == 1.0                                 # as registered and run
         assert protect.train.foreign_length_rule == "refuse" and protect.train.foreign_success_floor == 0.5
         assert (ftis.train.foreign_is_cap, ftis.train.foreign_length_rule, ftis.train.foreign_success_floor) == \
-            (0.0, "truncate", 1.0)
+            (default.foreign_is_cap, default.foreign_length_rule, default.foreign_success_floor) == \
+            (0.0, "truncate", 1.0)                                                  # the defaults since H6
         drop = {"foreign_is_cap", "foreign_length_rule", "foreign_success_floor"}
         same = lambda c: {k: v for k, v in c.to_dict()["train"].items() if k not in drop}   # noqa: E731
         assert same(protect) == same(ftis)

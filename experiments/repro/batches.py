@@ -250,10 +250,13 @@ BATCHES.update({
 
 # H6 (docs/results.md, "H6, pre-registered"): the heterogeneous swarm of H5 on the final code, the
 # held-out eval and its guard on for every node (the twins' guard is inert: a node alone is never
-# touched), arm `protect` with the config's defaults (another model's samples: IS cap 1, length rule,
-# success weights), arm `ftis` with those protections off (today's F-TIS, as H5's arm `ftis`), each
-# against the same four nodes alone. R and the in-run eval as registered there.
+# touched), arm `protect` with the protections for another model's samples on (IS cap 1, length rule,
+# success weights: the defaults when H6 was registered and run; off by default since H6 decided),
+# arm `ftis` with them off (today's F-TIS, as H5's arm `ftis`), each against the same four nodes
+# alone. R and the in-run eval as registered there.
 H6_EVAL = {"eval": {"every": 8, "prompts": 32, "guard": True}}
+PROTECTIONS_ON = {"train": {"foreign_is_cap": 1.0, "foreign_length_rule": "refuse",
+                            "foreign_success_floor": 0.5, "mask_truncated_completions": False}}
 PROTECTIONS_OFF = {"train": {"foreign_is_cap": 0.0, "foreign_length_rule": "truncate",
                              "foreign_success_floor": 1.0, "mask_truncated_completions": False}}
 H6_ROUNDS = 32
@@ -265,7 +268,7 @@ BATCHES["h6"] = SwarmBatch(
     "samples (arm protect) vs without (arm ftis) vs alone; decided per kind of node on held-out accuracy",
     k=4, node=_method("f-tis"), settings=merge(VALUE, H6_EVAL), eval_limit=VALUE_EVAL, rounds=H6_ROUNDS,
     per_node=HETERO_NODES,
-    arms={"protect": merge(_fill(1), _method("f-tis")), "ftis": merge(_fill(1), _method("f-tis"), PROTECTIONS_OFF)},
+    arms={"protect": merge(_fill(1), _method("f-tis"), PROTECTIONS_ON), "ftis": merge(_fill(1), _method("f-tis"), PROTECTIONS_OFF)},
 )
 
 # The swarm guard (docs/node.md, "The swarm guard"), shown where the swarm harms a node and where it
