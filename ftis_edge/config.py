@@ -98,7 +98,7 @@ class TrainSection:
                                    "likely than its own completions (poisoning defence; plausibility.py)")
     # The three protections below are off by default: over H6's three seeds (docs/results.md) they did
     # not help the node they were built for (Gemma among SmolLM2 peers: -2.3 ± 0.4 ID points against
-    # plain F-TIS) and helped no other node beyond the noise. They stay as switches.
+    # plain F-TIS) and moved the other nodes by 1-2 points either way. They stay as switches.
     foreign_is_cap: float = _opt(0.0, "upper cap on the IS weight of samples from another model (another tokenizer, "
                                  "or ours with other base weights: the rollout's fingerprints differ from ours) "
                                  "instead of C: at 1 a peer text the learner has come to like is never "

@@ -211,8 +211,9 @@ def test_h6_decision_rule_on_the_committed_h5_runs():
     lines, holds = h6_decide.decide(data, "fill-hetero", "ftis", "nois")
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
     assert holds is False
-    assert rows["same-model LoRA"].endswith("**yes** |") and "| 2 | -0.003 ± 0.013 |" in rows["same-model LoRA"]
-    assert rows["other tokenizer"].endswith("**no** |") and "-0.325" in rows["other tokenizer"]
+    assert "| **yes** |" in rows["same-model LoRA"] and "| 2 | -0.003 ± 0.013 |" in rows["same-model LoRA"]
+    assert "| **no** |" in rows["other tokenizer"] and "-0.325" in rows["other tokenizer"]
+    assert rows["other tokenizer"].endswith("| 8 / 73, p = 3e-14 |")       # per prompt, pooled McNemar
     assert "+0.400" in rows["3: other tokenizer"]                 # f-tis − nois on the Gemma node
 
 
@@ -259,3 +260,20 @@ def test_h6_compute_readings_count_only_rounds_while_every_node_ran():
     assert round(whole, 4) == 2.9992 and window > whole
     rows = h6_decide.compute_readings(data, "h6", "protect")
     assert len(rows) == 2 + 3 and all(r.count(" | ") == 7 for r in rows[2:])
+
+
+def test_h6_per_prompt_test_counts_the_prompts_one_node_alone_got_right():
+    """The pooled exact McNemar beside the SE over pairs: counted from the evals' items, p exact."""
+    import h6_decide
+    data = h6_decide.load_all(Path(ROOT) / "docs" / "runs" / "h6")
+    ps = h6_decide.pairs(data["h6"], "protect", "ftis", (3,))
+    a_only, b_only, p = h6_decide.mcnemar(ps, "id")
+    n_pairs = len(ps)
+    diff = sum(a["evals"]["id"]["accuracy"] - b["evals"]["id"]["accuracy"] for _, _, a, b in ps)
+    assert round((a_only - b_only) / 200, 6) == round(diff, 6)        # the discordant prompts are the whole difference
+    assert n_pairs == 3 and 0.05 < p < 1
+    same = h6_decide.pairs(data["h6"], "protect", "protect", (3,))
+    assert h6_decide.mcnemar(same, "id") == (0, 0, 1.0)
+    one_sided = [(0, 0, {"evals": {"id": {"items": [{"id": k, "correct": True} for k in "abcdefg"]}}},
+                  {"evals": {"id": {"items": [{"id": k, "correct": False} for k in "abcdefg"]}}})]
+    assert h6_decide.mcnemar(one_sided, "id") == (7, 0, 2 / 2 ** 7)

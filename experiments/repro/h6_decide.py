@@ -19,6 +19,7 @@ counts when it ended before the arm's first node stopped; the twin's same rounds
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -43,6 +44,30 @@ def pairs(recv: dict, arm: str, ref: str, nodes) -> list[tuple[int, int, dict, d
             if b is not None:
                 out.append((i, seed, a, b))
     return out
+
+
+def mcnemar(ps, which: str) -> tuple[int, int, float]:
+    """Prompts node a answered right and b wrong, the reverse, and the exact two-sided McNemar p,
+    pooled over the pairs (each pair scored the same prompts): a per-prompt view of a difference
+    whose SE over a few pairs is itself uncertain."""
+    a_only = b_only = 0
+    for _, _, a, b in ps:
+        ea, eb = a["evals"].get(which), b["evals"].get(which)
+        if ea is None or eb is None:
+            continue
+        right_b = {item["id"]: item["correct"] for item in eb["items"]}
+        for item in ea["items"]:
+            if item["id"] in right_b and item["correct"] != right_b[item["id"]]:
+                a_only += item["correct"]
+                b_only += right_b[item["id"]]
+    n, k = a_only + b_only, min(a_only, b_only)
+    p = min(1.0, 2 * sum(math.comb(n, j) for j in range(k + 1)) / 2 ** n) if n else 1.0
+    return a_only, b_only, p
+
+
+def _mc(ps, which: str) -> str:
+    a_only, b_only, p = mcnemar(ps, which)
+    return f"{a_only} / {b_only}, p = {p:.2g}"
 
 
 def _fmt(m: float, se: float) -> str:
@@ -90,12 +115,12 @@ def compute_readings(data: dict, batch: str, arm: str) -> list[str]:
 def decide(data: dict, batch: str, arm: str, control: str) -> tuple[list[str], bool | None]:
     recv = data.get(batch, {})
     lines = [f"| kind | pairs | Δ ID ({arm} − alone) | Δ OOD | ID rule | own tokens alone ÷ {arm} (per pair) | "
-             f"tokens rule | holds |", "|---|---|---|---|---|---|---|---|"]
+             f"tokens rule | holds | ID prompts right only in {arm} / only alone |", "|---|---|---|---|---|---|---|---|---|"]
     verdicts = []
     for kind, nodes in KINDS:
         ps = pairs(recv, arm, "alone", nodes)
         if not ps:
-            lines.append(f"| {kind} | 0 | – | – | – | – | – | not run |")
+            lines.append(f"| {kind} | 0 | – | – | – | – | – | not run | – |")
             verdicts.append(None)
             continue
         d = {w: [(_acc(a, w), _acc(b, w)) for _, _, a, b in ps] for w in ("id", "ood")}
@@ -108,8 +133,10 @@ def decide(data: dict, batch: str, arm: str, control: str) -> tuple[list[str], b
         verdicts.append(id_ok and tok_ok)
         lines.append(f"| {kind} | {len(ps)} | {_fmt(m_id, se_id)} | {_fmt(m_ood, se_ood)} | "
                      f"{'met' if id_ok else 'not met'} | {', '.join(f'{f:.2f}' for f in folds)} | "
-                     f"{'met' if tok_ok else 'not met'} | {'**yes**' if id_ok and tok_ok else '**no**'} |")
-    lines += ["", f"| node | pairs | Δ ID ({arm} − {control}) | Δ OOD | own tokens {arm} ÷ {control} |", "|---|---|---|---|---|"]
+                     f"{'met' if tok_ok else 'not met'} | {'**yes**' if id_ok and tok_ok else '**no**'} | "
+                     f"{_mc(ps, 'id')} |")
+    lines += ["", f"| node | pairs | Δ ID ({arm} − {control}) | Δ OOD | own tokens {arm} ÷ {control} | "
+                  f"ID prompts right only in {arm} / only {control} |", "|---|---|---|---|---|---|"]
     for kind, nodes in KINDS:
         for i in nodes:
             ps = pairs(recv, arm, control, (i,))
@@ -119,7 +146,7 @@ def decide(data: dict, batch: str, arm: str, control: str) -> tuple[list[str], b
                  for w in ("id", "ood")}
             ratio = total([a for _, _, a, _ in ps], "gen/tokens") / total([b for _, _, _, b in ps], "gen/tokens")
             lines.append(f"| {i}: {kind} | {len(ps)} | {_fmt(*mean_se(d['id']))} | {_fmt(*mean_se(d['ood']))} | "
-                         f"{ratio:.2f} |")
+                         f"{ratio:.2f} | {_mc(ps, 'id')} |")
     done = [v for v in verdicts if v is not None]
     holds = None if len(done) < len(verdicts) else all(done)
     return lines, holds

@@ -26,7 +26,7 @@ import records  # noqa: E402  (published records: plain or gzip-compressed)
 
 NODES = ("0: SmolLM2 LoRA", "1: SmolLM2 LoRA", "2: SmolLM2 full FT (HF)", "3: Gemma 3 LoRA (other tokenizer)")
 ARMS = (("alone", "tab:gray", "alone (twin)"), ("protect", "tab:blue", "swarm, protections on"),
-        ("ftis", "tab:orange", "swarm, F-TIS as before"))
+        ("ftis", "tab:orange", "swarm, protections off (default)"))
 
 
 def in_run_curve(run: Path) -> tuple[list[float], list[float]]:
