@@ -87,8 +87,8 @@ LENGTH_RULES = ("refuse", "truncate")
 @dataclass(frozen=True)
 class SampleRules:
     """What a node does with samples from another model, and with truncated completions
-    (train.foreign_* and train.mask_truncated_completions; the defaults here are today's plain
-    objective, the config's are the protections)."""
+    (train.foreign_* and train.mask_truncated_completions; the defaults, here and in the config,
+    are the plain objective: H6 found the protections no help to the node they were built for)."""
     model_fp: str = ""                    # our base weights' fingerprint ("" = tell by tokenizer only)
     foreign_length_rule: str = "truncate"  # "refuse": drop a foreign sample over our budget or cut
     foreign_success_floor: float = 1.0    # peer weight = clamp(success_peer / success_own, floor, 1); 1 = off
