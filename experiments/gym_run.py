@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.summarize_run import mean_se  # noqa: E402
+from ftis_edge.heldout import mcnemar_two_sided  # noqa: E402
 from ftis_edge.metrics import read_metrics  # noqa: E402
 
 WINDOW = 5
@@ -72,8 +72,7 @@ def paired(before: dict, after: dict) -> str:
         return "the two evals did not use the same prompts"
     lost = sum(x["reward"] >= 1.0 > y["reward"] for x, y in zip(a, b))
     won = sum(y["reward"] >= 1.0 > x["reward"] for x, y in zip(a, b))
-    n, k = won + lost, min(won, lost)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    p = mcnemar_two_sided(won, lost)
     return f"paired: {won} prompts right only after training, {lost} only before (exact McNemar p = {p:.4f})"
 
 

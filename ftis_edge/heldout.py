@@ -124,6 +124,12 @@ def mcnemar_worse(lost: int, gained: int) -> float:
     return sum(math.comb(m, k) for k in range(lost, m + 1)) / 2 ** m
 
 
+def mcnemar_two_sided(a_only: int, b_only: int) -> float:
+    """Exact two-sided McNemar p for prompts only A got right against only B (the reports'
+    either-way question; the guard asks the one-sided one)."""
+    return min(1.0, 2 * mcnemar_worse(max(a_only, b_only), min(a_only, b_only)))
+
+
 # --- the eval inside the run --------------------------------------------------------------------
 
 def eval_set(task, limit: int) -> list:

@@ -17,7 +17,7 @@ import pytest
 
 from ftis_edge import checkpoint, config
 from ftis_edge.guard import ALONE, SwarmGuard
-from ftis_edge.heldout import EvalResult, HeldOut, eval_line, mcnemar_worse, paired_change
+from ftis_edge.heldout import EvalResult, HeldOut, eval_line, mcnemar_two_sided, mcnemar_worse, paired_change
 from ftis_edge.metric_keys import unregistered
 from ftis_edge.metrics import read_metrics
 from ftis_edge.tasks import Task
@@ -54,6 +54,8 @@ def test_mcnemar_is_the_exact_binomial_tail():
     assert mcnemar_worse(4, 0) == pytest.approx(1 / 16)
     assert mcnemar_worse(0, 5) == 1.0
     assert mcnemar_worse(3, 1) == pytest.approx(5 / 16)
+    assert mcnemar_two_sided(7, 0) == mcnemar_two_sided(0, 7) == pytest.approx(2 / 128)
+    assert mcnemar_two_sided(3, 1) == pytest.approx(10 / 16) and mcnemar_two_sided(2, 2) == 1.0 == mcnemar_two_sided(0, 0)
 
 
 def test_eval_result_of_real_records_and_its_round_trip():

@@ -19,12 +19,12 @@ counts when it ended before the arm's first node stopped; the twin's same rounds
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from analyze import load_all, mean_se, total  # noqa: E402
+from ftis_edge.heldout import mcnemar_two_sided  # noqa: E402
 
 KINDS = (("same-model LoRA", (0, 1)), ("full fine-tuning", (2,)), ("other tokenizer", (3,)))
 TOKENS_FOLD = 3.0            # each node generates >= 3x fewer own tokens than alone
@@ -60,9 +60,7 @@ def mcnemar(ps, which: str) -> tuple[int, int, float]:
             if item["id"] in right_b and item["correct"] != right_b[item["id"]]:
                 a_only += item["correct"]
                 b_only += right_b[item["id"]]
-    n, k = a_only + b_only, min(a_only, b_only)
-    p = min(1.0, 2 * sum(math.comb(n, j) for j in range(k + 1)) / 2 ** n) if n else 1.0
-    return a_only, b_only, p
+    return a_only, b_only, mcnemar_two_sided(a_only, b_only)
 
 
 def _mc(ps, which: str) -> str:
@@ -128,7 +126,7 @@ def decide(data: dict, batch: str, arm: str, control: str) -> tuple[list[str], b
         (m_id, se_id), (m_ood, se_ood) = mean_se(d["id"]), mean_se(d["ood"])
         se = 0.0 if se_id != se_id else se_id       # one pair has no SE: then the point estimate must be >= 0
         id_ok = len(d["id"]) == len(ps) and m_id >= -2 * se and (nodes != (3,) or m_id >= -GEMMA_MARGIN)
-        folds = [total([b], "gen/tokens") / total([a], "gen/tokens") for _, _, a, b in ps]
+        folds = [token_ratio(b, a) for _, _, a, b in ps]
         tok_ok = all(f >= TOKENS_FOLD for f in folds)
         verdicts.append(id_ok and tok_ok)
         lines.append(f"| {kind} | {len(ps)} | {_fmt(m_id, se_id)} | {_fmt(m_ood, se_ood)} | "
@@ -159,12 +157,13 @@ def main() -> int:
     ap.add_argument("--arm", default="protect")
     ap.add_argument("--control", default="ftis")
     args = ap.parse_args()
-    lines, holds = decide(load_all(args.runs), args.batch, args.arm, args.control)
+    data = load_all(args.runs)
+    lines, holds = decide(data, args.batch, args.arm, args.control)
     print("\n".join(lines))
     print(f"\nclaim (every kind no worse off while generating >= {TOKENS_FOLD:g}x fewer own tokens): "
           + {True: "HOLDS", False: "DOES NOT HOLD", None: "undecided (a kind has no pair)"}[holds])
     print("\nThe compute part read two more ways (registered after seeds 0 and 1, reported, not decided on):\n")
-    print("\n".join(compute_readings(load_all(args.runs), args.batch, args.arm)))
+    print("\n".join(compute_readings(data, args.batch, args.arm)))
     return 0
 
 
