@@ -120,7 +120,8 @@ def fresh(args) -> dict:
     from ftis_edge.batch import LocalTokenizer, SampleRules, build_batch
     from ftis_edge.generate.base import GeneratorOptions, SamplerSettings
     from ftis_edge.generate.registry import create_generator
-    from ftis_edge.heldout import HeldOut, paired_change
+    from ftis_edge.heldout import HeldOut
+    from ftis_edge.stats import paired_change
     from ftis_edge.intake import PeerGroup
     from ftis_edge.learner import Learner
     from ftis_edge.models import resolve_model

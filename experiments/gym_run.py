@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.summarize_run import mean_se  # noqa: E402
-from ftis_edge.heldout import mcnemar_two_sided  # noqa: E402
+from ftis_edge.stats import mcnemar_two_sided  # noqa: E402
 from ftis_edge.metrics import read_metrics  # noqa: E402
 
 WINDOW = 5
@@ -50,7 +50,7 @@ def report(rounds: list[dict], evals: dict) -> list[str]:
             (m1, s1), (m2, s2) = mean_se(xs[:WINDOW]), mean_se(xs[-WINDOW:])
             lines.append(f"\n{key}: rounds 1-{WINDOW} {m1:.3f} ± {s1:.3f} (SE), "
                          f"rounds {len(xs) - WINDOW + 1}-{len(xs)} {m2:.3f} ± {s2:.3f} (SE)")
-    from ftis_edge.evaluate import wilson_interval
+    from ftis_edge.stats import wilson_interval
     lines.append("\n| model | n | accuracy | 95% CI | format ok | per dataset (correct/n) |\n|---|---|---|---|---|---|")
     for label, ev in evals.items():
         lo, hi = ev["accuracy_ci95"]

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from .config import AUTO_LEARNING_RATE, Config
+from .samples import OWN
 
 OWN_KL_LIMIT = 1.0           # nats per sample (k3); a synced generator gives ~0.001-0.05
 FORMAT_FLOOR = 0.25          # format rate fell to a quarter of its best…
@@ -30,7 +31,6 @@ def own_kl(samples, per_sample: dict | None) -> float | None:
     """Mean k3 KL of the step's own (non-empty) samples; None when the step reported none."""
     if not per_sample or per_sample.get("kl") is None:
         return None
-    from .learner import OWN
     kl, tokens = per_sample["kl"], per_sample.get("tokens")
     vals = [float(kl[i]) for i, s in enumerate(samples)
             if s.source == OWN and (tokens is None or float(tokens[i]) > 0)]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .errors import FtisError
 from .generate.registry import BACKENDS
+from .stats import wilson_interval
 from .tasks import TASK_NAMES, name_problem
 
 PRECISIONS = ("f16", "quantized")
@@ -99,19 +100,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a finished answer's slot takes the next prompt; 1 = one prompt at a time; default 16)")
     parser.add_argument("--json", dest="json_out", default=None, help="write the results to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-# --- statistics ------------------------------------------------------------------------------
-
-def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval for k successes in n trials ((0, 1) when n = 0)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    denom = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
 
 
 def summarize(items: list[dict], seconds: float) -> dict:

@@ -22,14 +22,14 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .logit_chunks import LOGIT_CHUNK_ROWS, LOGIT_COPIES
+
 GB = 1024 ** 3
 RUNTIME_BYTES = int(0.45 * GB)     # a node process before any model: its imports + tokenizer (bench_fit.py: 0.41)
 CUDA_CONTEXT_BYTES = int(0.5 * GB)  # the CUDA context and torch's allocator slack on a GPU
 DEFAULT_PROMPT_TOKENS = 256        # a prompt with the default 2 worked examples (arith on SmolLM2: 173)
 Q8_0_BYTES_PER_PARAM = 34 / 32     # Q8_0: 32 weights in 34 bytes (an HF model's "quantized" generator)
 HEADROOM = 0.9                     # use at most this share of what the machine has
-LOGIT_CHUNK_ROWS = 1024            # rows of [tokens, vocab] logits the learner materialises at once (it imports this)
-LOGIT_COPIES = 3                   # logits, their exp for logsumexp, the gradient (recomputed per chunk)
 LLAMACPP_UBATCH = 512              # llama.cpp's n_ubatch in generate/llamacpp.py (its compute buffer)
 
 

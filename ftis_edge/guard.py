@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .heldout import EvalResult, paired_change
+from .heldout import EvalResult
+from .stats import paired_change
 
 LEVELS = ("all peers", "no peers of another tokenizer", "no peers of another tokenizer or base model",
           "no peers (training alone)")

@@ -16,21 +16,18 @@ the end, the node scores its current weights here:
   per-call generator is seeded locally (loop.py), so training is the same with the eval on or off.
 
 ``EvalResult`` holds one eval per prompt; ``HeldOut`` runs them and keeps the base and the best.
-The statistics (Wilson interval, paired difference, exact McNemar) are pure functions below.
+The statistics (Wilson interval, paired difference, exact McNemar) are pure functions in stats.py.
 """
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from .evaluate import wilson_interval
+from .stats import Z95, paired_change, wilson_interval
 
 log = logging.getLogger("ftis_edge.heldout")
-
-Z95 = 1.959964
 
 
 @dataclass(frozen=True)
@@ -78,56 +75,6 @@ class EvalResult:
                    format_ok=tuple(bool(it["format_ok"]) for it in items),
                    truncated=tuple(it.get("finish_reason") == "length" for it in items),
                    tokens=sum(int(it.get("tokens", 0)) for it in items))
-
-
-# --- statistics --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PairedChange:
-    """``now`` − ``ref`` accuracy on the same prompts. ``lost``: right before, wrong now;
-    ``gained``: the reverse. SE of a paired difference of proportions:
-    sqrt((lost + gained − (gained − lost)² / n)) / n — only prompts that changed add variance."""
-    diff: float
-    se: float
-    lost: int
-    gained: int
-    n: int
-
-    @property
-    def interval(self) -> tuple[float, float]:
-        return self.diff - Z95 * self.se, self.diff + Z95 * self.se
-
-    @property
-    def p_worse(self) -> float:
-        """One-sided exact McNemar: the chance of ``lost`` or more of the changed prompts going
-        the wrong way if nothing changed (each changed prompt a fair coin)."""
-        return mcnemar_worse(self.lost, self.gained)
-
-
-def paired_change(now: Sequence[bool], ref: Sequence[bool]) -> PairedChange:
-    if len(now) != len(ref):
-        raise ValueError(f"paired change needs the same prompts: {len(now)} vs {len(ref)} answers")
-    n = len(now)
-    lost = sum(1 for a, b in zip(now, ref) if b and not a)
-    gained = sum(1 for a, b in zip(now, ref) if a and not b)
-    if n == 0:
-        return PairedChange(0.0, 0.0, 0, 0, 0)
-    var = max(0.0, lost + gained - (gained - lost) ** 2 / n)
-    return PairedChange((gained - lost) / n, math.sqrt(var) / n, lost, gained, n)
-
-
-def mcnemar_worse(lost: int, gained: int) -> float:
-    """P(X >= lost), X ~ Binomial(lost + gained, 1/2): exact, one-sided."""
-    m = lost + gained
-    if m == 0:
-        return 1.0
-    return sum(math.comb(m, k) for k in range(lost, m + 1)) / 2 ** m
-
-
-def mcnemar_two_sided(a_only: int, b_only: int) -> float:
-    """Exact two-sided McNemar p for prompts only A got right against only B (the reports'
-    either-way question; the guard asks the one-sided one)."""
-    return min(1.0, 2 * mcnemar_worse(max(a_only, b_only), min(a_only, b_only)))
 
 
 # --- the eval inside the run --------------------------------------------------------------------

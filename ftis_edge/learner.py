@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import metric_keys, plausibility
 from .errors import FtisError
-from .fit import LOGIT_CHUNK_ROWS
+from .logit_chunks import LOGIT_CHUNK_ROWS
 from .samples import OWN, TrainSample
 from .shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
                             run_prompt)

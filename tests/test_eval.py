@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ftis_edge import evaluate
+from ftis_edge import evaluate, stats
 from ftis_edge.paths import PROJECT_ROOT, shared_data_dir
 
 
@@ -21,11 +21,11 @@ def parse(*argv: str) -> argparse.Namespace:
 # --- statistics ------------------------------------------------------------------------------
 
 def test_wilson_interval_matches_known_values():
-    lo, hi = evaluate.wilson_interval(5, 10)
+    lo, hi = stats.wilson_interval(5, 10)
     assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
-    lo, hi = evaluate.wilson_interval(0, 20)
+    lo, hi = stats.wilson_interval(0, 20)
     assert lo == 0.0 and hi == pytest.approx(0.1611, abs=1e-4)
-    assert evaluate.wilson_interval(0, 0) == (0.0, 1.0)
+    assert stats.wilson_interval(0, 0) == (0.0, 1.0)
 
 
 def _item(pid, reward, level=None, fmt=True, tokens=10):

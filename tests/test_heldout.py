@@ -17,7 +17,8 @@ import pytest
 
 from ftis_edge import checkpoint, config
 from ftis_edge.guard import ALONE, SwarmGuard
-from ftis_edge.heldout import EvalResult, HeldOut, eval_line, mcnemar_two_sided, mcnemar_worse, paired_change
+from ftis_edge.heldout import EvalResult, HeldOut, eval_line
+from ftis_edge.stats import mcnemar_two_sided, mcnemar_worse, paired_change
 from ftis_edge.metric_keys import unregistered
 from ftis_edge.metrics import read_metrics
 from ftis_edge.tasks import Task

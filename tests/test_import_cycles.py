@@ -176,3 +176,63 @@ def test_modules_without_tensors_import_no_torch():
     out = subprocess.run([sys.executable, "-c", probe, "ftis_edge.learner"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120).stdout
     assert "torch" in out.split()
+
+
+# --- floors: how many layers the packages stand on ---------------------------------------------
+# A subpackage (ftis_edge.tasks, ftis_edge.tui, ftis_edge.generate, relay.keys) is one unit seen
+# from outside: its own inner layering is its business. A module's floor is 1 + the highest floor
+# it imports (a module importing nothing of the packages: floor 1); the graph's floors are the
+# highest. Every import counts, a function-level one too (it runs when the function does).
+MAX_FLOORS = 8
+
+
+def unit(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        out.setdefault(unit(m), set()).update(unit(t) for t in targets if unit(t) != unit(m))
+    return out
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each unit's floor (the graph must be free of cycles)."""
+    out: dict[str, int] = {}
+
+    def floor(m: str) -> int:
+        if m not in out:
+            out[m] = 1 + max((floor(t) for t in graph[m]), default=0)
+        return out[m]
+    for m in sorted(graph):
+        floor(m)
+    return out
+
+
+def longest_chain(graph: dict[str, set[str]], floor: dict[str, int]) -> list[str]:
+    m = max(sorted(graph), key=floor.__getitem__)
+    chain = [m]
+    while graph[m]:
+        m = max(sorted(graph[m]), key=floor.__getitem__)
+        chain.append(m)
+    return chain
+
+
+def test_no_import_runs_back_up_into_a_subpackage_and_the_floors_stay_few():
+    units = unit_graph(import_graph())
+    back_up = cycles(units)        # a subpackage's module importing what imports the subpackage
+    assert back_up == [], "imports that run back up: " + "; ".join(" <-> ".join(c) for c in back_up)
+    floor = floors(units)
+    assert max(floor.values()) <= MAX_FLOORS, " > ".join(longest_chain(units, floor))
+
+
+if __name__ == "__main__":         # python tests/test_import_cycles.py: the numbers the test holds
+    graph = import_graph()
+    units = unit_graph(graph)
+    back_up = cycles(units)
+    floor = floors(units) if not back_up else {}
+    print(f"modules {len(graph)}, cycles {len(cycles(graph))}, imports that run back up {len(back_up)}, "
+          f"floors {max(floor.values()) if floor else '-'}")
+    if floor:
+        print("longest chain: " + " > ".join(longest_chain(units, floor)))

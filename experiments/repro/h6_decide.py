@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from analyze import load_all, mean_se, total  # noqa: E402
-from ftis_edge.heldout import mcnemar_two_sided  # noqa: E402
+from ftis_edge.stats import mcnemar_two_sided  # noqa: E402
 
 KINDS = (("same-model LoRA", (0, 1)), ("full fine-tuning", (2,)), ("other tokenizer", (3,)))
 TOKENS_FOLD = 3.0            # each node generates >= 3x fewer own tokens than alone
