@@ -23,7 +23,8 @@ import orjson
 import zmq
 
 from benchmarks.bench_wire import fixture_rollouts
-from benchmarks.harness import ROOT, free_port, parser, write_json
+from benchmarks.harness import ROOT, parser, write_json
+from ftis_edge.ports import free_port
 from ftis_edge import wire
 from ftis_edge.swarm import SwarmClient
 from relay import protocol as P

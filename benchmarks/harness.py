@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,13 +54,6 @@ def eval_args(**overrides) -> argparse.Namespace:
     for k, v in overrides.items():
         setattr(args, k, v)
     return args
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now (for a relay the benchmark starts)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vm_bytes(pid: int, key: str = "VmHWM") -> int:

@@ -1,8 +1,8 @@
 """What the node that differs trains on: IS weights, KL and lengths of its peers' samples, against
 its held-out accuracy (docs/results.md, "Why the Gemma node drifts").
 
-    .venv/bin/python experiments/diagnose_foreign.py committed [--runs docs/runs/fill/fill-hetero/s0] [--arms ftis-3 ...]
-    .venv/bin/python experiments/diagnose_foreign.py fresh [--groups 12 --steps 4 --eval-prompts 64]
+    .venv/bin/python -m experiments.diagnose_foreign committed [--runs docs/runs/fill/fill-hetero/s0] [--arms ftis-3 ...]
+    .venv/bin/python -m experiments.diagnose_foreign fresh [--groups 12 --steps 4 --eval-prompts 64]
         [--json docs/runs/diagnose-foreign.json]
 
 ``committed`` reads the H5 round records of the Gemma node (arms ftis and nois, and its twin
@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.repro import records  # (published records: plain or gzip-compressed)
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments" / "repro"))
-import records  # noqa: E402  (published records: plain or gzip-compressed)
 
 H5 = ROOT / "docs" / "runs" / "fill" / "fill-hetero" / "s0"
 

@@ -1,6 +1,6 @@
 """The reasoning-gym learning run of docs/tasks.md ("Does it learn?"): its summary and plot.
 
-    .venv/bin/python experiments/gym_run.py docs/runs/gym/smollm2-gym [--plot docs/img/gym-reward.png]
+    .venv/bin/python -m experiments.gym_run docs/runs/gym/smollm2-gym [--plot docs/img/gym-reward.png]
 
 Reads RUN/metrics.jsonl and the before/after evals RUN/eval-base.json and RUN/eval-trained.json
 (`ftis-edge eval --json`, same held-out prompts, greedy), prints the per-round table, the
@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from experiments.summarize_run import mean_se  # noqa: E402
-from ftis_edge.stats import mcnemar_two_sided  # noqa: E402
-from ftis_edge.metrics import read_metrics  # noqa: E402
+from ftis_edge.metrics import read_metrics
+from ftis_edge.stats import mcnemar_two_sided, mean_se
 
 WINDOW = 5
 EVALS = (("base", "eval-base.json"), ("trained", "eval-trained.json"))

@@ -1,7 +1,7 @@
 """Re-grade the committed evals with today's refusal rules: which answers scored correct then and
 would be refused now (an eval keeps each item's extracted answer and reference, so no model runs).
 
-    .venv/bin/python experiments/regrade_evals.py [--runs docs/runs] [--json docs/runs/regrade-evals.json]
+    .venv/bin/python -m experiments.regrade_evals [--runs docs/runs] [--json docs/runs/regrade-evals.json]
 
 Only refusals can have changed (the answer comparison is the same), so an item stays correct when
 it was correct and no refusal applies to it now. Prints one row per eval file whose accuracy
@@ -14,12 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments" / "repro"))
+from experiments.repro import records
+from ftis_edge.tasks.rewards import bare_answer_refusal, computation_refusal
 
-import records  # noqa: E402
-from ftis_edge.tasks.rewards import bare_answer_refusal, computation_refusal  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MATH_TASKS = ("arith", "gsm8k", "math500")      # graded by the math rule (the refusals apply)
 

@@ -1,24 +1,15 @@
 """Summarise a run directory: reward per round and early-vs-late means with standard errors.
 
-    python experiments/summarize_run.py RUN_DIR [RUN_DIR ...] [--window 10]
+    python -m experiments.summarize_run RUN_DIR [RUN_DIR ...] [--window 10]
 """
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ftis_edge.metrics import read_metrics  # noqa: E402
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    if not values:
-        return float("nan"), float("nan")
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return statistics.fmean(values), se
+from ftis_edge.metrics import read_metrics
+from ftis_edge.stats import mean_se
 
 
 def summarize(run_dir: Path, window: int) -> None:

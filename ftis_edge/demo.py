@@ -25,6 +25,7 @@ from pathlib import Path
 from . import checkpoint, rundir
 from .config import from_dict, to_toml
 from .metrics import read_metrics, write_control
+from .ports import free_port
 
 SMALL = {"task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 48, "reward": "shaped"},
          "node": {"checkpoint_every": 5}}
@@ -93,13 +94,6 @@ def choose(all_nodes: list[DemoNode], want: int) -> tuple[list[DemoNode], list[s
         notes.append(f"{n.name} left out: {free / GB:.1f} GB of memory free, "
                      f"{sum(m.mem_gb for m in chosen) + n.mem_gb:.1f} GB needed for all three")
     return chosen, notes
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_config(node: DemoNode, root: Path, relay: str, *, rounds: int, threads: int, max_wait_s: float,

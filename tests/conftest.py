@@ -1,8 +1,12 @@
 import os
 import sys
 
-# tests/ holds shared helpers (procs.py) imported by several test files.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# tests/ holds shared helpers (procs.py) imported by several test files; the repository root holds
+# the experiments and benchmarks packages some tests read (`pytest` alone does not put it on the path).
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _TESTS)
+if os.path.dirname(_TESTS) not in sys.path:
+    sys.path.insert(1, os.path.dirname(_TESTS))
 
 
 import pytest  # noqa: E402

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from ftis_edge.ports import free_port  # noqa: F401  (the tests take it from here)
 from relay.cli import query_stats
 from relay.keys import ClientKeys
 
@@ -38,12 +38,6 @@ def cli(*args: str, cwd=ROOT, timeout: float = 300, env: dict | None = None) -> 
     """``python -m ftis_edge.cli ARGS`` as a user runs it: exit code, stdout and stderr as text."""
     return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=env)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RelayProc:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import run_all  # noqa: E402  (the repository root is on the path under python -m pytest)
+from benchmarks import run_all
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"

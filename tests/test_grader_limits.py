@@ -123,8 +123,7 @@ def test_a_math_answer_is_the_result_not_the_computation(answer, reference):
 def test_no_correct_answer_in_the_committed_evals_is_refused_by_todays_rules():
     """Every committed eval re-graded with the refusals (experiments/regrade_evals.py): the honest
     answers the runs gave — SmolLM2, Gemma 3, full fine-tuning, GSM8K, MATH-500 — all still count."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    import regrade_evals
+    from experiments import regrade_evals
     runs = Path(__file__).resolve().parents[1] / "docs" / "runs"
     checked = 0
     for path in regrade_evals.eval_files(runs):

@@ -1,12 +1,10 @@
 """The committed reasoning-gym learning run (docs/tasks.md "Does it learn?") agrees with its files."""
 import re
-import sys
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "docs/runs/gym/smollm2-gym"
-sys.path.insert(0, str(ROOT))
 
 
 def _readme_mix() -> dict:

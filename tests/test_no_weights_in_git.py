@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments" / "repro"))
-import publish  # noqa: E402
-import records  # noqa: E402
+from experiments.repro import publish, records
 
 DOCS_LIMIT = 15 * 2**20
 
@@ -91,7 +88,7 @@ def test_publish_copies_results_not_weights(tmp_path):
     assert record["removed"] == [{"file": "adapter/adapter-v000002.gguf", "bytes": 1000,
                                   "sha256": publish.sha256(newest)}]
     # a swarm node trains only beside the other nodes of its arm
-    assert record["rebuild"] == (".venv/bin/python experiments/repro/run.py fill4 --seeds 0 --out runs/fill "
+    assert record["rebuild"] == (".venv/bin/python -m experiments.repro.run fill4 --seeds 0 --out runs/fill "
                                  "--receivers own1-0 own1-1 own1-2 own1-3")
     assert any("weights.json" in line for line in lines)
     assert not (tmp_path / "docs" / "fill4" / "s0" / "own1-3").exists()       # half a run stays out of docs/
@@ -101,8 +98,8 @@ def test_publish_copies_results_not_weights(tmp_path):
 def test_a_gzip_published_run_reads_back_the_same_for_the_analysis(tmp_path):
     """publish.py --gzip (a batch too large for docs/ as text): the analysis, the plots and the
     diagnosis read the compressed records as they read plain ones, and the bytes are repeatable."""
-    import analyze
-    import records
+    from experiments.repro import analyze
+    from experiments.repro import records
     run = tmp_path / "runs" / "h6" / "s0" / "alone-3"
     (run / "adapter").mkdir(parents=True)
     rows = [{"type": "start", "node_id": "node-3"}] + \

@@ -1,17 +1,31 @@
 """The reproduction's node files stay valid as the config schema evolves (no model is loaded)."""
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from experiments.repro import batches, run
 from ftis_edge import config
 from procs import ROOT
 
-sys.path.insert(0, str(Path(ROOT) / "experiments" / "repro"))
-import batches  # noqa: E402
-import run  # noqa: E402
+
+def test_no_experiment_patches_sys_path_and_one_runs_as_a_module():
+    """Experiments run from the repository root as modules (python -m experiments.repro.run), like
+    the benchmarks: they import ftis_edge and each other as packages, never by patching sys.path."""
+    scripts = sorted((Path(ROOT) / "experiments").rglob("*.py"))
+    assert len(scripts) >= 12
+    for path in scripts:
+        code = re.sub(r'"""[\s\S]*?"""', "", path.read_text(encoding="utf-8"))
+        assert "sys.path" not in code, f"{path.name} patches sys.path: import as experiments.<module> instead"
+        assert not re.search(r"python experiments/\S+\.py", path.read_text(encoding="utf-8")), \
+            f"{path.name}: its usage says python experiments/...py, not python -m experiments...."
+    out = subprocess.run([sys.executable, "-m", "experiments.repro.run", "--list"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "fill4" in out.stdout, out.stderr[-2000:]
 
 
 PEER_BATCHES = sorted(n for n, b in batches.BATCHES.items() if not isinstance(b, batches.SwarmBatch))
@@ -138,7 +152,7 @@ def test_merge_is_deep_and_later_wins():
 
 
 def test_value_table_pairs_swarm_nodes_with_their_isolated_twins():
-    import analyze
+    from experiments.repro import analyze
 
     def run(rewards, acc):
         return {"rounds": [{"reward/own": r, "gen/tokens": 100} for r in rewards],
@@ -157,7 +171,7 @@ def test_value_table_pairs_swarm_nodes_with_their_isolated_twins():
 
 
 def test_arm_vs_arm_table_pairs_node_i_with_node_i_without_isolated_twins():
-    import analyze
+    from experiments.repro import analyze
 
     def run(rewards, acc, tokens=100, cpu=10.0):
         return {"rounds": [{"reward/own": r, "gen/tokens": tokens, "cpu/round_s": cpu} for r in rewards],
@@ -206,7 +220,7 @@ def test_h6_arms_differ_only_in_the_protections_and_every_node_has_the_guard(tmp
 def test_h6_decision_rule_on_the_committed_h5_runs():
     """The H6 rule applied to H5's seed (arm ftis): the Gemma node's −0.325 ID fails the
     other-tokenizer kind, the SmolLM2 LoRA pair passes; every pair generated > 3x fewer tokens."""
-    import h6_decide
+    from experiments.repro import h6_decide
     data = h6_decide.load_all(Path(ROOT) / "docs" / "runs" / "fill")
     lines, holds = h6_decide.decide(data, "fill-hetero", "ftis", "nois")
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
@@ -220,8 +234,8 @@ def test_h6_decision_rule_on_the_committed_h5_runs():
 def test_h6_plot_reads_the_committed_runs_as_the_decision_does(tmp_path):
     """plot_h6.py's markers are the final 200-prompt ID accuracies h6_decide.py pairs; its lines start
     at the base model's round-0 eval; a run without its final eval (still going) is left out."""
-    import plot_h6
-    import records
+    from experiments.repro import plot_h6
+    from experiments.repro import records
     runs = Path(ROOT) / "docs" / "runs" / "h6" / "h6"
     twin = runs / "s0" / "alone-3"
     x, acc, se = plot_h6.final_point([twin])
@@ -238,7 +252,7 @@ def test_h6_plot_reads_the_committed_runs_as_the_decision_does(tmp_path):
 
 def test_h6_records_table_reads_the_published_runs_back():
     """docs/results.md's "What the runs recorded" rows come from h6_records.py, not by hand."""
-    import h6_records
+    from experiments.repro import h6_records
     lines = h6_records.table(Path(ROOT) / "docs" / "runs" / "h6" / "h6" / "s0")
     assert len(lines) == 2 + 12
     assert "| protect-3 | 44%, 44%, 41%, 34% | quiet | 7774 | 421 | 35 | 416 | 5 / 4551 | – |" in lines
@@ -249,7 +263,7 @@ def test_h6_compute_readings_count_only_rounds_while_every_node_ran():
     """The two compute readings registered before seed 2: in seed 1 the SmolLM2 LoRA nodes finished
     first, so the Gemma node's rounds after that (it topped up alone) fall outside the window, and
     over the window its token ratio is higher than over the whole run."""
-    import h6_decide
+    from experiments.repro import h6_decide
     data = h6_decide.load_all(Path(ROOT) / "docs" / "runs" / "h6")
     recv = data["h6"]
     assert all(recv[f"protect-{i}"][1]["stopped"] > recv[f"protect-{i}"][1]["rounds"][-1]["time"] for i in range(4))
@@ -264,7 +278,7 @@ def test_h6_compute_readings_count_only_rounds_while_every_node_ran():
 
 def test_h6_per_prompt_test_counts_the_prompts_one_node_alone_got_right():
     """The pooled exact McNemar beside the SE over pairs: counted from the evals' items, p exact."""
-    import h6_decide
+    from experiments.repro import h6_decide
     data = h6_decide.load_all(Path(ROOT) / "docs" / "runs" / "h6")
     ps = h6_decide.pairs(data["h6"], "protect", "ftis", (3,))
     a_only, b_only, p = h6_decide.mcnemar(ps, "id")

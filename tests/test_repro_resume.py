@@ -3,7 +3,6 @@ checkpoint with --resume (its partial run kept), and one without with --overwrit
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -14,8 +13,7 @@ from ftis_edge import checkpoint, machine
 from ftis_edge.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments" / "repro"))
-import run  # noqa: E402
+from experiments.repro import run
 
 
 def test_a_run_with_a_checkpoint_is_resumed_and_one_without_starts_fresh(tmp_path):
@@ -84,7 +82,7 @@ def _finished_run(run_dir: Path, *machines: dict) -> None:
 
 
 def test_analyze_says_when_compared_runs_ran_on_two_machines(tmp_path):
-    import analyze
+    from experiments.repro import analyze
     here = machine.describe()
     elsewhere = {**here, "cpu": "Another CPU", "boot_id": "0123456789abcdef"}
     seed = tmp_path / "fill4" / "s0"

@@ -3,14 +3,9 @@ says so (the real dashboard under the pilot, a real PeerBook's snapshot; the tim
 benchmarks/bench_tui_peers.py)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+from benchmarks.bench_tui_peers import make_run
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import PeersTable
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from bench_tui_peers import make_run  # noqa: E402
 
 
 async def test_the_peers_tab_lists_the_most_recent_peers_and_says_how_many(tmp_path):

@@ -25,7 +25,8 @@ from pathlib import Path
 import orjson
 import zmq
 
-from benchmarks.harness import ROOT, free_port, parser, vm_bytes, write_json
+from benchmarks.harness import ROOT, parser, vm_bytes, write_json
+from ftis_edge.ports import free_port
 
 
 def _protocol(root: Path):

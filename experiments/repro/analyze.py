@@ -1,6 +1,6 @@
 """Tables and plots from the reproduction's runs (experiments/repro/run.py).
 
-    .venv/bin/python experiments/repro/analyze.py [--runs runs/repro] [--plots docs/img] > tables.md
+    .venv/bin/python -m experiments.repro.analyze [--runs runs/repro] [--plots docs/img] > tables.md
 
 Prints markdown tables (mean ± standard error over seeds) and writes PNG plots. Every number is
 read from the runs' metrics.jsonl and eval-*.json files; nothing is typed in by hand.
@@ -13,14 +13,12 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from experiments.repro import records
+from experiments.repro.batches import BATCHES, SwarmBatch
+from experiments.repro.run import EVAL_SETS, completed
+from ftis_edge.stats import mean_se
 
-import records  # noqa: E402
-from batches import BATCHES, SwarmBatch  # noqa: E402
-from experiments.summarize_run import mean_se as _mean_se  # noqa: E402
-from run import EVAL_SETS, completed  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 SWEEP = [("f-tis-g0.05", 0.05), ("f-tis-g1", 1), ("f-tis", 5), ("f-tis-g200", 200)]
 PREFIX = "repro"  # plot file names: PREFIX-BATCH-reward.png, PREFIX-eval.png
@@ -97,11 +95,6 @@ def base_accuracy(runs: Path, data: dict) -> dict:
 
 
 # --- statistics ----------------------------------------------------------------------------------
-
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    """Mean and standard error of the values that exist (None and NaN are left out)."""
-    return _mean_se([x for x in xs if x is not None and not math.isnan(x)])
-
 
 def fmt(m: float, se: float, p: int = 3) -> str:
     if math.isnan(m):

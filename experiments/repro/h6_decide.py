@@ -1,7 +1,7 @@
 """H6's pre-registered decision (docs/results.md, "H6, pre-registered"), per kind of node.
 
-    .venv/bin/python experiments/repro/h6_decide.py --runs docs/runs/h6
-    .venv/bin/python experiments/repro/h6_decide.py --runs docs/runs/fill --batch fill-hetero --arm ftis --control nois
+    .venv/bin/python -m experiments.repro.h6_decide --runs docs/runs/h6
+    .venv/bin/python -m experiments.repro.h6_decide --runs docs/runs/fill --batch fill-hetero --arm ftis --control nois
 
 For each kind of node (same-model LoRA = nodes 0 and 1, full fine-tuning = node 2, other
 tokenizer = node 3), over every seed: node i of ``--arm`` minus its twin alone-i (same node id
@@ -19,12 +19,10 @@ counts when it ended before the arm's first node stopped; the twin's same rounds
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from analyze import load_all, mean_se, total  # noqa: E402
-from ftis_edge.stats import mcnemar_two_sided  # noqa: E402
+from experiments.repro.analyze import load_all, total
+from ftis_edge.stats import mcnemar_two_sided, mean_se
 
 KINDS = (("same-model LoRA", (0, 1)), ("full fine-tuning", (2,)), ("other tokenizer", (3,)))
 TOKENS_FOLD = 3.0            # each node generates >= 3x fewer own tokens than alone

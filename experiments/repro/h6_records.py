@@ -1,7 +1,7 @@
 """What H6's runs recorded, one seed: the in-run held-out evals, the guard, own tokens and what
 the protections did (docs/results.md's "What the runs recorded" tables).
 
-    .venv/bin/python experiments/repro/h6_records.py --runs docs/runs/h6 --seed 1
+    .venv/bin/python -m experiments.repro.h6_records --runs docs/runs/h6 --seed 1
 
 Sums are over the run's rounds; `reward/refused` (own answers the grader's rules refused unread,
 e.g. a restated question) is recorded since seed 1 and shows "–" in older runs.
@@ -9,11 +9,9 @@ e.g. a restated question) is recorded since seed 1 and shows "–" in older runs
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import records  # noqa: E402
+from experiments.repro import records
 
 ARMS = ("alone", "ftis", "protect")
 SUMMED = ("gen/tokens", "samples/foreign", "peers/refused_length", "is/foreign_capped")

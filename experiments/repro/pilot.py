@@ -1,7 +1,7 @@
 """The batch-fill pilot's numbers (docs/results.md, issue 28 plan): cost per node-round, the
 paired SD per round, the top-up rate, and R by the pre-registered rule.
 
-    .venv/bin/python experiments/repro/pilot.py --runs runs/fill-pilot [--budget-h 5]
+    .venv/bin/python -m experiments.repro.pilot --runs runs/fill-pilot [--budget-h 5]
 
 Cost of an invocation at R rounds = R × (the slowest of its nodes' mean wall seconds per
 round, rounds >= 2: the first round also loads the model) + its measured start-up and eval
@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
+from ftis_edge.metrics import read_metrics
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from ftis_edge.metrics import read_metrics  # noqa: E402
 
 # the plan's four invocations: (batch, receiver prefixes run together)
 INVOCATIONS = [("fill4", ("own1", "alone")), ("fill4", ("own2",)),

@@ -1,8 +1,8 @@
 """The user's view of batch fill (issue 28): running-mean reward against the node's own
 generated tokens and own CPU-seconds, swarm arms (own1, own2) vs the isolated twins (one line per node).
 
-    .venv/bin/python experiments/repro/plot_fill.py --runs docs/runs/fill --batch fill4 --out docs/img/fill4-own-compute.png
-    .venv/bin/python experiments/repro/plot_fill.py --runs docs/runs/fill --batch fill-hetero --per-node \
+    .venv/bin/python -m experiments.repro.plot_fill --runs docs/runs/fill --batch fill4 --out docs/img/fill4-own-compute.png
+    .venv/bin/python -m experiments.repro.plot_fill --runs docs/runs/fill --batch fill-hetero --per-node \
         --out docs/img/fill-hetero-own-compute.png
 
 --per-node: one panel per node (the heterogeneous swarm's nodes differ in model and reward
@@ -11,7 +11,6 @@ level), each arm's run of that node against its own generated tokens.
 from __future__ import annotations
 
 import argparse
-import sys
 from itertools import accumulate
 from pathlib import Path
 
@@ -19,9 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import records  # noqa: E402  (published records: plain or gzip-compressed)
+from experiments.repro import records  # (published records: plain or gzip-compressed)
 
 COLORS = {"alone": "tab:gray", "own1": "tab:blue", "own2": "tab:green", "ftis": "tab:blue", "nois": "tab:red"}
 

@@ -1,7 +1,7 @@
 """H6 as the user sees it (issue 37): each node's held-out accuracy against its own generated
 tokens, in the swarm (the protections on / off) and alone, every seed.
 
-    .venv/bin/python experiments/repro/plot_h6.py --runs docs/runs/h6 --out docs/img/h6-heldout-own-tokens.png
+    .venv/bin/python -m experiments.repro.plot_h6 --runs docs/runs/h6 --out docs/img/h6-heldout-own-tokens.png
 
 One panel per node. Thin lines: the in-run held-out eval (32 prompts, every 8 rounds) against the
 node's cumulative own tokens, one line per seed. Big markers: the final weights' accuracy on the
@@ -20,9 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import records  # noqa: E402  (published records: plain or gzip-compressed)
+from experiments.repro import records  # (published records: plain or gzip-compressed)
 
 NODES = ("0: SmolLM2 LoRA", "1: SmolLM2 LoRA", "2: SmolLM2 full FT (HF)", "3: Gemma 3 LoRA (other tokenizer)")
 ARMS = (("alone", "tab:gray", "alone (twin)"), ("protect", "tab:blue", "swarm, protections on"),

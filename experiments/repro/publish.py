@@ -1,6 +1,6 @@
 """Copy what docs/ keeps of finished runs: metrics, configs, evals — never model weights.
 
-    .venv/bin/python experiments/repro/publish.py runs/fill docs/runs/fill [--seeds 0] [--dry-run]
+    .venv/bin/python -m experiments.repro.publish runs/fill docs/runs/fill [--seeds 0] [--dry-run]
 
 run.py writes whole run directories (checkpoints, adapters, node.log) under --out, outside docs/.
 For every run directory under SRC (one with a metrics.jsonl whose run has stopped: one still
@@ -19,17 +19,16 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from experiments.repro import records
+from experiments.repro.batches import BATCHES, SwarmBatch
+from experiments.repro.run import last_adapter  # (the weights run.py evaluates)
 
-import records  # noqa: E402
-from batches import BATCHES, SwarmBatch  # noqa: E402
-from run import last_adapter  # noqa: E402  (the weights run.py evaluates)
+ROOT = Path(__file__).resolve().parents[2]
 
 KEEP = ("config.toml", "metrics.jsonl", "eval-*.json", "*.md")
 WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".pt", ".pth", ".bin", ".ckpt")
 WEIGHTS_FILE = "weights.json"
-RUN_PY = ".venv/bin/python experiments/repro/run.py"
+RUN_PY = ".venv/bin/python -m experiments.repro.run"
 
 
 def sha256(path: Path) -> str:

@@ -1,7 +1,7 @@
 """Run the reproduction's batches: a local relay, one peer, the receivers, then a final eval of each.
 
-    .venv/bin/python experiments/repro/run.py methods horizontal --seeds 0 1 2 [--rounds 10]
-    .venv/bin/python experiments/repro/run.py --list
+    .venv/bin/python -m experiments.repro.run methods horizontal --seeds 0 1 2 [--rounds 10]
+    .venv/bin/python -m experiments.repro.run --list
 
 Layout: OUT/BATCH/sSEED/{peer,RECEIVER}/ are ordinary run directories (metrics.jsonl, node.log,
 adapter/), plus eval-id.json / eval-ood.json per receiver. They hold model weights, so OUT is never
@@ -24,29 +24,21 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from experiments.repro.batches import BATCHES, COMMON, PEER, RECEIVER, SwarmBatch, merge
+from ftis_edge import checkpoint
+from ftis_edge import config as cfgmod
+from ftis_edge.metrics import read_metrics
+from ftis_edge.ports import free_port
 
-from batches import BATCHES, COMMON, PEER, RECEIVER, SwarmBatch, merge  # noqa: E402
-from ftis_edge import checkpoint  # noqa: E402
-from ftis_edge import config as cfgmod  # noqa: E402
-from ftis_edge.metrics import read_metrics  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 BIN = ROOT / ".venv" / "bin"
 EVAL_SETS = {"id": "1,2", "ood": "3"}    # arith levels: the training mix, and a harder held-out level
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(data: dict, path: Path) -> Path:

@@ -11,4 +11,4 @@ sleep 2
 .venv/bin/ftis-edge start experiments/two_node/bob.toml --headless --relay "$ADDR" --overwrite & B=$!
 wait $A $B
 .venv/bin/ftis-relay status --connect "$ADDR" || true
-.venv/bin/python experiments/summarize_run.py runs/two_node/alice runs/two_node/bob --window 4
+.venv/bin/python -m experiments.summarize_run runs/two_node/alice runs/two_node/bob --window 4
