@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from benchmarks.harness import ROOT, parser, write_json
 from ftis_edge import config, fit
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_rounds
 
 CASES = {
     "smollm2-135m lora llamacpp": {"model": {"spec": "smollm2-135m"}},
@@ -72,7 +72,7 @@ def measure_case(name: str, sections: dict, work: Path, rounds: int) -> dict:
     bundle = resolve_model(cfg.model.spec)
     task = get_task(cfg.task.name, few_shot=cfg.task.few_shot, reward=cfg.task.reward)
     rss, rc = peak_rss([sys.executable, "-m", "ftis_edge.cli", "start", str(path), "--headless"])
-    rounds_done = [r for r in read_metrics(cfg.run_path) if r.get("type") == "round"]
+    rounds_done = read_rounds(cfg.run_path)
     return {"case": name, "sections": data, "measured": rss, "rc": rc,
             "prompt": longest_first_prompt(cfg, bundle, task),
             "mean_completion": max((r.get("completions/mean_length") or 0) for r in rounds_done) if rounds_done else 0}

@@ -30,7 +30,7 @@ TRAINING_KEYS = ("reward", "loss", "grad_norm", "gen/tokens", "version")
 
 def run_node(folder: Path, name: str, rounds: int, every: int, threads: int) -> dict:
     from ftis_edge import config
-    from ftis_edge.metrics import read_metrics
+    from ftis_edge.metrics import read_rounds
     cfg = {"node": {"id": "bench", "run_dir": str(folder / name), "rounds": rounds, "checkpoint_every": rounds},
            "model": {"threads": threads}, "eval": {"every": every}}
     path = folder / f"{name}.toml"
@@ -41,7 +41,7 @@ def run_node(folder: Path, name: str, rounds: int, every: int, threads: int) -> 
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{name}: the node failed:\n{proc.stdout[-3000:]}")
-    rounds_ = [r for r in read_metrics(folder / name) if r.get("type") == "round"]
+    rounds_ = read_rounds(folder / name)
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {wall:.0f} s", file=sys.stderr, flush=True)
     return {"wall_s": wall, "rounds": rounds_}
 

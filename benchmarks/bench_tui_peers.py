@@ -20,7 +20,7 @@ import orjson
 
 from benchmarks.harness import parser
 from ftis_edge.intake import PeerBook
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_metrics, round_records
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import PeersTable
 
@@ -44,7 +44,7 @@ def make_run(root: Path, peers: int, rounds: int) -> tuple[Path, dict]:
     shutil.copytree(FIXTURE, run)
     records = read_metrics(FIXTURE)
     start = records[0]
-    last = [r for r in records if r.get("type") == "round"][-1]
+    last = round_records(records)[-1]
     snap = peer_snapshot(peers)
     lines = [orjson.dumps(start)]
     for i in range(1, rounds + 1):

@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_rounds
 from ftis_edge.stats import mcnemar_two_sided, mean_se
 
 WINDOW = 5
@@ -21,7 +21,7 @@ EVALS = (("base", "eval-base.json"), ("trained", "eval-trained.json"))
 
 
 def load(run_dir: Path) -> tuple[list[dict], dict]:
-    rounds = [r for r in read_metrics(run_dir) if r.get("type") == "round"]
+    rounds = read_rounds(run_dir)
     evals = {label: json.loads((run_dir / name).read_text()) for label, name in EVALS if (run_dir / name).exists()}
     return rounds, evals
 

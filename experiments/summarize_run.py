@@ -8,12 +8,12 @@ import argparse
 import math
 from pathlib import Path
 
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_metrics, read_rounds
 from ftis_edge.stats import mean_se
 
 
 def summarize(run_dir: Path, window: int) -> None:
-    rounds = [r for r in read_metrics(run_dir) if r.get("type") == "round"]
+    rounds = read_rounds(run_dir)
     start = next((r for r in read_metrics(run_dir) if r.get("type") == "start"), {})
     train = start.get("config", {}).get("train", {})
     lr = train.get("learning_rate", train.get("lr"))     # runs recorded by 0.1.0 say "lr"

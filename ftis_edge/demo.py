@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import checkpoint, rundir
 from .config import from_dict, to_toml
-from .metrics import read_metrics, write_control
+from .metrics import read_metrics, round_records, write_control
 from .ports import free_port
 
 SMALL = {"task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 48, "reward": "shaped"},
@@ -150,7 +150,7 @@ class Relay:
 
 def summary(node: DemoNode, root: Path) -> str:
     records = read_metrics(root / node.name)
-    rounds = [r for r in records if r.get("type") == "round"]
+    rounds = round_records(records)
     stop = next((r for r in reversed(records) if r.get("type") == "stop"), {})
     if not rounds:
         failure = rundir.last_error_line(*node.stderr) if node.stderr else None

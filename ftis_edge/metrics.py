@@ -17,6 +17,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Iterable
 
 import orjson
 
@@ -61,6 +62,16 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     if not path.exists():
         return []
     return parse_records(path.read_bytes())
+
+
+def round_records(records: Iterable[dict]) -> list[dict]:
+    """The round records among a run's records, in order (its start and stop markers left out)."""
+    return [r for r in records if r.get("type") == "round"]
+
+
+def read_rounds(run_dir: str | os.PathLike) -> list[dict]:
+    """The run's round records, in order: what a report, a benchmark or a test reads of a run."""
+    return round_records(read_metrics(run_dir))
 
 
 def parse_records(data: bytes) -> list[dict]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import checkpoint
 from .errors import FtisError
-from .metrics import CONTROL_FILE, LOG_FILE, METRICS_FILE, read_metrics
+from .metrics import CONTROL_FILE, LOG_FILE, METRICS_FILE, read_metrics, round_records
 
 CONFIG_FILE = "config.toml"
 ADAPTER_DIR = "adapter"
@@ -214,7 +214,7 @@ def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | N
     # A resumed run's file holds the previous run's stop too: only a stop after the last start counts.
     latest = next((r for r in reversed(records) if r.get("type") in ("start", "stop")), None)
     stop = latest if latest and latest.get("type") == "stop" else None
-    rounds = [r for r in records if r.get("type") == "round"]
+    rounds = round_records(records)
     last = stop.get("round") if stop else (rounds[-1].get("round") if rounds else 0)
     if failure or (stop and stop.get("reason") == "error"):
         why = failure or stop.get("error") or "error"

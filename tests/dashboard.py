@@ -9,14 +9,14 @@ from pathlib import Path
 import orjson
 from textual.widgets import Static
 
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_metrics, round_records
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed
 
 HERE = Path(__file__).resolve().parent
 FIXTURE = HERE / "data" / "recorded_run"
 RECORDS = read_metrics(FIXTURE)
-ROUNDS = [r for r in RECORDS if r.get("type") == "round"]
+ROUNDS = round_records(RECORDS)
 FAST = 0.05          # poll interval for tests: the app's timer, just quicker
 
 

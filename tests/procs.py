@@ -11,7 +11,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ftis_edge.ports import free_port  # noqa: F401  (the tests take it from here)
+from ftis_edge.metrics import read_rounds as rounds_of  # noqa: F401  (the tests take these from here)
+from ftis_edge.ports import free_port  # noqa: F401
 from relay.cli import query_stats
 from relay.keys import ClientKeys
 
@@ -126,12 +127,6 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
 
 def run_node(cfg: Path, *args: str, timeout: float = 900) -> str:
     return finish(start_node(cfg, *args), timeout)
-
-
-def rounds_of(run_dir: Path) -> list[dict]:
-    """The run's round records, in order."""
-    from ftis_edge.metrics import read_metrics
-    return [r for r in read_metrics(run_dir) if r.get("type") == "round"]
 
 
 @contextmanager

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ftis_edge import checkpoint, config, demo
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_metrics, round_records
 from procs import ROOT
 
 # The swarm tests' held-out eval (round 0 and the end, in every node): small, because every node
@@ -61,7 +61,7 @@ def test_demo_headless_runs_a_swarm_end_to_end(tmp_path):
     for name in names:
         run = tmp_path / "demo" / name
         records = read_metrics(run)
-        rounds = [x for x in records if x.get("type") == "round"]
+        rounds = round_records(records)
         assert len(rounds) == 1 and records[-1]["type"] == "stop" and records[-1]["reason"] == "steps"
         assert rounds[0]["eval/n"] == EVAL_PROMPTS           # --eval-prompts reached every node
         assert checkpoint.complete(run) == [1]

@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from ftis_edge import config
 from ftis_edge.divergence import DivergenceWatch, learning_rate_note
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_rounds
 from ftis_edge.tui import DashboardApp
 from procs import ROOT, finish, rounds_of, start_node, write_config
 from dashboard import FAST, append, cell, live_copy, plain, wait_for
@@ -65,7 +65,7 @@ def test_noise_of_a_healthy_run_is_not_divergence():
 
 async def test_dashboard_says_training_diverges(tmp_path):
     run = live_copy(tmp_path)
-    last = [r for r in read_metrics(run) if r.get("type") == "round"][-1]
+    last = read_rounds(run)[-1]
     app = DashboardApp(run, poll_interval=FAST)
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()

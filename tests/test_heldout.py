@@ -20,7 +20,7 @@ from ftis_edge.guard import ALONE, SwarmGuard
 from ftis_edge.heldout import EvalResult, HeldOut, eval_line
 from ftis_edge.stats import mcnemar_two_sided, mcnemar_worse, paired_change
 from ftis_edge.metric_keys import unregistered
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_rounds
 from ftis_edge.tasks import Task
 from procs import ROOT, run_node, write_config
 
@@ -175,8 +175,8 @@ def test_eval_on_leaves_training_bit_identical_and_keeps_the_best(tmp_path):
     node = {"rounds": 2, "checkpoint_every": 1, "seed": 3}
     run_node(write_config(tmp_path, "n", name="off", node=node, eval={"every": 0}))
     out = run_node(write_config(tmp_path, "n", name="on", node=node, eval={"every": 1, "prompts": 6}))
-    off = [r for r in read_metrics(tmp_path / "off") if r.get("type") == "round"]
-    on = [r for r in read_metrics(tmp_path / "on") if r.get("type") == "round"]
+    off = read_rounds(tmp_path / "off")
+    on = read_rounds(tmp_path / "on")
     assert len(off) == len(on) == 2
     for a, b in zip(off, on):
         assert {k: a.get(k) for k in TRAINING_KEYS} == {k: b.get(k) for k in TRAINING_KEYS}

@@ -21,6 +21,15 @@ def test_follow_sees_only_complete_lines(tmp_path):
     assert [r["round"] for r in m.read_metrics(tmp_path)] == [1, 2]
 
 
+def test_the_round_records_of_a_run_leave_its_markers_out(tmp_path):
+    w = m.MetricsWriter(tmp_path)
+    for rec in ({"type": "start"}, {"round": 1}, {"type": "stop", "round": 1}, {"type": "start"}, {"round": 2}):
+        w.write(rec)
+    assert [r["round"] for r in m.read_rounds(tmp_path)] == [1, 2]
+    assert m.round_records(m.read_metrics(tmp_path)) == m.read_rounds(tmp_path)
+    assert m.read_rounds(tmp_path / "none") == []
+
+
 def test_control_file_is_atomic_and_defaults(tmp_path):
     assert m.read_control(tmp_path) == {"pause": False, "stop": False}
     m.write_control(tmp_path, pause=True)
@@ -102,7 +111,7 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
 
 
 def test_the_recorded_fixture_uses_only_registered_keys():
-    rounds = [r for r in m.read_metrics(FIXTURE) if r.get("type") == "round"]
+    rounds = m.read_rounds(FIXTURE)
     assert rounds
     for r in rounds:
         assert mk.unregistered(r) == [], r["round"]

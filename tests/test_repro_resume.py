@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ftis_edge import checkpoint, machine
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_metrics, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 from experiments.repro import run
@@ -37,7 +37,7 @@ def test_the_machine_record_names_cpu_cores_and_boot():
 def _rounds(run_dir: Path) -> list[int]:
     if not (run_dir / "metrics.jsonl").exists():
         return []
-    return [r["round"] for r in read_metrics(run_dir) if r.get("type") == "round"]
+    return [r["round"] for r in read_rounds(run_dir)]
 
 
 @pytest.mark.model

@@ -16,7 +16,7 @@ from textual.widgets import Static
 
 from ftis_edge.guard import SwarmGuard
 from ftis_edge.heldout import EvalResult, HeldOut
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_metrics, read_rounds, round_records
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed
 
@@ -38,7 +38,7 @@ def run_with_evals(tmp_path: Path) -> tuple[Path, dict]:
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
     records = read_metrics(run)
-    rounds = [r for r in records if r.get("type") == "round"]
+    rounds = round_records(records)
     h = HeldOut(NoTask(), None, None, every=2, prompts=0, max_new_tokens=8)
     guard = SwarmGuard("tok-gemma", "gemma")
     h.observe(real("alone-3", 0))
@@ -73,7 +73,7 @@ async def test_strip_curve_and_guard_line_show_the_held_out_eval(tmp_path):
         # the curve starts at round 0 (the base model); its interval's ends are two more lines
         panel = app.query_one("#panel-accuracy")
         plotted = panel.query_one("PlotextPlot").plt._active.monitor.x
-        rounds = [r for r in read_metrics(run) if r.get("type") == "round"]
+        rounds = read_rounds(run)
         rounds_with_eval = [0, rounds[1]["round"], last["round"]]
         assert rounds_with_eval in [list(xs) for xs in plotted]
         assert sum(list(xs) == rounds_with_eval for xs in plotted) == 3       # value, low end, high end

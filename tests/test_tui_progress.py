@@ -14,7 +14,7 @@ import pytest
 from textual.widgets import TabbedContent
 
 from ftis_edge import progress as phases
-from ftis_edge.metrics import read_control, read_metrics
+from ftis_edge.metrics import read_control, read_metrics, read_rounds
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.app import LEGENDS, TABS
 from ftis_edge.tui.state import RunState, phase_text, progress_is_current, round_clock
@@ -242,7 +242,7 @@ def test_a_real_node_reports_its_phases_and_remembers_its_load_time(solo_run):
         assert phase in seen, (phase, seen)
     # syncing a LoRA adapter into llama.cpp takes ~70 ms, which the sampler missed once on 2 busy
     # cores: the records show every round synced, and the phase is required when it lasted
-    rounds = [r for r in read_metrics(run) if r["type"] == "round"]
+    rounds = read_rounds(run)
     assert len(rounds) == 2 and all(r["sync/version"] is not None for r in rounds), rounds
     if max(r["time/sync_s"] for r in rounds) > 0.25:
         assert phases.SYNCING in seen, (rounds, seen)

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 
 from ftis_edge.intake import PeerBook
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_rounds
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed, PeersTable
 from ftis_edge.wire import Rollout
@@ -31,7 +31,7 @@ def _book() -> PeerBook:
 async def test_quarantine_reason_and_fingerprint_change_in_the_peers_tab(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
-    rounds = [r for r in read_metrics(run) if r.get("type") == "round"]
+    rounds = read_rounds(run)
     lines = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
     record = dict(rounds[-1], round=rounds[-1]["round"] + 1, peers=_book().snapshot())
     (run / "metrics.jsonl").write_bytes(b"".join(ln for ln in lines if b'"type":"stop"' not in ln)

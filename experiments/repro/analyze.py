@@ -16,6 +16,7 @@ from pathlib import Path
 from experiments.repro import records
 from experiments.repro.batches import BATCHES, SwarmBatch
 from experiments.repro.run import EVAL_SETS, completed
+from ftis_edge.metrics import round_records
 from ftis_edge.stats import mean_se
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ LAST = 3          # "final reward" = mean reward/own over the last LAST rounds
 def load_run(run_dir: Path) -> dict | None:
     """One receiver's rounds and evals, or None when it did not finish."""
     recs = records.metrics(run_dir)          # plain or gzip-compressed (publish.py --gzip)
-    rounds = [r for r in recs if r.get("type") == "round"]
+    rounds = round_records(recs)
     if not rounds or not completed(recs):
         return None
     evals = {}

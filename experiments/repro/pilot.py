@@ -14,17 +14,13 @@ import argparse
 import statistics
 from pathlib import Path
 
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics import read_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # the plan's four invocations: (batch, receiver prefixes run together)
 INVOCATIONS = [("fill4", ("own1", "alone")), ("fill4", ("own2",)),
                ("fill-hetero", ("ftis", "alone")), ("fill-hetero", ("nois",))]
-
-
-def rounds(run: Path) -> list[dict]:
-    return [r for r in read_metrics(run) if r.get("type") == "round"]
 
 
 def main() -> int:
@@ -45,7 +41,7 @@ def main() -> int:
         walls, cpus = [], []
         print(f"\n{batch} {'+'.join(prefixes)}{note}")
         for r in runs:
-            rs = rounds(r)
+            rs = read_rounds(r)
             w = [x["time/round_s"] for x in rs[1:] if x.get("time/round_s")]
             c = [x["cpu/round_s"] for x in rs[1:] if x.get("cpu/round_s")]
             t = [x.get("groups/topped_up", 0) for x in rs]
@@ -68,7 +64,7 @@ def main() -> int:
     for batch, arm in (("fill4", "own1"), ("fill4", "own2"), ("fill-hetero", "ftis")):
         d = args.runs / batch / "s0"
         for i in range(4):
-            a, b = rounds(d / f"{arm}-{i}"), rounds(d / f"alone-{i}")
+            a, b = read_rounds(d / f"{arm}-{i}"), read_rounds(d / f"alone-{i}")
             diffs += [x["reward/own"] - y["reward/own"] for x, y in zip(a[1:], b[1:])
                       if x.get("reward/own") is not None and y.get("reward/own") is not None]
     if len(diffs) > 1:

@@ -8,7 +8,7 @@ import gzip
 import json
 from pathlib import Path
 
-from ftis_edge.metrics import parse_records
+from ftis_edge.metrics import parse_records, round_records
 
 GZ = ".gz"
 
@@ -41,7 +41,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def rounds(run_dir: Path) -> list[dict]:
     """The run's round records, in order (its start and stop records left out)."""
-    return [r for r in metrics(run_dir) if r.get("type") == "round"]
+    return round_records(metrics(run_dir))
 
 
 def eval_of(run_dir: Path, which: str) -> dict | None:
