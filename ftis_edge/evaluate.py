@@ -254,11 +254,6 @@ def _run_dir_weights(spec: EvalSpec) -> EvalSpec:
 def evaluate(spec: EvalSpec | argparse.Namespace, console=None) -> dict:
     """Generate and score; returns the result dict that ``--json`` writes. A parsed command line
     is read into an ``EvalSpec`` once, here; nothing changes it afterwards."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .generate.base import GenerationError, SamplerSettings
-    from .models import ModelError, resolve_model
     from .tasks import warm_up
 
     if not isinstance(spec, EvalSpec):
@@ -269,6 +264,28 @@ def evaluate(spec: EvalSpec | argparse.Namespace, console=None) -> dict:
     if not prompts:
         raise EvalError(f"task {spec.task} has no eval prompts")
     spec = _run_dir_weights(spec)
+    bundle, all_ids, gen, batch = _load_model(spec, task, prompts)
+    warm_up()
+
+    t0 = time.perf_counter()
+    with _progress(console, spec.quiet) as bar:
+        grader = _Grader(spec, task, prompts, bar)
+        try:
+            _generate(gen, all_ids, prompts, _samplers(spec, len(prompts)), spec.samples, batch, grader)
+        finally:
+            grader.stop()
+    items = grader.items_in_order()
+    gen.close()
+    summary = summarize(items, grader.gen_seconds)
+    summary["tok_s"] = grader.tokens / max(grader.gen_seconds, 1e-9)
+    summary["wall_seconds"] = time.perf_counter() - t0
+    return _result(spec, task, bundle, gen, summary, items)
+
+
+def _load_model(spec: EvalSpec, task, prompts):
+    """The model, every prompt's token ids, and a generator sized for them (how many decode
+    together, the prefix they share); a model that cannot be had is an ``EvalError``."""
+    from .models import ModelError, resolve_model
     try:
         bundle = resolve_model(spec.model)
         all_ids = [bundle.encode(bundle.render_prompt(task.messages(p.question))) for p in prompts]
@@ -277,60 +294,84 @@ def evaluate(spec: EvalSpec | argparse.Namespace, console=None) -> dict:
         gen = _build_generator(spec, bundle, longest, batch, shared)
     except ModelError as e:
         raise EvalError(str(e)) from None
-    warm_up()
+    return bundle, all_ids, gen, batch
 
-    console = console or Console(stderr=True)
-    items: list[dict] = []
-    gen_tokens, gen_seconds = 0, 0.0
-    t0 = time.perf_counter()
+
+def _samplers(spec: EvalSpec, n: int) -> list:
+    """One sampler per prompt, seeded by its place (the same answers whatever order they finish in)."""
+    from .generate.base import SamplerSettings
+    return [SamplerSettings(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+                            max_new_tokens=spec.max_new_tokens, seed=spec.seed + i) for i in range(n)]
+
+
+def _progress(console, quiet: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[tok_s]:.0f} tok/s"), TextColumn("acc {task.fields[acc]:.1%}"),
                TimeElapsedColumn()]
-    with Progress(*columns, console=console, disable=spec.quiet, transient=False) as bar:
-        job = bar.add_task(f"{spec.task}", total=len(prompts), tok_s=0.0, acc=0.0)
-        samplers = [SamplerSettings(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
-                                    max_new_tokens=spec.max_new_tokens, seed=spec.seed + i)
-                    for i in range(len(prompts))]
+    return Progress(*columns, console=console or Console(stderr=True), disable=quiet, transient=False)
 
-        grading = 0.0                     # seconds spent grading inside the generation call
 
-        def grade(i: int, completions) -> None:
-            nonlocal gen_tokens, grading
-            r0 = time.perf_counter()
-            p = prompts[i]
-            for c in completions:
-                value, b = task.reward(c.text, p.reference)
-                gen_tokens += len(c.token_ids)
-                items.append({"id": p.id, "level": p.meta.get("level") if spec.task == "arith" else None,
-                              "reference": p.reference, "answer": b["answer"], "reward": value,
-                              "format_ok": b["format_ok"], "correct": b["correct"],
-                              "timed_out": b["timed_out"], "reason": b["reason"],
-                              "tokens": len(c.token_ids), "finish_reason": c.finish_reason,
-                              "text": c.text, "_order": i})
-            acc = sum(it["reward"] >= 1.0 for it in items) / len(items)
-            grading += time.perf_counter() - r0
-            bar.update(job, advance=1, tok_s=gen_tokens / max(time.perf_counter() - g0 - grading, 1e-9), acc=acc)
+class _Grader:
+    """Grades a prompt's completions when the generator hands them over (in any order: continuous
+    batching), keeps the items and the bar's tokens/s and accuracy; the seconds spent grading inside
+    the generation call are kept apart, so tokens/s counts generation only."""
 
-        g0 = time.perf_counter()
-        try:
-            if batch == 1:
-                for i, s in enumerate(samplers):
-                    try:
-                        grade(i, gen.generate(all_ids[i], spec.samples, s))
-                    except GenerationError as e:
-                        raise EvalError(f"{prompts[i].id}: {e}") from None
-            else:          # continuous batching: `batch` sequences decode together, refilled as they end
-                try:
-                    gen.generate_many(all_ids, spec.samples, samplers, on_done=grade)
-                except GenerationError as e:
-                    raise EvalError(f"{prompts[0].id}..{prompts[-1].id}: {e}") from None
-        finally:
-            gen_seconds = time.perf_counter() - g0 - grading
-    items.sort(key=lambda it: it.pop("_order"))      # the prompts' order, whatever finished first
-    gen.close()
-    summary = summarize(items, gen_seconds)
-    summary["tok_s"] = gen_tokens / max(gen_seconds, 1e-9)
-    summary["wall_seconds"] = time.perf_counter() - t0
+    def __init__(self, spec: EvalSpec, task, prompts, bar):
+        self.spec, self.task, self.prompts, self.bar = spec, task, prompts, bar
+        self.job = bar.add_task(f"{spec.task}", total=len(prompts), tok_s=0.0, acc=0.0)
+        self.items: list[dict] = []
+        self.tokens = 0
+        self.grading_s = 0.0
+        self.gen_seconds = 0.0
+        self.started = time.perf_counter()
+
+    def __call__(self, i: int, completions) -> None:
+        r0 = time.perf_counter()
+        p = self.prompts[i]
+        for c in completions:
+            value, b = self.task.reward(c.text, p.reference)
+            self.tokens += len(c.token_ids)
+            self.items.append({"id": p.id, "level": p.meta.get("level") if self.spec.task == "arith" else None,
+                               "reference": p.reference, "answer": b["answer"], "reward": value,
+                               "format_ok": b["format_ok"], "correct": b["correct"],
+                               "timed_out": b["timed_out"], "reason": b["reason"],
+                               "tokens": len(c.token_ids), "finish_reason": c.finish_reason,
+                               "text": c.text, "_order": i})
+        acc = sum(it["reward"] >= 1.0 for it in self.items) / len(self.items)
+        self.grading_s += time.perf_counter() - r0
+        tok_s = self.tokens / max(time.perf_counter() - self.started - self.grading_s, 1e-9)
+        self.bar.update(self.job, advance=1, tok_s=tok_s, acc=acc)
+
+    def stop(self) -> None:
+        self.gen_seconds = time.perf_counter() - self.started - self.grading_s
+
+    def items_in_order(self) -> list[dict]:
+        """The items in the prompts' order, whatever finished first."""
+        self.items.sort(key=lambda it: it.pop("_order"))
+        return self.items
+
+
+def _generate(gen, all_ids, prompts, samplers, samples: int, batch: int, grade) -> None:
+    """Every prompt's completions, handed to ``grade`` as they finish: one prompt at a time
+    (batch 1), else continuous batching (``batch`` sequences decode together, refilled as they end)."""
+    from .generate.base import GenerationError
+    if batch == 1:
+        for i, s in enumerate(samplers):
+            try:
+                grade(i, gen.generate(all_ids[i], samples, s))
+            except GenerationError as e:
+                raise EvalError(f"{prompts[i].id}: {e}") from None
+        return
+    try:
+        gen.generate_many(all_ids, samples, samplers, on_done=grade)
+    except GenerationError as e:
+        raise EvalError(f"{prompts[0].id}..{prompts[-1].id}: {e}") from None
+
+
+def _result(spec: EvalSpec, task, bundle, gen, summary: dict, items: list[dict]) -> dict:
+    """What ``--json`` writes: the settings the answers came from, the summary, every item."""
     return {
         "task": spec.task,
         "level": list(getattr(task, "levels", [])) or None,

@@ -507,8 +507,31 @@ def _validate_fields(h: dict, limits: WireLimits) -> None:
 
 
 def _decode(data: bytes, limits: WireLimits) -> Rollout:
+    """The body's sections in the order ``encode`` wrote them: header, prompt ids, log-probs,
+    token records (ids + byte lengths), texts; each checked before the next is read."""
     p = peek(data, limits)
     body = _decompress(p.codec, memoryview(data)[p.payload_offset:], p.body_len)
+    h, off = _body_header(body, limits)
+    h["task"], h["tokenizer_fp"] = p.task, p.tok     # from the prefix (what the relay filtered on)
+    _validate_fields(h, limits)
+    width = _id_width(h["vocab_size"])
+    _check_body_length(h, off, width, len(body))
+    prompt_ids, off = _prompt_ids(body, off, h, width)
+    logprobs, off = _logprobs(body, off, h)
+    ids, token_bytes, off = _token_records(body, off, h, width)
+    completions = _completions(body, off, h, ids, logprobs, token_bytes)
+    return Rollout(
+        rollout_id=p.rollout_id, node_id=h["node_id"], swarm=h["swarm"], task=h["task"],
+        prompt_id=h["prompt_id"], prompt_ids=prompt_ids, group_id=h["group_id"],
+        group_index=h["group_index"], group_size=h["group_size"], round=h["round"],
+        completions=completions, model_fp=h["model_fp"], tokenizer_fp=h["tokenizer_fp"],
+        model_name=h["model_name"], vocab_size=h["vocab_size"], temperature=float(h["temperature"]),
+        top_k=h["top_k"], top_p=float(h["top_p"]), adapter_version=h["adapter_version"],
+        protocol=p.protocol, sent_at=float(h["sent_at"]))
+
+
+def _body_header(body: bytes, limits: WireLimits) -> tuple[dict, int]:
+    """The length-prefixed header and the offset just past it."""
     if len(body) < 4:
         raise WireError("truncated", "body shorter than its header length field")
     (hlen,) = _U32.unpack_from(body, 0)
@@ -516,29 +539,34 @@ def _decode(data: bytes, limits: WireLimits) -> Rollout:
         raise WireError("too_large", f"header of {hlen} bytes > limit {limits.max_header_bytes}")
     if 4 + hlen > len(body):
         raise WireError("truncated", "body ends inside the header")
-    h = _unpack_header(body[4:4 + hlen])
-    h["task"], h["tokenizer_fp"] = p.task, p.tok     # from the prefix (what the relay filtered on)
-    _validate_fields(h, limits)
+    return _unpack_header(body[4:4 + hlen]), 4 + hlen
 
-    vocab = h["vocab_size"]
-    width = _id_width(vocab)
+
+def _check_body_length(h: dict, header_end: int, width: int, body_len: int) -> None:
+    """The header's counts must describe the body to the byte, so no section below reads short."""
     lengths = h["lengths"]
     n_tok = sum(lengths)
-    n_prompt = max(h["n_prompt"], 0)
-    n_esc = h["n_escape"]
-    text_total = sum(h["text_bytes"])
     n_bytes = sum(ln for ln, has in zip(lengths, h["has_bytes"]) if has)
-    expected = 4 + hlen + width * (n_prompt + n_tok) + 2 * n_tok + 4 * n_esc + n_bytes + text_total
-    if expected != len(body):
-        raise WireError("length_mismatch", f"header describes {expected} body bytes, got {len(body)}")
-    off = 4 + hlen
-    prompt_ids = None
-    if h["n_prompt"] >= 0:
-        pids = _unpacked_ids(body[off:off + width * n_prompt], n_prompt, width)
-        off += width * n_prompt
-        if n_prompt and int(pids.max()) >= vocab:
-            raise WireError("id_out_of_range", f"prompt token id {int(pids.max())} >= vocab_size {vocab}")
-        prompt_ids = pids.astype(np.int64).tolist()
+    expected = (header_end + width * (max(h["n_prompt"], 0) + n_tok) + 2 * n_tok + 4 * h["n_escape"] + n_bytes
+                + sum(h["text_bytes"]))
+    if expected != body_len:
+        raise WireError("length_mismatch", f"header describes {expected} body bytes, got {body_len}")
+
+
+def _prompt_ids(body: bytes, off: int, h: dict, width: int) -> tuple[list[int] | None, int]:
+    """The prompt's token ids (None when the sender left them out: ``n_prompt`` < 0)."""
+    if h["n_prompt"] < 0:
+        return None, off
+    n_prompt, vocab = h["n_prompt"], h["vocab_size"]
+    pids = _unpacked_ids(body[off:off + width * n_prompt], n_prompt, width)
+    if n_prompt and int(pids.max()) >= vocab:
+        raise WireError("id_out_of_range", f"prompt token id {int(pids.max())} >= vocab_size {vocab}")
+    return pids.astype(np.int64).tolist(), off + width * n_prompt
+
+
+def _logprobs(body: bytes, off: int, h: dict) -> tuple[np.ndarray, int]:
+    """Every token's log-prob: u16 fixed point; the escaped ones (-64 nats and below) as u32 after them."""
+    n_tok, n_esc = sum(h["lengths"]), h["n_escape"]
     q = _unplanar(body[off:off + 2 * n_tok], n_tok, 2)
     off += 2 * n_tok
     esc_mask = q == _ESCAPE
@@ -550,9 +578,14 @@ def _decode(data: bytes, limits: WireLimits) -> Rollout:
             raise WireError("bad_logprob", f"escaped log-prob outside [{MIN_LOGPROB}, "
                                            f"{-_ESCAPE / LOGPROB_SCALE:.2f}]")
         q[esc_mask] = esc
-    off += 4 * n_esc
+    return (-q.astype(np.float64) / LOGPROB_SCALE).astype(np.float32), off + 4 * n_esc
+
+
+def _token_records(body: bytes, off: int, h: dict, width: int) -> tuple[np.ndarray, list, int]:
+    """Per completion, a record per token: its id and (when sent) its byte length, which must add
+    up to the completion's text."""
     id_parts, token_bytes = [], []
-    for i, (ln, has) in enumerate(zip(lengths, h["has_bytes"])):
+    for i, (ln, has) in enumerate(zip(h["lengths"], h["has_bytes"])):
         rec = width + has
         records = np.frombuffer(body[off:off + rec * ln], dtype=np.uint8).reshape(ln, rec)
         off += rec * ln
@@ -566,13 +599,17 @@ def _decode(data: bytes, limits: WireLimits) -> Rollout:
                                                f"{int(tb.sum())}, its text is {h['text_bytes'][i]} bytes")
         token_bytes.append(tb)
     ids = np.concatenate(id_parts) if id_parts else np.zeros(0, np.uint32)
-    if n_tok and int(ids.max()) >= vocab:
-        raise WireError("id_out_of_range", f"token id {int(ids.max())} >= vocab_size {vocab}")
-    logprobs = (-q.astype(np.float64) / LOGPROB_SCALE).astype(np.float32)
+    if sum(h["lengths"]) and int(ids.max()) >= h["vocab_size"]:
+        raise WireError("id_out_of_range", f"token id {int(ids.max())} >= vocab_size {h['vocab_size']}")
+    return ids, token_bytes, off
 
+
+def _completions(body: bytes, off: int, h: dict, ids: np.ndarray, logprobs: np.ndarray,
+                 token_bytes: list) -> list[WireCompletion]:
+    """The completions: each one's slice of the ids and log-probs, and its UTF-8 text."""
     completions = []
     tok_off = 0
-    for i, ln in enumerate(lengths):
+    for i, ln in enumerate(h["lengths"]):
         tb = h["text_bytes"][i]
         try:
             text = body[off:off + tb].decode("utf-8")
@@ -584,14 +621,7 @@ def _decode(data: bytes, limits: WireLimits) -> Rollout:
             logprobs=logprobs[tok_off:tok_off + ln], text=text,
             reward=float(h["rewards"][i]), finish_reason=h["finish"][i], token_bytes=token_bytes[i]))
         tok_off += ln
-    return Rollout(
-        rollout_id=p.rollout_id, node_id=h["node_id"], swarm=h["swarm"], task=h["task"],
-        prompt_id=h["prompt_id"], prompt_ids=prompt_ids, group_id=h["group_id"],
-        group_index=h["group_index"], group_size=h["group_size"], round=h["round"],
-        completions=completions, model_fp=h["model_fp"], tokenizer_fp=h["tokenizer_fp"],
-        model_name=h["model_name"], vocab_size=vocab, temperature=float(h["temperature"]),
-        top_k=h["top_k"], top_p=float(h["top_p"]), adapter_version=h["adapter_version"],
-        protocol=p.protocol, sent_at=float(h["sent_at"]))
+    return completions
 
 
 def decode(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Rollout:
