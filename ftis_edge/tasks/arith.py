@@ -21,13 +21,15 @@ from fractions import Fraction
 from typing import Callable, Iterator
 
 from .base import Prompt, Task, TaskError
+from .unseen import distinct_held_out, held_out_by_text
 
 LEVELS = (1, 2, 3, 4, 5, 6)
 # SmolLM2-135M-Instruct at T=1, G=8 (benchmarks/calibrate_arith.py, docs/tasks.md): level 1
 # 22% correct with 70% of groups mixed, level 2 10% / 30%, level 3 4% / 30%.
 DEFAULT_LEVELS = (1, 2)
 EVAL_OFFSET = 10**9                 # eval ids live above the training id range
-EVAL_PER_LEVEL = 50                 # eval_prompts(None) size per level
+EVAL_PER_LEVEL = 50                 # eval_prompts(None) size per level (fewer where a level has fewer)
+HELD_OUT_SALT = "arith"             # the text-space split (unseen.held_out_by_text)
 
 NAMES = ["Sam", "Mia", "Tom", "Ana", "Ben", "Lea", "Max", "Zoe", "Leo", "Ivy", "Raj", "Kim"]
 ITEMS = ["apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "shells"]
@@ -274,20 +276,66 @@ class ArithTask(Task):
         return make_problem(int(m.group(1)), int(m.group(2)))
 
     def is_trainable(self, prompt_id: str) -> bool:
-        """Training ids are ``n < EVAL_OFFSET`` at any level (peers may train other levels);
-        ``n >= EVAL_OFFSET`` is the eval range."""
+        """Training ids are ``n < EVAL_OFFSET`` at any level (peers may train other levels) whose
+        question text is not held out: the same text under a training id is the eval question."""
         m = self._ID.fullmatch(prompt_id) if isinstance(prompt_id, str) else None
-        return bool(m) and int(m.group(2)) < EVAL_OFFSET
+        if not m or int(m.group(2)) >= EVAL_OFFSET or int(m.group(1)) not in GENERATORS:
+            return False
+        return not is_held_out(make_problem(int(m.group(1)), int(m.group(2))))
 
     def prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
         i = max(0, int(start))
         while True:
-            rng = random.Random(f"arith:{seed}:{i}")
-            yield make_problem(rng.choice(self.levels), rng.randrange(EVAL_OFFSET))
+            yield self._training_draw(seed, i)
             i += 1
 
+    def _training_draw(self, seed: int, i: int) -> Prompt:
+        """Draw ``i`` of the stream; a held-out text is drawn again from a sub-seed, so the
+        stream stays a pure function of (seed, i) and ``start`` stays an index."""
+        key, redraw = f"arith:{seed}:{i}", 0
+        while True:
+            rng = random.Random(key if redraw == 0 else f"{key}:{redraw}")
+            prompt = make_problem(rng.choice(self.levels), rng.randrange(EVAL_OFFSET))
+            if not is_held_out(prompt):
+                return prompt
+            redraw += 1
+
     def eval_prompts(self, limit: int | None = None) -> list[Prompt]:
-        """Levels in turn (L1 #0, L2 #0, …), from an id range training never draws."""
-        count = EVAL_PER_LEVEL * len(self.levels) if limit is None else int(limit)
-        k = len(self.levels)
-        return [make_problem(self.levels[i % k], EVAL_OFFSET + i // k) for i in range(count)]
+        """Distinct held-out questions, levels in turn (L1 #0, L2 #0, L1 #1, …); a level whose
+        text space runs out (level 1 has ~40 held-out questions) leaves the turn to the others."""
+        count = EVAL_PER_LEVEL * len(self.levels) if limit is None else max(0, int(limit))
+        out, j, live = [], 0, list(self.levels)
+        while len(out) < count and live:
+            for level in list(live):
+                items = eval_level(level, j + 1)
+                if len(items) <= j:
+                    live.remove(level)
+                    continue
+                out.append(items[j])
+                if len(out) == count:
+                    break
+            j += 1
+        return out
+
+
+def is_held_out(prompt: Prompt) -> bool:
+    return held_out_by_text(prompt.question, HELD_OUT_SALT)
+
+
+_EVAL_LEVELS: dict[int, tuple[list[Prompt], Iterator[Prompt]]] = {}
+
+
+def eval_level(level: int, count: int) -> list[Prompt]:
+    """The first ``count`` distinct held-out questions of ``level`` (fewer when it has fewer),
+    from ids ``n >= EVAL_OFFSET``; grown on demand and kept for the process."""
+    if level not in _EVAL_LEVELS:
+        draws = distinct_held_out(lambda j: make_problem(level, EVAL_OFFSET + j), lambda p: p.question,
+                                  HELD_OUT_SALT)
+        _EVAL_LEVELS[level] = ([], iter(draws))
+    items, draws = _EVAL_LEVELS[level]
+    while len(items) < count:
+        nxt = next(draws, None)
+        if nxt is None:
+            break
+        items.append(nxt)
+    return items

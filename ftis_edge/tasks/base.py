@@ -12,6 +12,7 @@ from typing import Iterator, Sequence
 from .errors import TaskError
 from .grader import score, score_many
 from .rewards import RewardSettings
+from .unseen import question_key
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant that solves math problems. "
@@ -43,6 +44,7 @@ class Task:
 
     name = "task"
     _eval_ids: frozenset | None = None
+    _eval_keys: frozenset = frozenset()
 
     def __init__(self, *, system_prompt: str | None = None, few_shot: int = DEFAULT_FEW_SHOT,
                  reward: str = "binary", require_think: bool = False, timeout_s: float = 0.5,
@@ -89,11 +91,20 @@ class Task:
         """May a node train on this prompt? False for the held-out eval prompts, so a peer
         cannot make a node train on (and so inflate) its own evals.
 
-        This default compares with the whole eval set; tasks override it with a rule on the id.
+        This default compares with the whole eval set, by id and by question text (held out means
+        unseen: the same question under another id is refused too); tasks override it with a rule
+        of their own.
         """
         if self._eval_ids is None:
-            self._eval_ids = frozenset(p.id for p in self.eval_prompts())
-        return prompt_id not in self._eval_ids
+            evals = self.eval_prompts()
+            self._eval_ids = frozenset(p.id for p in evals)
+            self._eval_keys = frozenset(question_key(p.question) for p in evals)
+        if prompt_id in self._eval_ids:
+            return False
+        try:
+            return question_key(self.get(prompt_id).question) not in self._eval_keys
+        except (TaskError, NotImplementedError):
+            return False
 
     def messages(self, question: str) -> list[dict]:
         """Chat messages for one question: the system prompt, ``few_shot`` worked examples as

@@ -16,6 +16,7 @@ from typing import Iterator
 
 from ..paths import shared_data_dir
 from .base import Prompt, Task, TaskError, shuffled_stream
+from .unseen import EvalTexts
 
 
 def gsm8k_reference(answer: str) -> str:
@@ -110,6 +111,8 @@ class DatasetTask(Task):
                     self._files[s] = shared / self.folder / f"{s}.jsonl"
         self._use_hub = path is None and not self._files
         self._cache: dict[str, list[Prompt]] = {}
+        self._training: list[Prompt] | None = None
+        self._eval_texts = EvalTexts(lambda: [p.question for p in self.eval_prompts()])
         self.split_prompts(self.split)          # fail now, not in the middle of a run
 
     def _from_record(self, record: dict, split: str, index: int) -> Prompt:
@@ -153,7 +156,27 @@ class DatasetTask(Task):
         m = self._parse_id(prompt_id)
         if not m or m.group(1) not in self.splits:
             return False
-        return m.group(1) == self.split or m.group(1) != self.eval_split
+        if self._holds_out():
+            if m.group(1) == self.eval_split:
+                return False
+            try:
+                return self.get(prompt_id).question not in self._eval_texts
+            except TaskError:
+                return False
+        return True
+
+    def _holds_out(self) -> bool:
+        """Is there an eval split apart from the one trained on?"""
+        return self.split != self.eval_split and (self.eval_split in self._files or self._use_hub)
+
+    def training_prompts(self) -> list[Prompt]:
+        """The trained split less any question that is also an eval question (GSM8K repeats a
+        few across train and test): held out means unseen."""
+        if self._training is None:
+            prompts = self.split_prompts(self.split)
+            self._training = [p for p in prompts if p.question not in self._eval_texts] \
+                if self._holds_out() else prompts
+        return self._training
 
     def get(self, prompt_id: str) -> Prompt:
         m = self._parse_id(prompt_id)
@@ -168,7 +191,7 @@ class DatasetTask(Task):
         return prompts[index]
 
     def prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
-        return shuffled_stream(self.split_prompts(self.split), self.name, seed, start)
+        return shuffled_stream(self.training_prompts(), self.name, seed, start)
 
     def eval_prompts(self, limit: int | None = None) -> list[Prompt]:
         """The eval split (the task's own split when only that one is available), file order."""

@@ -24,8 +24,12 @@ import random
 from typing import Iterator
 
 from .base import Prompt, Task, TaskError
+from .unseen import EvalTexts
 from .gym_source import (MAX_ANSWER_CHARS, MAX_TAGS_BYTES, SYSTEM_PROMPT, Source, build_dataset, library,
                          library_version, make_source, parse_datasets, parse_id, worker_setup)
+
+
+MAX_REDRAWS = 64          # a mix whose training draws keep hitting eval questions is refused
 
 
 class ReasoningGymTask(Task):
@@ -43,6 +47,10 @@ class ReasoningGymTask(Task):
             raise TaskError(f"reasoning_gym: {len(self.sources)} datasets are more than the relay's "
                             f"subscription filter holds; use at most ~60")
         self._datasets = {s.tag: build_dataset(s) for s in self.sources}   # fail now, not mid-run
+        # held out means unseen: a training draw whose question is one of its dataset's eval
+        # questions (a small generator repeats itself) is drawn again
+        self._eval_texts = {s.tag: EvalTexts(lambda s=s: [self._item(s, s.size + j).question
+                                                          for j in range(s.eval_size)]) for s in self.sources}
         self.partial_credit = bool(partial_credit)
         self.reward_settings = dataclasses.replace(
             self.reward_settings, rule="reasoning_gym", rule_setup=worker_setup(self.sources),
@@ -82,16 +90,28 @@ class ReasoningGymTask(Task):
     def is_trainable(self, prompt_id: str) -> bool:
         parsed = parse_id(prompt_id)
         source = self.by_tag.get(parsed[0]) if parsed else None
-        return source is not None and parsed[1] < source.size
+        if source is None or parsed[1] >= source.size:
+            return False
+        return self._item(source, parsed[1]).question not in self._eval_texts[source.tag]
 
     def prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
-        weights = [s.weight for s in self.sources]
         i = max(0, int(start))
         while True:
-            rng = random.Random(f"rg:{seed}:{i}")
-            source = rng.choices(self.sources, weights)[0]
-            yield self._item(source, rng.randrange(source.size))
+            yield self._training_draw(seed, i)
             i += 1
+
+    def _training_draw(self, seed: int, i: int) -> Prompt:
+        """Draw ``i``; an eval question is drawn again from a sub-seed, so the stream stays a
+        pure function of (seed, i)."""
+        weights = [s.weight for s in self.sources]
+        for redraw in range(MAX_REDRAWS):
+            rng = random.Random(f"rg:{seed}:{i}" if redraw == 0 else f"rg:{seed}:{i}:{redraw}")
+            source = rng.choices(self.sources, weights)[0]
+            item = self._item(source, rng.randrange(source.size))
+            if item.question not in self._eval_texts[source.tag]:
+                return item
+        raise TaskError(f"reasoning_gym: {MAX_REDRAWS} training draws in a row repeated eval questions; "
+                        f"a dataset of this mix has too few distinct questions for its eval_size")
 
     def eval_prompts(self, limit: int | None = None) -> list[Prompt]:
         """Datasets in turn (first held-out item of each, then the second, …)."""

@@ -24,6 +24,7 @@ from typing import Iterator
 
 from .base import Prompt, Task, TaskError, shuffled_stream
 from .gym import SYSTEM_PROMPT
+from .unseen import question_key
 
 GRADES = ("math", "exact", "regex")
 log = logging.getLogger(__name__)
@@ -135,9 +136,16 @@ class JsonlTask(Task):
             train = [r for i, r in enumerate(train) if i not in picked]
             if not train:
                 raise TaskError(f"jsonl: {files[0]}: no records left for training after the eval split")
+        # held out means unseen: a training line that repeats an eval question is not trained on
+        held_keys = {question_key(q) for q, _ in held}
+        repeats = sum(1 for q, _ in train if question_key(q) in held_keys)
+        train = [r for r in train if question_key(r[0]) not in held_keys]
+        if not train:
+            raise TaskError(f"jsonl: {files[0]}: every training line repeats a held-out question")
         where = f"{files[1]} (eval_path)" if eval_path else f"eval_fraction = {eval_fraction:g}"
         self.split_summary = (f"jsonl: {files[0]}: {len(train)} lines for training, {len(held)} held out "
-                              f"({where})")
+                              f"({where})" + (f"; {repeats} training lines repeat a held-out question "
+                                              f"and are left out" if repeats else ""))
         log.info("%s", self.split_summary)
         digest.update(json.dumps([question_field, answer_field, grade, bool(ignore_case), split]).encode())
         self.key = digest.hexdigest()[:12]
