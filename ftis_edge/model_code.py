@@ -121,16 +121,20 @@ def refuse_model_code(path: Path, spec: str, error) -> None:
 
 # Runs llama.cpp's converter (argv[1]) with transformers' dynamic-module loader replaced by a
 # refusal: trust_remote_code=True inside the converter then loads nothing from the folder.
-GUARDED_CONVERTER = """
+# Runs the converter script named by argv[1] with its own folder first on sys.path, as
+# ``python SCRIPT`` would (started through child.python_command: never the current directory).
+RUN_CONVERTER = """
 import runpy, sys
 from pathlib import Path
-import transformers.dynamic_module_utils as dyn
-def _refuse(*args, **kwargs):
-    raise RuntimeError("ftis-edge refused to run code from the model folder (FTIS_TRUST_MODEL_CODE)")
-dyn.get_class_in_module = _refuse
-dyn.get_cached_module_file = _refuse
 script = sys.argv[1]
 sys.argv = sys.argv[1:]
 sys.path.insert(0, str(Path(script).parent))
 runpy.run_path(script, run_name="__main__")
 """
+GUARDED_CONVERTER = """
+import transformers.dynamic_module_utils as dyn
+def _refuse(*args, **kwargs):
+    raise RuntimeError("ftis-edge refused to run code from the model folder (FTIS_TRUST_MODEL_CODE)")
+dyn.get_class_in_module = _refuse
+dyn.get_cached_module_file = _refuse
+""" + RUN_CONVERTER
