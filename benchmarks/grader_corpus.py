@@ -8,16 +8,18 @@ bare-answer and computation refusals, then math-verify in the grader worker); ma
 verdict (``rewards.answers_match``) is printed beside it, since a computation it rejects anyway
 is no hole.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/grader_corpus.py [--json out.json] [--verbose]
+    python -m benchmarks.grader_corpus [--json out.json] [--verbose] [--tree OLD_CHECKOUT]
 
-(With PYTHONPATH naming another tree, that tree's grader is measured: the "before" numbers.) Also
+(``--tree``: that checkout's grader is measured, the "before" numbers.) Also
 arith's own questions restated in every spelling of their sign (``arith_restatements``).
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
+
+from benchmarks.harness import parser, write_json
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "grader_corpus.jsonl"
 
@@ -81,11 +83,13 @@ def a_sign(sign: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--corpus", type=Path, default=CORPUS)
-    ap.add_argument("--json", type=Path, help="also write the result here")
+    ap.add_argument("--tree", type=Path, help="measure the grader of this checkout (the \"before\" numbers)")
     ap.add_argument("--verbose", action="store_true", help="list every miss")
     args = ap.parse_args(argv)
+    if args.tree:                               # before anything imports ftis_edge
+        sys.path.insert(0, str(args.tree.resolve()))
     r = measure(load(args.corpus))
     comp, honest = r["computation"], r["honest"]
     print(f"computations graded correct: {comp['graded_correct']} of {comp['n']} "
@@ -100,8 +104,7 @@ def main(argv=None) -> int:
         for kind in ("computation", "honest"):
             for m in r[kind]["misses"]:
                 print(f"  {kind}: {m['answer']!r} for {m['reference']!r} ({m['note']}): {m['reason']}")
-    if args.json:
-        args.json.write_text(json.dumps(r, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(args.json, r)
     return 0
 
 

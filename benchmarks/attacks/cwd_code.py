@@ -12,18 +12,18 @@ into that directory and run what this project runs there:
 * ``console``    — the ``ftis-edge`` console script itself (``eval --help``);
 * ``control``    — a plain ``python -c 'import csv'`` child, the unprotected way (must fire).
 
-Run: ``PYTHONPATH=. python -m benchmarks.attacks.cwd_code`` (with PYTHONPATH pointing at another
-tree, that tree's code is measured). Prints one line per case: ``ran: <modules>`` or ``clean``.
+Run: ``python -m benchmarks.attacks.cwd_code [--tree OLD_CHECKOUT]`` (``--tree``: that checkout's
+code is measured, the "before" numbers). Prints one line per case: ``ran: <modules>`` or ``clean``.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from benchmarks.harness import ROOT, parser, write_json
 
 NAMES = ("csv", "argparse", "json", "queue", "runpy", "logging", "threading", "pathlib", "random",
          "fractions", "decimal", "signal", "typing")
@@ -56,9 +56,14 @@ def _ran(marker: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", help="also write the results here")
+    ap = parser(__doc__)
+    ap.add_argument("--tree", type=Path, default=ROOT,
+                    help="measure this checkout's ftis_edge (default: this one; an older one: the \"before\" numbers)")
     args = ap.parse_args(argv)
+    # The parents below start in the run directory: the tree under test first on PYTHONPATH, and
+    # this shell's entries made absolute (a "." of ours is not the run directory).
+    entries = [str(args.tree.resolve())] + [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(entries)}
     results = {}
     with tempfile.TemporaryDirectory(prefix="ftis-cwd-") as tmp:
         run, marker = Path(tmp) / "run", Path(tmp) / "marker"
@@ -81,13 +86,12 @@ def main(argv=None) -> int:
                 results[name] = "skipped (llama.cpp's converter is not installed)"
                 print(f"{name:10s} {results[name]}", flush=True)
                 continue
-            r = subprocess.run(cmd, cwd=run, capture_output=True, text=True, timeout=600)
+            r = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True, timeout=600)
             ran = _ran(marker)
             last = (r.stdout.strip().splitlines() or [f"exit {r.returncode}"])[-1]
             results[name] = (f"ran: {','.join(ran)}" if ran else "clean") + f"  ({last[:120]})"
             print(f"{name:10s} {results[name]}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
+    write_json(args.json, results)
     return 0
 
 
