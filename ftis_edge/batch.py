@@ -27,6 +27,7 @@ or masked sample still counts in its group's advantages: the group's rewards are
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -36,6 +37,30 @@ import torch
 from .align import TokenBytes, span_alignment
 from .objective import group_advantages
 from .samples import OWN, TrainSample, carries_signal
+from .text_safety import terminal_safe
+
+log = logging.getLogger("ftis_edge.batch")
+
+
+class UntokenizableText(ValueError):
+    """Our tokenizer failed on a peer's text: that peer group or sample is refused, the round goes on."""
+
+
+def guarded(text_ids: Callable[[str], list[int]]) -> Callable[[str], list[int]]:
+    """``text_ids`` that turns any failure of the tokenizer on a peer's text into UntokenizableText.
+    A tokenizer.json from a model folder is data someone else wrote: a catastrophic regex in its
+    pre-tokenizer makes the Rust library panic (Oniguruma's retry limit) on a 24-character text,
+    and pyo3's PanicException is a BaseException that `except Exception` lets through the round."""
+    def call(text: str) -> list[int]:
+        try:
+            return text_ids(text)
+        except Exception as e:                     # noqa: BLE001 - any tokenizer failure refuses the text
+            raise UntokenizableText(f"{type(e).__name__}: {str(e)[:120]}") from None
+        except BaseException as e:
+            if type(e).__name__ != "PanicException":   # KeyboardInterrupt, SystemExit: not ours to stop
+                raise
+            raise UntokenizableText(f"the tokenizer panicked ({str(e)[:120]})") from None
+    return call
 
 RETOKENIZED_LENGTH_FACTOR = 4      # a re-tokenized completion may be this many times max_completion_length
 
@@ -67,8 +92,8 @@ class LocalTokenizer:
                   token_bytes: TokenBytes | None, cross_tokenizer_level: str = "span") -> "LocalTokenizer":
         """The node's: ``bundle``'s tokenizer and EOS, with ``prompt_ids`` for the peer's prompt."""
         return cls(prompt_ids=prompt_ids,
-                   text_ids=lambda text: bundle.tokenizer()(text, add_special_tokens=False,
-                                                            split_special_tokens=True)["input_ids"],
+                   text_ids=guarded(lambda text: bundle.tokenizer()(text, add_special_tokens=False,
+                                                                    split_special_tokens=True)["input_ids"]),
                    eos_token_id=bundle.eos_token_ids[0] if bundle.eos_token_ids else None,
                    max_completion_length=max_completion_length, token_bytes=token_bytes,
                    cross_tokenizer_level=cross_tokenizer_level, check_claims=True)
@@ -130,6 +155,7 @@ class Batch:
     refused_length: int = 0               # foreign samples refused by the length rule
     masked_truncated: int = 0             # samples cut at their length limit, given weight 0
     false_tokenizer_claims: int = 0       # peer groups claiming another tokenizer in our token ids
+    refused_untokenizable: int = 0        # peer samples whose text our tokenizer failed on (UntokenizableText)
     peer_weights: dict[str, float] = field(default_factory=dict)   # foreign peer -> success weight
 
     @property
@@ -183,7 +209,11 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer, rules: SampleRu
     # a claim of another tokenizer is checked where it can be: token ids that are exactly our
     # encoding of the text are ours, and the group is judged as ours (the window rule with the
     # own-calibrated threshold, token level), not as another model's
-    same_tokenizer = p.same_tokenizer or (local.check_claims and is_our_encoding(p.rollout.completions, local))
+    try:
+        same_tokenizer = p.same_tokenizer or (local.check_claims and is_our_encoding(p.rollout.completions, local))
+    except UntokenizableText as e:
+        _refuse_untokenizable(node, len(p.rollout.completions), e, batch)
+        return []
     if same_tokenizer and not p.same_tokenizer and batch is not None:
         batch.false_tokenizer_claims += 1
     foreign = not same_tokenizer or bool(rules.model_fp and p.rollout.model_fp != rules.model_fp)
@@ -193,7 +223,11 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer, rules: SampleRu
         if same_tokenizer:
             ids = [int(t) for t in c.token_ids]
         else:
-            ids = local.retokenize(c.text, finished=c.finish_reason == "stop")
+            try:
+                ids = local.retokenize(c.text, finished=c.finish_reason == "stop")
+            except UntokenizableText as e:
+                _refuse_untokenizable(node, 1, e, batch)
+                continue
         # over our budget in our tokens (the re-tokenization is capped at 4x: over it is over), or
         # cut by its generator: refused whole, never truncated into a text that ends mid-answer
         if foreign and rules.foreign_length_rule == "refuse" and (_truncated(c) or len(ids) > local.max_completion_length):
@@ -219,6 +253,13 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer, rules: SampleRu
                                    gen_span_logprobs=None if spans is None else spans[1],
                                    foreign=foreign, weight=weight))
     return out
+
+
+def _refuse_untokenizable(node: str, n: int, e: UntokenizableText, batch: "Batch | None") -> None:
+    log.warning("peer %s: %d sample(s) refused: our tokenizer failed on their text (%s)",
+                terminal_safe(node), n, terminal_safe(str(e)))
+    if batch is not None:
+        batch.refused_untokenizable += n
 
 
 def is_our_encoding(completions: Sequence, local: LocalTokenizer) -> bool:

@@ -94,7 +94,8 @@ def _run_start(args) -> int:
     # it, so drawing never slows training. The node takes the run directory's lock itself.
     runlock.release()
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "ftis_edge.cli", "start", "--headless"]
+    from .child import python_command
+    cmd = python_command("-m", "ftis_edge.cli", "start", "--headless")
     if args.config:
         cmd.append(args.config)
     for flag, value in (("--relay", args.relay), ("--rounds", args.rounds), ("--run-dir", args.run_dir),

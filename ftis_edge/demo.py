@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import checkpoint, rundir
+from .child import python_command, python_env
 from .config import from_dict, to_toml
 from .metrics import read_metrics, round_records, write_control
 from .ports import free_port
@@ -121,9 +122,9 @@ class Relay:
     def __init__(self, root: Path):
         self.address = f"tcp://127.0.0.1:{free_port()}"
         self.log = open(root / "relay.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", self.address, "--log-level", "WARNING"],
+        self.proc = subprocess.Popen(python_command("-m", "relay", "--bind", self.address, "--log-level", "WARNING"),
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=python_env())
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         from relay.cli import query_stats
@@ -209,7 +210,7 @@ class Swarm:
                 cfg = node_config(n, root, self.relay.address, rounds=rounds, threads=threads,
                                   peers=len(chosen) - 1, max_wait_s=max_wait_s, eval_prompts=eval_prompts)
                 n.proc, n.stderr = rundir.spawn_node(
-                    [sys.executable, "-m", "ftis_edge.cli", "start", str(cfg), "--headless"], root / n.name)
+                    python_command("-m", "ftis_edge.cli", "start", str(cfg), "--headless"), root / n.name)
         except BaseException:
             self.close()
             raise

@@ -513,19 +513,18 @@ def convert_hf_to_gguf(hf_dir, dst, *, outtype: str = "f16", timeout_s: float = 
     transformers' loader of a folder's own code disabled (model_code.GUARDED_CONVERTER).
     """
     import subprocess
-    import sys
 
     script = converter_dir() / "convert_hf_to_gguf.py"
     if not script.is_file():
         raise GGUFError(f"llama.cpp's converter is missing ({script}); run ./install.sh again")
 
     def write(tmp: Path) -> None:
-        from .model_code import GUARDED_CONVERTER
-        cmd = [sys.executable, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype]
-        if not allow_model_code:
-            cmd[1:1] = ["-c", GUARDED_CONVERTER]
+        from .child import python_command, python_env
+        from .model_code import GUARDED_CONVERTER, RUN_CONVERTER
+        runner = RUN_CONVERTER if allow_model_code else GUARDED_CONVERTER
+        cmd = python_command("-c", runner, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype)
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=python_env())
         except subprocess.TimeoutExpired:
             raise GGUFError(f"converting {hf_dir} to GGUF took more than {timeout_s:.0f} s") from None
         if r.returncode != 0:

@@ -21,6 +21,16 @@ stays valid for the few changed prompts a 32-prompt eval has. The best is chosen
 (the maximum of several evals), which makes a drop from it look a bit more significant than it
 is; ``alpha`` = 0.05 and one step per eval keep a homogeneous swarm quiet (docs/node.md).
 
+Fingerprints are claims. The tokenizer claim is checked where it matters (intake: a claimed
+same-tokenizer group's ids must decode to its text with our tokenizer; batch: a claimed other
+tokenizer in our exact encoding is ours), but a claim of our base model cannot be: anyone can
+compute the public base model's log-probs for any text. So a peer that claims our tokenizer and
+model stays admitted at levels 1-2 while honest peers of other models are dropped; what bounds
+it is the last level (alone excludes everyone: a liar costs at most one more step) and CURVE
+(bound ids). What is fixed here: claims are believed once per id — a peer is judged by every
+pair of fingerprints it has claimed (noted at each eval from the peer book, and at each
+admission), so one that changes its claim to ours after the guard dropped it stays dropped.
+
 A node alone is never touched: ``SwarmGuard`` exists only for a swarm node. This module is pure:
 the node feeds it eval results and the peer book, and asks ``admits`` per peer group.
 """
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 from .heldout import EvalResult
 from .stats import paired_change
 
+MAX_REMEMBERED = 10_000      # node ids whose claims are kept (an open relay's ids are cheap)
 LEVELS = ("all peers", "no peers of another tokenizer", "no peers of another tokenizer or base model",
           "no peers (training alone)")
 ALONE = len(LEVELS) - 1
@@ -51,10 +62,27 @@ class SwarmGuard:
         self.alpha = alpha
         self.level = 0
         self.fired = 0          # how many times it took less from the swarm
+        self.claims: dict[str, set] = {}   # node id -> every (tokenizer, model) fingerprint pair it claimed
+
+    def _remember(self, node_id: str, tokenizer_fp, model_fp) -> set:
+        seen = self.claims.get(node_id)
+        if seen is None:
+            if len(self.claims) >= MAX_REMEMBERED:
+                self.claims.pop(next(iter(self.claims)))
+            seen = self.claims[node_id] = set()
+        if len(seen) < 8:                       # a peer that keeps changing is judged by its first 8
+            seen.add((tokenizer_fp, model_fp))
+        return seen
 
     # --- who is admitted ----------------------------------------------------------------------
-    def admits(self, tokenizer_fp: str | None, model_fp: str | None) -> bool:
-        """Whether a peer group with these fingerprints may train this node at the current level."""
+    def admits(self, tokenizer_fp: str | None, model_fp: str | None, node_id: str | None = None) -> bool:
+        """Whether a peer group with these fingerprints may train this node at the current level;
+        with ``node_id``, every pair that id has claimed must be admitted (claims are believed once)."""
+        if node_id is not None:
+            return all(self._admits(t, m) for t, m in self._remember(node_id, tokenizer_fp, model_fp))
+        return self._admits(tokenizer_fp, model_fp)
+
+    def _admits(self, tokenizer_fp: str | None, model_fp: str | None) -> bool:
         if self.level >= ALONE:
             return False
         if self.level >= 1 and tokenizer_fp != self.tokenizer_fp:
@@ -70,9 +98,9 @@ class SwarmGuard:
         saved = self.level
         try:
             self.level = level
-            now = {n for n, p in peers.items() if not self.admits(p.get("tokenizer"), p.get("model_fp"))}
+            now = {n for n, p in peers.items() if not self.admits(p.get("tokenizer"), p.get("model_fp"), n)}
             self.level = level - 1
-            before = {n for n, p in peers.items() if not self.admits(p.get("tokenizer"), p.get("model_fp"))}
+            before = {n for n, p in peers.items() if not self.admits(p.get("tokenizer"), p.get("model_fp"), n)}
         finally:
             self.level = saved
         return bool(now - before)
@@ -81,6 +109,8 @@ class SwarmGuard:
     def observe(self, result: EvalResult, best: EvalResult, base: EvalResult, peers: dict) -> GuardStep:
         """Decide on ``result`` (the newest eval) against ``best`` (compared prompt by prompt) and
         ``base``; ``peers`` = the peer book's snapshot (tokenizer and model fingerprints per peer)."""
+        for node_id, p in peers.items():
+            self._remember(node_id, p.get("tokenizer"), p.get("model_fp"))
         ch = paired_change(result.correct, best.correct)
         p = ch.p_worse
         harmed = ch.lost > ch.gained and p < self.alpha
@@ -109,9 +139,15 @@ class SwarmGuard:
         return GuardStep(self.level, 0, False, f"{evidence}: no harm")
 
     def state(self) -> dict:
-        return {"level": self.level, "fired": self.fired}
+        return {"level": self.level, "fired": self.fired,
+                "claims": {n: sorted([t, m] for t, m in c) for n, c in self.claims.items() if len(c) > 1}}
 
     def load_state(self, state: dict | None) -> None:
         if state:
             self.level = int(state.get("level", 0))
             self.fired = int(state.get("fired", 0))
+            claims = state.get("claims")
+            for node_id, pairs in (claims.items() if isinstance(claims, dict) else ()):
+                for pair in pairs if isinstance(pairs, list) else ():
+                    if isinstance(pair, list) and len(pair) == 2:
+                        self._remember(str(node_id), *pair)

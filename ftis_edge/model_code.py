@@ -36,18 +36,32 @@ _MAX_FILES = 10_000        # a folder is read, never walked without end
 
 
 def trusted(spec: str, path: Path | None = None) -> bool:
-    """Whether the user named this model (its spec or its resolved folder) in FTIS_TRUST_MODEL_CODE."""
+    """Whether the user named this model in FTIS_TRUST_MODEL_CODE: a folder by its absolute path
+    (compared resolved, with the folder the model was loaded from), a hub id by its name.
+
+    A relative entry (``./model``) names nothing: it would trust whatever folder of that name the
+    current directory holds, and every run whose config says ``./model`` would match it as a
+    string. A name is matched as a string only when the spec is not a folder here (a hub id)."""
     names = [n.strip() for n in os.environ.get(TRUST_MODEL_CODE_ENV, "").split(os.pathsep) if n.strip()]
+    spec_is_folder = _exists(spec)
     for name in names:
-        if name == spec:
-            return True
-        if path is not None:
+        entry = Path(name).expanduser()
+        if entry.is_absolute():
             try:
-                if Path(name).expanduser().resolve() == Path(path).resolve():
+                if path is not None and entry.resolve() == Path(path).resolve():
                     return True
             except OSError:
                 continue
+        elif not spec_is_folder and not name.startswith(".") and name == spec:
+            return True
     return False
+
+
+def _exists(spec: str) -> bool:
+    try:
+        return Path(spec).expanduser().exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _json(path: Path) -> dict:
@@ -121,16 +135,20 @@ def refuse_model_code(path: Path, spec: str, error) -> None:
 
 # Runs llama.cpp's converter (argv[1]) with transformers' dynamic-module loader replaced by a
 # refusal: trust_remote_code=True inside the converter then loads nothing from the folder.
-GUARDED_CONVERTER = """
+# Runs the converter script named by argv[1] with its own folder first on sys.path, as
+# ``python SCRIPT`` would (started through child.python_command: never the current directory).
+RUN_CONVERTER = """
 import runpy, sys
 from pathlib import Path
-import transformers.dynamic_module_utils as dyn
-def _refuse(*args, **kwargs):
-    raise RuntimeError("ftis-edge refused to run code from the model folder (FTIS_TRUST_MODEL_CODE)")
-dyn.get_class_in_module = _refuse
-dyn.get_cached_module_file = _refuse
 script = sys.argv[1]
 sys.argv = sys.argv[1:]
 sys.path.insert(0, str(Path(script).parent))
 runpy.run_path(script, run_name="__main__")
 """
+GUARDED_CONVERTER = """
+import transformers.dynamic_module_utils as dyn
+def _refuse(*args, **kwargs):
+    raise RuntimeError("ftis-edge refused to run code from the model folder (FTIS_TRUST_MODEL_CODE)")
+dyn.get_class_in_module = _refuse
+dyn.get_cached_module_file = _refuse
+""" + RUN_CONVERTER

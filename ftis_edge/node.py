@@ -362,7 +362,7 @@ class Node:
         if self.guard is None or self.guard.level == 0:
             return
         kept = [g for g in self.intake.buffer
-                if self.guard.admits(g.rollout.tokenizer_fp, g.rollout.model_fp)]
+                if self.guard.admits(g.rollout.tokenizer_fp, g.rollout.model_fp, g.rollout.node_id)]
         self._guard_excluded += len(self.intake.buffer) - len(kept)
         self.intake.buffer = kept
 

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from . import checkpoint
+from .child import python_env
 from .errors import FtisError
 from .metrics import CONTROL_FILE, LOG_FILE, METRICS_FILE, read_metrics, round_records
 
@@ -125,7 +126,8 @@ def eval_weights(run_dir) -> tuple[str, str | None]:
 # --- starting a node in it ----------------------------------------------------------------
 
 def spawn_node(cmd: list[str], run_dir: Path):
-    """Start ``ftis-edge start … --headless`` for a dashboard: log lines to node.log only, its
+    """Start ``ftis-edge start … --headless`` (``cmd`` from child.python_command, the environment
+    from child.python_env) for a dashboard: log lines to node.log only, its
     stderr (where a failure is one line) to RUN_DIR/node.stderr (appended),
     returned with the offset this run's part starts at, where its one-line failure will be."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +135,7 @@ def spawn_node(cmd: list[str], run_dir: Path):
     with open(path, "ab") as err:
         offset = err.tell()
         proc = subprocess.Popen([*cmd, "--log-file-only"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, start_new_session=True)
+                                stderr=err, start_new_session=True, env=python_env())
     return proc, (path, offset)
 
 

@@ -133,3 +133,30 @@ def test_a_run_choosing_a_model_outside_itself_says_so(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "outside the run directory" in r.stderr and str(outside.resolve()) in r.stderr, r.stderr
     assert rundir.load_config(run).model.spec == str(outside)
+
+
+def test_the_opt_in_names_a_folder_by_its_absolute_path_not_the_spec_string(tmp_path, monkeypatch):
+    """Before: FTIS_TRUST_MODEL_CODE=./model matched the spec string, so it trusted every run
+    directory whose config said ./model (whatever folder that was). Now a relative entry names
+    nothing; an absolute one trusts that folder only; a hub id still matches by name."""
+    from ftis_edge.model_code import trusted
+    run = tmp_path / "someone-elses-run"
+    evil = model_folder(run / "model", tmp_path / "PWNED")
+    monkeypatch.chdir(run)
+    monkeypatch.setenv(TRUST_MODEL_CODE_ENV, "./model")
+    assert not trusted("./model", evil)
+    with pytest.raises(ModelError):
+        resolve_model("./model")
+    monkeypatch.setenv(TRUST_MODEL_CODE_ENV, str(tmp_path / "mine" / "model"))   # another folder, same name
+    assert not trusted("./model", evil)
+    monkeypatch.setenv(TRUST_MODEL_CODE_ENV, str(evil.resolve()))
+    assert trusted("./model", evil) and resolve_model("./model").spec == "./model"
+    monkeypatch.setenv(TRUST_MODEL_CODE_ENV, "org/model")                     # a hub id: its name
+    assert trusted("org/model", tmp_path / "hub-cache" / "snapshot")
+    (run / "org" / "model").mkdir(parents=True)                              # ... unless that is a folder here
+    assert not trusted("org/model", run / "org" / "model")
+    assert not marker_ran(tmp_path)
+
+
+def marker_ran(tmp_path) -> bool:
+    return (tmp_path / "PWNED").exists()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..child import python_command, python_env
 from .rewards import (RewardSettings, answers_match, bare_answer_refusal, check_format, computation_refusal,
                       exact_match, prefilter, reward_value)
 
@@ -124,13 +125,11 @@ class _Worker:
     caller's __main__, works the same on every OS)."""
 
     def __init__(self, setup: str = MATH_SETUP):
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        # Started in the caller's directory, which may be a shared run directory: never from it.
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from ftis_edge.tasks.grader import _worker_main; "
-             "_worker_main(sys.argv[1])", setup],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
+            python_command("-c", "import sys; from ftis_edge.tasks.grader import _worker_main; "
+                           "_worker_main(sys.argv[1])", setup),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=python_env(), text=True, bufsize=1,
             encoding="utf-8")
         self.replies: queue.Queue = queue.Queue()
         self.ready = False

@@ -5,7 +5,7 @@ A task name is one of
   * ``reasoning_gym:<dataset>,<dataset>`` — a mix at the datasets' easiest settings (handy for
     ``ftis-edge eval``);
   * a dotted path ``package.module:ClassName`` to a ``Task`` subclass (your own code, imported
-    from ``sys.path``: the current directory when run from there);
+    from ``sys.path``: PYTHONPATH or installed; never the current directory, see child.py);
   * the name of an entry point in the group ``ftis_edge.tasks`` (an installed package's tasks);
   * a JSON object ``{"name": …, "options": {…}}`` (``task_spec``: how export hands a node's
     whole task section to ``ftis-edge eval``).

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from math import gcd
 
 from ..turns import END_MARKERS
+from .computation import computation_refusal, computations  # noqa: F401 - the rule's public names
 
 # end-of-turn markers a completion may end with: EOS texts, and the plain prompt format's next
 # turn, where a base model's sequence is stopped (turns.py)
@@ -142,55 +142,6 @@ def bare_answer_refusal(answer: str, reference: str) -> str | None:
         return "a link in the answer"
     if len(_WORD.findall(answer)) > len(_WORD.findall(reference)) + 1:
         return "words around the answer"
-    return None
-
-
-# A computation on numbers: an operator with a number (or a closing bracket) before it and a
-# number after it ("9 - 4", "16/2", "3 \times 4", "2^3", "(3+3) - 5"), and \frac{16}{2}. math-verify
-# evaluates it, so restating the question was graded as its answer: a Gemma 3 node alone learned
-# to answer "<answer>9 - 4</answer>" within 32 rounds (H6 seed 1: 97.5 % held-out "accuracy" on
-# answers that compute nothing). A fraction in lowest terms ("1/2", "\frac{3}{4}") is a number
-# written as a fraction, not a computation.
-_NUM = r"\d+(?:\.\d+)?"
-_OP = r"(?:[-+*/^×÷·−]|\\times|\\cdot|\\div)"
-_COMPUTATION = re.compile(rf"(?:(?<![\d.])({_NUM})|[)\]}}])\s*({_OP})\s*[{{(]?\s*[-−]?\s*({_NUM})(?![\d.])")
-_ARG = r"(?:\{\s*(\d+)\s*\}|\s*(\d))"              # a braced number, or one digit: \frac{10}2
-_FRAC = re.compile(rf"\\[dt]?frac\s*{_ARG}\s*{_ARG}")
-_ROOT_OR_FACTORIAL = re.compile(r"(?:\\sqrt\s*(?:\[[^\]]*\])?\s*\{?\s*\d|√\s*\(?\s*\d|\d\s*!|\d[²³])")
-# what renders the same and reads the same to math-verify: spacing, sizing, \mathrm{…} wrappers
-_SPACING = re.compile(r"\\[,!;:> ]|\\q?quad\b|~|\\(?:left|right|[bB]ig+[lr]?)\b")
-_WRAPPER = re.compile(r"\\(?:mathbin|mathrm|mathord|text|operatorname|displaystyle)\s*\{([^{}]*)\}")
-
-
-def _is_lowest_terms(numerator: str, denominator: str) -> bool:
-    n, d = int(numerator), int(denominator)
-    return d > 1 and gcd(n, d) == 1
-
-
-def _plain(text: str) -> str:
-    text = _WRAPPER.sub(r"\1", _SPACING.sub(" ", text))
-    return re.sub(r"\\over\b", "/", text)
-
-
-def computations(text: str) -> int:
-    """How many operations on numbers TEXT writes out (a fraction in lowest terms is none)."""
-    text = _plain(text)
-    count = len(_ROOT_OR_FACTORIAL.findall(text))
-    count += sum(not _is_lowest_terms(n or n1, d or d1) for n, n1, d, d1 in _FRAC.findall(text))
-    for a, op, b in _COMPUTATION.findall(_FRAC.sub("1", text)):   # a is "" after a bracket: "(3+3) - 5"
-        plain_fraction = op == "/" and a and "." not in a + b and _is_lowest_terms(a, b)
-        count += not plain_fraction
-    return count
-
-
-def computation_refusal(answer: str, reference: str) -> str | None:
-    """Why a math answer is a computation rather than its result (None when it is not): it writes
-    out more operations on numbers than its reference does ("9 - 4" for 5, "16/2" for 8,
-    "\\sqrt{25}" for 5). With working shown ("11 + 6 = 17") the result is what follows the last "="."""
-    sides = [side for side in answer.split("=") if side.strip()] or [answer]
-    result = sides[-1] if "=" not in reference else answer
-    if computations(result) > computations(reference):
-        return "a computation, not its result"
     return None
 
 
