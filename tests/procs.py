@@ -62,6 +62,12 @@ def fence(publisher, *receivers, timeout_s: float = 10.0, **tags) -> list[list]:
     return got
 
 
+def subscribed(relay: "RelayProc", *node_ids: str, keys: ClientKeys | None = None, timeout_s: float = 10.0) -> bool:
+    """Each named node's SUB has reached the relay (it holds a cursor on a topic there)."""
+    return wait_for(lambda: {p["node_id"] for p in relay.stats(keys)["peers"] if p["topics"]} >= set(node_ids),
+                    timeout_s)
+
+
 def settled(relay: "RelayProc", *clients, keys: ClientKeys | None = None, timeout_s: float = 10.0) -> bool:
     """The relay has nothing left to send these clients (no lag) and each has taken in every
     byte the relay sent it: the event a fixed sleep before "nothing more arrives" stood for,
