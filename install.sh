@@ -16,7 +16,10 @@
 #   FTIS_CACHE       cache dir for the built llama-cpp-python wheel (default ~/.cache/ftis-edge)
 #   FTIS_CUDA=0|1    force the CPU or a CUDA flavour instead of asking nvidia-smi
 #   FTIS_TORCH_SPEC  pip spec for torch (default torch==2.13.0)
-set -euo pipefail
+set -Eeuo pipefail
+shopt -s inherit_errexit 2>/dev/null || true   # bash >= 4.4: a failure inside $(...) stops the install too
+# Any failed step ends the install with its line (and never with "done"): die() says why in words.
+trap 'rc=$?; printf "\033[31m[install] error:\033[0m line %s failed (exit %s): %s\n" "$LINENO" "$rc" "$BASH_COMMAND" >&2' ERR
 
 LLAMA_VERSION="0.3.36"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,7 +35,7 @@ for arg in "$@"; do
     --bench) BENCH=1 ;;
     --data) DATA=1 ;;
     --print-flavour) PRINT_FLAVOUR=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^set -/ {exit} NR > 1' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -123,6 +126,21 @@ else
   "${PIP[@]}" install -q "$TORCH_SPEC"
 fi
 
+# --- the shared cache: one install at a time fills it ---------------------------------------
+# Installs of several checkouts share $CACHE (the sdist, the wheel, the converter): a lock on a
+# file there (flock, held by this shell's fd 9 until the cache step ends) makes a second install
+# wait instead of racing; each step still works in a temp dir of its own and renames into place.
+mkdir -p "$CACHE"
+exec 9>>"$CACHE/.lock"
+"$PY" -c '
+import fcntl
+try:
+    fcntl.flock(9, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    print("\033[1m[install]\033[0m another ./install.sh is filling the cache; waiting for it", flush=True)
+    fcntl.flock(9, fcntl.LOCK_EX)
+' || die "could not lock $CACHE/.lock"
+
 # --- llama-cpp-python: build once, keep the wheel ------------------------------
 # The source distribution is fetched once: the wheel is built from it, and llama.cpp's own
 # HF -> GGUF converter (convert_hf_to_gguf.py + conversion/ + gguf-py/) is kept from it.
@@ -131,9 +149,13 @@ fetch_sdist() {
   [ -f "$SDIST" ] && return 0
   say "downloading the llama-cpp-python $LLAMA_VERSION source distribution"
   mkdir -p "$CACHE/sdist"
-  "${PIP[@]}" download -q --no-deps --no-binary :all: -d "$CACHE/sdist.tmp" "llama-cpp-python==$LLAMA_VERSION" \
+  local tmp; tmp="$(mktemp -d "$CACHE/sdist/.download.XXXXXX")"
+  "${PIP[@]}" download -q --no-deps --no-binary :all: -d "$tmp" "llama-cpp-python==$LLAMA_VERSION" \
     || die "could not download the llama-cpp-python $LLAMA_VERSION source distribution"
-  mv "$CACHE/sdist.tmp"/llama_cpp_python-"$LLAMA_VERSION".tar.gz "$SDIST" && rm -rf "$CACHE/sdist.tmp"
+  [ -f "$tmp/llama_cpp_python-$LLAMA_VERSION.tar.gz" ] \
+    || die "pip downloaded no llama_cpp_python-$LLAMA_VERSION.tar.gz into $tmp"
+  mv "$tmp/llama_cpp_python-$LLAMA_VERSION.tar.gz" "$SDIST"
+  rm -rf "$tmp"
 }
 WHEELS="$CACHE/wheels/llama-cpp-python-$LLAMA_VERSION-$FLAVOUR-$(echo "$CMAKE_FLAGS" | sha256 | cut -c1-8)"
 if "$VPY" -c "import llama_cpp, sys; sys.exit(0 if llama_cpp.__version__ == '$LLAMA_VERSION' else 1)" >/dev/null 2>&1 \
@@ -148,12 +170,16 @@ else
     done
     say "building llama-cpp-python $LLAMA_VERSION ($FLAVOUR) — about 6 min on 2 cores, once"
     mkdir -p "$WHEELS"
-    # --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and could hand back a native build.
     fetch_sdist
+    BUILD="$(mktemp -d "$WHEELS.build.XXXXXX")"
+    # --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and could hand back a native build.
     CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(ncpu)}" \
-      "${PIP[@]}" wheel --no-deps --no-cache-dir -w "$WHEELS.tmp" "$SDIST" \
+      "${PIP[@]}" wheel --no-deps --no-cache-dir -w "$BUILD" "$SDIST" \
       || die "llama-cpp-python build failed (see the compiler output above)"
-    mv "$WHEELS.tmp"/llama_cpp_python-*.whl "$WHEELS"/ && rmdir "$WHEELS.tmp"
+    BUILT=("$BUILD"/llama_cpp_python-*.whl)
+    [ -f "${BUILT[0]}" ] || die "the llama-cpp-python build wrote no wheel into $BUILD"
+    mv "${BUILT[0]}" "$WHEELS"/        # a rename: the cache never holds half a wheel
+    rm -rf "$BUILD"
   else
     say "using cached wheel from $WHEELS"
   fi
@@ -169,14 +195,16 @@ if [ -f "$CONVERTER/convert_hf_to_gguf.py" ]; then
 else
   fetch_sdist
   say "keeping llama.cpp's convert_hf_to_gguf.py + gguf-py in $CONVERTER"
-  rm -rf "$CONVERTER.tmp" && mkdir -p "$CONVERTER.tmp"
+  UNPACK="$(mktemp -d "$CONVERTER.tmp.XXXXXX")"
   SRC="llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp"
-  tar xzf "$SDIST" -C "$CONVERTER.tmp" --strip-components=3 \
+  tar xzf "$SDIST" -C "$UNPACK" --strip-components=3 \
     "$SRC/convert_hf_to_gguf.py" "$SRC/conversion" "$SRC/gguf-py" "$SRC/LICENSE" \
     || die "the llama-cpp-python source distribution has no convert_hf_to_gguf.py"
-  rm -rf "$CONVERTER" && mv "$CONVERTER.tmp" "$CONVERTER"
+  rm -rf "$CONVERTER"
+  mv "$UNPACK" "$CONVERTER"
 fi
 rm -f "$SDIST"      # 77 MB; the wheel and the converter are all we keep from it
+exec 9>&-          # the cache is filled: the next install may go on
 
 # --- ftis-edge itself + the default model ----------------------------------------
 WANT=()

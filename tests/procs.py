@@ -35,6 +35,51 @@ def wait_connected(*clients, timeout_s: float = 10.0) -> None:
     assert wait_for(lambda: all(c.stats()["connected"] for c in clients), timeout_s), [c.stats() for c in clients]
 
 
+def fence(publisher, *receivers, timeout_s: float = 10.0, **tags) -> list[list]:
+    """Publish a marker rollout and poll each receiver until the marker arrives: the relay
+    delivers a topic to a subscriber in publish order, so all that was published before the
+    marker has arrived by then (the event a fixed sleep before "nothing more arrives" stood for).
+    Returns what each receiver polled before the marker. ``tags``: the marker's task/tok (to
+    pass the receivers' filters). Not for budgeted subscriptions (they choose, not in order)."""
+    from ftis_edge.swarm import SwarmClient
+    from messages import make_rollout, raw_rollout
+    rid = f"fence-{os.urandom(6).hex()}"
+    if isinstance(publisher, SwarmClient):
+        publisher.publish(make_rollout(publisher.node_id, n=1, tokens=4, rollout_id=rid, **tags))
+    else:
+        publisher.publish_bytes(raw_rollout(rid, **tags), **tags)
+    got: list[list] = [[] for _ in receivers]
+    seen = [False] * len(receivers)
+
+    def arrived() -> bool:
+        for i, r in enumerate(receivers):
+            for item in r.poll():
+                if item.rollout_id == rid or (getattr(item, "rollout", None) and item.rollout.rollout_id == rid):
+                    seen[i] = True
+                else:
+                    got[i].append(item)
+        return all(seen)
+    assert wait_for(arrived, timeout_s, every_s=0.01), f"the fence {rid} did not reach every receiver"
+    return got
+
+
+def subscribed(relay: "RelayProc", *node_ids: str, keys: ClientKeys | None = None, timeout_s: float = 10.0) -> bool:
+    """Each named node's SUB has reached the relay (it holds a cursor on a topic there)."""
+    return wait_for(lambda: {p["node_id"] for p in relay.stats(keys)["peers"] if p["topics"]} >= set(node_ids),
+                    timeout_s)
+
+
+def settled(relay: "RelayProc", *clients, keys: ClientKeys | None = None, timeout_s: float = 10.0) -> bool:
+    """The relay has nothing left to send these clients (no lag) and each has taken in every
+    byte the relay sent it: the event a fixed sleep before "nothing more arrives" stood for,
+    seen without publishing anything (their counters stay the test's)."""
+    def done() -> bool:
+        peers = {p["node_id"]: p for p in relay.stats(keys)["peers"]}
+        return all(c.node_id in peers and peers[c.node_id]["lag"] == 0
+                   and peers[c.node_id]["out_bytes"] == c.stats()["bytes_in"] for c in clients)
+    return wait_for(done, timeout_s)
+
+
 def cli(*args: str, cwd=ROOT, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m ftis_edge.cli ARGS`` as a user runs it: exit code, stdout and stderr as text."""
     return subprocess.run([sys.executable, "-m", "ftis_edge.cli", *args], cwd=cwd, capture_output=True,

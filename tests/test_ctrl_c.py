@@ -14,6 +14,7 @@ from ftis_edge import checkpoint, rundir
 from ftis_edge.metrics import read_control, read_metrics
 from ftis_edge.progress import GENERATING, read_progress
 from ftis_edge.tui import DashboardApp
+from dashboard import wait_for as settle
 from procs import ROOT, rounds_of, wait_for, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -59,7 +60,7 @@ async def test_ctrl_c_in_the_dashboard_stops_then_aborts_keeping_the_checkpoint(
             assert read_control(run)["stop"] and app.is_running      # not Textual's "press ctrl+q"
             await pilot.press("ctrl+c")
             proc.wait(120)
-            await pilot.pause(0.5)
+            await settle(pilot, lambda: app.return_code is not None, 10)     # the dashboard saw it end
         stop = read_metrics(run)[-1]
         assert proc.returncode == 130 and stop["reason"] == "aborted", (proc.returncode, stop)
         assert checkpoint.complete(run) and checkpoint.complete(run)[-1] >= 1        # the checkpoint is kept

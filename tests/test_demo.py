@@ -9,6 +9,7 @@ import pytest
 
 from ftis_edge import checkpoint, config, demo
 from ftis_edge.metrics import read_metrics, round_records
+from dashboard import wait_for as settle
 from procs import ROOT
 
 # The swarm tests' held-out eval (round 0 and the end, in every node): small, because every node
@@ -78,8 +79,6 @@ def test_demo_headless_runs_a_swarm_end_to_end(tmp_path):
 async def test_demo_dashboard_shows_the_other_node_and_q_stops_them_all(tmp_path):
     """The demo's dashboard mode under Textual's pilot: the first node's dashboard lists the
     other node in its Peers tab; q stops every node after its round, each with a checkpoint."""
-    import time
-
     from ftis_edge.tui import DashboardApp
     from ftis_edge.tui.widgets import PeersTable
 
@@ -91,18 +90,12 @@ async def test_demo_dashboard_shows_the_other_node_and_q_stops_them_all(tmp_path
         app = DashboardApp(tmp_path / "demo" / first.name, node_process=first.proc, node_stderr=first.stderr,
                            poll_interval=0.2)
         async with app.run_test(size=(120, 40)) as pilot:
-            deadline = time.monotonic() + 2400
-            while "full-hf" not in app.state.peers:
-                assert app.failure is None, app.failure
-                assert time.monotonic() < deadline, "the other node never showed up"
-                await pilot.pause(1.0)
+            await settle(pilot, lambda: "full-hf" in app.state.peers or app.failure is not None, 2400)
+            assert app.failure is None, app.failure
             await pilot.press("5")                     # the Peers tab
-            await pilot.pause(0.5)
-            assert "full-hf" in [k.value for k in app.query_one(PeersTable).rows]
+            await settle(pilot, lambda: "full-hf" in [k.value for k in app.query_one(PeersTable).rows])
             await pilot.press("q")
-            while app.return_code is None:
-                assert time.monotonic() < deadline + 600, "the node did not stop after q"
-                await pilot.pause(1.0)
+            await settle(pilot, lambda: app.return_code is not None, 600)     # the node stops after q
         assert app.return_code == 0
         swarm.stop()                                   # what `ftis-edge demo` does after the dashboard
     finally:

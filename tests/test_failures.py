@@ -10,6 +10,7 @@ from pathlib import Path
 from ftis_edge import rundir
 from ftis_edge.metrics import read_metrics
 from ftis_edge.tui import DashboardApp
+from dashboard import wait_for as settle
 from procs import ROOT
 
 
@@ -77,8 +78,8 @@ async def test_a_node_failure_reaches_the_dashboard_that_started_it(tmp_path):
             assert app.sub_title.startswith(f"failed: {expected}")
             assert any(expected in str(n.message) for n in app._notifications)
             await pilot.press("7")                      # the Log tab
-            await pilot.pause(0.3)
             from textual.widgets import Log
+            await settle(pilot, lambda: any(expected in line for line in app.query_one("#log", Log).lines))
             assert any(expected in line for line in app.query_one("#log", Log).lines)
     finally:
         if proc.poll() is None:

@@ -15,6 +15,7 @@ from ftis_edge import config
 from ftis_edge.tasks import TaskError, get_task, task_from_config, warm_up
 from ftis_edge.tasks.gym_source import NOT_REPRODUCIBLE, dataset_names
 from ftis_edge.tasks.gym_verify import math_text_ok
+from procs import settled, subscribed
 
 ROOT = Path(__file__).resolve().parents[1]
 # SAPO's nine datasets
@@ -108,7 +109,7 @@ def test_a_peer_on_another_dataset_is_filtered_out_by_a_real_relay(relay, mix):
         while not (peer.stats()["connected"] and me.stats()["connected"]):
             assert time.time() < deadline
             time.sleep(0.02)
-        time.sleep(0.3)
+        assert subscribed(r, "me")
         sent = [p for _, p in zip(range(16), mix.prompts(seed=0))]
         for p in sent:
             peer.publish_bytes(raw_rollout(p.id, task=mix.tag_of(p.id)), task=mix.tag_of(p.id))
@@ -116,7 +117,7 @@ def test_a_peer_on_another_dataset_is_filtered_out_by_a_real_relay(relay, mix):
         got, deadline = [], time.time() + 5
         while time.time() < deadline and len(got) < len(want):
             got += me.poll(timeout_s=0.05)
-        time.sleep(0.3)
+        assert settled(r, me)                   # nothing from another dataset is on its way
         got += me.poll()
         assert want and sorted(d.rollout_id for d in got) == want
     finally:
@@ -170,7 +171,7 @@ def test_a_hostile_answer_is_bounded_by_the_grader_timeout(mix):
     t0 = time.monotonic()
     value, b = mix.reward("<answer>9**9**9**9**9</answer>", countdown.reference)   # sympy would never finish
     elapsed = time.monotonic() - t0
-    assert value == 0.0 and b["timed_out"] and elapsed < mix.reward_settings.timeout_s + 0.5, (elapsed, b)
+    assert value == 0.0 and b["timed_out"] and elapsed < mix.reward_settings.timeout_s + 2.0, (elapsed, b)
     assert warm_up()                           # the spare took over; the next answer grades normally
     assert mix.reward(f"<answer>{countdown.meta['answer']}</answer>", countdown.reference)[0] == 1.0
 

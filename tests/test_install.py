@@ -66,3 +66,86 @@ def test_apple_silicon_is_metal(tmp_path):
     f = flavour(tmp_path, uname='case "$1" in -s) echo Darwin ;; *) echo arm64 ;; esac\n',
                 **{"nvidia-smi": NVIDIA_SMI})
     assert f["FLAVOUR"] == "metal" and "-DGGML_METAL=on" in f["CMAKE_FLAGS"] and "MPS" in f["said"]
+
+
+# --- the shared cache: two installs at once, and a failed step ---------------------------------
+# FTIS_PYTHON is a stand-in python: `-m venv` makes a venv of itself, `-m pip` fakes download /
+# wheel (a 1 s "build", logged) / install, `-c` checks answer "not installed" for llama_cpp, and
+# the lock's `-c` goes to the real interpreter. install.sh and pyproject.toml are copied into
+# two folders (two checkouts) that share one FTIS_CACHE; llama.cpp is never built.
+FAKE_PY = r"""set -e
+case "$1" in
+  -m) shift; mod="$1"; shift ;;
+  -c) case "$2" in *fcntl*) exec "$REAL_PY" "$@" ;; *llama_cpp*) exit 1 ;; *) exit 0 ;; esac ;;
+  -) cat >/dev/null; echo "[install] ok (stand-in python)"; exit 0 ;;
+  *) exit 0 ;;
+esac
+if [ "$mod" = venv ]; then mkdir -p "$1/bin"; ln -sf "$0" "$1/bin/python"; exit 0; fi
+[ "$mod" = pip ] || exit 0
+cmd=""; dir=""; prev=""
+for a in "$@"; do
+  case "$a" in download|wheel|install) [ -z "$cmd" ] && cmd="$a" ;; esac
+  case "$prev" in -d|-w) dir="$a" ;; esac
+  prev="$a"
+done
+echo "$cmd $$" >> "$FAKE_LOG"
+if [ "$cmd" = download ]; then
+  src="$dir/llama_cpp_python-0.3.36/vendor/llama.cpp"
+  mkdir -p "$src/conversion" "$src/gguf-py"
+  touch "$src/convert_hf_to_gguf.py" "$src/LICENSE"
+  tar czf "$dir/llama_cpp_python-0.3.36.tar.gz" -C "$dir" llama_cpp_python-0.3.36
+  rm -rf "$dir/llama_cpp_python-0.3.36"
+elif [ "$cmd" = wheel ]; then
+  sleep 1                                       # the build: long enough for the two to overlap
+  [ -n "${FAKE_BUILD:-}" ] && exit 0            # "built", yet wrote no wheel (the old silent failure)
+  echo wheel > "$dir/llama_cpp_python-0.3.36-py3-none-any.whl"
+fi
+exit 0
+"""
+
+
+def checkout(tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    for f in ("install.sh", "pyproject.toml"):
+        (folder / f).write_text((Path(ROOT) / f).read_text())
+    return folder
+
+
+def install_env(tmp_path: Path, **extra: str) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake(bin_dir, "python3", FAKE_PY)
+    for tool in ("cc", "c++", "cmake"):
+        fake(bin_dir, tool, "exit 0\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTIS_")}
+    return {**env, "PATH": f"{bin_dir}:/usr/bin:/bin", "FTIS_PYTHON": str(bin_dir / "python3"), "FTIS_CUDA": "0",
+            "FTIS_CACHE": str(tmp_path / "cache"), "REAL_PY": sys.executable, "FAKE_LOG": str(tmp_path / "log"),
+            **extra}
+
+
+def test_two_installs_at_once_share_the_cache_and_build_once(tmp_path):
+    env = install_env(tmp_path)
+    procs = [subprocess.Popen(["bash", str(checkout(tmp_path, n) / "install.sh")], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in ("a", "b")]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0 and "done in" in out and "error" not in out, out
+    assert sum("waiting for it" in out for out in outs) == 1, outs     # the second one waited
+    assert sum("using cached wheel" in out for out in outs) == 1, outs  # ... and found the first's wheel
+    log = (tmp_path / "log").read_text().split()
+    assert log.count("wheel") == 1 and log.count("download") == 1, log
+    cache = tmp_path / "cache"
+    wheels = list((cache / "wheels").iterdir())
+    assert len(wheels) == 1 and [w.name for w in wheels[0].iterdir()] == ["llama_cpp_python-0.3.36-py3-none-any.whl"]
+    assert sorted(p.name for p in cache.iterdir()) == [".lock", "llama.cpp-convert-0.3.36", "sdist", "wheels"]
+    assert list((cache / "sdist").iterdir()) == []                    # no temp dir, no sdist left
+    assert (cache / "llama.cpp-convert-0.3.36" / "convert_hf_to_gguf.py").is_file()
+
+
+def test_a_failed_step_fails_the_install_and_never_says_done(tmp_path):
+    r = subprocess.run(["bash", str(checkout(tmp_path, "a") / "install.sh")], env=install_env(tmp_path, FAKE_BUILD="empty"),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "done" not in r.stdout, r.stdout
+    assert "the llama-cpp-python build wrote no wheel into" in r.stderr, r.stderr
+    assert not (tmp_path / "a" / ".venv" / ".ftis-install-stamp").exists()

@@ -88,7 +88,7 @@ def test_a_catastrophic_regex_is_bounded_by_the_grader_timeout(tmp_path):
     assert warm_up()
     t0 = time.monotonic()
     value, b = task.reward("<answer>" + "a" * 40 + "</answer>", r"(a+)+b")   # 2^40 backtracking steps
-    assert value == 0.0 and b["timed_out"] and time.monotonic() - t0 < 0.8, b
+    assert value == 0.0 and b["timed_out"] and time.monotonic() - t0 < 0.3 + 2.0, b    # stopped, not hung
     assert warm_up()
     assert task.reward("<answer>aab</answer>", r"(a+)+b")[0] == 1.0
 

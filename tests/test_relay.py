@@ -20,7 +20,7 @@ from relay import protocol as P
 from relay.cli import query_stats
 from relay.keys import ClientKeys
 from messages import make_rollout
-from procs import ROOT, free_port, wait_connected, wait_for
+from procs import ROOT, fence, free_port, settled, wait_connected, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -50,7 +50,7 @@ def test_three_clients_each_receive_the_others_exactly_once(relay):
                 sent[n].append(ro.rollout_id)
                 c.publish(ro)
         got = collect(clients, lambda g: all(len(v) >= 10 for v in g.values()))
-        time.sleep(0.3)
+        assert settled(r, *clients.values())
         for n, c in clients.items():
             got[n] += c.poll()
             ids = [x.rollout.rollout_id for x in got[n]]
@@ -105,7 +105,7 @@ def test_curve_refuses_unknown_keys(relay, tmp_path):
         for n, c in [*clients.items(), ("nokey", plain)]:
             c.publish(make_rollout(n))
         got = collect({**clients, "nokey": plain}, lambda g: len(g["alice"]) >= 1 and len(g["bob"]) >= 1, 8)
-        time.sleep(1.0)
+        assert settled(r, clients["alice"], clients["bob"], keys=keys["alice"])
         assert [x.sender for x in got["alice"] + clients["alice"].poll()] == ["bob"]
         assert [x.sender for x in got["bob"] + clients["bob"].poll()] == ["alice"]
         for c in (clients["mallory"], plain):
@@ -239,8 +239,7 @@ def test_relay_sigkill_and_restart_loses_no_acknowledged_rollout(relay):
         assert acked_before > 0
         ok = wait_for(lambda: (received.extend(sub.poll()) or True) and len(received) >= 40
                       and pub.pending() == 0, 15)
-        time.sleep(0.5)
-        received += sub.poll()
+        received += fence(pub, sub)[0]
         ids = [x.rollout.rollout_id for x in received]
         assert ok, (len(ids), pub.stats(), sub.stats())
         assert sorted(ids) == sorted(sent)            # every rollout, exactly once
@@ -265,7 +264,8 @@ def test_a_subscriber_that_never_reads_does_not_stall_the_others(relay):
         wait_connected(pub, fast)
         stuck.send_multipart([P.HELLO, orjson.dumps({"node_id": "stuck", "protocol": P.RELAY_PROTOCOL})])
         stuck.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
-        time.sleep(0.3)                       # from here on `stuck` is never read
+        assert wait_for(lambda: any(p["node_id"] == "stuck" and p["topics"] for p in r.stats()["peers"]), 5)
+        # from here on `stuck` is never read
         # 300 x ~37 KB = 11 MB: more than the kernel's socket buffers (4 MB here) can hide.
         n = 300
         template = make_rollout("pub", n=8, tokens=1024)
@@ -302,8 +302,7 @@ def test_late_joiner_gets_the_replay_buffer(relay):
         late = SwarmClient(r.address, swarm="s", node_id="late").start()
         try:
             got = collect({"late": late}, lambda g: len(g["late"]) >= 3, 5)
-            time.sleep(0.3)
-            got["late"] += late.poll()
+            got["late"] += fence(pub, late)[0]
             assert [x.rollout.rollout_id for x in got["late"]] == sent[-3:], (   # the buffer, in order
                 sent, [(x.seq, x.rollout.rollout_id) for x in got["late"]], pub.stats())
             assert late.stats()["replayed"] == 3
@@ -327,7 +326,7 @@ def test_flooding_client_is_rate_limited_while_others_flow(relay):
             ro = make_rollout("calm")
             calm_ids.append(ro.rollout_id)
             calm.publish(ro)
-            time.sleep(0.25)
+            assert wait_for(lambda: calm.pending() == 0, 5)     # accepted while the flood is refused
         got = collect({"sink": sink}, lambda g: sum(x.sender == "calm" for x in g["sink"]) >= 3, 5)
         assert [x.rollout.rollout_id for x in got["sink"] if x.sender == "calm"] == calm_ids
         fs = flood.stats()
@@ -410,14 +409,17 @@ def test_federation_bridge_joins_two_relays(relay):
     try:
         wait_connected(*clients.values())
         assert wait_for(lambda: any(p["node_id"] == "bridge-1" for p in rb.stats()["peers"]), 5)
-        time.sleep(0.5)                       # the bridge's SUBs land
+        assert wait_for(lambda: all(any(p["node_id"] == "bridge-1" and p["topics"] for p in x.stats()["peers"])
+                                    for x in (ra, rb)), 5)          # the bridge's SUBs landed
         sent = {}
         for n, c in clients.items():
             ro = make_rollout(n)
             sent[ro.rollout_id] = n
             c.publish(ro)
         got = collect(clients, lambda g: all(len(v) >= 2 for v in g.values()), 10)
-        time.sleep(0.5)
+        for src, dst in (("a1", ("a2", "b1")), ("b1", ("a1", "a2"))):     # a fence from each relay's side
+            for n, more in zip(dst, fence(clients[src], *(clients[d] for d in dst))):
+                got[n] += more
         for n, c in clients.items():
             got[n] += c.poll()
             home = {"a1": ra, "a2": ra, "b1": rb}

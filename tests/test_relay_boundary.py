@@ -15,7 +15,7 @@ import zmq
 
 from relay import protocol as P
 from messages import raw_rollout
-from procs import ROOT, RelayProc, free_port
+from procs import ROOT, RelayProc, free_port, wait_connected, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 FORBIDDEN = ("ftis_edge", "torch", "numpy", "transformers", "llama_cpp")
@@ -66,7 +66,7 @@ def test_the_relay_and_the_bridge_import_neither_the_node_nor_torch(tmp_path):
     pub = RelayClient(a, swarm="s", node_id="alice", keys=keys["alice"]).start()
     sub = RelayClient(b, swarm="s", node_id="bob", keys=keys["bob"]).start()
     try:
-        time.sleep(1.0)
+        wait_connected(pub, sub, timeout_s=20)
         pub.publish_bytes(raw_rollout("r1"))
         deadline = time.time() + 20
         got = []
@@ -141,7 +141,7 @@ def test_sigterm_stops_the_relay_idle_and_under_load(tmp_path):
     s.send_multipart([P.SUB, b"t", orjson.dumps({"epoch": None, "last_seq": 0})])
     for i in range(20000):                     # a backlog of PUBs and a subscriber that never reads
         s.send_multipart([P.PUB, b"t", raw_rollout(f"r{i}", b"x" * 1000)])
-    time.sleep(0.3)
+    assert wait_for(lambda: any(p["node_id"] == "x" and p["in_msgs"] > 0 for p in r.stats()["peers"]))   # busy
     _assert_stops_fast(r)
     s.close(0)
 
@@ -149,7 +149,8 @@ def test_sigterm_stops_the_relay_idle_and_under_load(tmp_path):
 def test_sigterm_stops_a_curve_relay_and_one_whose_log_pipe_is_full(tmp_path):
     server, allow = _keys(tmp_path, "alice")
     r = RelayProc("--keys", str(server), "--allow", str(allow))
-    time.sleep(1.0)
+    from relay.keys import ClientKeys
+    r.wait_ready(ClientKeys.load(str(tmp_path / "alice"), str(server / "server.key")))
     _assert_stops_fast(r)
     # An orphaned relay: its stdout is a pipe nobody reads. Refused handshakes are logged at
     # INFO until the pipe is full and the relay blocks in a log write; SIGTERM must still work.
@@ -168,7 +169,7 @@ def test_sigterm_stops_a_curve_relay_and_one_whose_log_pipe_is_full(tmp_path):
                 c.setsockopt(zmq.LINGER, 0)
                 c.connect(f"tcp://127.0.0.1:{port}")
                 socks.append(c)
-            time.sleep(0.3)
+            wait_for(lambda: "pipe" in open(f"/proc/{proc.pid}/wchan").read(), 0.3)   # until the pipe fills
             for c in socks:
                 c.close(0)
             with open(f"/proc/{proc.pid}/wchan") as f:

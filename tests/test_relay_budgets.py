@@ -11,7 +11,7 @@ import zmq
 from relay import protocol as P
 from relay.client import RelayClient
 from messages import raw_rollout
-from procs import wait_connected
+from procs import settled, subscribed, wait_connected, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -33,7 +33,8 @@ def test_budget_k_per_window_fair_across_publishers_and_filtered(relay):
     clients = [greedy, *calm, budget, everything, math_only]
     try:
         wait_connected(*clients)
-        time.sleep(0.3)
+        assert subscribed(r, "budget", "all", "math")
+        time.sleep(0.3)     # publish 0.3 s into the budget's window: fresh for 0.3 s of the next one too
         for i in range(40):                                   # the greedy one publishes 20x more
             greedy.publish_bytes(raw_rollout(f"g{i}", task="gsm8k"), task="gsm8k")
         for c in calm:
@@ -52,7 +53,7 @@ def test_budget_k_per_window_fair_across_publishers_and_filtered(relay):
         got_all = _drain(everything, lambda g: len(g) >= 44, 5)
         assert len(got_all) == 44                               # "everything" is still possible
         got_math = _drain(math_only, lambda g: len(g) >= 2, 3)
-        time.sleep(0.3)
+        assert settled(r, math_only)
         got_math += math_only.poll()
         assert sorted(d.rollout_id for d in got_math) == ["calm0-1", "calm1-1"]
         peers = {p["node_id"]: p for p in r.stats()["peers"]}
@@ -80,7 +81,7 @@ def test_overload_turns_into_busy_not_skips(relay):
         wait_connected(*pubs, sub)
         stuck.send_multipart([P.HELLO, orjson.dumps({"node_id": "stuck", "protocol": P.RELAY_PROTOCOL})])
         stuck.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
-        time.sleep(0.3)
+        assert subscribed(r, "stuck")
         n = 1500
         body = b"x" * 3000
         for i in range(n):
@@ -139,7 +140,7 @@ def test_a_new_rollout_visits_only_subscribers_with_budget_left(relay):
         visits = r.stats()["counts"]["budget_visits"]
         for i in range(1, 41):                  # ... and then nothing: 40 more rollouts
             publish(i)
-        time.sleep(0.3)
+        assert wait_for(lambda: r.stats()["counts"]["accepted"] == 41)   # (a delivery goes out in the ACK's pass)
         after = r.stats()["counts"]
         assert after["accepted"] == 41 and after["budget_sent"] == 60
         assert after["budget_visits"] - visits <= 5, after     # was 60 x 40 = 2,400 by the scan
@@ -160,10 +161,10 @@ def test_a_subscribers_own_publishing_takes_no_share_of_its_budget(relay):
     b = RelayClient(r.address, swarm="s", node_id="b", budget_k=2, budget_window_s=5.0).start()
     try:
         wait_connected(a, b)
-        time.sleep(0.3)
+        assert subscribed(r, "a", "b")
         a.publish_bytes(raw_rollout("a0"))
         a.publish_bytes(raw_rollout("a1"))
-        time.sleep(0.5)
+        assert wait_for(lambda: a.pending() == 0, 5)            # a's are in before b's
         b.publish_bytes(raw_rollout("b0"))
         b.publish_bytes(raw_rollout("b1"))
         got_a = _drain(a, lambda g: len(g) >= 2, 3.0)
@@ -203,7 +204,7 @@ def test_a_reading_subscriber_is_not_judged_slow_because_of_sybil_pipes(relay):
             s.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0,
                                                          "budget": {"k": 1, "window_s": 60}})])
             sybils.append(s)
-        time.sleep(0.5)
+        assert subscribed(r, "reader", *(f"sybil-{i}" for i in range(5)))
         n = 300
         for i in range(n):                       # 30 KB each: more than the socket buffers hide
             for p in pubs:

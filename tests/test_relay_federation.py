@@ -14,7 +14,7 @@ from ftis_edge import wire
 from ftis_edge.swarm import SwarmClient
 from relay import protocol as P
 from messages import dealer, hello, make_rollout
-from procs import ROOT, RelayProc, wait_for
+from procs import ROOT, RelayProc, settled, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -91,7 +91,7 @@ def _exchange(clients: dict, per_node: int, timeout_s: float = 40) -> tuple[dict
     got = {n: [] for n in clients}
     wait_for(lambda: [got[n].extend(c.poll()) for n, c in clients.items()] and
           all({x.rollout_id for x in got[n]} >= want[n] for n in clients), timeout_s)
-    time.sleep(1.0)                         # anything late would be a duplicate
+    time.sleep(1.0)                         # a silence: anything late would be a duplicate
     for n, c in clients.items():
         got[n] += c.poll()
     return sent, got
@@ -138,14 +138,13 @@ def test_budgets_hold_across_bridges(net):
     bridge("bc", b, c)
     pubs = [client(a, f"a{i}", subscribe=False) for i in range(3)] + [client(b, "b0", subscribe=False)]
     thrifty = client(c, "thrifty", budget_k=3, budget_window_s=4.0)
-    assert wait_for(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc"), 15)
-    time.sleep(0.5)
+    assert wait_for(lambda: _bridged(a, "ab") and _bridged(b, "ab", "bc") and _bridged(c, "bc", "thrifty"), 15)
     for p in pubs:
         for _ in range(6 if p.node_id == "a0" else 2):          # a0 publishes 3x more than the others
             p.publish(make_rollout(p.node_id, n=2, tokens=16))
     got = []
     wait_for(lambda: got.extend(thrifty.poll()) or len(got) >= 3, 3.5)
-    time.sleep(0.3)
+    time.sleep(0.3)                         # a silence: a 4th in this window would break its budget
     got += thrifty.poll()
     senders = [x.sender for x in got]
     assert len(got) == 3 and len(set(senders)) == 3, senders        # K per window, one per publisher
@@ -173,7 +172,7 @@ def test_a_bridge_restart_loses_nothing_acked(net):
             bc.start()                     # a new bridge process re-reads B's replay buffer
     assert wait_for(lambda: got.extend(sub.poll()) or {x.rollout_id for x in got} >= set(sent), 40), \
         (len({x.rollout_id for x in got}), len(sent))
-    time.sleep(1.0)
+    assert settled(c, sub)
     got += sub.poll()
     assert pub.pending() == 0 and pub.stats()["acked"] == len(sent)
     assert sorted(x.rollout_id for x in got) == sorted(sent)        # every ACKed rollout, exactly once

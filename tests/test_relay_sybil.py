@@ -20,7 +20,7 @@ from ftis_edge.node import useful_peers
 from relay import protocol as P
 from relay.client import USEFUL_MEMORY, RelayClient
 from messages import dealer, hello, join, make_rollout, raw_rollout, replies, subscribe
-from procs import ROOT, wait_connected
+from procs import ROOT, subscribed, wait_connected
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -197,7 +197,7 @@ def test_queued_bytes_per_subscriber_are_bounded(relay):
     try:
         join(stuck, "stuck")
         wait_connected(pub, reader)
-        time.sleep(0.3)
+        assert subscribed(r, "stuck", "reader")
         body = os.urandom(1 << 20)
         for i in range(24):
             pub.publish_bytes(raw_rollout(f"big-{i}", body))

@@ -3,7 +3,6 @@ checkpoint with --resume (its partial run kept), and one without with --overwrit
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 
 from ftis_edge import checkpoint, machine
 from ftis_edge.metrics import read_metrics, read_rounds
+from procs import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 from experiments.repro import run
@@ -53,9 +53,7 @@ def test_an_interrupted_run_continues_where_it_stopped(tmp_path):
         "task": {"prompts_per_round": 1, "num_generations": 2, "max_completion_length": 16},
         "swarm": {"collaboration": "alone"}}, tmp_path / "node.toml")
     proc = run.start_node(cfg, tmp_path / "node.out", run_dir)
-    deadline = time.time() + 400
-    while not _rounds(run_dir) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.5)
+    wait_for(lambda: _rounds(run_dir) or proc.poll() is not None, 400)
     run.stop(proc)                              # SIGINT: the node finishes its round and checkpoints
     first = _rounds(run_dir)
     assert first and first[-1] < 3, (first, (tmp_path / "node.out").read_text()[-2000:])

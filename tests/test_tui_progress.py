@@ -132,7 +132,9 @@ async def test_the_timer_reads_but_only_a_change_makes_a_new_view(tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         first = app.view
-        await pilot.pause(0.3)                    # six ticks, nothing new in the files
+        reads, poll = [], app.follower.poll
+        app.follower.poll = lambda: reads.append(1) or poll()
+        await wait_for(pilot, lambda: len(reads) >= 6)      # six ticks, nothing new in the files
         assert app.view is first
         with open(run / "metrics.jsonl", "ab") as fh:
             fh.write(orjson.dumps(dict(ROUNDS[-1], round=ROUNDS[-1]["round"] + 1)) + b"\n")

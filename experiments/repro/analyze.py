@@ -420,7 +420,8 @@ def plot_rewards(data: dict, out: Path) -> list[Path]:
     """Per batch: reward/own per round (left) and its running mean (right), mean ± SE over seeds.
     Receivers of one seed see the same prompts each round, so the swings on the left are
     mostly prompt difficulty shared by all curves; the running mean shows the trend."""
-    import matplotlib
+    from ftis_edge.install_hint import require      # the bench extra: say how to install it
+    matplotlib = require("matplotlib", "the plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -454,7 +455,8 @@ def plot_rewards(data: dict, out: Path) -> list[Path]:
 
 
 def plot_evals(data: dict, base: dict, out: Path) -> Path:
-    import matplotlib
+    from ftis_edge.install_hint import require      # the bench extra: say how to install it
+    matplotlib = require("matplotlib", "the plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -491,7 +493,8 @@ def plot_evals(data: dict, base: dict, out: Path) -> Path:
 
 
 def plot_sweep(data: dict, out: Path) -> Path | None:
-    import matplotlib
+    from ftis_edge.install_hint import require      # the bench extra: say how to install it
+    matplotlib = require("matplotlib", "the plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

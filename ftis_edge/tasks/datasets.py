@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from .. import install_hint
 from ..paths import shared_data_dir
 from .base import Prompt, Task, TaskError, shuffled_stream
 from .unseen import EvalTexts
@@ -62,7 +63,8 @@ def load_hf(dataset: str, config: str | None, split: str, task: str) -> list[dic
     try:
         import datasets  # noqa: F401 - optional dependency
     except ImportError:
-        raise TaskError(f"{task}: no local data; run ./install.sh --data once (downloads GSM8K and MATH-500), "
+        raise TaskError(f"{task}: no local data; run ./install.sh --data once (it installs the missing datasets "
+                        f"package, {install_hint.command('datasets')}, and downloads GSM8K and MATH-500), "
                         f"or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED") from None
     from .. import hub
     if hub.offline_env() or not hub.reachable():  # not five noisy retries before the same answer

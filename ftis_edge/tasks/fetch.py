@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from .. import atomic
+from .. import atomic, install_hint
 from ..paths import user_data_dir
 
 # (hub dataset, config, split) -> file under the data folder; fields as the tasks read them
@@ -32,8 +32,7 @@ def fetch(dest: Path, *, force: bool = False) -> list[str]:
     try:
         import datasets
     except ImportError:
-        raise SystemExit("ftis-edge: error: the 'datasets' package is missing; run ./install.sh --data "
-                         "(or pip install 'ftis-edge[data]')") from None
+        raise SystemExit("ftis-edge: error: " + install_hint.missing("datasets", "downloading GSM8K and MATH-500")) from None
     done = []
     for name, config, split, rel in SOURCES:
         path = dest / rel

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 
+from .. import install_hint
 from .errors import TaskError
 
 # Datasets whose items differ between processes (they depend on PYTHONHASHSEED: set order),
@@ -37,8 +38,7 @@ def library():
         import reasoning_gym  # noqa: F401 - a dependency of ftis-edge (pyproject)
         from reasoning_gym import factory
     except ImportError as e:
-        raise TaskError(f"reasoning_gym: the reasoning-gym package is not installed ({e}); "
-                        f"pip install reasoning-gym") from None
+        raise TaskError(f"{install_hint.missing('reasoning_gym', 'reasoning_gym')} ({e})") from None
     return factory
 
 
