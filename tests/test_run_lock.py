@@ -3,6 +3,7 @@ refused whatever its flags, --overwrite deletes nothing of it, `watch` still rea
 dies with the process (real processes, real files)."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -68,6 +69,55 @@ def test_overwrite_of_a_stopped_run_keeps_no_file_of_it_but_the_lock(tmp_path):
     finally:
         runlock.release()
     assert runlock.holder(run) is None
+
+
+def _hold(run) -> subprocess.Popen:
+    """Another live process holding the run directory (as a running node does)."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ftis_edge import runlock; "
+                               "runlock.acquire(sys.argv[1]); print('locked', flush=True); time.sleep(120)", str(run)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_node_started_from_python_holds_the_run_directory(tmp_path, monkeypatch):
+    """Node.run takes the lock itself, not only the CLI: held while it runs and given back at its
+    end; in a process that holds it already (the CLI, a dashboard's child) it stays that process's;
+    a live node elsewhere refuses it before anything of the run is written."""
+    from ftis_edge import config
+    from ftis_edge.errors import FtisError
+    from ftis_edge.node import Node
+    cfg = config.load(write_config(tmp_path, "py", eval={"every": 0}))
+    run = cfg.run_path
+    seen = []
+
+    def build(self):             # where the model would load: who holds the run directory now
+        seen.append(runlock.holder(run))
+        raise FtisError("stopped before loading a model")
+
+    monkeypatch.setattr(Node, "build", build)
+    with pytest.raises(FtisError, match="stopped before"):
+        Node(cfg, console_log=False).run()
+    assert seen[0]["pid"] == os.getpid() and runlock.holder(run) is None
+
+    runlock.acquire(run)          # as the CLI does before it runs the node
+    try:
+        with pytest.raises(FtisError, match="stopped before"):
+            Node(cfg, console_log=False).run()
+        assert seen[1]["pid"] == os.getpid() and runlock.holder(run) is not None    # still the CLI's
+    finally:
+        runlock.release()
+
+    other = tmp_path / "other"
+    holder = _hold(other)
+    try:
+        cfg2 = config.load(write_config(tmp_path, "py", name="other", eval={"every": 0}))
+        with pytest.raises(runlock.RunLocked, match=f"node pid {holder.pid} is running in {other}"):
+            Node(cfg2, console_log=False).run()
+        assert len(seen) == 2 and not (other / "config.toml").exists() and not (other / "progress.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.model
