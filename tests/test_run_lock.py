@@ -120,6 +120,55 @@ def test_a_node_started_from_python_holds_the_run_directory(tmp_path, monkeypatc
         holder.wait()
 
 
+@pytest.mark.timeout(300)
+def test_the_dashboard_hands_the_run_directory_to_the_node_it_starts(tmp_path):
+    """`ftis-edge start` in a terminal: the dashboard takes the run directory, hands it to the
+    node it starts (a child in a session of its own), and a second start is refused with the
+    node's pid, not the dashboard's (a real terminal, real processes; the node is stopped while
+    it loads its model)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    cfg = write_config(tmp_path, "tty", eval={"every": 0})
+    run = tmp_path / "tty"
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    dashboard = subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg)], cwd=ROOT,
+                                 stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                                 env=dict(os.environ, TERM="xterm-256color"))
+    os.close(slave)
+
+    def drain():                      # keep the terminal's output flowing (the app blocks otherwise)
+        try:
+            while os.read(master, 65536):
+                pass
+        except OSError:
+            pass
+    threading.Thread(target=drain, daemon=True).start()
+    node = None
+    try:
+        def the_node_holds_it() -> bool:
+            info = runlock.holder(run)
+            return bool(info) and info.get("pid") not in (None, dashboard.pid)
+        assert wait_for(the_node_holds_it, 240, every_s=0.2), "the dashboard's node never took the run directory"
+        node = runlock.holder(run)["pid"]
+        out = second_start(cfg)
+        assert out.returncode == 2 and f"node pid {node} is running in {run}" in out.stderr, out.stderr
+    finally:
+        dashboard.kill()
+        dashboard.wait()
+        if node is not None:
+            try:
+                os.kill(node, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.close(master)
+    assert wait_for(lambda: runlock.holder(run) is None, 30), "the lock outlived its node"
+
+
 @pytest.mark.model
 @pytest.mark.timeout(600)
 def test_two_real_nodes_one_run_directory(tmp_path):
