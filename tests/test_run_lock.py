@@ -13,7 +13,7 @@ import pytest
 
 from ftis_edge import runlock
 from ftis_edge.metrics import read_metrics
-from procs import ROOT, start_node, wait_for, write_config
+from procs import ROOT, start_dashboard, start_node, wait_for, write_config
 
 FLAGS = [(), ("--resume",), ("--resume-or-fresh",), ("--overwrite",)]
 
@@ -126,28 +126,9 @@ def test_the_dashboard_hands_the_run_directory_to_the_node_it_starts(tmp_path):
     node it starts (a child in a session of its own), and a second start is refused with the
     node's pid, not the dashboard's (a real terminal, real processes; the node is stopped while
     it loads its model)."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-    import threading
-
     cfg = write_config(tmp_path, "tty", eval={"every": 0})
     run = tmp_path / "tty"
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    dashboard = subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg)], cwd=ROOT,
-                                 stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-                                 env=dict(os.environ, TERM="xterm-256color"))
-    os.close(slave)
-
-    def drain():                      # keep the terminal's output flowing (the app blocks otherwise)
-        try:
-            while os.read(master, 65536):
-                pass
-        except OSError:
-            pass
-    threading.Thread(target=drain, daemon=True).start()
+    dashboard, master = start_dashboard(cfg)
     node = None
     try:
         def the_node_holds_it() -> bool:
