@@ -61,7 +61,7 @@ def fixed_batch(node):
     from ftis_edge.batch import build_batch
     for r in range(1, 20):
         node.round = r
-        own, _, _ = node._generate(node._round_prompts())
+        own, _, _ = (rnd := node.new_round()).generate(rnd.prompts())
         samples = build_batch(own, [], mode="vertical", scale=node.cfg.train.advantage_scale,
                               local=node.local_tokenizer).samples
         if samples:
@@ -79,18 +79,18 @@ def neighbour(kind: str, ready: Path) -> None:
         while True:
             if kind == "gen":
                 node.round = r
-                node._generate(node._round_prompts())
+                (rnd := node.new_round()).generate(rnd.prompts())
                 r += 1
             else:
-                node._train(samples)
+                node.new_round().train(samples)
 
 
 def measure(node, samples) -> dict:
     node.round = ROUND
     c0 = time.process_time()
-    own, _, tokens = node._generate(node._round_prompts())
+    own, _, tokens = (rnd := node.new_round()).generate(rnd.prompts())
     c1 = time.process_time()
-    node._train(samples)
+    node.new_round().train(samples)
     c2 = time.process_time()
     return {"gen_cpu_s": c1 - c0, "tokens": tokens, "train_cpu_s": c2 - c1}
 

@@ -94,7 +94,7 @@ def _train_every_group():
 
 def round_prompts(node, round_no: int):
     node.round = round_no
-    return node._round_prompts()
+    return node.new_round().prompts()
 
 
 def ftis_round(node, round_no: int) -> dict:

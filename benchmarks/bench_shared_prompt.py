@@ -53,7 +53,7 @@ def all_completions(node, round_no: int):
     from ftis_edge.learner import TrainSample
     from ftis_edge.objective import group_advantages
     node.round = round_no
-    own, _ = node._generate(node._round_prompts())
+    own, _, _ = (rnd := node.new_round()).generate(rnd.prompts())
     samples = []
     for g in own:
         adv = group_advantages(torch.tensor(g.rewards, dtype=torch.float32)).tolist()

@@ -24,7 +24,7 @@ except ImportError:            # pragma: no cover - Windows outside WSL2
     fcntl = None
 
 LOCK_FILE = "node.lock"
-_held: list = []                 # open lock files of this process (the lock lives as long as they are open)
+_held: dict = {}                 # run dir (resolved) -> this process's open lock file (the lock lives while it is open)
 
 
 class RunLocked(FtisError):
@@ -110,12 +110,16 @@ def refusal(run_dir, info: dict, program: str = "ftis-edge") -> str:
             f"a second node needs another --run-dir")
 
 
-def acquire(run_dir, program: str = "ftis-edge") -> None:
-    """Take the run directory for this process (until it exits); RunLocked when a live node has it."""
+def acquire(run_dir, program: str = "ftis-edge") -> bool:
+    """Take the run directory for this process (until it exits or ``release``); RunLocked when a
+    live node has it. False when this process holds it already (the CLI took it, then its Node
+    asks again): a second flock of our own would refuse us."""
     if fcntl is None:
-        return
+        return False
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.resolve() in _held:
+        return False
     fh = _open(run_dir / LOCK_FILE, create=True)
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -128,7 +132,8 @@ def acquire(run_dir, program: str = "ftis-edge") -> None:
     fh.write(json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                          "host": os.uname().nodename if hasattr(os, "uname") else ""}))
     fh.flush()
-    _held.append(fh)
+    _held[run_dir.resolve()] = fh
+    return True
 
 
 def check_free(run_dir, program: str = "ftis-edge") -> None:
@@ -138,7 +143,10 @@ def check_free(run_dir, program: str = "ftis-edge") -> None:
         raise RunLocked(refusal(run_dir, info, program))
 
 
-def release() -> None:
-    """Give up this process's run-directory locks (a dashboard, handing its run to the node it starts)."""
-    while _held:
-        _held.pop().close()
+def release(run_dir=None) -> None:
+    """Give up this process's lock on ``run_dir`` (a Node that took it, at its end), or all of
+    them (a dashboard, handing its run to the node it starts)."""
+    for key in list(_held) if run_dir is None else [Path(run_dir).resolve()]:
+        fh = _held.pop(key, None)
+        if fh is not None:
+            fh.close()

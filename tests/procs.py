@@ -163,6 +163,32 @@ def start_node(cfg: Path, *args: str) -> subprocess.Popen:
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def start_dashboard(cfg: Path) -> tuple[subprocess.Popen, int]:
+    """``ftis-edge start CFG`` in a real terminal (a pty, 120x40), as a user starts the dashboard:
+    (the process, the terminal's master fd for the caller to close). Its output is drained in a
+    thread: the app blocks when nobody reads its terminal."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg)], cwd=ROOT,
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                            env=dict(os.environ, TERM="xterm-256color"))
+    os.close(slave)
+
+    def drain():
+        try:
+            while os.read(master, 65536):
+                pass
+        except OSError:
+            pass
+    threading.Thread(target=drain, daemon=True).start()
+    return proc, master
+
+
 def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
     """A started node to its end: its output; the test fails (with the output's tail) unless it exits 0."""
     out, _ = proc.communicate(timeout=timeout)

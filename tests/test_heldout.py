@@ -236,77 +236,46 @@ def test_export_takes_the_best_eval_by_default_and_the_newest_with_latest(tmp_pa
         assert any(not (newest[k] == exported[k]).all() for k in newest)
 
 
-@pytest.mark.model
-@pytest.mark.timeout(900)
-def test_the_guard_on_a_real_swarm_node(tmp_path, relay):
-    """A real swarm node (real model, real relay on loopback): its real held-out eval, compared
-    with a best eval that answered every prompt, fires the guard; at each level the node's intake
-    keeps only the peer groups the guard admits (real rollouts of another tokenizer / base model);
-    alone, the round takes no peer group and does not wait; back at the base, it returns."""
-    import dataclasses
-
+def test_the_guard_on_real_evals_gates_a_rounds_peers(tmp_path):
+    """The guard, fired by real held-out evals (H5), gates one round (rounds.py, fake parts: no
+    model, no relay): at each level the round keeps only the peer groups the guard admits (real
+    rollouts of another tokenizer / base model); alone, the round takes no peer group and does not
+    wait; back at the base, it returns. The real node runs the same round (test_node.py)."""
     from ftis_edge.guard import LEVELS
-    from ftis_edge.intake import PeerGroup
-    from ftis_edge.node import Node
-    from messages import real_rollouts
+    from ftis_edge.rounds import Round
+    from round_parts import RELAY, Swarm, make_cfg, make_parts, peer_groups
 
-    r = relay()
-    cfg = config.load(write_config(tmp_path, "n", name="guarded", node={"rounds": 3},
-                                   swarm={"relay": r.address, "max_wait_s": 3.0},
-                                   eval={"every": 1, "prompts": 8}))
-    node = Node(cfg, console_log=False)
-    node.cfg = node._resolve_engines(node.cfg)
-    node.build()
-    try:
-        node.sync.sync(node.learner.version)
-        assert node.guard is not None and node.guard.level == 0
-        node._eval_base()
-        real_now = node.heldout.base
-        wrong = [i for i, c in enumerate(real_now.correct) if not c]
-        assert len(wrong) >= 5, "the base model must miss at least 5 of 8 held-out prompts for this test"
-        # a best eval that answered every prompt: the real eval now has lost >= 5, gained 0
-        perfect = dataclasses.replace(real_now, round=0, correct=(True,) * real_now.n)
-        node.heldout.best = node.heldout.base = perfect
-        me_tok, me_model = node.bundle.tokenizer_fingerprint, node.bundle.fingerprint
-        groups = [PeerGroup(rollout=dataclasses.replace(ro, node_id=f"peer-{i}", tokenizer_fp=tok, model_fp=mfp),
-                            prompt=None, rewards=[0.0, 1.0], arrived_round=1, same_tokenizer=tok == me_tok)
-                  for i, (ro, (tok, mfp)) in enumerate(zip(real_rollouts(), [(me_tok, me_model), ("other-tok", "g"),
-                                                                               (me_tok, "other-base")]))]
-        for g in groups:                              # the peers this node has seen, in its peer book
-            seen = node.book.get(g.rollout.node_id)
-            seen.tokenizer, seen.model_fp = g.rollout.tokenizer_fp, g.rollout.model_fp
+    parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 0, "max_wait_s": 3.0}), swarm=Swarm(),
+                       guard=True)
+    guard, book = parts.guard, parts.book
+    for g in peer_groups():                           # the peers this node has seen, in its peer book
+        seen = book.get(g.rollout.node_id)
+        seen.tokenizer, seen.model_fp = g.rollout.tokenizer_fp, g.rollout.model_fp
+    base = real_eval("alone-3", 0)
+    rnd = Round(parts, 1)
 
-        node.round = 1
-        rec = node._eval(1)
-        assert node.guard.level == 1 and rec["swarm/guard"].endswith(LEVELS[1])
-        assert "McNemar p=" in rec["swarm/guard"] and f"{len(wrong)} lost, 0 gained" in rec["swarm/guard"]
-        node.intake.buffer = list(groups)
-        node._guard_excluded = 0
-        node._admit_peers()
-        assert [g.rollout.node_id for g in node.intake.buffer] == ["peer-0", "peer-2"]
-        assert node._guard_excluded == 1
-        node._eval(1)                                 # still below: other base models go too
-        assert node.guard.level == 2
-        node.intake.buffer = list(groups)
-        node._admit_peers()
-        assert [g.rollout.node_id for g in node.intake.buffer] == ["peer-0"]
-        node._eval(1)                                 # and then all peers: the node trains alone
-        assert node.guard.level == ALONE
-        node.intake.buffer = []
-        node.round = 2
-        rec = node.run_round()
-        assert rec["swarm/guard_level"] == ALONE and rec["peers/groups_used"] == 0
-        assert rec["time/peer_wait_s"] < 1.0          # no wait for peers it would not take
-        assert unregistered(rec) == []
-        # recovered: at or above the base again (a base that answered nothing), one step back per eval
-        node.heldout.base = dataclasses.replace(real_now, correct=(False,) * real_now.n)
-        node.heldout.best = node.heldout.last
-        rec = node._eval(2)
-        assert node.guard.level == 2 and "back to" in rec["swarm/guard"]
-    finally:
-        node.swarm.close()
-        node.generator.close()
-    assert "swarm guard:" in (tmp_path / "guarded" / "node.log").read_text()
+    def gate() -> list[str]:
+        parts.intake.buffer = peer_groups()
+        rnd.admit_peers()
+        return [g.rollout.node_id for g in parts.intake.buffer]
+
+    assert guard.level == 0 and gate() == ["peer-0", "peer-1", "peer-2"] and rnd.guard_excluded == 0
+    step = guard.observe(real_eval("ftis-3", 8), base, base, book.snapshot())
+    assert guard.level == 1 and step.line.endswith(LEVELS[1]) and "McNemar p=" in step.line
+    assert gate() == ["peer-0", "peer-2"] and rnd.guard_excluded == 1       # another tokenizer out first
+    worse = real_eval("nois-3", 16)
+    guard.observe(worse, base, base, book.snapshot())                        # still below: other base models go too
+    assert guard.level == 2 and gate() == ["peer-0"] and rnd.guard_excluded == 3
+    guard.observe(worse, base, base, book.snapshot())                        # and then all peers: alone
+    assert guard.level == ALONE and gate() == [] and rnd.peer_limit(8) == 0
+    parts.intake.buffer = []
+    parts.swarm.arrivals = [peer_groups()]
+    rec = Round(parts, 2).run()
+    assert rec["swarm/guard_level"] == ALONE and rec["peers/groups_used"] == 0 and rec["swarm/guard_excluded"] == 3
+    assert rec["time/peer_wait_s"] < 1.0                                     # no wait for peers it would not take
+    assert unregistered(rec) == []
+    step = guard.observe(real_eval("alone-3", 24), base, base, book.snapshot())   # recovered: one step back
+    assert guard.level == 2 and "back to" in step.line and gate() == ["peer-0"]
 
 
 def _task(name: str, tmp_path: Path, **task):

@@ -223,7 +223,7 @@ def test_first_reward_in_a_fresh_process_waits_for_the_cold_start():
 def test_a_round_counts_and_logs_own_answers_that_ran_out_of_grading_time(caplog):
     """A grading timeout scores 0 and so changes the reward; the round record says how many."""
     from ftis_edge.batch import OwnGroup
-    from ftis_edge.node import own_grading_stats
+    from ftis_edge.rounds import own_grading_stats
     raw = RewardSettings(prefilter=False, timeout_s=0.3)
     texts = ["<answer>9^{9^{9^{9^{9}}}}</answer>", "<answer>4</answer>", "no tags"]
     graded = score_many(texts, ["4"] * 3, raw)
@@ -241,7 +241,7 @@ def test_a_round_counts_and_logs_own_answers_that_ran_out_of_grading_time(caplog
 def test_a_round_counts_own_answers_the_rules_refused():
     """A learner that finds a way around the grader shows as reward/refused climbing."""
     from ftis_edge.batch import OwnGroup
-    from ftis_edge.node import own_grading_stats
+    from ftis_edge.rounds import own_grading_stats
     texts = ["<answer>9 - 4</answer>", "<answer>5</answer>", "<answer>6</answer>"]
     graded = score_many(texts, ["5"] * 3, RewardSettings())
     group = OwnGroup(prompt=None, prompt_ids=[], completions=[], group_id="g",

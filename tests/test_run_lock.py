@@ -3,6 +3,7 @@ refused whatever its flags, --overwrite deletes nothing of it, `watch` still rea
 dies with the process (real processes, real files)."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 from ftis_edge import runlock
 from ftis_edge.metrics import read_metrics
-from procs import ROOT, start_node, wait_for, write_config
+from procs import ROOT, start_dashboard, start_node, wait_for, write_config
 
 FLAGS = [(), ("--resume",), ("--resume-or-fresh",), ("--overwrite",)]
 
@@ -68,6 +69,85 @@ def test_overwrite_of_a_stopped_run_keeps_no_file_of_it_but_the_lock(tmp_path):
     finally:
         runlock.release()
     assert runlock.holder(run) is None
+
+
+def _hold(run) -> subprocess.Popen:
+    """Another live process holding the run directory (as a running node does)."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ftis_edge import runlock; "
+                               "runlock.acquire(sys.argv[1]); print('locked', flush=True); time.sleep(120)", str(run)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_node_started_from_python_holds_the_run_directory(tmp_path, monkeypatch):
+    """Node.run takes the lock itself, not only the CLI: held while it runs and given back at its
+    end; in a process that holds it already (the CLI, a dashboard's child) it stays that process's;
+    a live node elsewhere refuses it before anything of the run is written."""
+    from ftis_edge import config
+    from ftis_edge.errors import FtisError
+    from ftis_edge.node import Node
+    cfg = config.load(write_config(tmp_path, "py", eval={"every": 0}))
+    run = cfg.run_path
+    seen = []
+
+    def build(self):             # where the model would load: who holds the run directory now
+        seen.append(runlock.holder(run))
+        raise FtisError("stopped before loading a model")
+
+    monkeypatch.setattr(Node, "build", build)
+    with pytest.raises(FtisError, match="stopped before"):
+        Node(cfg, console_log=False).run()
+    assert seen[0]["pid"] == os.getpid() and runlock.holder(run) is None
+
+    runlock.acquire(run)          # as the CLI does before it runs the node
+    try:
+        with pytest.raises(FtisError, match="stopped before"):
+            Node(cfg, console_log=False).run()
+        assert seen[1]["pid"] == os.getpid() and runlock.holder(run) is not None    # still the CLI's
+    finally:
+        runlock.release()
+
+    other = tmp_path / "other"
+    holder = _hold(other)
+    try:
+        cfg2 = config.load(write_config(tmp_path, "py", name="other", eval={"every": 0}))
+        with pytest.raises(runlock.RunLocked, match=f"node pid {holder.pid} is running in {other}"):
+            Node(cfg2, console_log=False).run()
+        assert len(seen) == 2 and not (other / "config.toml").exists() and not (other / "progress.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.timeout(300)
+def test_the_dashboard_hands_the_run_directory_to_the_node_it_starts(tmp_path):
+    """`ftis-edge start` in a terminal: the dashboard takes the run directory, hands it to the
+    node it starts (a child in a session of its own), and a second start is refused with the
+    node's pid, not the dashboard's (a real terminal, real processes; the node is stopped while
+    it loads its model)."""
+    cfg = write_config(tmp_path, "tty", eval={"every": 0})
+    run = tmp_path / "tty"
+    dashboard, master = start_dashboard(cfg)
+    node = None
+    try:
+        def the_node_holds_it() -> bool:
+            info = runlock.holder(run)
+            return bool(info) and info.get("pid") not in (None, dashboard.pid)
+        assert wait_for(the_node_holds_it, 240, every_s=0.2), "the dashboard's node never took the run directory"
+        node = runlock.holder(run)["pid"]
+        out = second_start(cfg)
+        assert out.returncode == 2 and f"node pid {node} is running in {run}" in out.stderr, out.stderr
+    finally:
+        dashboard.kill()
+        dashboard.wait()
+        if node is not None:
+            try:
+                os.kill(node, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.close(master)
+    assert wait_for(lambda: runlock.holder(run) is None, 30), "the lock outlived its node"
 
 
 @pytest.mark.model

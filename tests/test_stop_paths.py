@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from ftis_edge import checkpoint
 from ftis_edge.metrics import read_metrics, write_control
-from procs import ROOT, finish, rounds_of, start_node, wait_for, write_config
+from procs import finish, rounds_of, start_dashboard, start_node, wait_for, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -124,29 +123,11 @@ def test_sighup_stops_a_headless_node_like_sigterm(tmp_path):
 def test_sighup_to_the_dashboard_stops_its_node_with_a_checkpoint(tmp_path):
     """A closed terminal with the dashboard in it: the node (in a session of its own, so the
     hangup does not reach it) is told to stop, and stops after its round with a checkpoint."""
-    import fcntl
     import os
-    import pty
-    import struct
-    import termios
-    import threading
 
     cfg = write_config(tmp_path, "tty", **SMALL)
     run = tmp_path / "tty"
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    p = subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg)], cwd=ROOT,
-                         stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-                         env=dict(os.environ, TERM="xterm-256color"))
-    os.close(slave)
-
-    def drain():                      # keep the terminal's output flowing (the app blocks otherwise)
-        try:
-            while os.read(master, 65536):
-                pass
-        except OSError:
-            pass
-    threading.Thread(target=drain, daemon=True).start()
+    p, master = start_dashboard(cfg)
     try:
         assert wait_for(lambda: n_rounds(run) >= 1, 600, every_s=0.5), "round 1 under the dashboard"
         p.send_signal(signal.SIGHUP)
