@@ -1,0 +1,124 @@
+"""Outcomes as a second currency: peers' rewards, of any model, pick this node's own prompts.
+
+About half of a node's own groups carry no signal: every completion right (too easy) or every
+one wrong (too hard), so their advantages are all zero and the step learns nothing from them.
+Every group on the wire already says which prompt it answered and how often it succeeded, and
+that is worth something to every node, whatever its model or tokenizer, because no token of it
+is trained on. The book keeps, per prompt a peer answered, its success counts and the peer's
+kind (worth.py); it predicts this node's pass rate on it by shifting the peer's rate in logit
+space by how much better or worse this node does than that kind of peer overall:
+
+    logit p̂_me(prompt) = logit r_peer(prompt) + (logit s_me − logit s_kind)
+
+(rates Laplace-smoothed). A group carries signal with probability 1 − p^G − (1 − p)^G, highest
+at p = ½: ``choose`` fills the round's own slots with the peer-answered prompts whose predicted
+chance of carrying signal beats that of a fresh prompt from the node's own stream (whose p̂ is
+the node's overall success), best first, and leaves the rest to the stream. Only prompts the
+task may train on reach the book (the intake refused the rest), each is used once, and a prompt
+older than ``max_age`` rounds is forgotten.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .worth import KINDS, laplace_rate
+
+DEFAULT_MAX_AGE = 8
+DEFAULT_MAX_PROMPTS = 4096      # memory bound: a flood of peer groups cannot grow the book past it
+
+
+def logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def signal_chance(p: float, group_size: int) -> float:
+    """P(a group of ``group_size`` samples at pass rate ``p`` is neither all right nor all wrong)."""
+    return 1.0 - p ** group_size - (1.0 - p) ** group_size
+
+
+@dataclass
+class _Seen:
+    prompt: object                                   # tasks.Prompt
+    round: int
+    counts: dict = field(default_factory=dict)       # kind -> [successes, samples]
+
+
+@dataclass(frozen=True)
+class Choice:
+    prompts: list                    # the round's own prompts, in order
+    from_outcomes: int               # how many came from peers' outcomes
+    predicted_signal: float | None   # mean predicted chance that a chosen group carries signal
+
+
+class OutcomeBook:
+    """Peers' per-prompt outcomes and this node's overall success per kind (see the module)."""
+
+    def __init__(self, *, max_age: int = DEFAULT_MAX_AGE, max_prompts: int = DEFAULT_MAX_PROMPTS):
+        self.max_age, self.max_prompts = max_age, max_prompts
+        self.prompts: dict[str, _Seen] = {}
+        self.used: dict[str, None] = {}       # prompts already chosen (insertion-ordered, bounded)
+        self.kind_rate: dict[str, list[float]] = {k: [0.0, 0] for k in KINDS}
+        self.own_rate = [0.0, 0]
+
+    def add_peer(self, round_no: int, prompt, kind: str, rewards: Sequence[float]) -> None:
+        """A peer group the intake accepted and graded (its rewards are the local grader's)."""
+        wins = sum(min(max(float(r), 0.0), 1.0) for r in rewards)
+        self.kind_rate[kind][0] += wins
+        self.kind_rate[kind][1] += len(rewards)
+        if prompt.id in self.used:
+            return
+        seen = self.prompts.get(prompt.id)
+        if seen is None:
+            if len(self.prompts) >= self.max_prompts:
+                self.prompts.pop(next(iter(self.prompts)))      # oldest first (insertion order)
+            seen = self.prompts[prompt.id] = _Seen(prompt, round_no)
+        counts = seen.counts.setdefault(kind, [0.0, 0])
+        counts[0] += wins
+        counts[1] += len(rewards)
+
+    def add_own(self, rewards: Sequence[float]) -> None:
+        self.own_rate[0] += sum(min(max(float(r), 0.0), 1.0) for r in rewards)
+        self.own_rate[1] += len(rewards)
+
+    def own_success(self) -> float:
+        return laplace_rate(*self.own_rate)
+
+    def predict(self, prompt_id: str) -> float | None:
+        """This node's predicted pass rate on a prompt peers answered (None: none did)."""
+        seen = self.prompts.get(prompt_id)
+        if seen is None or not seen.counts:
+            return None
+        mine = logit(self.own_success())
+        votes = [(n, logit(laplace_rate(w, n)) + mine - logit(laplace_rate(*self.kind_rate[k])))
+                 for k, (w, n) in seen.counts.items() if n]
+        total = sum(n for n, _ in votes)
+        return sigmoid(sum(n * x for n, x in votes) / total)
+
+    def forget_before(self, round_no: int) -> None:
+        for pid in [pid for pid, s in self.prompts.items() if s.round < round_no - self.max_age]:
+            del self.prompts[pid]
+
+    def choose(self, round_no: int, stream: Sequence, group_size: int) -> Choice:
+        """The round's own prompts: peer-answered ones more likely than a fresh stream prompt to
+        carry signal, best first, then the stream's in order (``stream`` has one per slot)."""
+        self.forget_before(round_no)
+        baseline = signal_chance(self.own_success(), group_size)
+        scored = sorted(((signal_chance(p, group_size), pid) for pid in self.prompts
+                         if (p := self.predict(pid)) is not None), key=lambda t: (-t[0], t[1]))
+        picked = [pid for chance, pid in scored if chance > baseline][: len(stream)]
+        for pid in picked:
+            self.used[pid] = None
+            if len(self.used) > self.max_prompts:
+                self.used.pop(next(iter(self.used)))
+        chosen = [self.prompts.pop(pid).prompt for pid in picked]
+        chances = [c for c, pid in scored if pid in set(picked)]
+        rest = list(stream[: len(stream) - len(chosen)])
+        predicted = None if not chances else sum(chances) / len(chances)
+        return Choice(prompts=chosen + rest, from_outcomes=len(chosen), predicted_signal=predicted)

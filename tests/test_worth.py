@@ -1,0 +1,111 @@
+"""Fill by worth (issue 48.1): what each kind of peer's groups are worth, on rules and on H6's records."""
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from ftis_edge.worth import (OTHER_TOKENIZER, SAME_MODEL, SAME_TOKENIZER, WorthBook, describe, effective_share,
+                             peer_kind)
+
+H6 = Path(__file__).resolve().parents[1] / "docs" / "runs" / "h6" / "h6"
+
+
+def group(successes, n=8):
+    return [1.0] * successes + [0.0] * (n - successes)
+
+
+def test_kinds():
+    assert peer_kind(True, "a", "a") == SAME_MODEL
+    assert peer_kind(True, "b", "a") == SAME_TOKENIZER
+    assert peer_kind(False, "a", "a") == OTHER_TOKENIZER
+    assert peer_kind(True, "b", "") == SAME_MODEL          # our fingerprint unknown: by tokenizer only
+
+
+def test_a_copy_of_our_model_fills_and_text_the_filter_half_drops_does_not():
+    book = WorthBook()
+    for r in range(1, 9):
+        book.observe(r, group(4), [(SAME_MODEL, group(4)), (OTHER_TOKENIZER, group(6))],
+                     [(SAME_MODEL, 1.0)] * 8 + [(OTHER_TOKENIZER, 0.75)] * 4 + [(OTHER_TOKENIZER, 0.0)] * 4)
+    same, other = book.worth(SAME_MODEL), book.worth(OTHER_TOKENIZER)
+    assert same.used and same.value == pytest.approx(1.0)
+    assert other.capability > 1 and other.share == pytest.approx(0.375) and not other.used
+    assert other.unused_since is not None
+    assert "not used since round" in describe(other, own_groups=4, batch=4)
+    assert book.metrics()["worth/other_tokenizer/used"] == 0 and book.metrics()["worth/same_model/used"] == 1
+
+
+def test_a_kind_is_tried_on_its_prior_and_judged_by_what_its_samples_did():
+    book = WorthBook(window=4)
+    book.observe(1, group(2), [(OTHER_TOKENIZER, group(5))], [])
+    assert book.allows(OTHER_TOKENIZER)                     # succeeds more often than we do: tried
+    book.observe(2, group(2), [(OTHER_TOKENIZER, group(5))], [(OTHER_TOKENIZER, 0.1)] * 8)
+    assert not book.allows(OTHER_TOKENIZER)                 # its samples weighed 0.1 each
+    assert book.worth(OTHER_TOKENIZER).unused_since == 3
+
+
+def test_a_peer_far_behind_us_is_not_worth_a_slot_even_of_our_model():
+    book = WorthBook()
+    for r in range(1, 9):
+        book.observe(r, group(7), [(SAME_MODEL, group(1))], [(SAME_MODEL, 1.0)] * 8)
+    w = book.worth(SAME_MODEL)
+    assert w.capability < 0.5 and not w.used
+    assert "your success 86% > theirs 14%" in describe(w, own_groups=4, batch=4)
+
+
+def test_an_unseen_kind_and_bad_settings():
+    book = WorthBook()
+    assert book.allows(SAME_TOKENIZER) and book.worth(SAME_TOKENIZER).value is None
+    assert effective_share([2.0, 0.0]) == 0.5
+    with pytest.raises(ValueError, match="window"):
+        WorthBook(window=0)
+    with pytest.raises(ValueError, match="threshold"):
+        WorthBook(threshold=1.5)
+
+
+# --- H6's records, replayed ---------------------------------------------------------------------
+
+def rounds(folder: Path) -> dict:
+    with gzip.open(folder / "metrics.jsonl.gz", "rt") as fh:
+        return {r["round"]: r for r in map(json.loads, fh) if r.get("type") == "round"}
+
+
+def own_group(rec):
+    n, mean = rec.get("samples/own") or 0, rec.get("reward/own")
+    return None if not n or mean is None else group(round(mean * n), n)
+
+
+def trained(rec, previous, kind_of):
+    """Each peer's samples trained this round (the snapshot counts them since the start), weighed
+    as recorded: the filter's share at 0, the rest at the peer's mean IS weight."""
+    out = []
+    for peer, now in (rec.get("peers") or {}).items():
+        before = ((previous or {}).get("peers") or {}).get(peer, {})
+        n = (now.get("samples_used") or 0) - (before.get("samples_used") or 0)
+        if n > 0 and now.get("is_weight_mean") is not None:
+            dropped = round(n * (now.get("filter_rate") or 0.0))
+            out += [(kind_of(peer), now["is_weight_mean"])] * (n - dropped) + [(kind_of(peer), 0.0)] * dropped
+    return out
+
+
+@pytest.mark.parametrize("seed", ["s0", "s1", "s2"])
+def test_h6_replayed_same_model_peers_keep_filling_and_smollm2_text_stops_filling_the_gemma_node(seed):
+    runs = {i: rounds(H6 / seed / f"ftis-{i}") for i in range(4)}      # node 3 is the Gemma node
+    used = {}
+    for me in range(4):
+        def kind_of(peer, me=me):
+            return OTHER_TOKENIZER if (peer == "node-3") != (me == 3) else SAME_MODEL
+        book, count = WorthBook(), {SAME_MODEL: 0, OTHER_TOKENIZER: 0}
+        for r in sorted(runs[me]):
+            peers = [(kind_of(f"node-{j}"), own_group(runs[j][r])) for j in range(4)
+                     if j != me and r in runs[j] and own_group(runs[j][r])]
+            book.observe(r, own_group(runs[me][r]) or [], peers,
+                         trained(runs[me][r], runs[me].get(r - 1), kind_of))
+            for kind in count:
+                count[kind] += book.allows(kind)
+        used[me] = {k: v / len(runs[me]) for k, v in count.items()}
+    # the LoRA nodes take their twins' groups every round, as in H4/H6 (the 3x saving stays); the
+    # full fine-tuning node, far ahead of its LoRA peers late in some seeds, in most rounds
+    assert used[0][SAME_MODEL] == used[1][SAME_MODEL] == 1.0, used
+    assert used[2][SAME_MODEL] >= 0.65, used
+    assert used[3][OTHER_TOKENIZER] <= 0.1, used               # the Gemma node generates its own
