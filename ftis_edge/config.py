@@ -172,6 +172,16 @@ class SwarmSection:
                            "the swarm does not supply within max_wait_s (0 = off: generate all, peers' groups come "
                            "on top). Default 1: H4 in docs/results.md (5.5x fewer own tokens, 1.9x fewer "
                            "CPU-seconds, no loss of reward)", lo=0, hi=1024)
+    fill_by_worth: bool = _opt(False, "take each kind of peer (same model, same tokenizer, other tokenizer) only while "
+                               "its groups are worth an own group: its success against yours x what its trained "
+                               "samples count (ftis_edge/worth.py); a kind not worth it leaves its slots to your own "
+                               "generation and is not trained on. Off until H7 decides (docs/results.md)")
+    worth_threshold: float = _opt(0.5, "fill_by_worth: the worth a kind of peer needs to fill a slot (an own group = 1)",
+                                  lo=0.0, hi=1.0)
+    worth_window: int = _opt(8, "fill_by_worth: rounds of evidence kept per kind of peer", lo=1, hi=1000)
+    prompt_choice: str = _opt("stream", "own prompts: stream (the task's, a pure function of seed and round) or "
+                              "outcomes (prefer prompts peers of any model answered where your group is likelier "
+                              "to carry signal, ftis_edge/outcomes.py; vertical swarms)", choices=("stream", "outcomes"))
     delivery_budget: int = _opt(0, "peer groups the relay sends this node per 10 s (0 = max_peer_groups, -1 = all)", lo=-1)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
     rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
@@ -322,6 +332,9 @@ def from_dict(data: dict) -> Config:
 def _cross_checks(cfg: Config) -> None:
     if cfg.swarm.collaboration == "horizontal" and cfg.swarm.relay and cfg.task.num_generations % 2:
         raise ConfigError("task.num_generations: horizontal mode splits each group across nodes; use an even size")
+    if cfg.swarm.prompt_choice == "outcomes" and cfg.mode == "horizontal":
+        raise ConfigError("swarm.prompt_choice = \"outcomes\": horizontal swarms work on the same prompts "
+                          "(a function of the swarm and the round); use \"stream\" or collaboration = \"vertical\"")
     if cfg.swarm.own_groups > cfg.task.prompts_per_round:
         raise ConfigError(f"swarm.own_groups: at most task.prompts_per_round ({cfg.task.prompts_per_round}) "
                           f"own groups a round; got {cfg.swarm.own_groups}")

@@ -221,6 +221,24 @@ SECTIONS: dict[str, list[Metric]] = {
            "2 none of another tokenizer or base model, 3 none (training alone)", ROUND),
         _m("swarm/guard_excluded", "peer groups this round that the guard's level kept out of training", ROUND),
     ],
+    "What the swarm is worth (swarm.fill_by_worth, swarm.prompt_choice; ftis_edge/worth.py, outcomes.py)": [
+        _m("groups/own_signal_frac", "fraction of own groups whose rewards differ (they carry a learning signal)", ROUND),
+        *[m for kind in ("same_model", "same_tokenizer", "other_tokenizer") for m in (
+            _m(f"worth/{kind}/value", f"{kind.replace('_', ' ')} peers: min(1, capability) × share, what one of "
+               "their groups is worth against an own group over the last swarm.worth_window rounds (empty: none seen)",
+               ROUND),
+            _m(f"worth/{kind}/capability", f"{kind.replace('_', ' ')} peers: their success rate ÷ ours "
+               "(Laplace-smoothed, over the window)", ROUND),
+            _m(f"worth/{kind}/share", f"{kind.replace('_', ' ')} peers: what one of their trained samples counts "
+               "against one of ours (truncated IS weight capped at 1, dropped = 0; a prior before any trained)", ROUND),
+            _m(f"worth/{kind}/used", f"1 when {kind.replace('_', ' ')} peers may fill slots next round", ROUND))],
+        _m("worth/excluded", "peer groups this round of a kind not worth a slot (their slots went to own generation)",
+           ROUND),
+        _m("worth/said", "the dashboard's sentence per kind of peer seen, e.g. \"other tokenizer peers: not used since "
+           "round 17 — your success 62% > theirs 48%; you generated 4 of 4 groups this round\"", ROUND),
+        _m("prompts/from_outcomes", "own prompts this round chosen from peers' outcomes (swarm.prompt_choice)", ROUND),
+        _m("prompts/predicted_signal", "their mean predicted chance of carrying a signal", ROUND),
+    ],
     "Time": [
         _m("time/gen_s", "generation and grading of own groups", ROUND),
         _m("time/peer_wait_s", "waiting for peers' groups", ROUND),

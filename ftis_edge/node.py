@@ -42,11 +42,13 @@ from .learner import Learner
 from .logs import quiet_third_party, round_line, setup_logging
 from .metrics import MetricsWriter, read_control, write_control
 from .models import resolve_model
+from .outcomes import OutcomeBook
 from .paths import cache_dir
 from .rounds import Parts, Round, token_bytes_of
 from .swarm import ClientKeys, SwarmClient
 from .sync import WeightSync
 from .tasks import task_from_config, warm_up
+from .worth import WorthBook
 
 log = logging.getLogger("ftis_edge.node")
 
@@ -82,6 +84,8 @@ class Node:
         self.heldout: HeldOut | None = None
         self.guard: SwarmGuard | None = None           # None alone or without held-out evals
         self.divergence: DivergenceWatch | None = None
+        self.worth: WorthBook | None = None            # swarm.fill_by_worth (a swarm node)
+        self.outcomes: OutcomeBook | None = None       # swarm.prompt_choice = "outcomes" (a swarm node)
         self._relay_watch = threading.Event()          # set: the relay-health thread stops
         self._base_record: dict = {}          # the base model's eval, for round 1's record
         self._disk_need: int | None = None    # bytes a checkpoint and the weights need (known after build)
@@ -147,6 +151,10 @@ class Node:
                                      filters={"task": list(self.task.tags)})
             self.swarm.start()
             self._watch_relay()
+            if cfg.swarm.fill_by_worth:
+                self.worth = WorthBook(window=cfg.swarm.worth_window, threshold=cfg.swarm.worth_threshold)
+            if cfg.swarm.prompt_choice == "outcomes":
+                self.outcomes = OutcomeBook()
             # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
             log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)
@@ -323,7 +331,8 @@ class Node:
                            generator=self.generator, learner=self.learner, sync=self.sync, intake=self.intake,
                            book=self.book, progress=self.progress, divergence=self.divergence,
                            local_tokenizer=self.local_tokenizer, sample_rules=self.sample_rules,
-                           totals=self.totals, swarm=self.swarm, guard=self.guard, token_bytes=self.token_bytes),
+                           totals=self.totals, swarm=self.swarm, guard=self.guard, token_bytes=self.token_bytes,
+                           worth=self.worth, outcomes=self.outcomes),
                      self.round, oom_retries=self.oom_retries)
 
     def run_round(self) -> dict:

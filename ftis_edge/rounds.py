@@ -35,9 +35,11 @@ from .generate.base import SamplerSettings
 from .guard import ALONE
 from .intake import PeerGroup
 from .learner import LearnerOOM
+from .outcomes import OutcomeBook
 from .plausibility import PlausibilityConfig
 from .samples import OWN
 from .wire import Rollout, WireCompletion, encode
+from .worth import KINDS, WorthBook, describe, peer_kind
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +175,8 @@ class Parts:
     guard: object | None = None     # guard.SwarmGuard; None without held-out evals or alone
     token_bytes: TokenBytes | None = None
     pick: PeerPick = field(default_factory=IntakeOrder)
+    worth: WorthBook | None = None          # swarm.fill_by_worth: which kinds of peer may fill (run-long)
+    outcomes: OutcomeBook | None = None     # swarm.prompt_choice = "outcomes": peers' outcomes (run-long)
 
 
 class Round:
@@ -187,12 +191,18 @@ class Round:
         self.wire_in = WireCount()          # received rollouts
         self.wire_out = WireCount()         # published rollouts
         self.guard_excluded = 0             # peer groups the guard kept out
+        self.worth_excluded = 0             # peer groups of a kind not worth a slot (fill_by_worth)
+        self.seen: list[tuple[str, list]] = []      # (kind, rewards) of each peer group taken in
+        self.kind_of: dict[str, str] = {}           # peer node id -> the kind of its newest group
+        self.choice = None                          # outcomes.Choice of this round's prompts
 
     # --- the round ------------------------------------------------------------------------
     def run(self) -> dict:
         p, cfg = self.parts, self.cfg
         t_round = time.time()
         p.progress.round_started(self.number)
+        if p.outcomes is not None and p.swarm is not None:
+            self.poll(0.0)                  # what arrived while we trained informs the prompts
         prompts = self.prompts()
         slots = fill_slots(cfg, p.swarm)
         record: dict = {"round": self.number}
@@ -219,8 +229,10 @@ class Round:
         with self.cpu.measure("train"):
             stats = self.train(samples) if samples else {"skipped": 1, "samples": 0}
         record["time/train_s"] = time.time() - t0
-        for use in peer_usage(samples, stats.get("per_sample")):
+        uses = peer_usage(samples, stats.get("per_sample"))
+        for use in uses:
             p.book.get(use.node_id).record_use(use)
+        self.weigh(own, uses)
         if p.swarm is not None and stats.get("per_sample"):   # a step ran: the relay's budget
             p.swarm.mark_useful(useful_peers(samples, stats["per_sample"]))   # favours them (Sybil ids)
         t0 = time.time()
@@ -258,6 +270,7 @@ class Round:
                            "relay/reason": health.get("reason") or None})
         if p.guard is not None:
             record.update({"swarm/guard_level": p.guard.level, "swarm/guard_excluded": self.guard_excluded})
+        record.update(self.exchange_record(own))
         record["peers"] = p.book.snapshot()
         record.update(round_compute(self.cpu, p.totals, tokens=tokens, own_groups=len(own),
                                     peer_groups=len(peers), fill=slots is not None))
@@ -272,7 +285,13 @@ class Round:
         per = cfg.task.prompts_per_round
         seed = derive_seed("swarm", cfg.swarm.name) if cfg.mode == "horizontal" else cfg.node.seed
         stream = self.parts.task.prompts(seed=seed, start=(self.number - 1) * per)
-        return [next(stream) for _ in range(per)]
+        prompts = [next(stream) for _ in range(per)]
+        if self.parts.outcomes is None:
+            return prompts
+        # peers' outcomes put the prompts likeliest to carry signal first: under batch fill the
+        # node generates the first ones itself
+        self.choice = self.parts.outcomes.choose(self.number, prompts, cfg.task.num_generations)
+        return self.choice.prompts
 
     def generate(self, prompts, first: int = 0) -> tuple[list[OwnGroup], float, int]:
         """Own groups for ``prompts``, graded: (groups, generation seconds, tokens). ``first`` is
@@ -384,8 +403,11 @@ class Round:
             for it in items:
                 if it.rollout is not None:
                     self.wire_in.add(it.nbytes, it.rollout.num_tokens)
+            before = {id(g) for g in p.intake.buffer}
             p.intake.receive(items, self.number)
+            self.note_arrivals([g for g in p.intake.buffer if id(g) not in before])
             self.admit_peers()
+            self.admit_by_worth()
 
     # --- the guard's gate -----------------------------------------------------------------
     def admit_peers(self) -> None:
@@ -397,6 +419,56 @@ class Round:
                 if guard.admits(g.rollout.tokenizer_fp, g.rollout.model_fp, g.rollout.node_id)]
         self.guard_excluded += len(intake.buffer) - len(kept)
         intake.buffer = kept
+
+    # --- worth and outcomes (issue 48) ------------------------------------------------------
+    def note_arrivals(self, groups) -> None:
+        """Each peer group the intake accepted (graded locally): its kind, its outcome."""
+        p = self.parts
+        for g in groups:
+            kind = peer_kind(g.same_tokenizer, g.rollout.model_fp, p.bundle.fingerprint)
+            self.kind_of[g.rollout.node_id] = kind
+            self.seen.append((kind, list(g.rewards)))
+            if p.outcomes is not None:
+                p.outcomes.add_peer(self.number, g.prompt, kind, g.rewards)
+
+    def admit_by_worth(self) -> None:
+        """fill_by_worth: drop buffered groups of a kind not worth an own group (counted); their
+        slots go to own generation, their outcomes were kept."""
+        worth, intake = self.parts.worth, self.parts.intake
+        if worth is None:
+            return
+        fp = self.parts.bundle.fingerprint
+        kept = [g for g in intake.buffer
+                if worth.allows(peer_kind(g.same_tokenizer, g.rollout.model_fp, fp))]
+        self.worth_excluded += len(intake.buffer) - len(kept)
+        intake.buffer = kept
+
+    def weigh(self, own, uses) -> None:
+        """After the step: the round's evidence to the worth and outcome books."""
+        p = self.parts
+        own_rewards = [r for g in own for r in g.rewards]
+        if p.outcomes is not None:
+            p.outcomes.add_own(own_rewards)
+        if p.worth is not None:
+            # a dropped sample counts 0; one trained without an IS weight (nois) counts as ours
+            trained = [(self.kind_of.get(u.node_id, "other tokenizer"),
+                        0.0 if u.dropped else 1.0 if u.is_weight is None else u.is_weight) for u in uses]
+            p.worth.observe(self.number, own_rewards, self.seen, trained)
+
+    def exchange_record(self, own) -> dict:
+        """The round record's worth/… and prompts/… keys (docs/metrics.md)."""
+        p = self.parts
+        signal = [len(set(g.rewards)) > 1 for g in own]
+        out = {"groups/own_signal_frac": statistics.fmean(signal) if signal else None}
+        if p.worth is not None:
+            out.update(p.worth.metrics())
+            out["worth/excluded"] = self.worth_excluded
+            out["worth/said"] = [describe(p.worth.worth(k), own_groups=len(own), batch=self.cfg.task.prompts_per_round)
+                                 for k in KINDS if p.worth.seen[k]]
+        if p.outcomes is not None:
+            out["prompts/from_outcomes"] = self.choice.from_outcomes if self.choice else 0
+            out["prompts/predicted_signal"] = self.choice.predicted_signal if self.choice else None
+        return out
 
     def peer_limit(self, limit: int) -> int:
         """Peer groups the round may take: none while the guard has the node training alone."""

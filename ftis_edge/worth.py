@@ -155,7 +155,7 @@ class WorthBook:
 
 def describe(w: Worth, *, own_groups: int, batch: int) -> str:
     """The dashboard's sentence for one kind, e.g. 'other-tokenizer peers: not used since round
-    17 — your success 62 % > theirs 48 %; you generate 4 of 4 groups'."""
+    17 — your success 62% > theirs 48%; you generated 4 of 4 groups this round'."""
     who = f"{w.kind} peers"
     if w.success_peer is None:
         return f"{who}: none seen lately"
@@ -163,6 +163,7 @@ def describe(w: Worth, *, own_groups: int, batch: int) -> str:
             f"theirs {w.success_peer:.0%}"
     share = "" if w.share >= 0.95 else f", {w.share:.0%} of their samples count"
     if w.used:
-        return f"{who}: used, worth {w.value:.2f} of an own group ({rates}{share}); you generate {own_groups} of {batch} groups"
+        return (f"{who}: used, worth {w.value:.2f} of an own group ({rates}{share}); "
+                f"you generated {own_groups} of {batch} groups this round")
     since = f" since round {w.unused_since}" if w.unused_since else ""
-    return f"{who}: not used{since} — {rates}{share}; you generate {own_groups} of {batch} groups"
+    return f"{who}: not used{since} — {rates}{share}; you generated {own_groups} of {batch} groups this round"

@@ -107,7 +107,10 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
                              "samples/foreign", "is/foreign_capped", "peers/refused_length",
                              "peers/success_weight", "samples/masked_truncated", "peers/false_tokenizer_claims",
                              # a node's own training diverging (its KL, format, length)
-                             "kl/own_mean", "train/diverging"}
+                             "kl/own_mean", "train/diverging",
+                             # issue 48: what the swarm is worth (worth.py, outcomes.py)
+                             "groups/own_signal_frac", "prompts/from_outcomes", "prompts/predicted_signal",
+                             *(k for k in mk.METRICS if k.startswith("worth/"))}
 
 
 def test_the_recorded_fixture_uses_only_registered_keys():

@@ -10,6 +10,9 @@ import pytest
 
 from ftis_edge.guard import ALONE
 from ftis_edge.metric_keys import unregistered
+from ftis_edge.outcomes import OutcomeBook
+from ftis_edge.tasks.base import Prompt
+from ftis_edge.worth import OTHER_TOKENIZER, SAME_MODEL, SAME_TOKENIZER, WorthBook
 from ftis_edge.rounds import IntakeOrder, Round, derive_seed, fill_slots
 from round_parts import RELAY, Swarm, make_cfg, make_parts, peer_groups
 
@@ -19,7 +22,7 @@ ALONE_KEYS = ["round", "time/gen_s", "gen/tokens", "gen/tok_s", "completions/mea
               "reward/timed_out", "reward/refused", "samples/own", "peers/samples_used", "samples/masked_truncated",
               "peers/refused_length", "peers/false_tokenizer_claims", "peers/success_weight", "frac_reward_zero_std",
               "groups/with_peer_parts", "peers/groups_used", "memory/oom_retries", "micro_batch", "learning_rate",
-              "loss", "samples", "version", "kl/own_mean", "train/diverging", "peers",
+              "loss", "samples", "version", "kl/own_mean", "train/diverging", "groups/own_signal_frac", "peers",
               "cpu/gen_s", "cpu/grade_s", "cpu/intake_s", "cpu/train_s", "cpu/sync_s", "cpu/round_s", "cpu/total_s",
               "gen/tokens_total", "groups/own", "peers/share", "peers/saved_frac", "time/round_s"]
 PEER_KEYS = ["time/peer_wait_s", "wire/bytes_per_token_in", "peers/groups_received", "peers/rejected",
@@ -124,3 +127,36 @@ def test_the_guards_gate_on_a_rounds_peers(tmp_path):
     assert rec["swarm/guard_level"] == ALONE and rec["peers/groups_used"] == 0 and rec["swarm/guard_excluded"] == 3
     assert rec["time/peer_wait_s"] < 1.0 and parts.swarm.polls == [0.0]      # no wait for peers it would not take
     assert unregistered(rec) == []
+
+
+def test_fill_by_worth_keeps_out_a_kind_not_worth_a_slot_and_generates_its_slot(tmp_path):
+    """Another tokenizer's samples counted 0.05 of ours: its group does not fill a slot (the node
+    generates it), same-tokenizer peers still do; the record says so per kind."""
+    worth = WorthBook()
+    worth.observe(0, [1.0, 0.0, 0.0, 0.0], [(OTHER_TOKENIZER, [1.0, 0.0, 0.0, 0.0])], [(OTHER_TOKENIZER, 0.05)] * 8)
+    assert not worth.allows(OTHER_TOKENIZER) and worth.allows(SAME_MODEL)
+    parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 1, "max_wait_s": 0.0, "fill_by_worth": True}),
+                       swarm=Swarm(arrivals=[peer_groups()]))
+    parts.worth = worth
+    rec = Round(parts, 1).run()
+    assert rec["worth/excluded"] == 1 and rec["peers/groups_used"] == 2 and rec["groups/topped_up"] == 1
+    assert {s.source for s in parts.learner.batches[0]} == {"own", "peer-0", "peer-2"}
+    assert rec["worth/other_tokenizer/used"] == 0 and rec["worth/same_model/used"] == 1
+    assert unregistered(rec) == []
+
+
+def test_outcomes_put_the_prompts_likeliest_to_carry_signal_first(tmp_path):
+    """Peers answered a prompt half right: under batch fill the node generates that one itself."""
+    parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 1, "max_wait_s": 0.0,
+                                                        "prompt_choice": "outcomes"}),
+                       swarm=Swarm(arrivals=[peer_groups()]))
+    parts.outcomes = OutcomeBook()
+    parts.outcomes.add_own([1.0] * 7 + [0.0])        # this node is right 7 of 8 times: a fresh prompt rarely teaches
+    for kind in (SAME_MODEL, OTHER_TOKENIZER, SAME_TOKENIZER):    # peers solve most prompts: half right is hard
+        for i in range(4):
+            parts.outcomes.add_peer(0, Prompt(id=f"easy-{kind}-{i}", question="q", reference="0"), kind, [1.0] * 8)
+    rec = Round(parts, 1).run()
+    assert rec["prompts/from_outcomes"] >= 1 and rec["prompts/predicted_signal"] > 0.5
+    first = parts.learner.batches[0][0]
+    assert first.source == "own"
+    assert rec["groups/own"] >= 1 and unregistered(rec) == []

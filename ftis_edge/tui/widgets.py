@@ -350,10 +350,19 @@ def relay_chunks(view: View) -> list[Content]:
         field("too old", fmt.integer(latest.get("peers/stale"))),
         BREAK,
         line((saved_phrase(latest) or "the swarm supplied nothing yet", "bold")),
+        *worth_lines(latest),
         field("skipped: all-equal rewards", fmt.integer(latest.get("peers/skipped_zero_advantage"))),
         field("per-peer cap", fmt.integer(latest.get("peers/skipped_peer_cap"))),
         field("surplus", fmt.integer(latest.get("peers/skipped_surplus"))),
     ]
+
+
+def worth_lines(latest: dict) -> list[Content]:
+    """What each kind of peer is worth to this node, in words (swarm.fill_by_worth; worth.py)."""
+    said = latest.get("worth/said")
+    if not isinstance(said, list):
+        return []
+    return [line((fmt.text(s, 160), RED if ": not used" in str(s) else "")) for s in said]
 
 
 def held_out_chunks(view: View) -> list[Content]:
