@@ -198,7 +198,8 @@ class EvalSection:
                       trl="eval_steps")
     prompts: int = _opt(32, "held-out prompts per eval: the first N of the task's eval split, the same ones "
                         "every time (compared prompt by prompt)", lo=1, hi=10000)
-    guard: bool = _opt(True, "swarm nodes: take less from the swarm (other tokenizers, then other base models, "
+    guard: bool = _opt(True, "swarm nodes: take less from the swarm (first generate every group here, then drop "
+                       "other tokenizers, then other base models, "
                        "then all peers) while held-out accuracy is significantly below its best, return when "
                        "it recovers (ftis_edge/guard.py; a node alone is never touched)")
     guard_alpha: float = _opt(0.05, "the guard's significance level (one-sided exact McNemar test on the "

@@ -6,11 +6,14 @@ its best eval (the base model's, round 0, is the first best) by more than chance
 prompts, it steps down a ladder:
 
     0  all peers
-    1  no peers with another tokenizer          (least like us: their text is re-tokenized)
-    2  no peers with another base model either  (same tokenizer, other weights)
-    3  no peers: training alone                 (it still shares its own groups)
+    1  every group generated here               (batch fill off: peers' groups only on top)
+    2  no peers with another tokenizer          (least like us: their text is re-tokenized)
+    3  no peers with another base model either  (same tokenizer, other weights)
+    4  no peers: training alone                 (it still shares its own groups)
 
-A step that would exclude nobody seen so far is skipped. Each eval that finds accuracy recovered
+The first step is the safe one (issue 48): a node that stops trading its own samples for peers'
+loses compute, never learning, so a false alarm costs CPU, not accuracy. A step that changes
+nothing is skipped (rung 1 for a node without batch fill; a rung that excludes nobody seen so far). Each eval that finds accuracy recovered
 (not significantly below the best any more, and at least the base model's) takes one step back.
 
 The test is paired, on the same prompts: the exact one-sided McNemar test on the prompts that
@@ -42,9 +45,11 @@ from .heldout import EvalResult
 from .stats import paired_change
 
 MAX_REMEMBERED = 10_000      # node ids whose claims are kept (an open relay's ids are cheap)
-LEVELS = ("all peers", "no peers of another tokenizer", "no peers of another tokenizer or base model",
-          "no peers (training alone)")
+LEVELS = ("all peers", "every group generated here (peers only on top)", "no peers of another tokenizer",
+          "no peers of another tokenizer or base model", "no peers (training alone)")
+OWN_GROUPS, NO_OTHER_TOKENIZER, NO_OTHER_MODEL = 1, 2, 3
 ALONE = len(LEVELS) - 1
+LADDER = 2          # the ladder's version in a checkpoint: 1 had no OWN_GROUPS rung
 
 
 @dataclass(frozen=True)
@@ -57,9 +62,10 @@ class GuardStep:
 
 
 class SwarmGuard:
-    def __init__(self, my_tokenizer_fp: str, my_model_fp: str, *, alpha: float = 0.05):
+    def __init__(self, my_tokenizer_fp: str, my_model_fp: str, *, alpha: float = 0.05, fills: bool = False):
         self.tokenizer_fp, self.model_fp = my_tokenizer_fp, my_model_fp
         self.alpha = alpha
+        self.fills = fills      # batch fill on: the OWN_GROUPS rung changes something
         self.level = 0
         self.fired = 0          # how many times it took less from the swarm
         self.claims: dict[str, set] = {}   # node id -> every (tokenizer, model) fingerprint pair it claimed
@@ -85,16 +91,24 @@ class SwarmGuard:
     def _admits(self, tokenizer_fp: str | None, model_fp: str | None) -> bool:
         if self.level >= ALONE:
             return False
-        if self.level >= 1 and tokenizer_fp != self.tokenizer_fp:
+        if self.level >= NO_OTHER_TOKENIZER and tokenizer_fp != self.tokenizer_fp:
             return False
-        if self.level >= 2 and model_fp != self.model_fp:
+        if self.level >= NO_OTHER_MODEL and model_fp != self.model_fp:
             return False
         return True
 
+    @property
+    def generates_all(self) -> bool:
+        """Batch fill is off at this level: the node generates every group of its batch."""
+        return self.level >= OWN_GROUPS
+
     def _excludes_someone(self, level: int, peers: dict) -> bool:
-        """Would ``level`` exclude any peer seen so far that the level below admits?"""
+        """Would ``level`` change anything against the level below: exclude a peer seen so far
+        that it admits, or (OWN_GROUPS) stop batch fill?"""
         if level >= ALONE:
             return True
+        if level == OWN_GROUPS:
+            return self.fills
         saved = self.level
         try:
             self.level = level
@@ -139,12 +153,14 @@ class SwarmGuard:
         return GuardStep(self.level, 0, False, f"{evidence}: no harm")
 
     def state(self) -> dict:
-        return {"level": self.level, "fired": self.fired,
+        return {"level": self.level, "fired": self.fired, "ladder": LADDER,
                 "claims": {n: sorted([t, m] for t, m in c) for n, c in self.claims.items() if len(c) > 1}}
 
     def load_state(self, state: dict | None) -> None:
         if state:
-            self.level = int(state.get("level", 0))
+            level = int(state.get("level", 0))
+            # a checkpoint of the 4-rung ladder: its levels 1-3 are this ladder's 2-4
+            self.level = min(level + 1, ALONE) if level and state.get("ladder", 1) < LADDER else level
             self.fired = int(state.get("fired", 0))
             claims = state.get("claims")
             for node_id, pairs in (claims.items() if isinstance(claims, dict) else ()):

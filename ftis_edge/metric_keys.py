@@ -217,8 +217,9 @@ SECTIONS: dict[str, list[Metric]] = {
     "Swarm guard (ftis_edge/guard.py; swarm nodes with `eval.guard`)": [
         _m("swarm/guard", "the guard's decision at this round's eval, one line with the evidence (accuracy vs "
            "best on the same prompts, prompts lost / gained, McNemar p) and the action", ROUND),
-        _m("swarm/guard_level", "what the node takes from the swarm: 0 all peers, 1 none of another tokenizer, "
-           "2 none of another tokenizer or base model, 3 none (training alone)", ROUND),
+        _m("swarm/guard_level", "what the node takes from the swarm: 0 all peers, 1 every group generated here "
+           "(batch fill off, peers only on top), 2 none of another tokenizer, 3 none of another tokenizer or base "
+           "model, 4 none (training alone)", ROUND),
         _m("swarm/guard_excluded", "peer groups this round that the guard's level kept out of training", ROUND),
     ],
     "What the swarm is worth (swarm.fill_by_worth, swarm.prompt_choice; ftis_edge/worth.py, outcomes.py)": [

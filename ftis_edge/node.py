@@ -191,7 +191,8 @@ class Node:
         if self.swarm is not None and cfg.eval.guard:
             if self.heldout.active:
                 self.guard = SwarmGuard(self.bundle.tokenizer_fingerprint, self.bundle.fingerprint,
-                                        alpha=cfg.eval.guard_alpha)
+                                        alpha=cfg.eval.guard_alpha,
+                                        fills=cfg.mode == "vertical" and bool(cfg.swarm.own_groups))
             else:
                 log.warning("swarm guard off: it acts on held-out evals, and this run has none (eval.every = 0 "
                             "or a task without an eval split)")

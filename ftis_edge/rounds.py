@@ -204,7 +204,8 @@ class Round:
         if p.outcomes is not None and p.swarm is not None:
             self.poll(0.0)                  # what arrived while we trained informs the prompts
         prompts = self.prompts()
-        slots = fill_slots(cfg, p.swarm)
+        # the guard's first rung: generate every group here (peers' groups only on top)
+        slots = None if p.guard is not None and p.guard.generates_all else fill_slots(cfg, p.swarm)
         record: dict = {"round": self.number}
         peers, topped_up = [], 0
         if slots is not None:

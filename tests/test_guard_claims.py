@@ -20,14 +20,14 @@ def test_a_changed_claim_does_not_readmit_a_dropped_peer():
     base = result(0, 0)
     book = {"gemma": {"tokenizer": "tok-gemma", "model_fp": "gemma"}, "friend": {"tokenizer": ME_TOK, "model_fp": ME_MODEL}}
     step = guard.observe(result(1, 12), base, base, book)
-    assert step.harmed and guard.level == 1
+    assert step.harmed and guard.level == 2          # no batch fill: the first rung changes nothing
     assert not guard.admits("tok-gemma", "gemma", "gemma")
     assert not guard.admits(ME_TOK, ME_MODEL, "gemma")          # now claims to be us: still out
     assert guard.admits(ME_TOK, ME_MODEL, "friend")
     assert guard.admits(ME_TOK, ME_MODEL)                       # a claim without an id: as before
     resumed = SwarmGuard(ME_TOK, ME_MODEL)
     resumed.load_state(guard.state())
-    assert resumed.level == 1 and not resumed.admits(ME_TOK, ME_MODEL, "gemma")
+    assert resumed.level == 2 and not resumed.admits(ME_TOK, ME_MODEL, "gemma")
 
 
 def test_a_liar_claiming_us_is_admitted_until_the_last_level():
@@ -36,7 +36,7 @@ def test_a_liar_claiming_us_is_admitted_until_the_last_level():
     base = result(0, 0)
     book = {"liar": {"tokenizer": ME_TOK, "model_fp": ME_MODEL}, "qwen": {"tokenizer": "tok-qwen", "model_fp": "qwen"}}
     guard.observe(result(1, 12), base, base, book)
-    assert guard.level == 1 and guard.admits(ME_TOK, ME_MODEL, "liar") and not guard.admits("tok-qwen", "qwen", "qwen")
+    assert guard.level == 2 and guard.admits(ME_TOK, ME_MODEL, "liar") and not guard.admits("tok-qwen", "qwen", "qwen")
     guard.observe(result(2, 12), base, base, book)
     assert guard.level == ALONE and not guard.admits(ME_TOK, ME_MODEL, "liar")
 

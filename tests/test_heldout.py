@@ -112,7 +112,7 @@ def test_guard_steps_down_the_ladder_on_real_harm_and_returns_on_recovery():
 
     harmed = real_eval("ftis-3", 8)      # the same Gemma node in the swarm with F-TIS: 40% of 200
     step = guard.observe(harmed, base, base, PEERS)
-    assert step.harmed and step.moved == 1 and guard.level == 1
+    assert step.harmed and step.moved == 1 and guard.level == 2     # no batch fill: rung 1 changes nothing
     assert "McNemar p=" in step.line and "lost" in step.line and "another tokenizer" in step.line
     assert not guard.admits(SMOL, "smol") and guard.admits(GEMMA, "gemma")   # other tokenizer out first
 
@@ -127,10 +127,25 @@ def test_guard_steps_down_the_ladder_on_real_harm_and_returns_on_recovery():
     # accuracy back at the base: one step back per eval, skipping levels that exclude nobody new
     recovered = real_eval("alone-3", 24)
     step = guard.observe(recovered, base, base, PEERS)
-    assert not step.harmed and step.moved == -1 and guard.level == 1
+    assert not step.harmed and step.moved == -1 and guard.level == 2
     step = guard.observe(recovered, base, base, PEERS)
     assert step.moved == -1 and guard.level == 0 and guard.admits(SMOL, "smol")
     assert guard.fired == 2
+
+
+def test_a_filling_guards_first_step_is_to_generate_every_group_itself():
+    """Batch fill on: the first harm stops the trade of own samples for peers' (peers still admitted,
+    a false alarm costs compute); harm again, and another tokenizer goes."""
+    guard = SwarmGuard(GEMMA, "gemma", alpha=0.05, fills=True)
+    base = real_eval("alone-3", 0)
+    step = guard.observe(real_eval("ftis-3", 8), base, base, PEERS)
+    assert guard.level == 1 and guard.generates_all and step.line.endswith("every group generated here (peers only on top)")
+    assert guard.admits(SMOL, "smol")
+    guard.observe(real_eval("nois-3", 16), base, base, PEERS)
+    assert guard.level == 2 and not guard.admits(SMOL, "smol")
+    old = SwarmGuard(GEMMA, "gemma", fills=True)          # a checkpoint of the 4-rung ladder, at its level 1
+    old.load_state({"level": 1, "fired": 1})
+    assert old.level == 2
 
 
 def test_guard_stays_quiet_when_the_swarm_does_not_hurt():
@@ -153,7 +168,7 @@ def test_guard_skips_a_step_that_would_exclude_nobody():
     base = real_eval("alone-3", 0)
     same_kind = {"smol-b": {"tokenizer": SMOL, "model_fp": "smol-other"}}   # same tokenizer, other base
     guard.observe(real_eval("nois-3", 5), base, base, same_kind)
-    assert guard.level == 2 and guard.admits(SMOL, "smol") and not guard.admits(SMOL, "smol-other")
+    assert guard.level == 3 and guard.admits(SMOL, "smol") and not guard.admits(SMOL, "smol-other")
     g2 = SwarmGuard(SMOL, "smol")
     g2.observe(real_eval("nois-3", 5), base, base, {})        # no peer seen: straight to alone
     assert g2.level == ALONE
@@ -261,11 +276,11 @@ def test_the_guard_on_real_evals_gates_a_rounds_peers(tmp_path):
 
     assert guard.level == 0 and gate() == ["peer-0", "peer-1", "peer-2"] and rnd.guard_excluded == 0
     step = guard.observe(real_eval("ftis-3", 8), base, base, book.snapshot())
-    assert guard.level == 1 and step.line.endswith(LEVELS[1]) and "McNemar p=" in step.line
+    assert guard.level == 2 and step.line.endswith(LEVELS[2]) and "McNemar p=" in step.line
     assert gate() == ["peer-0", "peer-2"] and rnd.guard_excluded == 1       # another tokenizer out first
     worse = real_eval("nois-3", 16)
     guard.observe(worse, base, base, book.snapshot())                        # still below: other base models go too
-    assert guard.level == 2 and gate() == ["peer-0"] and rnd.guard_excluded == 3
+    assert guard.level == 3 and gate() == ["peer-0"] and rnd.guard_excluded == 3
     guard.observe(worse, base, base, book.snapshot())                        # and then all peers: alone
     assert guard.level == ALONE and gate() == [] and rnd.peer_limit(8) == 0
     parts.intake.buffer = []
@@ -275,7 +290,7 @@ def test_the_guard_on_real_evals_gates_a_rounds_peers(tmp_path):
     assert rec["time/peer_wait_s"] < 1.0                                     # no wait for peers it would not take
     assert unregistered(rec) == []
     step = guard.observe(real_eval("alone-3", 24), base, base, book.snapshot())   # recovered: one step back
-    assert guard.level == 2 and "back to" in step.line and gate() == ["peer-0"]
+    assert guard.level == 3 and "back to" in step.line and gate() == ["peer-0"]
 
 
 def _task(name: str, tmp_path: Path, **task):

@@ -113,8 +113,8 @@ def test_the_guards_gate_on_a_rounds_peers(tmp_path):
     parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 0, "max_wait_s": 3.0}),
                        swarm=Swarm(), guard=True)
     rnd = Round(parts, 1)
-    for level, kept in [(0, ["peer-0", "peer-1", "peer-2"]), (1, ["peer-0", "peer-2"]), (2, ["peer-0"]),
-                        (ALONE, [])]:
+    for level, kept in [(0, ["peer-0", "peer-1", "peer-2"]), (1, ["peer-0", "peer-1", "peer-2"]),
+                        (2, ["peer-0", "peer-2"]), (3, ["peer-0"]), (ALONE, [])]:
         parts.guard.level = level
         parts.intake.buffer = peer_groups()
         rnd.admit_peers()
@@ -160,3 +160,15 @@ def test_outcomes_put_the_prompts_likeliest_to_carry_signal_first(tmp_path):
     first = parts.learner.batches[0][0]
     assert first.source == "own"
     assert rec["groups/own"] >= 1 and unregistered(rec) == []
+
+
+def test_the_guards_first_rung_generates_every_group_and_takes_peers_only_on_top(tmp_path):
+    """A false alarm of the guard's first rung costs compute, not learning: the node generates its
+    whole batch, as alone, and peers' groups still come on top."""
+    parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 1, "max_wait_s": 0.0}),
+                       swarm=Swarm(arrivals=[[], peer_groups()]), guard=True)
+    parts.guard.fills = True
+    parts.guard.level = 1
+    rec = Round(parts, 1).run()
+    assert rec["groups/own"] == 4 and rec["groups/topped_up"] == 0 and rec["swarm/guard_level"] == 1
+    assert parts.generator.seeds == [derive_seed(5, "me", 1, i) for i in range(4)]
