@@ -54,7 +54,9 @@ def test_swarm_batches_pair_each_node_with_itself_alone(name, tmp_path):
     batch = batches.BATCHES[name]
     cfgs = run.receiver_configs(batch, 2, None, tmp_path, ADDR, f"repro-{name}-s2")
     loaded = {n: config.load(run.write_config(c, tmp_path / f"{n}.toml")) for n, c in cfgs.items()}
-    assert len(loaded) == (len(batch.arms) + 1) * batch.k
+    assert len(loaded) == (len(batch.arms) + 1) * batch.k + len(batch.extras)
+    for name, (i, _) in batch.extras.items():     # an extra twin alone (H7: the Gemma node at 1 group a round)
+        assert loaded[name].mode == "alone" and loaded[name].node_id == f"node-{i}"
     for arm in batch.arms:
         for i in range(batch.k):
             sw, al = loaded[f"{arm}-{i}"], loaded[f"alone-{i}"]
@@ -291,3 +293,19 @@ def test_h6_per_prompt_test_counts_the_prompts_one_node_alone_got_right():
     one_sided = [(0, 0, {"evals": {"id": {"items": [{"id": k, "correct": True} for k in "abcdefg"]}}},
                   {"evals": {"id": {"items": [{"id": k, "correct": False} for k in "abcdefg"]}}})]
     assert h6_decide.mcnemar(one_sided, "id") == (7, 0, 2 / 2 ** 7)
+
+
+def test_h7_is_the_registered_design(tmp_path):
+    """docs/results.md, "H7, pre-registered": H6's four nodes, plain F-TIS against the worth-aware
+    exchange, the twins alone, and the Gemma node alone at one group a round."""
+    batch = batches.BATCHES["h7"]
+    cfgs = run.receiver_configs(batch, 0, None, tmp_path, ADDR, "repro-h7-s0")
+    loaded = {n: config.load(run.write_config(c, tmp_path / f"{n}.toml")) for n, c in cfgs.items()}
+    for i in range(4):
+        ftis, worth = loaded[f"ftis-{i}"], loaded[f"worth-{i}"]
+        assert not ftis.swarm.fill_by_worth and ftis.swarm.prompt_choice == "stream"
+        assert worth.swarm.fill_by_worth and worth.swarm.prompt_choice == "outcomes"
+        assert ftis.swarm.own_groups == worth.swarm.own_groups == 1 and ftis.node.rounds == 32
+        assert (ftis.model, ftis.train) == (worth.model, worth.train)
+    gemma1 = loaded["alone1-3"]
+    assert gemma1.model.spec == "gemma3-270m" and gemma1.task.prompts_per_round == 1 and gemma1.mode == "alone"

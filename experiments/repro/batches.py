@@ -93,6 +93,7 @@ class SwarmBatch:
     rounds: int | None = None
     arms: dict[str, dict] = field(default_factory=lambda: {"swarm": {}})
     per_node: list[dict] = field(default_factory=list)
+    extras: dict[str, tuple[int, dict]] = field(default_factory=dict)   # name -> (node i, overrides of its twin alone)
 
     def node_config(self, i: int) -> dict:
         return merge(self.node, self.per_node[i] if self.per_node else {})
@@ -103,7 +104,8 @@ class SwarmBatch:
         alone = {"swarm": {"collaboration": "alone", "share": False}}
         return {**{f"{arm}-{i}": merge(self.node_config(i), over) for arm, over in self.arms.items()
                    for i in range(self.k)},
-                **{f"alone-{i}": merge(self.node_config(i), alone) for i in range(self.k)}}
+                **{f"alone-{i}": merge(self.node_config(i), alone) for i in range(self.k)},
+                **{name: merge(self.node_config(i), alone, over) for name, (i, over) in self.extras.items()}}
 
 
 def _method(m: str, **train) -> dict:
@@ -294,3 +296,21 @@ BATCHES.update({
         arms={"own1": _fill(1)},
     ),
 })
+
+
+# H7 (docs/results.md, "H7, pre-registered"): H6's heterogeneous swarm (own_groups = 1, R = 32) with
+# today's plain F-TIS (arm `ftis`, the control) against the worth-aware exchange (arm `worth`: fill by
+# worth and outcome-based prompt choice), each node against its twin alone, plus the Gemma node alone
+# generating one group a round (`alone1-3`: equal own tokens, separating "peers are worth little" from
+# "less own work"). Registered before any run; run on the code after Speed III (issue 52).
+WORTH_ON = {"swarm": {"fill_by_worth": True, "worth_threshold": 0.5, "worth_window": 8, "prompt_choice": "outcomes"}}
+BATCHES["h7"] = SwarmBatch(
+    "h7",
+    "H7, worth not tokens: H6's heterogeneous swarm, plain F-TIS (arm ftis) vs the worth-aware exchange "
+    "(arm worth: fill by worth + prompts from outcomes) vs alone, plus the Gemma node alone at one group a round",
+    k=4, node=_method("f-tis"), settings=merge(VALUE, H6_EVAL), eval_limit=VALUE_EVAL, rounds=H6_ROUNDS,
+    per_node=HETERO_NODES,
+    arms={"ftis": merge(_fill(1), _method("f-tis"), PROTECTIONS_OFF),
+          "worth": merge(_fill(1), _method("f-tis"), PROTECTIONS_OFF, WORTH_ON)},
+    extras={"alone1-3": (3, {"task": {"prompts_per_round": 1}})},
+)
