@@ -130,6 +130,19 @@ def load_round(run_dir: Path, round_: int) -> dict:
     return state
 
 
+def into_learner(learner, state: dict, run_dir: Path) -> None:
+    """Load a checkpoint's learner state into ``learner``; one that does not fit (another model,
+    LoRA rank or targets, trainable mode: the config changed under the run) is a CheckpointError
+    in words, not torch's size mismatch."""
+    from .errors import one_line
+    try:
+        learner.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"the checkpoint in {dir_of(run_dir).resolve()} does not fit the model and settings "
+                              f"in {(Path(run_dir) / 'config.toml').resolve()} ({one_line(e, 200)}): put back the "
+                              f"settings the run was made with (model, train.trainable, train.lora_*)") from None
+
+
 def load_latest(run_dir: Path) -> dict | None:
     """The newest checkpoint that verifies, or None when the run directory has none at all.
 

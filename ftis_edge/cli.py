@@ -59,7 +59,9 @@ def _run_start(args) -> int:
     resume = args.resume or args.resume_or_fresh
     try:
         cfg = load(args.config, overrides)
-        if resume:
+        if resume and args.config is None:
+            cfg = _the_record(cfg, overrides)
+        elif resume:
             cfg = _as_the_run_was(cfg, args, overrides)
         if cfg.mode != "alone":
             resolve_relay(cfg.swarm.relay)
@@ -79,8 +81,12 @@ def _run_start(args) -> int:
     if args.overwrite:
         rundir.reset(run_dir)
     if resume:
+        from . import resume_check
         try:      # checked here too, so that the dashboard never opens on nothing to resume
-            rundir.check_resumable(run_dir, fresh_if_missing=args.resume_or_fresh)
+            if rundir.check_resumable(run_dir, fresh_if_missing=args.resume_or_fresh):
+                # before anything loads: a setting the checkpoint needs that changed is refused
+                for note in resume_check.check(run_dir, cfg, node_file=args.config):
+                    print(f"note: {note}", file=sys.stderr)
         except FtisError as e:
             return _die(str(e))
 
@@ -112,6 +118,23 @@ def _run_start(args) -> int:
     print(rundir.stop_summary(run_dir, config=args.config, exit_code=proc.poll(),
                               failure=rundir.last_error_line(*stderr_file) if proc.poll() else None))
     return code
+
+
+def _the_record(cfg, overrides: dict):
+    """``start --run-dir RUN --resume`` without a node file resumes with the run's own settings,
+    RUN/config.toml (the record; an edit there applies), not the default node's."""
+    from .config import ConfigError, load
+    record = cfg.run_path / rundir.CONFIG_FILE
+    if not record.is_file():
+        return cfg
+    try:
+        was = load(record, {**overrides, "node.run_dir": str(cfg.run_path)})
+    except ConfigError as e:
+        raise ConfigError(f"{record.resolve()} (the run's settings, which --resume without a node file uses): "
+                          f"{e}") from None
+    print(f"note: resuming with the run's settings, {record} (edit it to change what may change on "
+          f"resume: rounds, eval, threads, ...)", file=sys.stderr)
+    return was
 
 
 def _as_the_run_was(cfg, args, overrides: dict):
@@ -161,9 +184,12 @@ def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log:
     from .metrics import LOG_FILE
     from .node import Node
     from relay.keys import KeyFileError
+    from .checkpoint import CheckpointError
+    say_resume = True
     try:
         return Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing, console_log=console_log).run()
     except (FtisError, KeyFileError) as e:
+        say_resume = not isinstance(e, CheckpointError)      # resuming would meet the same checkpoint
         return _die(one_line(e))
     except KeyboardInterrupt:
         print("ftis-edge: aborted", file=sys.stderr)
@@ -174,6 +200,9 @@ def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log:
             raise
         return _die(f"{one_line(e)} (traceback in {log_file})", code=1)
     finally:
+        command = rundir.resume_command(cfg.run_path) if say_resume else None
+        if command:     # every exit that left a checkpoint says how to continue
+            print(f"resume: {command}", file=sys.stderr)
         _ctrl_c_now_exits()
 
 

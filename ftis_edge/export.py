@@ -112,14 +112,15 @@ def _latest_state(run_dir: Path) -> dict:
     return state
 
 
-def _learner_from_checkpoint(state: dict, cfg, bundle):
+def _learner_from_checkpoint(state: dict, cfg, bundle, run_dir: Path):
+    from . import checkpoint
     from .learner import Learner
 
     learner = Learner(bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
                       lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
                       lora_targets=tuple(bundle.lora_targets(cfg.train.lora_targets)), seed=cfg.node.seed,
                       device="cpu")
-    learner.load_state_dict(state["learner"])
+    checkpoint.into_learner(learner, state["learner"], run_dir)
     return learner, state["round"]
 
 
@@ -292,7 +293,7 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
         bundle = step(f"loaded {cfg.model.spec} and the checkpoint of round {state['round']}",
                       resolve_model, cfg.model.spec)
         bundle.require_supported()
-        learner, rounds = step("restored the trained weights", _learner_from_checkpoint, state, cfg, bundle)
+        learner, rounds = step("restored the trained weights", _learner_from_checkpoint, state, cfg, bundle, run_dir)
         del state
         if best is not None:
             _use_weights(learner, best.pop("trainable"))

@@ -28,7 +28,7 @@ from .batch import LocalTokenizer, OwnGroup, SampleRules, build_batch, peer_usag
 from .samples import OWN
 from .compute import ComputeTotals, CpuClock, round_compute
 from .plausibility import PlausibilityConfig
-from .config import Config, to_toml
+from .config import Config
 from .errors import FtisError, one_line
 from .generate.base import SamplerSettings
 from .intake import Intake, PeerBook, PeerGroup, ids_decoder
@@ -249,7 +249,7 @@ class Node:
         state = checkpoint.load_latest(self.run_dir)     # verified; falls back to an older one
         if state is None:
             raise checkpoint.CheckpointError(f"--resume: no checkpoint in {checkpoint.dir_of(self.run_dir)}")
-        self.learner.load_state_dict(state["learner"])
+        checkpoint.into_learner(self.learner, state["learner"], self.run_dir)
         self.round = self.saved_round = state["round"]
         self.oom_retries = state.get("oom_retries", 0)
         self.totals = ComputeTotals.from_state(state.get("compute"))
@@ -734,7 +734,7 @@ class Node:
             log.error("failed: %s", message, exc_info=not isinstance(exc, FtisError),
                       extra={"console": False})
         self.progress.phase(phases.STOPPED, reason=reason)
-        if self.metrics is not None:
+        if self.metrics is not None and getattr(self, "_started", False):
             try:
                 self.metrics.write({"type": "stop", "round": self.round, "reason": reason, "error": message})
                 self.metrics.close()
@@ -746,19 +746,18 @@ class Node:
         if self.resume and not rundir.check_resumable(self.run_dir, fresh_if_missing=self.fresh_if_missing):
             log.warning("--resume-or-fresh: no checkpoint in %s, starting fresh", self.run_dir)
             self.resume = False
-        if self.resume:
-            rundir.prepare_resume(self.run_dir)
-        else:
+        if not self.resume:
             rundir.prepare_fresh(self.run_dir)
-        if self.resume:
-            self._say_if_left_the_swarm()
         # the resolved config: node.id is the effective id (hostname-model when left empty)
         resolved = replace(cfg, node=replace(cfg.node, id=self.node_id))
-        (self.run_dir / rundir.CONFIG_FILE).write_text(to_toml(resolved))
         from .metrics import write_control
         write_control(self.run_dir, pause=False, stop=False)
         self.build()
         resumed = self._restore() if self.resume else None
+        if self.resume:         # only now that the checkpoint loaded: a failed start changes no record
+            self._say_if_left_the_swarm()
+            rundir.prepare_resume(self.run_dir)
+        rundir.write_record(self.run_dir, resolved)
         self._room_at_start()
         self.sync.sync(self.learner.version)          # generator starts from the learner's weights
         self.metrics.write({
@@ -767,6 +766,7 @@ class Node:
             "backend": cfg.model.backend, "trainable": cfg.train.trainable, "method": cfg.train.method,
             "collaboration": cfg.mode, "relay": cfg.swarm.relay or None, "resumed_from": resumed,
             "machine": machine.describe(), "config": resolved.to_dict()})
+        self._started = True        # from here a failure is part of the run's record
         if self.heldout.active and self.heldout.base is None:
             if resumed is None:
                 self._eval_base()

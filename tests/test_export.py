@@ -73,7 +73,7 @@ def _trained_learner(run: Path):
 
     cfg = load_run_config(run)
     bundle = resolve_model(cfg.model.spec)
-    learner, _ = _learner_from_checkpoint(_latest_state(run), cfg, bundle)
+    learner, _ = _learner_from_checkpoint(_latest_state(run), cfg, bundle, run)
     return learner, _batch(bundle), bundle
 
 

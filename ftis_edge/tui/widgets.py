@@ -531,7 +531,8 @@ def peer_detail(node: str | None, peer: dict | None) -> list[Content]:
 
 
 HELP = [
-    ("q", "stop the node after this round (q again: leave now)"),
+    ("q", "stop the node after this round (q again: leave now);"),
+    ("", "watching another's node: q leaves, S then y stops it"),
     ("p", "pause / resume: the node waits before its next round"),
     ("d", "detach: leave, the node keeps running (watch only)"),
     ("1 … 7", "overview · filter & IS · KL & loss · throughput ·"),
