@@ -352,6 +352,8 @@ class Node:
         (eval/base_*) go into round 1's record."""
         rec = self._eval(0)
         self._base_record = {**self.heldout.base_record(), "time/eval_s": rec["time/eval_s"]}
+        # on record (and screen) now, not only in round 1's record minutes later
+        self.metrics.write({"type": "base_eval", "round": 0, **self._base_record})
         b = self.heldout.base
         lo, hi = b.interval
         log.info("held-out eval of the base model: %.0f%% [%.0f–%.0f] on %d %s prompts (%.1f s)",

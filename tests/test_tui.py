@@ -266,11 +266,26 @@ async def test_p_on_a_finished_run_writes_nothing(tmp_path):
         assert cell(app, "state") == "finished"
 
 
-async def test_q_asks_the_node_to_stop_and_leaves_when_it_has(tmp_path):
+async def test_watching_q_leaves_and_never_stops_the_node(tmp_path):
+    """`ftis-edge watch` on someone's live node: q (out of habit) and Ctrl-C leave, the node runs on;
+    S alone, or a y long after it, stops nothing."""
+    run = live_copy(tmp_path)
+    for keys in (["q"], ["ctrl+c"], ["S", "x", "y"], ["q", "q"]):
+        app = DashboardApp(run, poll_interval=FAST)
+        async with app.run_test(size=(80, 24)) as pilot:
+            for key in keys:
+                await pilot.press(key)
+            await wait_for(pilot, lambda: app.return_code is not None or keys[0] == "S", timeout=2)
+        assert read_control(run)["stop"] is False, keys
+
+
+async def test_watching_s_then_y_asks_the_node_to_stop_and_leaves_when_it_has(tmp_path):
     run = live_copy(tmp_path)
     app = DashboardApp(run, poll_interval=FAST)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("q")
+        await pilot.press("S")
+        assert read_control(run)["stop"] is False
+        await pilot.press("y")
         assert read_control(run) == {"pause": False, "stop": True}
         assert cell(app, "state") == "stopping…"
         assert "stopping after this round" in app.sub_title
@@ -285,7 +300,7 @@ async def test_q_twice_leaves_at_once(tmp_path):
     run = live_copy(tmp_path)
     app = DashboardApp(run, poll_interval=FAST)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("q")
+        await pilot.press("S", "y")
         await pilot.press("q")
         await wait_for(pilot, lambda: app.return_code is not None)
         assert read_control(run)["stop"] is True

@@ -454,6 +454,10 @@ class DashboardApp(App[int]):
         self.notify("stop this node for everyone using it? y: stop it after its round (any other key: no)",
                     severity="warning", timeout=CONFIRM_S)
 
+    def on_key(self, event) -> None:
+        if event.key not in ("y", "S"):       # S asked; any other key answers no
+            self._stop_asked_at = None
+
     def action_confirm_stop(self) -> None:
         asked = getattr(self, "_stop_asked_at", None)
         self._stop_asked_at = None

@@ -361,20 +361,32 @@ def held_out_chunks(view: View) -> list[Content]:
     the swarm guard said last (red while it keeps the node from part of the swarm)."""
     ev = held_out(view.state)
     if ev.accuracy is None:          # eval off, before the base model's eval, or a run from before it
-        return []
+        if ev.base is None:
+            return []
+        return [line(("held-out ", HELD), (f"base model {fmt.pct(ev.base, 0)}", "bold"),
+                     (f" on {fmt.integer(ev.n)} prompts (the trained weights' evals follow)"
+                      if ev.n is not None else "", "dim"))] + _too_few(ev)
     lo_hi = f" [{fmt.pct(ev.lo, 0)}–{fmt.pct(ev.hi, 0)}]" if ev.lo is not None and ev.hi is not None else ""
     chunks = [line(("held-out ", HELD), (f"{fmt.pct(ev.accuracy, 0)}{lo_hi}", "bold"),
                    ("" if ev.round is None else f" at round {ev.round}", "dim"))]
     if ev.base is not None:
         chunks.append(field("base", fmt.pct(ev.base, 0)))
-    if ev.best is not None:
+    if ev.best is not None and ev.beat_base:
         chunks.append(field("best", f"{fmt.pct(ev.best, 0)} (round {fmt.integer(ev.best_round)}, its weights kept)"))
+    elif ev.best is not None:
+        chunks.append(line(("no eval beat the base model yet", "bold")))
+    chunks += _too_few(ev)
     if ev.guard:        # "evidence: action": one chunk per clause, so a narrow screen wraps between them
         parts = ev.guard.split(": ")
         ends = [":" if i < len(parts) - 1 else "" for i in range(len(parts))]
         chunks += [BREAK, line(("swarm guard: ", "bold " + (RED if ev.guard_level else GREEN)), parts[0] + ends[0])]
         chunks += [Content(p + e) for p, e in zip(parts[1:], ends[1:])]
     return chunks
+
+
+def _too_few(ev) -> list[Content]:
+    from ftis_edge.best import too_few_words
+    return [line((too_few_words(ev.n), f"bold {RED}"))] if ev.too_few else []
 
 
 BAR = 20      # cells of the round's progress bar
