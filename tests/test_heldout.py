@@ -216,6 +216,9 @@ def test_export_takes_the_best_eval_by_default_and_the_newest_with_latest(tmp_pa
     best = checkpoint.load_best(run)
     said = []
     info = export_run(run, tmp_path / "best", quant="f16", eval_limit=0, log=said.append)
+    if best["round"] == 0:          # best.py: no eval beat the base model; the newest weights ship, said so
+        assert info["weights"]["which"] == "latest" and said[0].startswith("no held-out eval beat the base model")
+        return
     assert info["weights"]["which"] == "best" and info["weights"]["round"] == best["round"]
     assert said[0].startswith(f"exporting the best held-out eval's weights: round {best['round']}, accuracy ")
     assert "--latest" in said[0]
