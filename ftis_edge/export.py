@@ -226,20 +226,25 @@ def _quantized(learner, base: Path, out: Path, quant: str) -> str:
         f32.unlink(missing_ok=True)
 
 
+def _same_shapes(best: dict, newest: dict) -> None:
+    """The kept best weights against the newest checkpoint's (the model's trainable tensors, as
+    the learner saved them), before any model loads: the same names, exactly the same shapes."""
+    if set(best) != set(newest):
+        raise ExportError("the kept best weights do not match the model (other tensor names: another trainable "
+                          "mode or LoRA targets?); export the newest with --latest")
+    wrong = [n for n in newest if tuple(best[n].shape) != tuple(newest[n].shape)]
+    if wrong:
+        n = wrong[0]
+        raise ExportError(f"the kept best weights do not fit the model: {len(wrong)} tensors have other shapes "
+                          f"(one is {tuple(best[n].shape)}, the model's {tuple(newest[n].shape)}); export the "
+                          f"newest checkpoint with --latest")
+
+
 def _use_weights(learner, weights: dict) -> None:
     """Put the best eval's trainable weights (checkpoint.save_best) into a restored learner."""
     import torch
     own = learner.trainable_state()
-    if set(own) != set(weights):
-        raise ExportError("the kept best weights do not match the model (another trainable mode or LoRA "
-                          "targets?); export the newest with --latest")
-    # exactly the model's shapes: copy_ would broadcast a (1,) tensor into every matrix
-    wrong = [n for n, p in own.items() if tuple(weights[n].shape) != tuple(p.shape)]
-    if wrong:
-        n = wrong[0]
-        raise ExportError(f"the kept best weights do not fit the model: {len(wrong)} tensors have other shapes "
-                          f"(one is {tuple(weights[n].shape)}, the model's {tuple(own[n].shape)}); export the "
-                          f"newest checkpoint with --latest")
+    _same_shapes(weights, own)      # exactly the model's: copy_ would broadcast a (1,) tensor into every matrix
     with torch.no_grad():
         for name, p in own.items():
             p.copy_(weights[name].to(p.device, p.dtype))
@@ -301,6 +306,8 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     cfg = rundir.load_config(run_dir)
     state = _latest_state(run_dir)
     best = None if latest else checkpoint.load_best(run_dir)
+    if best is not None:
+        _same_shapes(best["trainable"], (state.get("learner") or {}).get("trainable") or {})
     if best is not None and best["round"] == BASE_ROUND:     # best.py: no eval beat the base model
         base_only, best = best, None
     else:

@@ -24,6 +24,7 @@ def test_init_writes_a_commented_file_that_loads(tmp_path):
     cfg = config.load(path)
     expected = config.Config().to_dict()
     expected["node"]["id"] = f"{socket.gethostname().split('.')[0]}-node"     # from the file's name
+    expected["node"]["run_dir"] = f"{tmp_path}/runs/{{id}}"                    # beside the file, wherever started
     assert cfg.to_dict() == expected
     assert run("init", str(path)).returncode == 2            # refuses to overwrite
 
