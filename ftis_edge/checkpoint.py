@@ -227,7 +227,7 @@ def load_best(run_dir: Path) -> dict | None:
     if not atomic.is_regular(path) or path.stat().st_size != manifest.get("bytes"):
         raise CheckpointError(f"{ckpt.name}: {STATE} is missing or has another size than was written (truncated?)")
     size, bound = path.stat().st_size, _largest_checkpoint(run_dir)
-    if bound is not None and size > bound:
+    if bound is not None and size > bound + BEST_SLACK:
         raise CheckpointError(f"{ckpt.name}: {STATE} has {size} bytes, more than the newest checkpoint's {bound} "
                               f"(which holds these weights and the optimiser's): not weights this run kept")
     try:
@@ -246,6 +246,9 @@ def load_best(run_dir: Path) -> dict | None:
     if problem:
         raise CheckpointError(f"{ckpt.name}: not a best-weights state the node writes ({problem})")
     return state
+
+
+BEST_SLACK = 2**20       # the best state's own small table (accuracy, interval ...) beside its weights
 
 
 def _largest_checkpoint(run_dir: Path) -> int | None:

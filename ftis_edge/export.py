@@ -304,6 +304,11 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     if not rundir.is_run_dir(run_dir):
         raise ExportError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
     cfg = rundir.load_config(run_dir)
+    from .resume_check import checkpoint_changes
+    changed = checkpoint_changes(run_dir, cfg)
+    if changed:
+        raise ExportError(f"{(run_dir / rundir.CONFIG_FILE).resolve()} differs from the settings the run's "
+                          f"checkpoints were made with ({'; '.join(changed)}): put them back to export this run")
     state = _latest_state(run_dir)
     best = None if latest else checkpoint.load_best(run_dir)
     if best is not None:

@@ -121,6 +121,15 @@ def check(run_dir: Path, cfg, *, node_file: str | None) -> list[str]:
     return lines
 
 
+def checkpoint_changes(run_dir: Path, cfg) -> list[str]:
+    """"key: old → new" for each CHECKPOINT_KEYS setting in ``cfg`` (RUN/config.toml as read now)
+    that differs from what the run's checkpoints were made with (export asks before loading)."""
+    old = recorded_settings(Path(run_dir))
+    if old is None:
+        return []
+    return [change_line(*d) for d in differences(old, _flat(cfg.to_dict())) if d[0] in CHECKPOINT_KEYS]
+
+
 def _edits_of_the_record(run_dir: Path, old: dict) -> list[tuple[str, object, object]]:
     """Settings in config.toml that differ from the last start record: edits by hand."""
     from .config import ConfigError, load
