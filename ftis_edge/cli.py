@@ -30,7 +30,9 @@ def _add_start(sub) -> None:
     p.add_argument("--relay", help="relay address, e.g. tcp://host:5555 (overrides swarm.relay)")
     p.add_argument("--headless", action="store_true", help="plain log lines instead of the dashboard")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the run directory's newest good checkpoint (an error when there is none)")
+                   help="continue from the run directory's newest good checkpoint (an error when there is none), "
+                        "with the run's own settings (RUN_DIR/config.toml) unless a node file is given; the model and "
+                        "LoRA settings the checkpoint was made with must not change")
     p.add_argument("--resume-or-fresh", action="store_true",
                    help="like --resume, but start fresh when the run directory has no checkpoint yet")
     p.add_argument("--overwrite", action="store_true", help="DELETE the run already in the run directory and start over")
@@ -224,8 +226,10 @@ def _ctrl_c_now_exits() -> None:
 
 # --- init -------------------------------------------------------------------------------
 def _add_init(sub) -> None:
-    p = sub.add_parser("init", help="write a fully commented node.toml")
-    p.add_argument("path", nargs="?", default="node.toml")
+    p = sub.add_parser("init", help="write a fully commented node.toml",
+                       description="Write a node file with every setting, its default and what it means; edit "
+                                   "it, then `ftis-edge start FILE`. Relative paths in it are relative to its folder.")
+    p.add_argument("path", nargs="?", default="node.toml", help="the file to write (default node.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.add_argument("--task", help="the [task] section to write: arith (default), gsm8k, math500, reasoning_gym "
                                   "(a mix a small model can start on), jsonl")
@@ -268,7 +272,8 @@ def _run_init(args) -> int:
 def _add_eval(sub) -> None:
     from . import evaluate
     p = sub.add_parser("eval", help="accuracy of a model (+ adapter) on a task",
-                       description="Evaluate a model on gsm8k, math500 or arith.")
+                       description="Evaluate a model, or a run directory's newest weights, on a task "
+                                   "(default arith, which needs no download).")
     evaluate.add_arguments(p)
     p.set_defaults(func=evaluate.run)
 
@@ -283,7 +288,10 @@ def _add_export(sub) -> None:
 
 def _add_watch(sub) -> None:
     from .tui import watch
-    p = sub.add_parser("watch", help="open the dashboard on a running or finished run directory")
+    p = sub.add_parser("watch", help="open the dashboard on a running or finished run directory",
+                       description="Open the dashboard on a run directory: live while its node runs, or a finished "
+                                   "run. Watching never stops the node: q leaves; S then y asks it to stop after "
+                                   "its round.")
     watch.add_arguments(p)
     p.set_defaults(func=watch.run)
 

@@ -502,7 +502,8 @@ def _held_out_section(info: dict) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a node's run directory (runs/<id>)")
     p.add_argument("--to", default=None, help="output directory (default RUN_DIR/export)")
-    p.add_argument("--quant", default="q4_k_m", choices=QUANTS, help="quantization of the shipped GGUF")
+    p.add_argument("--quant", default="q4_k_m", choices=QUANTS,
+                   help="quantization of the shipped GGUF (default q4_k_m; f16: no quantized file)")
     p.add_argument("--eval-limit", type=int, default=50,
                    help="held-out prompts for the before/after eval in the model card (0 = skip)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the eval")
