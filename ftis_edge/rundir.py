@@ -172,8 +172,16 @@ RECORD_HEADER = """# The settings of the run in this directory, written by the n
 
 def write_record(run_dir: Path, cfg) -> None:
     """RUN_DIR/config.toml: the run's settings (read by ``resume_check``, ``export``, ``eval``)."""
+    from dataclasses import replace
+
     from .atomic import write_text
-    from .config import to_toml
+    from .config import FILE_PATHS, to_toml
+    # absolute paths: a relative one in this file would mean "from this folder" (config.load)
+    for section, key in FILE_PATHS:
+        part = getattr(cfg, section)
+        value = getattr(part, key)
+        if value and not Path(value).expanduser().is_absolute():
+            cfg = replace(cfg, **{section: replace(part, **{key: os.path.abspath(value)})})
     write_text(Path(run_dir) / CONFIG_FILE, RECORD_HEADER.format(run=run_dir) + to_toml(cfg, comments=False))
 
 

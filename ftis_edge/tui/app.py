@@ -111,7 +111,10 @@ LEGENDS = {
               "loss: the F-TIS objective",
     "tab-speed": "tok/s and length of own generation · seconds per round by part · bytes per token on the wire",
     "tab-peers": "this round: what arrived from peers and how much of it trained; the table: per peer, "
-                 "counts since the node started (rollouts sent / accepted / refused)",
+                 "counts since the node started (rollouts sent / accepted / refused) · KL: how far the peer's "
+                 "samples are from what our model would write (mean k3 KL per token, in nats; ~0 like ours, "
+                 "another model is far); past the gate (train.kl_threshold) its below-average samples are "
+                 "dropped by the F- filter",
     "tab-config": "the node's resolved settings; bold rows: its identity from the start record",
     "tab-log": "node.log as the node writes it (newest at the bottom)",
 }

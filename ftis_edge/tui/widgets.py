@@ -462,7 +462,7 @@ class PeersTable(DataTable):
             self.update_from(view.state)
 
     @staticmethod
-    def cells(node: str, peer: dict, now: float | None) -> dict[str, Text]:
+    def cells(node: str, peer: dict, now: float | None, kl_gate: float | None = None) -> dict[str, Text]:
         seen = fmt.as_number(peer.get("last_seen"))
         seen = seen if seen and seen > 0 else None       # 0: not seen since a resume (never "20789d")
         values = {
@@ -472,7 +472,7 @@ class PeersTable(DataTable):
             "sent": fmt.integer(peer.get("sent")), "accepted": fmt.integer(peer.get("accepted")),
             "rejected": fmt.integer(peer.get("rejected")),
             "acceptance_rate": fmt.pct(peer.get("acceptance_rate")),
-            "kl_mean": fmt.num(peer.get("kl_mean"), 4),
+            "kl_mean": kl_words(peer.get("kl_mean"), kl_gate),
             "quarantined": fmt.yes_no(peer.get("quarantined")),
         }
         quarantined = peer.get("quarantined") is True
@@ -502,12 +502,38 @@ class PeersTable(DataTable):
             if row_key.value not in keep:
                 self.remove_row(row_key)
         for node in shown:
-            cells = self.cells(node, state.peers[node], now)
+            cells = self.cells(node, state.peers[node], now, kl_gate(state))
             if node in self.rows:
                 for key, _ in self.COLUMNS:
                     self.update_cell(node, key, cells[key])
             else:
                 self.add_row(*(cells[key] for key, _ in self.COLUMNS), key=node)
+
+
+DEFAULT_KL_GATE = 5.0       # train.kl_threshold's default, for a run whose start record lacks it
+
+
+def kl_gate(state: RunState) -> float:
+    """The run's F- filter gate (train.kl_threshold) from its start record."""
+    cfg = (state.start or {}).get("config")
+    train = cfg.get("train") if isinstance(cfg, dict) else None      # records come from a file: anything
+    gate = fmt.as_number(train.get("kl_threshold")) if isinstance(train, dict) else None
+    return gate if gate is not None and gate > 0 else DEFAULT_KL_GATE
+
+
+def kl_words(kl, gate: float | None) -> str:
+    """A peer's mean KL with what it means against the F- gate: "0.02 like ours", "1.3 near",
+    "1391 28x the gate" (its below-average samples are dropped by the filter)."""
+    value = fmt.as_number(kl)
+    if value is None:
+        return fmt.MISSING
+    gate = gate or DEFAULT_KL_GATE
+    shown = fmt.num(value, 2) if value < 100 else fmt.integer(value)
+    if value < 0.1:
+        return f"{shown} like ours"
+    if value < gate:
+        return f"{shown} near"
+    return f"{shown} {value / gate:.0f}x gate" if value >= 2 * gate else f"{shown} past gate"
 
 
 def peers_shown(view: View) -> list[Content]:
