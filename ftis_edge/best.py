@@ -76,10 +76,10 @@ def from_records(records: Iterable[dict]) -> Best | None:
 def min_prompts(alpha: float = ALPHA) -> int:
     """The fewest held-out prompts on which a change against the base can be significant at all:
     even if every prompt changed the same way, the exact two-sided McNemar test (the reports'
-    test) gives p = 2 / 2**n, below ``alpha`` only from n = 6 on. Fewer prompts cannot tell."""
-    from .heldout import mcnemar_two_sided
+    test, heldout.mcnemar_two_sided; a test checks the two agree) gives p = 2 / 2**n, below
+    ``alpha`` only from n = 6 on. Fewer prompts cannot tell."""
     n = 1
-    while mcnemar_two_sided(n, 0) >= alpha:
+    while 2 * 0.5 ** n >= alpha:
         n += 1
     return n
 

@@ -98,3 +98,10 @@ async def test_the_reward_plot_tells_own_peers_and_all_apart_and_draws_a_trend()
         assert len(markers) == 4 and len(set(markers)) == 4           # own, its trend, peers, all: 4 styles
         own = [r["reward/own"] for r in ROUNDS if r.get("reward/own") is not None]
         assert monitor.y[1] == pytest.approx(trend_line(own)[-len(monitor.y[1]):])
+
+
+def test_the_too_few_threshold_is_where_the_exact_mcnemar_test_can_first_say_anything():
+    from ftis_edge.best import ALPHA, MIN_PROMPTS
+    from ftis_edge.heldout import mcnemar_two_sided
+    assert MIN_PROMPTS == 6
+    assert mcnemar_two_sided(MIN_PROMPTS, 0) < ALPHA <= mcnemar_two_sided(MIN_PROMPTS - 1, 0)
