@@ -82,13 +82,13 @@ def _run_start(args) -> int:
                     f"config file name) for a new one; --overwrite DELETES that run and starts over")
     if args.overwrite:
         rundir.reset(run_dir)
+    notes: list[str] = []
     if resume:
         from . import resume_check
         try:      # checked here too, so that the dashboard never opens on nothing to resume
             if rundir.check_resumable(run_dir, fresh_if_missing=args.resume_or_fresh):
                 # before anything loads: a setting the checkpoint needs that changed is refused
-                for note in resume_check.check(run_dir, cfg, node_file=args.config):
-                    print(f"note: {note}", file=sys.stderr)
+                notes = resume_check.check(run_dir, cfg, node_file=args.config)
         except FtisError as e:
             return _die(str(e))
 
@@ -96,7 +96,7 @@ def _run_start(args) -> int:
         from .logs import quiet_third_party
         quiet_third_party()        # before torch is imported: it imports tqdm
         return _run_node(cfg, resume=resume, fresh_if_missing=args.resume_or_fresh,
-                         console_log=not args.log_file_only)
+                         console_log=not args.log_file_only, notes=notes)
 
     # Dashboard: the node runs as a child process writing the run directory; the UI only reads
     # it, so drawing never slows training. The node takes the run directory's lock itself.
@@ -181,7 +181,8 @@ def _stop_node_on_hangup(proc) -> None:
     signal.signal(signal.SIGHUP, on_hangup)
 
 
-def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log: bool = True) -> int:
+def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log: bool = True,
+              notes: list[str] = ()) -> int:
     from .errors import FtisError, one_line
     from .metrics import LOG_FILE
     from .node import Node
@@ -189,7 +190,11 @@ def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log:
     from .checkpoint import CheckpointError
     say_resume = True
     try:
-        return Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing, console_log=console_log).run()
+        node = Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing, console_log=console_log)
+        import logging
+        for note in notes:        # what the resume changes: on the console and in node.log (the record)
+            logging.getLogger("ftis_edge.resume").warning("%s", note)
+        return node.run()
     except (FtisError, KeyFileError) as e:
         say_resume = not isinstance(e, CheckpointError)      # resuming would meet the same checkpoint
         return _die(one_line(e))

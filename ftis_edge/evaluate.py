@@ -407,6 +407,11 @@ def run(args) -> int:
     except EvalError as e:
         print(f"ftis-edge eval: error: {e}", file=sys.stderr)
         return 2
+    except FtisError as e:        # a run directory's checkpoint, model or config: one line, no traceback
+        from .errors import one_line
+        from .text_safety import terminal_safe
+        print(f"ftis-edge eval: error: {terminal_safe(one_line(e))}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("ftis-edge eval: interrupted", file=sys.stderr)
         return 130

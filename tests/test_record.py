@@ -18,6 +18,7 @@ import torch
 
 from ftis_edge import checkpoint, config, rundir
 from ftis_edge.metrics import read_metrics
+from benchmarks.attacks.best_state import ESCAPES, GOOD, make_huge, model_shapes, run_with_best
 from procs import cli, run_node, write_config
 
 # what a start may write even when it fails: diagnostics and live state, not the run's record
@@ -33,30 +34,18 @@ def snapshot(run: Path) -> dict[str, str]:
 # --- 51.8: a crafted best-weights state -------------------------------------------------------------
 
 def _run_with_best(tmp_path: Path, trainable: dict, info, round_: int = 2) -> Path:
-    """A run directory as a node leaves it (its record, a checkpoint of round 3) with best weights
-    of ``round_`` whose state holds ``trainable`` and ``info``, written by checkpoint.save_best."""
-    run = tmp_path / "run"
-    run.mkdir()
-    rundir.write_record(run, config.Config())
-    model = {"a.lora_A": torch.zeros(4, 8), "a.lora_B": torch.zeros(8, 4)}
-    moments = {"state": {i: {"exp_avg": torch.zeros_like(t), "exp_avg_sq": torch.zeros_like(t)}
-                         for i, t in enumerate(model.values())}}
-    checkpoint.save(run, 3, {"round": 3, "learner": {"mode": "lora", "trainable": model, "optimizer": moments,
-                                                     "version": 3}})
-    checkpoint.save_best(run, round_, trainable, info)
-    return run
+    return run_with_best(tmp_path, trainable, info, round_)      # the attack script's run directory
 
 
 def _export(run: Path):
     return cli("export", str(run), "--eval-limit", "0", timeout=120)
 
 
-GOOD = {"accuracy": 0.5, "n": 8, "interval": [0.2, 0.8], "base_accuracy": 0.25}
-SHAPES = {"a.lora_A": torch.zeros(4, 8), "a.lora_B": torch.zeros(8, 4)}
+SHAPES = model_shapes()
 
 
 @pytest.mark.parametrize("info, says", [
-    ({**GOOD, "accuracy": "\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J\x1b]8;;http://x\x07\u202e"},
+    ({**GOOD, "accuracy": ESCAPES},
      "its accuracy is not a number between 0 and 1"),
     ({**GOOD, "n": "\x1b[2J"}, "its prompt count is not a positive whole number"),
     ({**GOOD, "interval": "\u202eevil"}, "its interval is not two numbers between 0 and 1"),
@@ -81,11 +70,7 @@ def test_a_huge_best_state_is_refused_before_it_is_hashed(tmp_path):
     """A 4 GiB state (sparse: no disk used) is refused by its size against the newest checkpoint,
     in well under the ~50 s that hashing it took."""
     run = _run_with_best(tmp_path, dict(SHAPES), GOOD)
-    state = next((run / "checkpoints").glob("best-*")) / "state.safetensors"
-    with open(state, "r+b") as fh:
-        fh.truncate(4 * 2**30)
-    manifest = state.parent / "manifest.json"
-    manifest.write_text(re.sub(r'"bytes": \d+', f'"bytes": {4 * 2**30}', manifest.read_text()))
+    make_huge(run, 4)
     t0 = time.monotonic()
     with pytest.raises(checkpoint.CheckpointError, match="more than the newest checkpoint's"):
         checkpoint.load_best(run)
@@ -209,7 +194,8 @@ def test_an_edited_record_is_what_a_resume_without_a_node_file_uses(one_round):
     _edit(run / "config.toml", "node", "rounds", "2")
     r = cli("start", "--run-dir", str(run), "--headless", "--resume", timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "note: resume changes node.rounds: 1 → 2" in r.stderr
+    assert "resume changes node.rounds: 1 → 2" in r.stderr                 # said, and kept in node.log
+    assert "resume changes node.rounds: 1 → 2" in (run / "node.log").read_text()
     assert f"resume: " in r.stderr and r.stderr.splitlines()[-1].endswith(f"start --run-dir {run} --resume")
     start = [x for x in read_metrics(run) if x.get("type") == "start"][-1]
     assert start["resumed_from"] == 1 and start["config"]["node"]["rounds"] == 2
