@@ -100,8 +100,15 @@ def main(argv=None) -> int:
             run = run_with_best(Path(tmp) / name, trainable, info)
             if gib:
                 make_huge(run, gib)
-            results[name] = export(run)
-            print(f"{name:12s} exit {results[name]['code']}  {results[name]['seconds']:5.1f} s  "
+            t0 = time.monotonic()
+            try:
+                checkpoint.load_best(run)
+            except checkpoint.CheckpointError:
+                pass
+            check_s = time.monotonic() - t0
+            results[name] = {**export(run), "load_best_s": round(check_s, 3)}
+            print(f"{name:12s} exit {results[name]['code']}  {results[name]['seconds']:5.1f} s "
+                  f"(load_best {check_s:.3f} s)  "
                   f"escapes reached the terminal: {results[name]['escapes_reached_terminal']}  "
                   f"traceback: {results[name]['traceback']}\n             {results[name]['line']!r}")
     if args.json:
