@@ -226,6 +226,14 @@ def _quantized(learner, base: Path, out: Path, quant: str) -> str:
         f32.unlink(missing_ok=True)
 
 
+def _restore_weights(state: dict, cfg, bundle, run_dir: Path, best: dict | None):
+    """(learner, newest round): the newest checkpoint restored, then the kept best weights put in."""
+    learner, rounds = _learner_from_checkpoint(state, cfg, bundle, run_dir)
+    if best is not None:
+        _use_weights(learner, best.pop("trainable"))
+    return learner, rounds
+
+
 def _same_shapes(best: dict, newest: dict) -> None:
     """The kept best weights against the newest checkpoint's (the model's trainable tensors, as
     the learner saved them), before any model loads: the same names, exactly the same shapes."""
@@ -328,12 +336,11 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     try:
         bundle = step(f"loaded {cfg.model.spec}", resolve_model, cfg.model.spec)
         bundle.require_supported()
-        learner, rounds = _learner_from_checkpoint(state, cfg, bundle, run_dir)
+        restored = (f"restored the weights of round {weights['round']}"
+                    + (f" (the best held-out eval's; the newest checkpoint is round {state['round']})"
+                       if best is not None else ""))
+        learner, rounds = step(restored, _restore_weights, state, cfg, bundle, run_dir, best)
         del state
-        if best is not None:
-            _use_weights(learner, best.pop("trainable"))
-        log(f"restored the weights of round {weights['round']}"
-            + (f" (the best held-out eval's; the newest checkpoint is round {rounds})" if best is not None else ""))
         step("wrote " + ("peft/ and adapter.gguf" if learner.trainable == "lora" else "hf/"),
              _own_format, learner, bundle, out, files)
         base = step("found the base GGUF", bundle.base_gguf)
