@@ -130,6 +130,19 @@ def load_round(run_dir: Path, round_: int) -> dict:
     return state
 
 
+def into_learner(learner, state: dict, run_dir: Path) -> None:
+    """Load a checkpoint's learner state into ``learner``; one that does not fit (another model,
+    LoRA rank or targets, trainable mode: the config changed under the run) is a CheckpointError
+    in words, not torch's size mismatch."""
+    from .errors import one_line
+    try:
+        learner.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"the checkpoint in {dir_of(run_dir).resolve()} does not fit the model and settings "
+                              f"in {(Path(run_dir) / 'config.toml').resolve()} ({one_line(e, 200)}): put back the "
+                              f"settings the run was made with (model, train.trainable, train.lora_*)") from None
+
+
 def load_latest(run_dir: Path) -> dict | None:
     """The newest checkpoint that verifies, or None when the run directory has none at all.
 
@@ -201,7 +214,11 @@ def best_info(run_dir: Path) -> dict | None:
 
 def load_best(run_dir: Path) -> dict | None:
     """The best weights' state ({"round", "best", "trainable"}), verified against its manifest;
-    None when the run kept none; CheckpointError when they are damaged."""
+    None when the run kept none; CheckpointError when they are damaged or not what a node writes.
+
+    Run directories get shared: the cheap checks come first (the file's size against the newest
+    checkpoint's, which holds the same weights and more, then its safetensors header), the hash
+    after them, and every field that is printed is checked to be what the node writes."""
     manifest = best_info(run_dir)
     if manifest is None:
         return None
@@ -209,6 +226,14 @@ def load_best(run_dir: Path) -> dict | None:
     path = ckpt / STATE
     if not atomic.is_regular(path) or path.stat().st_size != manifest.get("bytes"):
         raise CheckpointError(f"{ckpt.name}: {STATE} is missing or has another size than was written (truncated?)")
+    size, bound = path.stat().st_size, _largest_checkpoint(run_dir)
+    if bound is not None and size > bound + BEST_SLACK:
+        raise CheckpointError(f"{ckpt.name}: {STATE} has {size} bytes, more than the newest checkpoint's {bound} "
+                              f"(which holds these weights and the optimiser's): not weights this run kept")
+    try:
+        statefile.check_header(path)
+    except statefile.StateFileError as e:
+        raise CheckpointError(f"{ckpt.name}: {STATE} is not a state file ({e})") from None
     if atomic.sha256_of(path) != manifest.get("sha256"):
         raise CheckpointError(f"{ckpt.name}: {STATE} does not match its checksum (corrupted)")
     try:
@@ -217,7 +242,47 @@ def load_best(run_dir: Path) -> dict | None:
         raise CheckpointError(f"{ckpt.name}: {STATE} does not load ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict) or not isinstance(state.get("trainable"), dict):
         raise CheckpointError(f"{ckpt.name}: not a best-weights state")
+    problem = _best_problem(state, manifest["round"])
+    if problem:
+        raise CheckpointError(f"{ckpt.name}: not a best-weights state the node writes ({problem})")
     return state
+
+
+BEST_SLACK = 2**20       # the best state's own small table (accuracy, interval ...) beside its weights
+
+
+def _largest_checkpoint(run_dir: Path) -> int | None:
+    sizes = [p.stat().st_size for r in complete(run_dir) if (p := _state_file(dir_of(run_dir) / f"round-{r:06d}"))]
+    return max(sizes) if sizes else None
+
+
+def _fraction(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+
+
+def _best_problem(state: dict, round_: int) -> str | None:
+    """What is wrong with a best-weights state's fields (None: nothing). Its numbers get printed
+    and its tensors exported, so each must be what ``save_best`` writes: no text, no odd types."""
+    import torch
+    if state.get("round") != round_ or isinstance(state.get("round"), bool):
+        return f"its round is not {round_}"
+    info = state.get("best")
+    if not isinstance(info, dict):
+        return f"its 'best' entry is a {type(info).__name__}, not a table"
+    if not _fraction(info.get("accuracy")):
+        return "its accuracy is not a number between 0 and 1"
+    if not isinstance(info.get("n"), int) or isinstance(info.get("n"), bool) or info["n"] < 1:
+        return "its prompt count is not a positive whole number"
+    interval = info.get("interval")
+    if interval is not None and not (isinstance(interval, (list, tuple)) and len(interval) == 2
+                                     and all(_fraction(v) for v in interval)):
+        return "its interval is not two numbers between 0 and 1"
+    if info.get("base_accuracy") is not None and not _fraction(info["base_accuracy"]):
+        return "its base accuracy is not a number between 0 and 1"
+    bad = [k for k, v in state["trainable"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if bad:
+        return f"{len(bad)} of its weights are not named tensors"
+    return None
 
 
 def clear(run_dir: Path) -> None:

@@ -30,7 +30,9 @@ def _add_start(sub) -> None:
     p.add_argument("--relay", help="relay address, e.g. tcp://host:5555 (overrides swarm.relay)")
     p.add_argument("--headless", action="store_true", help="plain log lines instead of the dashboard")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the run directory's newest good checkpoint (an error when there is none)")
+                   help="continue from the run directory's newest good checkpoint (an error when there is none), "
+                        "with the run's own settings (RUN_DIR/config.toml) unless a node file is given; the model and "
+                        "LoRA settings the checkpoint was made with must not change")
     p.add_argument("--resume-or-fresh", action="store_true",
                    help="like --resume, but start fresh when the run directory has no checkpoint yet")
     p.add_argument("--overwrite", action="store_true", help="DELETE the run already in the run directory and start over")
@@ -59,7 +61,9 @@ def _run_start(args) -> int:
     resume = args.resume or args.resume_or_fresh
     try:
         cfg = load(args.config, overrides)
-        if resume:
+        if resume and args.config is None:
+            cfg = _the_record(cfg, overrides)
+        elif resume:
             cfg = _as_the_run_was(cfg, args, overrides)
         if cfg.mode != "alone":
             resolve_relay(cfg.swarm.relay)
@@ -78,9 +82,13 @@ def _run_start(args) -> int:
                     f"config file name) for a new one; --overwrite DELETES that run and starts over")
     if args.overwrite:
         rundir.reset(run_dir)
+    notes: list[str] = []
     if resume:
+        from . import resume_check
         try:      # checked here too, so that the dashboard never opens on nothing to resume
-            rundir.check_resumable(run_dir, fresh_if_missing=args.resume_or_fresh)
+            if rundir.check_resumable(run_dir, fresh_if_missing=args.resume_or_fresh):
+                # before anything loads: a setting the checkpoint needs that changed is refused
+                notes = resume_check.check(run_dir, cfg, node_file=args.config)
         except FtisError as e:
             return _die(str(e))
 
@@ -88,7 +96,7 @@ def _run_start(args) -> int:
         from .logs import quiet_third_party
         quiet_third_party()        # before torch is imported: it imports tqdm
         return _run_node(cfg, resume=resume, fresh_if_missing=args.resume_or_fresh,
-                         console_log=not args.log_file_only)
+                         console_log=not args.log_file_only, notes=notes)
 
     # Dashboard: the node runs as a child process writing the run directory; the UI only reads
     # it, so drawing never slows training. The node takes the run directory's lock itself.
@@ -113,6 +121,23 @@ def _run_start(args) -> int:
     print(rundir.stop_summary(run_dir, config=args.config, exit_code=proc.poll(),
                               failure=rundir.last_error_line(*stderr_file) if proc.poll() else None))
     return code
+
+
+def _the_record(cfg, overrides: dict):
+    """``start --run-dir RUN --resume`` without a node file resumes with the run's own settings,
+    RUN/config.toml (the record; an edit there applies), not the default node's."""
+    from .config import ConfigError, load
+    record = cfg.run_path / rundir.CONFIG_FILE
+    if not record.is_file():
+        return cfg
+    try:
+        was = load(record, {**overrides, "node.run_dir": str(cfg.run_path)})
+    except ConfigError as e:
+        raise ConfigError(f"{record.resolve()} (the run's settings, which --resume without a node file uses): "
+                          f"{e}") from None
+    print(f"note: resuming with the run's settings, {record} (edit it to change what may change on "
+          f"resume: rounds, eval, threads, ...)", file=sys.stderr)
+    return was
 
 
 def _as_the_run_was(cfg, args, overrides: dict):
@@ -157,14 +182,22 @@ def _stop_node_on_hangup(proc) -> None:
     signal.signal(signal.SIGHUP, on_hangup)
 
 
-def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log: bool = True) -> int:
+def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log: bool = True,
+              notes: list[str] = ()) -> int:
     from .errors import FtisError, one_line
     from .metrics import LOG_FILE
     from .node import Node
     from relay.keys import KeyFileError
+    from .checkpoint import CheckpointError
+    say_resume = True
     try:
-        return Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing, console_log=console_log).run()
+        node = Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing, console_log=console_log)
+        import logging
+        for note in notes:        # what the resume changes: on the console and in node.log (the record)
+            logging.getLogger("ftis_edge.resume").warning("%s", note)
+        return node.run()
     except (FtisError, KeyFileError) as e:
+        say_resume = not isinstance(e, CheckpointError)      # resuming would meet the same checkpoint
         return _die(one_line(e))
     except KeyboardInterrupt:
         print("ftis-edge: aborted", file=sys.stderr)
@@ -175,6 +208,9 @@ def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log:
             raise
         return _die(f"{one_line(e)} (traceback in {log_file})", code=1)
     finally:
+        command = rundir.resume_command(cfg.run_path) if say_resume else None
+        if command:     # every exit that left a checkpoint says how to continue
+            print(f"resume: {command}", file=sys.stderr)
         _ctrl_c_now_exits()
 
 
@@ -196,8 +232,10 @@ def _ctrl_c_now_exits() -> None:
 
 # --- init -------------------------------------------------------------------------------
 def _add_init(sub) -> None:
-    p = sub.add_parser("init", help="write a fully commented node.toml")
-    p.add_argument("path", nargs="?", default="node.toml")
+    p = sub.add_parser("init", help="write a fully commented node.toml",
+                       description="Write a node file with every setting, its default and what it means; edit "
+                                   "it, then `ftis-edge start FILE`. Relative paths in it are relative to its folder.")
+    p.add_argument("path", nargs="?", default="node.toml", help="the file to write (default node.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.add_argument("--task", help="the [task] section to write: arith (default), gsm8k, math500, reasoning_gym "
                                   "(a mix a small model can start on), jsonl")
@@ -240,7 +278,8 @@ def _run_init(args) -> int:
 def _add_eval(sub) -> None:
     from . import evaluate
     p = sub.add_parser("eval", help="accuracy of a model (+ adapter) on a task",
-                       description="Evaluate a model on gsm8k, math500 or arith.")
+                       description="Evaluate a model, or a run directory's newest weights, on a task "
+                                   "(default arith, which needs no download).")
     evaluate.add_arguments(p)
     p.set_defaults(func=evaluate.run)
 
@@ -255,7 +294,10 @@ def _add_export(sub) -> None:
 
 def _add_watch(sub) -> None:
     from .tui import watch
-    p = sub.add_parser("watch", help="open the dashboard on a running or finished run directory")
+    p = sub.add_parser("watch", help="open the dashboard on a running or finished run directory",
+                       description="Open the dashboard on a run directory: live while its node runs, or a finished "
+                                   "run. Watching never stops the node: q leaves; S then y asks it to stop after "
+                                   "its round.")
     watch.add_arguments(p)
     p.set_defaults(func=watch.run)
 

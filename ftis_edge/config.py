@@ -54,7 +54,8 @@ AUTO_LEARNING_RATE = {"lora": 1e-4, "full": 5e-6}
 class NodeSection:
     id: str = _opt("", "node name shown to peers (default: <hostname>-<config file name>, e.g. pc-alice for "
                        "alice.toml; <hostname>-<model> without a file)")
-    run_dir: str = _opt("runs/{id}", "where metrics, checkpoints and adapters go ({id} = node id)")
+    run_dir: str = _opt("runs/{id}", "where metrics, checkpoints and adapters go ({id} = node id; a relative path "
+                       "is relative to the node file's folder)")
     seed: int = _opt(0, "seed for prompts, sampling and training", lo=0, trl="seed")
     rounds: int = _opt(30, "training rounds (one optimiser step each)", lo=1, trl="max_steps")
     checkpoint_every: int = _opt(5, "write a checkpoint every N rounds (and at the end)", lo=1)
@@ -124,7 +125,8 @@ class TrainSection:
 class TaskSection:
     name: str = _opt("arith", "task: arith, gsm8k, math500, reasoning_gym, jsonl, or your class "
                      "module:Class / an entry point (docs/tasks.md)")
-    path: str = _opt("", "dataset jsonl (gsm8k/math500: default the data folder of ./install.sh --data; jsonl: your file)")
+    path: str = _opt("", "dataset jsonl (gsm8k/math500: default the data folder of ./install.sh --data; jsonl: your file; "
+                    "relative to the node file's folder)")
     datasets: dict = _table_opt("reasoning_gym: dataset -> { weight, level (0 = easiest), size, eval_size, "
                                 "dataset settings }, e.g. { chain_sum = {}, basic_arithmetic = { weight = 2 } }")
     eval_path: str = _opt("", "jsonl: held-out eval file (empty = hold out eval_fraction of path)")
@@ -411,7 +413,8 @@ def load(path: str | os.PathLike | None, overrides: dict | None = None) -> Confi
             raise ConfigError(f"{p}: nested too deeply to be a config") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{p}: not a UTF-8 text file") from None
-    for dotted, value in (overrides or {}).items():
+        _relative_to(data, p.expanduser().resolve().parent)
+    for dotted, value in (overrides or {}).items():        # the command line's: relative to where it runs
         section, key = dotted.split(".", 1)
         data.setdefault(section, {})[key] = value
     cfg = from_dict(data)
@@ -419,6 +422,23 @@ def load(path: str | os.PathLike | None, overrides: dict | None = None) -> Confi
         # alice.toml and bob.toml on one PC: two ids, two run directories, without naming either
         cfg.node = replace(cfg.node, id=f"{_host()}-{Path(path).stem}")
     return cfg
+
+
+# Paths a node file names: relative ones mean relative to the file's folder (the same file started
+# from two folders is one run, and an error names the absolute path).
+FILE_PATHS = (("node", "run_dir"), ("task", "path"), ("task", "eval_path"), ("swarm", "client_keys"),
+              ("swarm", "server_key"))
+
+
+def _relative_to(data: dict, folder: Path) -> None:
+    for section, key in FILE_PATHS:
+        value = (data.get(section) or {}).get(key) if isinstance(data.get(section), dict) else None
+        if isinstance(value, str) and value and not value.startswith("~") and not Path(value).is_absolute():
+            data[section][key] = os.path.normpath(folder / value)
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    spec = model.get("spec")
+    if isinstance(spec, str) and spec.startswith(("./", "../")):     # a hub id (org/name) stays as it is
+        model["spec"] = str((folder / spec).resolve())
 
 
 def _toml_value(value) -> str:

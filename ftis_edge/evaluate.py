@@ -63,28 +63,32 @@ class EvalSpec:
 
 
 _D = EvalSpec()
+CLI_TASK = "arith"      # `ftis-edge eval` with no --task: one that needs no download
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The eval command's options (shared by `ftis-edge eval` and `python -m ftis_edge.evaluate`)."""
     parser.add_argument("--model", default=None,
-                        help="model spec: alias (smollm2-135m, gemma3-270m), .gguf file, HF dir or hub id "
+                        help="model spec: alias (smollm2-135m, gemma3-270m), .gguf file, HF dir or hub id, or a "
+                             "node's run directory (runs/<id>: its base model with its newest adapter) "
                              "(default smollm2-135m)")
     parser.add_argument("--adapter", default=None,
                         help="LoRA adapter: a GGUF LoRA file (llamacpp) or a peft directory (hf)")
-    parser.add_argument("--task", default=_D.task, help=f"one of {', '.join(TASK_NAMES)}, reasoning_gym:<dataset>,…, "
-                        "or module:Class (default gsm8k; docs/tasks.md)")
+    parser.add_argument("--task", default=CLI_TASK, help=f"one of {', '.join(TASK_NAMES)}, reasoning_gym:<dataset>,…, "
+                        f"or module:Class (default {CLI_TASK}: generated, works offline; gsm8k and math500 need "
+                        "./install.sh --data; docs/tasks.md)")
     parser.add_argument("--level", default=None, help="arith only: a level or a list, e.g. 2 or 1,2,3")
     parser.add_argument("--path", default=None, help="dataset JSONL file instead of the data folder (./install.sh --data)")
     parser.add_argument("--limit", type=int, default=None,
                         help="first N prompts of the eval set (default: all; arith: 50 per level)")
     parser.add_argument("--backend", default=_D.backend, help=f"one of {', '.join(BACKENDS)} (default llamacpp)")
     parser.add_argument("--precision", default=_D.precision, help="llamacpp weights: f16 (default) or quantized")
-    parser.add_argument("--max-new-tokens", type=int, default=_D.max_new_tokens)
+    parser.add_argument("--max-new-tokens", type=int, default=_D.max_new_tokens,
+                        help=f"completion length cap in tokens (default {_D.max_new_tokens})")
     parser.add_argument("--temperature", type=float, default=_D.temperature, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=_D.top_k, help="0 = off")
     parser.add_argument("--top-p", type=float, default=_D.top_p, help="1 = off")
-    parser.add_argument("--seed", type=int, default=_D.seed)
+    parser.add_argument("--seed", type=int, default=_D.seed, help=f"sampling seed (default {_D.seed})")
     parser.add_argument("--samples", type=int, default=_D.samples,
                         help="completions per prompt (needs --temperature > 0 when > 1)")
     parser.add_argument("--require-think", action="store_true",
@@ -431,6 +435,11 @@ def run(args) -> int:
         result = evaluate(spec)
     except EvalError as e:
         print(f"ftis-edge eval: error: {e}", file=sys.stderr)
+        return 2
+    except FtisError as e:        # a run directory's checkpoint, model or config: one line, no traceback
+        from .errors import one_line
+        from .text_safety import terminal_safe
+        print(f"ftis-edge eval: error: {terminal_safe(one_line(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ftis-edge eval: interrupted", file=sys.stderr)

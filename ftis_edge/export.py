@@ -25,6 +25,7 @@ from pathlib import Path
 
 from . import rundir
 from .errors import FtisError
+from .best import BASE_ROUND
 from .turns import PLAIN_TURN_STOP
 
 QUANTS = ("f16", "q8_0", "q4_k_m")
@@ -112,14 +113,15 @@ def _latest_state(run_dir: Path) -> dict:
     return state
 
 
-def _learner_from_checkpoint(state: dict, cfg, bundle):
+def _learner_from_checkpoint(state: dict, cfg, bundle, run_dir: Path):
+    from . import checkpoint
     from .learner import Learner
 
     learner = Learner(bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
                       lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
                       lora_targets=tuple(bundle.lora_targets(cfg.train.lora_targets)), seed=cfg.node.seed,
                       device="cpu")
-    learner.load_state_dict(state["learner"])
+    checkpoint.into_learner(learner, state["learner"], run_dir)
     return learner, state["round"]
 
 
@@ -224,13 +226,33 @@ def _quantized(learner, base: Path, out: Path, quant: str) -> str:
         f32.unlink(missing_ok=True)
 
 
+def _restore_weights(state: dict, cfg, bundle, run_dir: Path, best: dict | None):
+    """(learner, newest round): the newest checkpoint restored, then the kept best weights put in."""
+    learner, rounds = _learner_from_checkpoint(state, cfg, bundle, run_dir)
+    if best is not None:
+        _use_weights(learner, best.pop("trainable"))
+    return learner, rounds
+
+
+def _same_shapes(best: dict, newest: dict) -> None:
+    """The kept best weights against the newest checkpoint's (the model's trainable tensors, as
+    the learner saved them), before any model loads: the same names, exactly the same shapes."""
+    if set(best) != set(newest):
+        raise ExportError("the kept best weights do not match the model (other tensor names: another trainable "
+                          "mode or LoRA targets?); export the newest with --latest")
+    wrong = [n for n in newest if tuple(best[n].shape) != tuple(newest[n].shape)]
+    if wrong:
+        n = wrong[0]
+        raise ExportError(f"the kept best weights do not fit the model: {len(wrong)} tensors have other shapes "
+                          f"(one is {tuple(best[n].shape)}, the model's {tuple(newest[n].shape)}); export the "
+                          f"newest checkpoint with --latest")
+
+
 def _use_weights(learner, weights: dict) -> None:
     """Put the best eval's trainable weights (checkpoint.save_best) into a restored learner."""
     import torch
     own = learner.trainable_state()
-    if set(own) != set(weights):
-        raise ExportError("the kept best weights do not match the model (another trainable mode or LoRA "
-                          "targets?); export the newest with --latest")
+    _same_shapes(weights, own)      # exactly the model's: copy_ would broadcast a (1,) tensor into every matrix
     with torch.no_grad():
         for name, p in own.items():
             p.copy_(weights[name].to(p.device, p.dtype))
@@ -238,26 +260,38 @@ def _use_weights(learner, weights: dict) -> None:
 
 def _held_out_history(run_dir: Path) -> dict:
     """Base, best and latest held-out evals as metrics.jsonl recorded them ({} for a run without)."""
+    from .best import from_records
     from .metrics import read_metrics
-    evals = [r for r in read_metrics(run_dir) if r.get("type") == "round" and r.get("eval/accuracy") is not None]
-    base = next((r for r in read_metrics(run_dir) if r.get("eval/base_accuracy") is not None), None)
+    records = read_metrics(run_dir)
+    evals = [r for r in records if r.get("type") == "round" and _fraction(r.get("eval/accuracy"))]
+    base = next((r for r in records if _fraction(r.get("eval/base_accuracy"))), None)
     if not evals and base is None:
         return {}
 
     def row(rec, key="eval/accuracy", lo="eval/accuracy_lo", hi="eval/accuracy_hi", rnd=None):
-        return {"round": rec.get("eval/round") if rnd is None else rnd, "accuracy": rec.get(key),
-                "interval": [rec.get(lo), rec.get(hi)], "n": rec.get("eval/n")}
+        n = rec.get("eval/n")       # numbers only: the card prints them
+        return {"round": _whole(rec.get("eval/round", rec.get("round"))) if rnd is None else rnd,
+                "accuracy": rec.get(key), "interval": [v if _fraction(v) else None for v in (rec.get(lo), rec.get(hi))],
+                "n": _whole(n)}
     out = {}
     if base is not None:
         out["base"] = row(base, "eval/base_accuracy", "eval/base_lo", "eval/base_hi", rnd=0)
     if evals:
         out["latest"] = row(evals[-1])
-        best = max(evals, key=lambda r: (r["eval/accuracy"], -r["round"]))
-        if out.get("base") and out["base"]["accuracy"] is not None and out["base"]["accuracy"] >= best["eval/accuracy"]:
-            out["best"] = dict(out["base"])
-        else:
-            out["best"] = row(best)
+        best = from_records(records)      # the one rule (best.py), as the node and the dashboard
+        if best is not None:
+            out["beat_base"] = best.beat_base
+            rec = next((r for r in evals if r.get("eval/round", r.get("round")) == best.round), evals[-1])
+            out["best"] = dict(out["base"]) if not best.beat_base and "base" in out else row(rec)
     return out
+
+
+def _fraction(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+
+
+def _whole(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50, threads: int | None = None,
@@ -278,9 +312,20 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     if not rundir.is_run_dir(run_dir):
         raise ExportError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
     cfg = rundir.load_config(run_dir)
+    from .resume_check import checkpoint_changes
+    changed = checkpoint_changes(run_dir, cfg)
+    if changed:
+        raise ExportError(f"{(run_dir / rundir.CONFIG_FILE).resolve()} differs from the settings the run's "
+                          f"checkpoints were made with ({'; '.join(changed)}): put them back to export this run")
     state = _latest_state(run_dir)
     best = None if latest else checkpoint.load_best(run_dir)
-    weights = _weights_line(state["round"], best, latest)
+    if best is not None:
+        _same_shapes(best["trainable"], (state.get("learner") or {}).get("trainable") or {})
+    if best is not None and best["round"] == BASE_ROUND:     # best.py: no eval beat the base model
+        base_only, best = best, None
+    else:
+        base_only = None
+    weights = _weights_line(state["round"], best, latest, base_only)
     log(weights["line"])
     out = Path(to).expanduser() if to else run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
@@ -289,13 +334,13 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
 
     files = {}
     try:
-        bundle = step(f"loaded {cfg.model.spec} and the checkpoint of round {state['round']}",
-                      resolve_model, cfg.model.spec)
+        bundle = step(f"loaded {cfg.model.spec}", resolve_model, cfg.model.spec)
         bundle.require_supported()
-        learner, rounds = step("restored the trained weights", _learner_from_checkpoint, state, cfg, bundle)
+        restored = (f"restored the weights of round {weights['round']}"
+                    + (f" (the best held-out eval's; the newest checkpoint is round {state['round']})"
+                       if best is not None else ""))
+        learner, rounds = step(restored, _restore_weights, state, cfg, bundle, run_dir, best)
         del state
-        if best is not None:
-            _use_weights(learner, best.pop("trainable"))
         step("wrote " + ("peft/ and adapter.gguf" if learner.trainable == "lora" else "hf/"),
              _own_format, learner, bundle, out, files)
         base = step("found the base GGUF", bundle.base_gguf)
@@ -329,10 +374,11 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     if eval_limit > 0:
         # like with like: base and trained both at F16 (the effect of training); the shipped
         # quantized file on its own row (the effect of quantization on top)
-        runs = [("before", f"{cfg.model.spec} (F16)", cfg.model.spec, "f16"),
-                ("after", f"{files['f16']} (trained, F16)", str(out / files["f16"]), "quantized")]
+        trained = f"round {weights['round']}"          # which weights, never just "trained"
+        runs = [("before", f"{cfg.model.spec} (base model, F16)", cfg.model.spec, "f16"),
+                ("after", f"{files['f16']} ({trained}, F16)", str(out / files["f16"]), "quantized")]
         if shipped != files["f16"]:
-            runs.append(("shipped", f"{shipped} (trained, {quant.upper()})", str(out / shipped), "quantized"))
+            runs.append(("shipped", f"{shipped} ({trained}, {quant.upper()})", str(out / shipped), "quantized"))
         info["eval"] = {"prompts": eval_limit, "sampler": "greedy"}
         for key, label, model, precision in runs:
             r = step(f"evaluated {label} on {eval_limit} held-out {cfg.task.name} prompts",
@@ -344,8 +390,17 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     return info
 
 
-def _weights_line(latest_round: int, best: dict | None, latest: bool) -> dict:
-    """Which weights the export takes, and the line that says so."""
+def _weights_line(latest_round: int, best: dict | None, latest: bool, base_only: dict | None = None) -> dict:
+    """Which weights the export takes, and the line that says so. ``base_only``: the kept "best" is
+    the base model's own eval (round 0): no eval of trained weights beat it, and the base model is
+    no trained model, so the newest checkpoint's weights ship, said to be no better on held-out."""
+    if base_only is not None:
+        b = base_only["best"]
+        return {"which": "latest", "round": latest_round, "accuracy": None, "n": b.get("n"),
+                "latest_round": latest_round, "beat_base": False,
+                "line": f"no held-out eval beat the base model ({100 * b['accuracy']:.1f}% on {b.get('n')} prompts): "
+                        f"exporting the newest checkpoint's weights, round {latest_round}, which are not measured "
+                        f"better than the base model"}
     if best is not None:
         b = best["best"]
         lo, hi = b.get("interval") or (None, None)
@@ -430,6 +485,9 @@ def _held_out_section(info: dict) -> list[str]:
     and which of them these files hold."""
     w, hist = info.get("weights") or {}, info.get("held_out") or {}
     which = (f"These files hold the **{w['which']}** weights (round {w['round']})" if w else "")
+    if w.get("beat_base") is False or hist.get("beat_base") is False:
+        which = ("**No held-out eval of the trained weights beat the base model.** " + which
+                 + ", which are not measured better than the base model")
     if not hist:
         return [f"{which}." if which else "", ""] if which else []
     lines = ["## Held-out accuracy during training (greedy, the node's own eval)", "",
@@ -451,7 +509,8 @@ def _held_out_section(info: dict) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a node's run directory (runs/<id>)")
     p.add_argument("--to", default=None, help="output directory (default RUN_DIR/export)")
-    p.add_argument("--quant", default="q4_k_m", choices=QUANTS, help="quantization of the shipped GGUF")
+    p.add_argument("--quant", default="q4_k_m", choices=QUANTS,
+                   help="quantization of the shipped GGUF (default q4_k_m; f16: no quantized file)")
     p.add_argument("--eval-limit", type=int, default=50,
                    help="held-out prompts for the before/after eval in the model card (0 = skip)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the eval")
@@ -460,15 +519,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "kept them)")
 
 
+def _traceback_kept(exc: Exception, args) -> str:
+    """The failure in one line; its traceback in a file beside the export (not on the terminal)."""
+    import tempfile
+    import traceback
+    from .errors import one_line
+    from .text_safety import terminal_safe
+    text = "".join(traceback.format_exception(exc))
+    try:
+        folder = Path(args.to).expanduser() if args.to else Path(args.run_dir).expanduser() / "export"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "export-error.log"
+        path.write_text(text, encoding="utf-8")
+    except OSError:
+        fd, name = tempfile.mkstemp(prefix="ftis-export-", suffix=".log")
+        with open(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        path = Path(name)
+    return terminal_safe(f"{one_line(exc)} (traceback in {path.resolve()})")
+
+
 def run(args) -> int:
     from .errors import FtisError, one_line
     try:
         info = export_run(args.run_dir, args.to, quant=args.quant, eval_limit=args.eval_limit, threads=args.threads,
                           latest=args.latest)
     except FtisError as e:        # ExportError, CheckpointError, ConfigError ...
-        e = one_line(e)
-        print(f"ftis-edge export: error: {e}", file=sys.stderr)
+        from .text_safety import terminal_safe
+        print(f"ftis-edge export: error: {terminal_safe(one_line(e))}", file=sys.stderr)
         return 2
+    except Exception as e:        # noqa: BLE001 - a bug or a run directory nobody foresaw: one line, never a raw traceback
+        print(f"ftis-edge export: error: {_traceback_kept(e, args)}", file=sys.stderr)
+        return 1
     out = Path(args.to).expanduser() if args.to else Path(args.run_dir).expanduser() / "export"
     print(f"exported to {out}: {', '.join(info['files'].values())}, Modelfile, README.md "
           f"(llama.cpp's output in {LOG_NAME})")

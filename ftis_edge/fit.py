@@ -269,14 +269,65 @@ def advice(shape: ModelShape, setup: Setup, limit_ram: float, limit_vram: float 
     for change, st in tries:
         if fits(st):
             return change
-    best = replace(setup, trainable="lora", micro_batch=1, precision="quantized")
-    if fits(best):
-        changes = [c for c, differs in (('train.trainable = "lora"', setup.trainable != "lora"),
-                                        ("train.micro_batch = 1", setup.micro_batch != 1),
-                                        ('model.precision = "quantized"', setup.precision != "quantized"
-                                         and setup.backend == "llamacpp")) if differs]
-        return " and ".join(changes)
+    # then the lengths and the group (what a 2 TB need is usually made of), each halved with the
+    # cheap changes above taken too, the fewest changes first
+    cheap = replace(setup, trainable="lora", micro_batch=1,
+                    precision="quantized" if setup.backend == "llamacpp" else setup.precision)
+    length, group = setup.completion_tokens, setup.group
+    while length > MIN_COMPLETION or group > MIN_GROUP:
+        if length > MIN_COMPLETION:
+            length = max(MIN_COMPLETION, length // 2)
+        if group > MIN_GROUP:
+            group = max(MIN_GROUP, group // 2)
+        for base in (setup, replace(setup, micro_batch=1), cheap):
+            for st in (replace(base, completion_tokens=length), replace(base, group=group),
+                       replace(base, completion_tokens=length, group=group)):
+                if fits(st):
+                    return _changes(setup, st)
+    if fits(cheap):
+        return _changes(setup, cheap)
     return "a smaller model (model.spec; see docs/models.md)"
+
+
+MIN_COMPLETION, MIN_GROUP = 64, 2      # the smallest lengths and groups advice goes down to
+
+
+def _changes(was: Setup, now: Setup) -> str:
+    """The settings that differ between two setups, as config lines joined by "and"."""
+    rows = (('train.trainable = "lora"', was.trainable != now.trainable),
+            (f"train.micro_batch = {now.micro_batch}", was.micro_batch != now.micro_batch),
+            ('model.precision = "quantized"', was.precision != now.precision),
+            (f"task.max_completion_length = {now.completion_tokens}", was.completion_tokens != now.completion_tokens),
+            (f"task.num_generations = {now.group}", was.group != now.group))
+    return " and ".join(c for c, differs in rows if differs)
+
+
+# What each part of the estimate grows with: named when a part dominates a need that does not fit.
+DRIVERS = {
+    "activations": lambda st: f"train.micro_batch {st.micro_batch} x (prompt {st.prompt_tokens} + "
+                              f"task.max_completion_length {st.completion_tokens}) tokens",
+    "logits": lambda st: f"train.micro_batch {st.micro_batch} x task.max_completion_length {st.completion_tokens} "
+                         f"tokens x the vocabulary",
+    "kv cache": lambda st: f"task.num_generations {st.group} x (prompt {st.prompt_tokens} + "
+                           f"task.max_completion_length {st.completion_tokens}) tokens",
+    "grads+adam": lambda st: 'train.trainable = "full"',
+    "lora+adam": lambda st: f"train.lora_r {st.lora_r}",
+    "weights": lambda st: "model.spec", "gen weights": lambda st: "model.spec and model.precision",
+}
+PART_NAMES = {"activations": "the learner's activations", "logits": "the learner's logits",
+              "kv cache": "the generator's KV cache", "grads+adam": "gradients and Adam moments",
+              "lora+adam": "LoRA adapters and their Adam moments", "weights": "the learner's weights",
+              "gen weights": "the generator's weights"}
+
+
+def dominant(est: Estimate, setup: Setup) -> str | None:
+    """"most of it is the learner's activations (1900 GB: train.micro_batch 256 x ...)" for the
+    largest part of the estimate, when a setting drives it."""
+    parts = {**est.ram, **est.vram}
+    part = max(parts, key=parts.get)
+    if part not in DRIVERS:
+        return None
+    return f"most of it is {PART_NAMES[part]} ({parts[part] / GB:.0f} GB: {DRIVERS[part](setup)})"
 
 
 def check(shape: ModelShape, setup: Setup, have: Machine) -> tuple[bool, str]:
@@ -292,7 +343,25 @@ def check(shape: ModelShape, setup: Setup, have: Machine) -> tuple[bool, str]:
            f"needs ~{est.line()}; {where}"
     if ok:
         return True, head
-    return False, f"{head} — does not fit; try {advice(shape, setup, limit_ram, limit_vram)}"
+    why = dominant(est, setup)
+    return False, f"{head} — does not fit" + (f"; {why}" if why else "") + \
+        f"; try {advice(shape, setup, limit_ram, limit_vram)}"
+
+
+def impossible(shape: ModelShape, setup: Setup, have: Machine) -> str | None:
+    """Why no start can succeed (more than the machine has in all, not only free now), in one short
+    line with what dominates and what to change; None when it could fit."""
+    est = estimate(shape, setup)
+    if have.ram_total and est.ram_bytes > have.ram_total:
+        need = f"~{est.ram_bytes / GB:.0f} GB RAM, more than this machine's {have.ram_total / GB:.0f} GB in all"
+    elif est.vram and have.vram_total and est.vram_bytes > have.vram_total:
+        need = f"~{est.vram_bytes / GB:.0f} GB on the GPU, more than its {have.vram_total / GB:.0f} GB in all"
+    else:
+        return None
+    why = dominant(est, setup)
+    limit_vram = HEADROOM * have.vram_free if (est.vram and have.vram_free) else None
+    return (f"{shape.name} needs {need} (not started); " + (f"{why}; " if why else "")
+            + f"try {advice(shape, setup, HEADROOM * (have.ram_available or have.ram_total), limit_vram)}")
 
 
 # ------------------------------------------------------------------ which model on which machine
@@ -357,8 +426,9 @@ What moves the numbers, biggest first:
 * **The generator's weights**: `model.precision = "quantized"` loads the shipped GGUF (Q4/Q8) instead of
   the F16 re-export.
 
-When a node's estimate does not fit, it says so in one line at start-up with the first change
-that fits (LoRA instead of full, a smaller micro-batch, the quantized generator, a smaller model).
+When a node's estimate does not fit, it says so in one line at start-up with the part that dominates
+and the first change that fits (LoRA instead of full, a smaller micro-batch, the quantized generator,
+shorter completions, smaller groups, a smaller model); a need beyond all the machine's memory is refused.
 """
 
 

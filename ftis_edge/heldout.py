@@ -146,9 +146,10 @@ class HeldOut:
     def observe(self, result: EvalResult) -> None:
         """Take a result in as the newest; the first one is the base, the most accurate the best
         (the earliest of equals: fewer rounds of training for the same accuracy)."""
+        from .best import better      # the one rule of "best" (best.py), here and in every reader
         if self.base is None:
             self.base = result
-        if self.best is None or result.accuracy > self.best.accuracy:
+        if better(result.accuracy, None if self.best is None else self.best.accuracy):
             self.best = result
         self.last = result
 
@@ -209,9 +210,19 @@ def eval_line(rec: dict) -> str | None:
     if lo is not None and hi is not None:
         out += f" [{100 * lo:.0f}–{100 * hi:.0f}]"
     base, change, se = rec.get("eval/base_accuracy"), rec.get("eval/change"), rec.get("eval/change_se")
+    from .best import too_few, too_few_words
     if base is not None and rec.get("eval/round") != 0:
         out += f" (base {100 * base:.0f}%"
-        if change is not None and se is not None:
-            out += f", {100 * change:+.0f} pts ± {100 * Z95 * se:.0f}"
+        if too_few(rec.get("eval/n")):
+            out += f"; {too_few_words(rec['eval/n'])}"
+        elif change is not None and se is not None:
+            out += f", {change_words(change, se)}"
         out += ")"
     return out
+
+
+def change_words(change: float, se: float) -> str:
+    """"+9 pts ± 6"; "no prompt changed" rather than a false-precision "+0 pts ± 0"."""
+    if se == 0 and change == 0:
+        return "no prompt changed"
+    return f"{100 * change:+.0f} pts ± {100 * Z95 * se:.0f}"

@@ -319,7 +319,10 @@ def render_metrics_doc() -> str:
     out += ["### `peers`: one entry per peer node, cumulative since the node started", "",
             "| field | meaning |", "|---|---|"]
     out += [f"| `{k}` | {v} |" for k, v in PEER_FIELDS.items()]
-    out += ["", "## `{\"type\": \"stop\"}` — when a node stops cleanly",
+    out += ["", "## `{\"type\": \"base_eval\"}` — the base model's held-out eval, as soon as it ends",
+            "`round` (0) and the `eval/base_*` keys and `eval/n` (above), written before round 1; round 1's record "
+            "repeats them.", ""]
+    out += ["## `{\"type\": \"stop\"}` — when a node stops cleanly",
             "`round`, `reason` (`\"steps\"`, `\"user\"`, `\"signal\"`).", "",
             "## `RUN_DIR/node.log`",
             "Plain text log lines (`HH:MM:SS level message`), what `--headless` prints.", "",

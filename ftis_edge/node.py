@@ -29,7 +29,7 @@ from . import checkpoint, diskspace, machine, neighbours, preflight, rundir, run
 from . import progress as phases
 from .batch import LocalTokenizer, SampleRules
 from .compute import ComputeTotals
-from .config import Config, ConfigError, load, to_toml
+from .config import Config, ConfigError, load
 from .devices import pick_backend, pick_device
 from .divergence import DivergenceWatch, learning_rate_note
 from .errors import FtisError, one_line
@@ -67,6 +67,7 @@ class Node:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         setup_logging(self.run_dir, console=console_log)
         self.stop_reason: str | None = None
+        self._started = False         # the start record is written: a failure from here is part of the record
         self.round = 0
         self.oom_retries = 0
         self.saved_round = 0          # the round of the newest checkpoint (this run's or restored)
@@ -202,7 +203,7 @@ class Node:
         state = checkpoint.load_latest(self.run_dir)     # verified; falls back to an older one
         if state is None:
             raise checkpoint.CheckpointError(f"--resume: no checkpoint in {checkpoint.dir_of(self.run_dir)}")
-        self.learner.load_state_dict(state["learner"])
+        checkpoint.into_learner(self.learner, state["learner"], self.run_dir)
         self.round = self.saved_round = state["round"]
         self.oom_retries = state.get("oom_retries", 0)
         self.totals = ComputeTotals.from_state(state.get("compute"))
@@ -305,6 +306,8 @@ class Node:
         (eval/base_*) go into round 1's record."""
         rec = self._eval(0)
         self._base_record = {**self.heldout.base_record(), "time/eval_s": rec["time/eval_s"]}
+        # on record (and screen) now, not only in round 1's record minutes later
+        self.metrics.write({"type": "base_eval", "round": 0, **self._base_record})
         b = self.heldout.base
         lo, hi = b.interval
         log.info("held-out eval of the base model: %.0f%% [%.0f–%.0f] on %d %s prompts (%.1f s)",
@@ -434,7 +437,7 @@ class Node:
             log.error("failed: %s", message, exc_info=not isinstance(exc, FtisError),
                       extra={"console": False})
         self.progress.phase(phases.STOPPED, reason=reason)
-        if self.metrics is not None:
+        if self.metrics is not None and self._started:
             try:
                 self.metrics.write({"type": "stop", "round": self.round, "reason": reason, "error": message})
                 self.metrics.close()
@@ -446,18 +449,17 @@ class Node:
         if self.resume and not rundir.check_resumable(self.run_dir, fresh_if_missing=self.fresh_if_missing):
             log.warning("--resume-or-fresh: no checkpoint in %s, starting fresh", self.run_dir)
             self.resume = False
-        if self.resume:
-            rundir.prepare_resume(self.run_dir)
-        else:
+        if not self.resume:
             rundir.prepare_fresh(self.run_dir)
-        if self.resume:
-            self._say_if_left_the_swarm()
         # the resolved config: node.id is the effective id (hostname-model when left empty)
         resolved = replace(cfg, node=replace(cfg.node, id=self.node_id))
-        (self.run_dir / rundir.CONFIG_FILE).write_text(to_toml(resolved))
         write_control(self.run_dir, pause=False, stop=False)
         self.build()
         resumed = self._restore() if self.resume else None
+        if self.resume:         # only now that the checkpoint loaded: a failed start changes no record
+            self._say_if_left_the_swarm()
+            rundir.prepare_resume(self.run_dir)
+        rundir.write_record(self.run_dir, resolved)
         self._room_at_start()
         self.sync.sync(self.learner.version)          # generator starts from the learner's weights
         self.metrics.write({
@@ -466,6 +468,7 @@ class Node:
             "backend": cfg.model.backend, "trainable": cfg.train.trainable, "method": cfg.train.method,
             "collaboration": cfg.mode, "relay": cfg.swarm.relay or None, "resumed_from": resumed,
             "machine": machine.describe(), "config": resolved.to_dict()})
+        self._started = True        # from here a failure is part of the run's record
         if self.heldout.active and self.heldout.base is None:
             if resumed is None:
                 self._eval_base()

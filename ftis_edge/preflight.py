@@ -78,10 +78,15 @@ def check_lengths(cfg: Config, bundle, task) -> None:
 
 def check_fit(cfg: Config, bundle, task) -> tuple[bool, str]:
     """Will it fit (fit.py)? Said in one line before loading: info when it fits, a warning naming
-    what to change when it does not (an estimate: the node still starts)."""
+    what dominates and what to change when it does not fit in the memory free now (an estimate:
+    the node still starts), and a refusal (ConfigError) when it needs more than the machine has."""
     from . import fit
     setup = fit.Setup.from_config(cfg, prompt_tokens=longest_first_prompt(cfg, bundle, task))
-    ok, line = fit.check(fit.shape_of(bundle), setup, fit.machine(setup.device))
+    shape, have = fit.shape_of(bundle), fit.machine(setup.device)
+    ok, line = fit.check(shape, setup, have)
+    refusal = None if ok else fit.impossible(shape, setup, have)
+    if refusal:
+        raise ConfigError(f"memory: {refusal}")
     (log.info if ok else log.warning)("memory: %s", line)
     return ok, line
 

@@ -165,6 +165,28 @@ def prepare_fresh(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
 
 
+RECORD_HEADER = """# The settings of the run in this directory, written by the node once its weights loaded.
+# `ftis-edge start --run-dir {run} --resume` resumes with this file: edit it to change what may change
+# on resume (rounds, eval, threads, learning rate, the task); the model, trainable mode and LoRA
+# settings are what the checkpoints were made with, and a resume refuses other values.
+"""
+
+
+def write_record(run_dir: Path, cfg) -> None:
+    """RUN_DIR/config.toml: the run's settings (read by ``resume_check``, ``export``, ``eval``)."""
+    from dataclasses import replace
+
+    from .atomic import write_text
+    from .config import FILE_PATHS, to_toml
+    # absolute paths: a relative one in this file would mean "from this folder" (config.load)
+    for section, key in FILE_PATHS:
+        part = getattr(cfg, section)
+        value = getattr(part, key)
+        if value and not Path(value).expanduser().is_absolute():
+            cfg = replace(cfg, **{section: replace(part, **{key: os.path.abspath(value)})})
+    write_text(Path(run_dir) / CONFIG_FILE, RECORD_HEADER.format(run=run_dir) + to_toml(cfg, comments=False))
+
+
 def prepare_resume(run_dir: Path) -> None:
     shutil.rmtree(Path(run_dir) / ADAPTER_DIR, ignore_errors=True)
 
@@ -218,24 +240,27 @@ def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | N
     stop = latest if latest and latest.get("type") == "stop" else None
     rounds = round_records(records)
     last = stop.get("round") if stop else (rounds[-1].get("round") if rounds else 0)
+    resume = resume_command(run_dir, program)
     if failure or (stop and stop.get("reason") == "error"):
         why = failure or stop.get("error") or "error"
-        return (f"failed after round {last}: {why} — traceback in {run_dir / LOG_FILE}")
+        where = f" — traceback in {run_dir / LOG_FILE}" if has_traceback(run_dir) else ""
+        return f"failed after round {last}: {why}{where}" + (f"\n  resume    {resume}" if resume else "")
     if stop is None:
         state = f"exited with code {exit_code}" if exit_code not in (None, 0) else "still running"
-        return (f"node {state} after round {last} — run dir {run_dir}, "
+        line = (f"node {state} after round {last} — run dir {run_dir}, "
                 f"watch with: {_command(program, 'watch', str(run_dir))}")
-    start = ["start"] + ([config] if config else []) + ["--run-dir", str(run_dir), "--resume"]
+        return line + (f"\n  resume    {resume}" if resume and state != "still running" else "")
     first = next((r for r in reversed(records) if r.get("type") == "start"), {})
     planned = ((first.get("config") or {}).get("node") or {}).get("rounds")
     of = f" of {planned}" if isinstance(planned, int) and stop.get("reason") != "steps" else ""
     rows = [f"stopped after round {last}{of}: {stop_words(stop.get('reason'))}",
             f"  run dir   {run_dir}"]
-    held = _best_held_out(rounds)
+    held = _best_held_out(records)
     if held:
         rows.append(f"  held-out  {held}")
     relay = first.get("relay")
-    rows.append(f"  resume    {_command(program, *start)}" + (f"   (rejoins {relay})" if relay else ""))
+    if resume:
+        rows.append(f"  resume    {resume}" + (f"   (rejoins {relay})" if relay else ""))
     if checkpoint.complete(run_dir):
         rows.append(f"  export    {_command(program, 'export', str(run_dir))}   (GGUF, Ollama, PEFT)")
     found = latest_weights(run_dir)
@@ -258,16 +283,35 @@ def stop_words(reason, short: bool = False) -> str:
     return (SHORT_STOP_WORDS if short else STOP_WORDS).get(reason, str(reason))
 
 
-def _best_held_out(rounds: list[dict]) -> str | None:
-    """The best held-out accuracy of the run, against the base model's, when it was evaluated."""
-    evals = [r for r in rounds if isinstance(r.get("eval/accuracy"), (int, float))]
-    if not evals:
+def resume_command(run_dir: Path, program: str | None = None) -> str | None:
+    """The command that resumes the run with its recorded settings (RUN_DIR/config.toml), or None
+    when it has no checkpoint to resume from."""
+    if not checkpoint.complete(run_dir):
         return None
-    best = max(evals, key=lambda r: r["eval/accuracy"])
-    base = next((r["eval/base_accuracy"] for r in rounds if isinstance(r.get("eval/base_accuracy"), (int, float))),
-                None)
-    return (f"best {best['eval/accuracy']:.0%} at round {best['round']}"
-            + (f" (base model {base:.0%})" if base is not None else "") + f", {evals[-1]['eval/accuracy']:.0%} at the end")
+    return _command(program or command_name(), "start", "--run-dir", str(run_dir), "--resume")
+
+
+def has_traceback(run_dir: Path) -> bool:
+    """Whether node.log holds a traceback (a bug's failure); an FtisError's holds only its line."""
+    try:
+        with open(Path(run_dir) / LOG_FILE, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 256_000))
+            return b"Traceback (most recent call last)" in fh.read()
+    except OSError:
+        return False
+
+
+def _best_held_out(records: list[dict]) -> str | None:
+    """The best held-out accuracy of the run by the one rule (best.py), and the last eval's."""
+    from .best import from_records, too_few, too_few_words
+    found = from_records(records)
+    evals = [r for r in records if r.get("type") == "round" and isinstance(r.get("eval/accuracy"), (int, float))]
+    if found is None or not evals:
+        return None
+    n = evals[-1].get("eval/n")
+    return (f"{found.words()}, {evals[-1]['eval/accuracy']:.0%} at the end"
+            + (f"; {too_few_words(n)}" if too_few(n) else ""))
 
 
 def last_error_line(path: Path, offset: int = 0) -> str | None:

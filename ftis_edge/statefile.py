@@ -88,6 +88,38 @@ def save(path: Path, state) -> None:
     save_file(tensors, str(path), metadata={META_KEY: json.dumps(structure, allow_nan=True)})
 
 
+MAX_HEADER = 100 * 2**20        # a state's JSON header: its structure and tensor table, never this large
+
+
+def check_header(path: Path) -> None:
+    """The safetensors header alone (a few reads, no hashing, no tensors): StateFileError unless
+    it is a JSON table whose tensors fill the file exactly and whose metadata holds a state."""
+    size = Path(path).stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise StateFileError("shorter than a safetensors header")
+        n = int.from_bytes(head, "little")
+        if n > min(MAX_HEADER, size - 8):
+            raise StateFileError(f"its header claims {n} bytes")
+        try:
+            header = json.loads(fh.read(n))
+        except ValueError:
+            raise StateFileError("its header is not JSON") from None
+    if not isinstance(header, dict) or META_KEY not in (header.get("__metadata__") or {}):
+        raise StateFileError("a safetensors file without an ftis-edge state in its metadata")
+    ends = []
+    for k, t in header.items():
+        if k == "__metadata__":
+            continue
+        off = t.get("data_offsets") if isinstance(t, dict) else None
+        if not (isinstance(off, list) and len(off) == 2 and all(isinstance(x, int) for x in off)):
+            raise StateFileError("a tensor without valid data offsets")
+        ends.append(off[1])
+    if max(ends, default=0) != size - 8 - n:
+        raise StateFileError(f"its tensors take {max(ends, default=0)} bytes, the file holds {size - 8 - n}")
+
+
 def load(path: Path):
     """What ``save`` wrote; StateFileError when the file is not such a state."""
     from safetensors import SafetensorError, safe_open

@@ -117,12 +117,17 @@ def test_stop_summary_points_at_export_in_the_users_spelling(tmp_path):
     _save(tmp_path, 3)
     line = rundir.stop_summary(tmp_path, config="node.toml", program=".venv/bin/ftis-edge")
     assert line.splitlines()[:2] == ["stopped after round 3: stopped by you (q)", f"  run dir   {tmp_path}"]
-    assert f"  resume    .venv/bin/ftis-edge start node.toml --run-dir {tmp_path} --resume" in line
+    # the run's own settings (RUN/config.toml) resume it, not the node file
+    assert f"  resume    .venv/bin/ftis-edge start --run-dir {tmp_path} --resume" in line
     assert f"  export    .venv/bin/ftis-edge export {tmp_path}   (GGUF, Ollama, PEFT)" in line
     assert "adapter-v000003.gguf is a LoRA adapter, not a model" in line and len(line.splitlines()) == 5
     assert "a complete" not in line and "cp " not in line
     (tmp_path / "metrics.jsonl").write_text(
         '{"type":"round","round":2}\n{"type":"stop","round":2,"reason":"error","error":"model x: boom"}\n')
+    # no traceback in node.log: none is promised; the checkpoint it left is resumable
+    assert rundir.stop_summary(tmp_path, program="ftis-edge").splitlines() == [
+        "failed after round 2: model x: boom", f"  resume    ftis-edge start --run-dir {tmp_path} --resume"]
+    (tmp_path / "node.log").write_text("Traceback (most recent call last):\n  boom\n")
     assert rundir.stop_summary(tmp_path).startswith("failed after round 2: model x: boom — traceback in")
     # resumed and running: the previous run's stop is not this run's
     (tmp_path / "metrics.jsonl").write_text(

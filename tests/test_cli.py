@@ -1,4 +1,5 @@
 """The command line: init writes a valid file; user mistakes get one line and exit code 2."""
+import argparse
 import os
 import re
 import socket
@@ -24,6 +25,7 @@ def test_init_writes_a_commented_file_that_loads(tmp_path):
     cfg = config.load(path)
     expected = config.Config().to_dict()
     expected["node"]["id"] = f"{socket.gethostname().split('.')[0]}-node"     # from the file's name
+    expected["node"]["run_dir"] = f"{tmp_path}/runs/{{id}}"                    # beside the file, wherever started
     assert cfg.to_dict() == expected
     assert run("init", str(path)).returncode == 2            # refuses to overwrite
 
@@ -106,6 +108,23 @@ def test_help_lists_the_commands():
     r = run("--help")
     for cmd in ("start", "init", "eval", "watch"):
         assert cmd in r.stdout
+
+
+def test_every_command_and_option_has_help_and_the_defaults_are_said():
+    """--help is complete: each command a description, each option a help text; what the README uses
+    (eval --model RUN_DIR) and the defaults that matter (eval's offline task, export --quant) said."""
+    from ftis_edge.cli import build_parser
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    for name, sub in commands.items():
+        assert sub.description, name
+        for action in sub._actions:
+            if action.dest != "help" and action.help != argparse.SUPPRESS:
+                assert action.help, (name, action.dest)
+    eval_help = " ".join(commands["eval"].format_help().split())
+    assert "run directory" in eval_help and "default arith" in eval_help
+    assert "(default q4_k_m" in " ".join(commands["export"].format_help().split())
+    assert commands["eval"].parse_args([]).task == "arith"
 
 
 def test_a_ctrl_c_after_the_node_has_stopped_exits_130_without_a_traceback():

@@ -73,7 +73,7 @@ def _trained_learner(run: Path):
 
     cfg = load_run_config(run)
     bundle = resolve_model(cfg.model.spec)
-    learner, _ = _learner_from_checkpoint(_latest_state(run), cfg, bundle)
+    learner, _ = _learner_from_checkpoint(_latest_state(run), cfg, bundle, run)
     return learner, _batch(bundle), bundle
 
 
@@ -214,8 +214,9 @@ def test_export_from_the_command_line_says_one_line_per_step(lora_run):
     assert 4.0 < info["quantized"]["bits_per_weight"] < 9.0
     assert sum(info["quantized"]["tensor_types"].values()) > 100
     ev = info["eval"]
-    assert ev["before"]["model"].endswith("(F16)") and ev["after"]["model"] == "model-f16.gguf (trained, F16)"
-    assert ev["shipped"]["model"] == "model-q4_k_m.gguf (trained, Q4_K_M)"
+    # the weights named by their round (a base model never labelled "trained")
+    assert ev["before"]["model"].endswith("(base model, F16)") and ev["after"]["model"] == "model-f16.gguf (round 1, F16)"
+    assert ev["shipped"]["model"] == "model-q4_k_m.gguf (round 1, Q4_K_M)"
     card = (run / "export" / "README.md").read_text()
     assert "| 1 | " in card and "1-1" not in card           # one round: labelled 1, not 1-1
     assert "same precision (F16)" in card and "bits/weight" in card

@@ -15,8 +15,8 @@ def test_a_node_trains_a_round_on_a_reasoning_gym_mix_and_tags_its_rollouts(tmp_
                        task={"name": "reasoning_gym", "datasets": {"chain_sum": {}, "leg_counting": {"weight": 2}}})
     finish(start_node(cfg))
     records = read_metrics(tmp_path / "rg")
-    assert [r["type"] for r in records] == ["start", "round", "stop"]
-    r = records[1]
+    assert [r["type"] for r in records] == ["start", "base_eval", "round", "stop"]
+    r = records[2]
     assert unregistered(r) == [] and 0.0 <= r["reward/own"] <= 1.0 and r["gen/tokens"] > 0
     saved = (tmp_path / "rg" / "config.toml").read_text()
     assert "chain_sum" in saved and "leg_counting" in saved, saved

@@ -232,9 +232,15 @@ def test_export_takes_the_best_eval_by_default_and_the_newest_with_latest(tmp_pa
     best = checkpoint.load_best(run)
     said = []
     info = export_run(run, tmp_path / "best", quant="f16", eval_limit=0, log=said.append)
+    if best["round"] == 0:          # best.py: no eval beat the base model; the newest weights ship, said so
+        assert info["weights"]["which"] == "latest" and said[0].startswith("no held-out eval beat the base model")
+        return
     assert info["weights"]["which"] == "best" and info["weights"]["round"] == best["round"]
     assert said[0].startswith(f"exporting the best held-out eval's weights: round {best['round']}, accuracy ")
     assert "--latest" in said[0]
+    # the rounds said agree: the weights restored are the best eval's, not "the checkpoint of round 2"
+    assert any(line.startswith(f"restored the weights of round {best['round']} (the best held-out eval's; the "
+                               f"newest checkpoint is round 2) (") for line in said)
     card = (tmp_path / "best" / "README.md").read_text()
     assert "| base | 0 |" in card and "| best |" in card and "| latest | 2 |" in card
     assert "**best** weights" in card

@@ -18,8 +18,9 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 def test_default_node_alone_writes_metrics_checkpoints_and_adapter(solo_run):
     run = solo_run.run
     records = read_metrics(run)
-    assert [r["type"] for r in records] == ["start", "round", "round", "stop"]
-    start, r1, r2, stop = records
+    assert [r["type"] for r in records] == ["start", "base_eval", "round", "round", "stop"]
+    start, base, r1, r2, stop = records
+    assert base["round"] == 0 and base["eval/base_accuracy"] == r1["eval/base_accuracy"]   # on record before round 1
     assert start["collaboration"] == "alone" and start["relay"] is None
     assert stop["reason"] == "steps" and stop["round"] == 2
     for r in (r1, r2):

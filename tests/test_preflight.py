@@ -38,10 +38,12 @@ def test_max_completion_length_beyond_the_trained_context_names_the_key_and_the_
     assert msg.startswith("task.max_completion_length: 9000 new tokens after a ")
     assert "the model's trained context of 8192 tokens" in msg and "use at most" in msg
     room = int(msg.split("use at most ")[1].split()[0])
-    preflight.check(from_dict({"task": {"max_completion_length": room}}), smol, arith)     # exactly fits
+    # (the context only: memory for such lengths is check_fit's, which may refuse them on a small machine)
+    preflight.check_lengths(from_dict({"task": {"max_completion_length": room}}), smol, arith)     # exactly fits
     # no fixed 2048-token llama.cpp context any more: 4000 new tokens fit on both backends
-    preflight.check(from_dict({"task": {"max_completion_length": 4000}}), smol, arith)
-    preflight.check(from_dict({"task": {"max_completion_length": 4000}, "model": {"backend": "hf"}}), smol, arith)
+    preflight.check_lengths(from_dict({"task": {"max_completion_length": 4000}}), smol, arith)
+    preflight.check_lengths(from_dict({"task": {"max_completion_length": 4000}, "model": {"backend": "hf"}}), smol,
+                            arith)
 
 
 def test_lora_targets_the_gguf_writer_does_not_know(smol, arith):
@@ -106,3 +108,22 @@ def test_the_memory_estimate_is_said_at_start_up_with_the_real_prompt_length(smo
     expected = fit.estimate(fit.shape_of(smol), fit.Setup.from_config(cfg, prompt_tokens=prompt))
     assert f"RAM {expected.ram_bytes / fit.GB:.1f} GB" in line and "full" in line
     assert ok == ("does not fit" not in line)
+
+
+def test_a_need_beyond_the_machine_is_refused_before_loading_naming_what_dominates(tmp_path):
+    """The default SmolLM2 node with huge batches, groups and lengths (a ~1 TB need): before, a warning
+    advising "a smaller model" (it is the smallest), then llama.cpp failing on a 131072-token context;
+    now one line naming the learner's activations and their settings, and no model loaded."""
+    path = tmp_path / "node.toml"
+    path.write_text(f'[node]\nrun_dir = "{tmp_path}/run"\n[train]\nmicro_batch = 256\n'
+                    f'[task]\nnum_generations = 256\nmax_completion_length = 4096\n')
+    r = subprocess.run([sys.executable, "-m", "ftis_edge.cli", "start", str(path), "--headless"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith("ftis-edge: error: memory: Smollm2") and "more than this machine's" in err and "(not started)" in err
+    assert len(err) < 400 and not err.endswith("…")
+    assert "most of it is the learner's activations" in err and "train.micro_batch 256" in err
+    assert "smaller model" not in err and "task.max_completion_length = " in err
+    log = (tmp_path / "run" / "node.log").read_text()
+    assert "loaded in" not in log                    # refused before the learner and generator load

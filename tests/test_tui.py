@@ -24,7 +24,7 @@ from ftis_edge.rundir import stop_words
 from ftis_edge.tui import DashboardApp, watch
 from ftis_edge.tui.format import age, text
 from ftis_edge.tui.state import LogTail, RunState, relay_health
-from ftis_edge.tui.widgets import BREAK, HelpScreen, Packed, PeersTable, field, round_ticks
+from ftis_edge.tui.widgets import kl_gate, kl_words, BREAK, HelpScreen, Packed, PeersTable, field, round_ticks
 from dashboard import (FAST, FIXTURE, RECORDS, ROUNDS, append, cell, live_copy, plain, plotted_rounds,
                        screen_text, wait_for)
 from procs import ROOT
@@ -45,7 +45,10 @@ def test_fixture_is_a_real_run_with_the_real_schema():
     # settings added since the recording take their defaults; none recorded may change meaning
     for section, values in RECORDS[0]["config"].items():
         assert cfg.to_dict()[section] | values == cfg.to_dict()[section], section
-    assert config.load(FIXTURE / "config.toml").to_dict() == cfg.to_dict()
+    loaded = config.load(FIXTURE / "config.toml").to_dict()
+    # recorded when a relative run_dir meant the current folder; now it means the file's folder
+    assert loaded["node"].pop("run_dir") == str(FIXTURE / cfg.node.run_dir)
+    assert loaded == {**cfg.to_dict(), "node": {k: v for k, v in cfg.to_dict()["node"].items() if k != "run_dir"}}
     for r in ROUNDS:
         assert metric_keys.unregistered(r) == [], r["round"]
     # what the dashboard shows: peers (one with another tokenizer), the IS stats, the relay
@@ -130,7 +133,7 @@ async def test_peers_table_matches_the_last_round():
             assert row["accepted"] == str(peer["accepted"])
             assert row["rejected"] == str(peer["rejected"])
             assert row["acceptance_rate"] == f"{100 * peer['acceptance_rate']:.1f}%"
-            assert row["kl_mean"] == ("–" if peer["kl_mean"] is None else f"{peer['kl_mean']:.4f}")
+            assert row["kl_mean"] == kl_words(peer["kl_mean"], kl_gate(app.state))    # a number with its meaning
             assert row["quarantined"] == ("yes" if peer["quarantined"] else "no")
             assert row["last_seen"] == age(now - peer["last_seen"])
         # the highlighted peer's rejection reasons
@@ -266,11 +269,26 @@ async def test_p_on_a_finished_run_writes_nothing(tmp_path):
         assert cell(app, "state") == "finished"
 
 
-async def test_q_asks_the_node_to_stop_and_leaves_when_it_has(tmp_path):
+async def test_watching_q_leaves_and_never_stops_the_node(tmp_path):
+    """`ftis-edge watch` on someone's live node: q (out of habit) and Ctrl-C leave, the node runs on;
+    S alone, or a y long after it, stops nothing."""
+    run = live_copy(tmp_path)
+    for keys in (["q"], ["ctrl+c"], ["S", "x", "y"], ["q", "q"]):
+        app = DashboardApp(run, poll_interval=FAST)
+        async with app.run_test(size=(80, 24)) as pilot:
+            for key in keys:
+                await pilot.press(key)
+            await wait_for(pilot, lambda: app.return_code is not None or keys[0] == "S", timeout=2)
+        assert read_control(run)["stop"] is False, keys
+
+
+async def test_watching_s_then_y_asks_the_node_to_stop_and_leaves_when_it_has(tmp_path):
     run = live_copy(tmp_path)
     app = DashboardApp(run, poll_interval=FAST)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("q")
+        await pilot.press("S")
+        assert read_control(run)["stop"] is False
+        await pilot.press("y")
         assert read_control(run) == {"pause": False, "stop": True}
         assert cell(app, "state") == "stopping…"
         assert "stopping after this round" in app.sub_title
@@ -285,7 +303,7 @@ async def test_q_twice_leaves_at_once(tmp_path):
     run = live_copy(tmp_path)
     app = DashboardApp(run, poll_interval=FAST)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("q")
+        await pilot.press("S", "y")
         await pilot.press("q")
         await wait_for(pilot, lambda: app.return_code is not None)
         assert read_control(run)["stop"] is True

@@ -94,3 +94,38 @@ async def test_an_old_run_without_evals_still_shows(tmp_path):
         for tab in "1234567":
             await pilot.press(tab)
             await pilot.pause()
+
+
+async def test_the_base_models_eval_shows_at_once_and_no_beat_is_said(tmp_path):
+    """The base eval's own record (type base_eval, written when it ends) is on screen before round 1
+    ends; with 5 prompts the line says they are too few to tell; an eval no better than the base is
+    no "best"."""
+    from ftis_edge.tui.state import held_out
+
+    class NoTask:
+        name = "arith"
+    run = tmp_path / "run"
+    run.mkdir()
+    h = HeldOut(NoTask(), None, None, every=2, prompts=0, max_new_tokens=8)
+    base = EvalResult(0, (True, False, False, False, False), (True,) * 5, (False,) * 5)
+    h.observe(base)
+    start = {"type": "start", "time": 1.0, "node_id": "n", "config": {"eval": {"every": 2}}}
+    records = [start, {"type": "base_eval", "time": 2.0, "round": 0, **h.base_record()}]
+    (run / "metrics.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    app = DashboardApp(run, poll_interval=FAST)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        assert cell(app, "heldout") == "base 20%"                 # was "–" until round 1's record
+        line = app.query_one("#held-out", Packed).text
+        assert "base model 20% on 5 prompts" in line and "too few held-out prompts to tell: 5 < 6" in line
+    same = EvalResult(2, base.correct, base.format_ok, base.truncated)
+    h.observe(same)
+    with open(run / "metrics.jsonl", "ab") as fh:
+        fh.write(orjson.dumps({"type": "round", "time": 3.0, "round": 2, **h.record(same)}) + b"\n")
+    app = DashboardApp(run, poll_interval=FAST)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        ev = held_out(app.state)
+        assert (ev.best_round, ev.beat_base) == (0, False)
+        line = app.query_one("#held-out", Packed).text
+        assert "no eval beat the base model yet" in line and "best" not in line.replace("beat", "")

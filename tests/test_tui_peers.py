@@ -22,3 +22,14 @@ async def test_the_peers_tab_lists_the_most_recent_peers_and_says_how_many(tmp_p
         line = " ".join(app.query_one("#peers-shown").text.split())
         assert line == f"1000 peers (0 quarantined): the {PeersTable.MOST} most recently seen are listed"
         assert app.query_one("#hl-peers").visual.plain.split("\n")[1] == "1000"
+
+
+def test_a_peers_kl_is_shown_with_its_meaning_against_the_f_gate():
+    """Issue 50: the Peers tab showed "1391.0173" with no scale. Now the number says what it means
+    against the run's F- gate (train.kl_threshold, 5 by default)."""
+    from ftis_edge.tui.widgets import kl_words
+    assert kl_words(1391.0173, 5.0) == "1391 278x gate"        # another model: its weak samples are dropped
+    assert kl_words(7.5, 5.0) == "7.50 past gate"
+    assert kl_words(1.3, 5.0) == "1.30 near"
+    assert kl_words(0.004, 5.0) == "0.00 like ours"
+    assert kl_words(None, 5.0) == "–"

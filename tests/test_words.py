@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from ftis_edge import config, rundir
+from ftis_edge import checkpoint, config, rundir
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import PeersTable
 from procs import cli
@@ -25,16 +25,30 @@ def test_stop_summary_is_a_short_block_with_best_held_out_and_the_relay(tmp_path
              {"type": "round", "round": 5, "eval/accuracy": 0.41},
              {"type": "round", "round": 10, "eval/accuracy": 0.38},
              {"type": "stop", "round": 10, "reason": "user"})
+    checkpoint.save(run, 10, {"round": 10})
     block = rundir.stop_summary(run, config="alice.toml", program="ftis-edge").splitlines()
     assert block[0] == "stopped after round 10 of 30: stopped by you (q)"
     assert block[2] == "  held-out  best 41% at round 5 (base model 25%), 38% at the end"
-    assert block[3] == (f"  resume    ftis-edge start alice.toml --run-dir {run} --resume   "
+    assert block[3] == (f"  resume    ftis-edge start --run-dir {run} --resume   "
                         f"(rejoins tcp://10.0.0.2:5555)")
     assert len(block) <= 6 and all(len(line) < 160 for line in block)
     _records(run, {"type": "start", "relay": None}, {"type": "round", "round": 3},
              {"type": "stop", "round": 3, "reason": "steps"})
     block = rundir.stop_summary(run, program="ftis-edge").splitlines()
     assert block[0] == "stopped after round 3: all rounds done" and "held-out" not in "\n".join(block)
+
+
+def test_the_stop_summary_says_when_no_eval_beat_the_base_and_when_the_set_is_too_small(tmp_path):
+    """best.py's one rule: the base model's eval (round 0) takes part; an equal later eval does not beat it."""
+    run = tmp_path / "small"
+    _records(run, {"type": "start", "relay": None},
+             {"type": "base_eval", "round": 0, "eval/base_accuracy": 0.2, "eval/n": 5},
+             {"type": "round", "round": 3, "eval/accuracy": 0.2, "eval/round": 3, "eval/n": 5},
+             {"type": "round", "round": 9, "eval/accuracy": 0.2, "eval/round": 9, "eval/n": 5},
+             {"type": "stop", "round": 9, "reason": "steps"})
+    block = rundir.stop_summary(run, program="ftis-edge").splitlines()
+    assert block[2] == ("  held-out  no eval beat the base model (20%), 20% at the end; "
+                        "too few held-out prompts to tell: 5 < 6")
 
 
 def test_init_writes_the_reasoning_gym_section_and_a_pasted_second_task_is_named(tmp_path):
@@ -84,3 +98,10 @@ async def test_the_reward_plot_tells_own_peers_and_all_apart_and_draws_a_trend()
         assert len(markers) == 4 and len(set(markers)) == 4           # own, its trend, peers, all: 4 styles
         own = [r["reward/own"] for r in ROUNDS if r.get("reward/own") is not None]
         assert monitor.y[1] == pytest.approx(trend_line(own)[-len(monitor.y[1]):])
+
+
+def test_the_too_few_threshold_is_where_the_exact_mcnemar_test_can_first_say_anything():
+    from ftis_edge.best import ALPHA, MIN_PROMPTS
+    from ftis_edge.heldout import mcnemar_two_sided
+    assert MIN_PROMPTS == 6
+    assert mcnemar_two_sided(MIN_PROMPTS, 0) < ALPHA <= mcnemar_two_sided(MIN_PROMPTS - 1, 0)

@@ -26,7 +26,7 @@ from textual.widgets import DataTable, Footer, Header, Log, Static, TabbedConten
 
 from ftis_edge import progress as phases
 from ftis_edge.metrics import LOG_FILE, MetricsFollower, read_control, write_control
-from ftis_edge.rundir import last_error_line, stop_words
+from ftis_edge.rundir import has_traceback, last_error_line, resume_command, stop_words
 from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import (
     LogTail,
@@ -111,7 +111,10 @@ LEGENDS = {
               "loss: the F-TIS objective",
     "tab-speed": "tok/s and length of own generation · seconds per round by part · bytes per token on the wire",
     "tab-peers": "this round: what arrived from peers and how much of it trained; the table: per peer, "
-                 "counts since the node started (rollouts sent / accepted / refused)",
+                 "counts since the node started (rollouts sent / accepted / refused) · KL: how far the peer's "
+                 "samples are from what our model would write (mean k3 KL per token, in nats; ~0 like ours, "
+                 "another model is far); past the gate (train.kl_threshold) its below-average samples are "
+                 "dropped by the F- filter",
     "tab-config": "the node's resolved settings; bold rows: its identity from the start record",
     "tab-log": "node.log as the node writes it (newest at the bottom)",
 }
@@ -119,6 +122,9 @@ SHORT_PHASE = {phases.WAITING: "peer wait", phases.CHECKPOINTING: "checkpoint"}
 
 TIMES = [Series("time/train_s", "train", PEERS, fmt.seconds, mean=True),
          Series("time/gen_s", "gen", OWN, fmt.seconds), Series("time/round_s", "round", ALL, fmt.seconds)]
+
+
+CONFIRM_S = 5.0        # how long S waits for its y
 
 
 class DashboardApp(App[int]):
@@ -132,6 +138,9 @@ class DashboardApp(App[int]):
         Binding("ctrl+c", "interrupt", "stop", show=False, priority=True),
         Binding("p", "toggle_pause", "pause"),
         Binding("d", "detach", "detach"),
+        # watching someone's node: stopping it takes two deliberate keys (S, then y), never q
+        Binding("S", "ask_stop", "stop the node", show=False),
+        Binding("y", "confirm_stop", "confirm", show=False),
         Binding("question_mark", "help", "help"),
         Binding("left_square_bracket", "next_tab(-1)", "previous tab", show=False),
         Binding("right_square_bracket", "next_tab(1)", "next tab", show=False),
@@ -333,7 +342,9 @@ class DashboardApp(App[int]):
         if not line and self.node_stderr is not None:
             line = last_error_line(*self.node_stderr)
         self.failure = line or f"the node exited with code {code}"
-        self.notify(f"{self.failure} (traceback: Log tab / node.log)", title="node failed",
+        where = " (traceback: Log tab / node.log)" if has_traceback(self.run_dir) else " (Log tab: node.log)"
+        resume = resume_command(self.run_dir)
+        self.notify(self.failure + where + (f"; resume: {resume}" if resume else ""), title="node failed",
                     severity="error", timeout=30)
         self.query_one("#log", Log).write_line(f"node failed: {self.failure}")
         self.publish()
@@ -432,7 +443,31 @@ class DashboardApp(App[int]):
     def action_stop(self) -> None:
         """First q: ask the node to stop after this round. Second q: leave now; the node
         finishes its round in the background (``background_notice`` says where to watch it).
-        Nothing to stop: leave."""
+        Nothing to stop: leave. Watching (``ftis-edge watch``, the node is not ours): q leaves and
+        the node keeps running; S then y stops it."""
+        if self.node_process is None and self._node_running() and not self.stop_pressed:
+            self.exit(0, return_code=0)
+            return
+        self._request_stop()
+
+    def action_ask_stop(self) -> None:
+        if self.node_process is not None or not self._node_running() or self.stop_pressed:
+            return
+        self._stop_asked_at = time.monotonic()
+        self.notify("stop this node for everyone using it? y: stop it after its round (any other key: no)",
+                    severity="warning", timeout=CONFIRM_S)
+
+    def on_key(self, event) -> None:
+        if event.key not in ("y", "S"):       # S asked; any other key answers no
+            self._stop_asked_at = None
+
+    def action_confirm_stop(self) -> None:
+        asked = getattr(self, "_stop_asked_at", None)
+        self._stop_asked_at = None
+        if asked is not None and time.monotonic() - asked < CONFIRM_S:
+            self._request_stop()
+
+    def _request_stop(self) -> None:
         if not self._node_running() or self.stop_pressed:
             self.left_running = self.stop_pressed and self._node_running()
             code = self.node_exit if self.node_exit is not None else 0
@@ -452,8 +487,8 @@ class DashboardApp(App[int]):
         """Ctrl-C: the first asks the node to stop after its round (as q); the second aborts it now
         (as a headless node's second Ctrl-C: the round in progress is lost, the last checkpoint
         kept) and leaves once it has ended."""
-        if not self._node_running():
-            self.exit(self.node_exit or 0, return_code=self.node_exit or 0)
+        if not self._node_running() or (self.node_process is None and not self.stop_pressed):
+            self.exit(self.node_exit or 0, return_code=self.node_exit or 0)     # watching: leave, never stop
             return
         if not self.stop_pressed:
             self.action_stop()

@@ -17,6 +17,8 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from ftis_edge import progress as phases
+from ftis_edge.best import BASE_ROUND, too_few
+from ftis_edge.best import from_records as best_from_records
 from ftis_edge.metrics import LOG_FILE, METRICS_FILE, LineTail
 from ftis_edge.rundir import CONFIG_FILE
 from ftis_edge.tui import format as fmt
@@ -31,6 +33,7 @@ class RunState:
         self.start: dict | None = None
         self.stop: dict | None = None
         self.rounds: list[dict] = []
+        self.base_eval: dict | None = None     # the base model's held-out eval, as soon as it exists
         self.peers: dict[str, dict] = {}
         self.ignored = 0                 # records that were not objects or of an unknown type
         self._series: dict[str, tuple[list, list, int]] = {}   # key -> (xs, ys, rounds read)
@@ -50,6 +53,8 @@ class RunState:
                 self.stop = rec
             elif kind == "round":
                 self._add_round(rec)
+            elif kind == "base_eval":
+                self.base_eval = rec
             else:
                 self.ignored += 1
                 continue
@@ -137,34 +142,46 @@ class HeldOut:
     best_round: int | None
     guard: str | None
     guard_level: int
+    n: int | None = None        # held-out prompts
+
+    @property
+    def beat_base(self) -> bool:
+        return self.best_round is not None and self.best_round != BASE_ROUND
+
+    @property
+    def too_few(self) -> bool:
+        return too_few(self.n)
 
     @property
     def cell(self) -> str:
-        """The strip: "61% (base 52%)"."""
+        """The strip: "61% (base 52%)"; "base 52%" before the first eval of trained weights."""
         if self.accuracy is None:
-            return fmt.MISSING
+            return f"base {100 * self.base:.0f}%" if self.base is not None else fmt.MISSING
         out = f"{100 * self.accuracy:.0f}%"
         return out + (f" (base {100 * self.base:.0f}%)" if self.base is not None and self.round else "")
 
 
 def held_out(state: RunState) -> HeldOut:
-    """The newest eval in the records (an old run without evals: all None)."""
+    """The newest eval in the records (an old run without evals: all None), the base model's as
+    soon as its base_eval record exists, and the best by the one rule (ftis_edge.best)."""
     latest: dict = {}
-    base = None
     for rec in reversed(state.rounds):
-        if not latest and as_number(rec.get("eval/accuracy")) is not None:
+        if as_number(rec.get("eval/accuracy")) is not None:
             latest = rec
-        if base is None:
-            base = as_number(rec.get("eval/base_accuracy"))
-        if latest and base is not None:
             break
+    early = [state.base_eval] if state.base_eval else []
+    best = best_from_records(early + state.rounds)
+    base = best.base if best is not None else None
     guard = next((r.get("swarm/guard") for r in reversed(state.rounds) if isinstance(r.get("swarm/guard"), str)),
                  None)
-    rnd, best_round = as_number(latest.get("eval/round")), as_number(latest.get("eval/best_round"))
+    rnd = as_number(latest.get("eval/round"))
+    n = as_number(latest.get("eval/n") if latest else (state.base_eval or {}).get("eval/n"))
+    has_best = best is not None and latest
     return HeldOut(as_number(latest.get("eval/accuracy")), as_number(latest.get("eval/accuracy_lo")),
                    as_number(latest.get("eval/accuracy_hi")), int(rnd) if rnd is not None else None, base,
-                   as_number(latest.get("eval/best_accuracy")), int(best_round) if best_round is not None else None,
-                   fmt.text(guard, 200) if guard else None, int(as_number(state.latest.get("swarm/guard_level")) or 0))
+                   best.accuracy if has_best else None, best.round if has_best else None,
+                   fmt.text(guard, 200) if guard else None, int(as_number(state.latest.get("swarm/guard_level")) or 0),
+                   int(n) if n is not None else None)
 
 
 def held_out_points(state: RunState, key: str = "eval/accuracy", base_key: str = "eval/base_accuracy"

@@ -370,20 +370,32 @@ def held_out_chunks(view: View) -> list[Content]:
     the swarm guard said last (red while it keeps the node from part of the swarm)."""
     ev = held_out(view.state)
     if ev.accuracy is None:          # eval off, before the base model's eval, or a run from before it
-        return []
+        if ev.base is None:
+            return []
+        return [line(("held-out ", HELD), (f"base model {fmt.pct(ev.base, 0)}", "bold"),
+                     (f" on {fmt.integer(ev.n)} prompts (the trained weights' evals follow)"
+                      if ev.n is not None else "", "dim"))] + _too_few(ev)
     lo_hi = f" [{fmt.pct(ev.lo, 0)}–{fmt.pct(ev.hi, 0)}]" if ev.lo is not None and ev.hi is not None else ""
     chunks = [line(("held-out ", HELD), (f"{fmt.pct(ev.accuracy, 0)}{lo_hi}", "bold"),
                    ("" if ev.round is None else f" at round {ev.round}", "dim"))]
     if ev.base is not None:
         chunks.append(field("base", fmt.pct(ev.base, 0)))
-    if ev.best is not None:
+    if ev.best is not None and ev.beat_base:
         chunks.append(field("best", f"{fmt.pct(ev.best, 0)} (round {fmt.integer(ev.best_round)}, its weights kept)"))
+    elif ev.best is not None:
+        chunks.append(line(("no eval beat the base model yet", "bold")))
+    chunks += _too_few(ev)
     if ev.guard:        # "evidence: action": one chunk per clause, so a narrow screen wraps between them
         parts = ev.guard.split(": ")
         ends = [":" if i < len(parts) - 1 else "" for i in range(len(parts))]
         chunks += [BREAK, line(("swarm guard: ", "bold " + (RED if ev.guard_level else GREEN)), parts[0] + ends[0])]
         chunks += [Content(p + e) for p, e in zip(parts[1:], ends[1:])]
     return chunks
+
+
+def _too_few(ev) -> list[Content]:
+    from ftis_edge.best import too_few_words
+    return [line((too_few_words(ev.n), f"bold {RED}"))] if ev.too_few else []
 
 
 BAR = 20      # cells of the round's progress bar
@@ -459,7 +471,7 @@ class PeersTable(DataTable):
             self.update_from(view.state)
 
     @staticmethod
-    def cells(node: str, peer: dict, now: float | None) -> dict[str, Text]:
+    def cells(node: str, peer: dict, now: float | None, kl_gate: float | None = None) -> dict[str, Text]:
         seen = fmt.as_number(peer.get("last_seen"))
         seen = seen if seen and seen > 0 else None       # 0: not seen since a resume (never "20789d")
         values = {
@@ -469,7 +481,7 @@ class PeersTable(DataTable):
             "sent": fmt.integer(peer.get("sent")), "accepted": fmt.integer(peer.get("accepted")),
             "rejected": fmt.integer(peer.get("rejected")),
             "acceptance_rate": fmt.pct(peer.get("acceptance_rate")),
-            "kl_mean": fmt.num(peer.get("kl_mean"), 4),
+            "kl_mean": kl_words(peer.get("kl_mean"), kl_gate),
             "quarantined": fmt.yes_no(peer.get("quarantined")),
         }
         quarantined = peer.get("quarantined") is True
@@ -499,12 +511,38 @@ class PeersTable(DataTable):
             if row_key.value not in keep:
                 self.remove_row(row_key)
         for node in shown:
-            cells = self.cells(node, state.peers[node], now)
+            cells = self.cells(node, state.peers[node], now, kl_gate(state))
             if node in self.rows:
                 for key, _ in self.COLUMNS:
                     self.update_cell(node, key, cells[key])
             else:
                 self.add_row(*(cells[key] for key, _ in self.COLUMNS), key=node)
+
+
+DEFAULT_KL_GATE = 5.0       # train.kl_threshold's default, for a run whose start record lacks it
+
+
+def kl_gate(state: RunState) -> float:
+    """The run's F- filter gate (train.kl_threshold) from its start record."""
+    cfg = (state.start or {}).get("config")
+    train = cfg.get("train") if isinstance(cfg, dict) else None      # records come from a file: anything
+    gate = fmt.as_number(train.get("kl_threshold")) if isinstance(train, dict) else None
+    return gate if gate is not None and gate > 0 else DEFAULT_KL_GATE
+
+
+def kl_words(kl, gate: float | None) -> str:
+    """A peer's mean KL with what it means against the F- gate: "0.02 like ours", "1.3 near",
+    "1391 28x the gate" (its below-average samples are dropped by the filter)."""
+    value = fmt.as_number(kl)
+    if value is None:
+        return fmt.MISSING
+    gate = gate or DEFAULT_KL_GATE
+    shown = fmt.num(value, 2) if value < 100 else fmt.integer(value)
+    if value < 0.1:
+        return f"{shown} like ours"
+    if value < gate:
+        return f"{shown} near"
+    return f"{shown} {value / gate:.0f}x gate" if value >= 2 * gate else f"{shown} past gate"
 
 
 def peers_shown(view: View) -> list[Content]:
@@ -540,7 +578,8 @@ def peer_detail(node: str | None, peer: dict | None) -> list[Content]:
 
 
 HELP = [
-    ("q", "stop the node after this round (q again: leave now)"),
+    ("q", "stop the node after this round (q again: leave now);"),
+    ("", "watching another's node: q leaves, S then y stops it"),
     ("p", "pause / resume: the node waits before its next round"),
     ("d", "detach: leave, the node keeps running (watch only)"),
     ("1 … 7", "overview · filter & IS · KL & loss · throughput ·"),
