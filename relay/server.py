@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import heapq
-import ipaddress
 import itertools
 import logging
 import os
@@ -42,27 +41,14 @@ import zmq
 from relay import protocol as P
 from relay.auth import AllowList, ZapAuth, identity_refusal
 from relay.budget import Budget
+from relay.conn import cut, identify, source_of
 from relay.frames import LAST as _LAST, MORE as _MORE, send_frame
 from relay.limits import AcceptBudget, RateLimits
+from relay.queued import Account, Queued
 from relay.text_safety import terminal_safe as _safe    # peer-chosen strings reach the operator's terminal
 from relay.topic import Entry, Index, Topic, passes
 
 log = logging.getLogger("ftis-relay")
-
-
-def source_of(peer: "Peer") -> bytes:
-    """Where a rollout's publisher connects from, for the budgets' newcomer order (relay.budget):
-    its CURVE key, else its address (an IPv6 /64: one machine's usual share), else the
-    connection. A bridge's rollouts share the bridge's: the relay cannot see their origin's."""
-    if peer.key_name:
-        return b"k" + peer.key_name.encode()
-    try:
-        ip = ipaddress.ip_address(peer.address)
-    except ValueError:
-        return b"c" + peer.rid
-    if ip.version == 6 and ip.ipv4_mapped is None:
-        return b"a" + str(ipaddress.ip_network(f"{ip}/64", strict=False)).encode()
-    return b"a" + str(ip.ipv4_mapped or ip).encode()
 
 
 @dataclass
@@ -117,14 +103,8 @@ class Peer:
     nacked: int = 0
     skipped: int = 0          # rollouts it missed because it fell behind the replay buffer
     blocked_since: float | None = None    # its pipe has been full since (monotonic)
-    drained: int = 0          # out_bytes up to its newest MARK it echoed: bytes proven read
-    marks: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (nonce, out_bytes)
-    marked_at: int = 0        # out_bytes when the last MARK was sent
-    held_back: str = ""       # why its deliveries wait ("own cap", "total cap"), "" when they do not
-
-    def queued_bytes(self) -> int:
-        """Rollout bytes handed to ZeroMQ for it and not proven read: what its pipe may hold."""
-        return self.out_bytes - self.drained
+    acct: Account = field(default_factory=Account)   # its queued bytes (relay.queued)
+    conn: tuple = ()          # its connection (relay.conn.identify), to cut it when it is dropped
 
 
 @dataclass(slots=True)
@@ -189,8 +169,9 @@ class Relay:
         self.limits = RateLimits(cfg.rate_msgs, cfg.rate_burst, cfg.rate_bytes,
                                  max(cfg.rate_bytes * 2, cfg.max_message_bytes), 4 * cfg.max_peers)
         self.accept = AcceptBudget(cfg.accept_rate, cfg.accept_burst)
-        # PING and STATS per connection (keys b"p"/b"s" + routing id): 2/s, bursts of 4
+        # STATS, USEFUL per connection (keys b"s"/b"u" + routing id): 2/s, bursts of 4; PINGs twice that
         self.control_limits = RateLimits(P.CONTROL_RATE, P.CONTROL_BURST, 0.0, 0.0, 8 * cfg.max_peers)
+        self.ping_limits = RateLimits(P.PING_RATE, P.PING_BURST, 0.0, 0.0, 4 * cfg.max_peers)
         self.seen: collections.OrderedDict[bytes, tuple[bytes, int]] = collections.OrderedDict()   # sender\0id -> (topic, seq)
         self.rejected: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
@@ -204,13 +185,9 @@ class Relay:
         self._budget_retry: set[tuple[bytes, bytes]] = set()       # (rid, topic) whose pipe was full
         self.delivered = self.delivered_bytes = 0     # all deliveries (plain ints: on the hot path)
         self.readers: set[bytes] = set()              # subscribers that read: not full, sent > sndhwm
-        # Bytes handed to ZeroMQ and not proven read, all connections together (peers and
-        # ghosts): the relay's own count, never a client's claim.
-        self.queued_total = 0
-        # Dropped peers whose connection may still hold what was queued for it: (out_bytes,
-        # drained, marks) by routing id, counted in queued_total until a send to it finds the
-        # connection gone (EHOSTUNREACH), and given back if the same connection says HELLO again.
-        self.ghosts: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
+        # bytes handed to ZeroMQ and not proven read, per connection and in all (ghosts too)
+        self.queued = Queued(cfg.max_queued_bytes, cfg.max_total_queued_bytes, cfg.max_message_bytes,
+                             cfg.peer_timeout_s)
 
     # -------------------------------------------------------------- setup
     def _setup_curve(self) -> None:
@@ -254,11 +231,11 @@ class Relay:
                     if not self.running:
                         break
                     try:
-                        frames, user_id, address = self._recv()
+                        frames, meta = self._recv()
                     except zmq.Again:
                         break
                     try:
-                        self._handle(frames, user_id, address)
+                        self._handle(frames, meta)
                     except Exception:          # never crash on input
                         self.rejected["internal"] += 1
                         log.exception("handler failed")
@@ -271,24 +248,20 @@ class Relay:
                 self._expire_peers(now)
                 self._probe_ghosts()
 
-    def _recv(self) -> tuple[list[bytes], str | None, str]:
-        if not self.curve:
-            # frame by frame: recv_multipart asks getsockopt(RCVMORE) per frame, which
-            # builds an enum each time; Frame.more does not
-            recv = self.sock.recv
+    def _recv(self) -> tuple[list[bytes], tuple]:
+        """(frames, meta); for a HELLO, meta is (key name on CURVE (the User-Id our ZAP handler
+        set), peer address, the connection's fd (relay.conn)), else ()."""
+        # frame by frame: recv_multipart asks getsockopt(RCVMORE) per frame, which builds an
+        # enum each time; Frame.more does not
+        recv = self.sock.recv
+        f = recv(zmq.NOBLOCK, copy=False)
+        frames, meta = [f.bytes], ()
+        while f.more:
             f = recv(zmq.NOBLOCK, copy=False)
-            frames = [f.bytes]
-            while f.more:
-                f = recv(zmq.NOBLOCK, copy=False)
-                frames.append(f.bytes)
-            return frames, None, ""
-        # On CURVE the key's name travels as the message's User-Id (set by our ZAP handler).
-        frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-        user_id = address = None
-        if len(frames) > 1 and frames[1].bytes == P.HELLO:
-            user_id = frames[1].get("User-Id")
-            address = frames[1].get("Peer-Address")
-        return [f.bytes for f in frames], user_id, address or ""
+            frames.append(f.bytes)
+            if len(frames) == 2 and frames[1] == P.HELLO:
+                meta = (f.get("User-Id") if self.curve else None, f.get("Peer-Address") or "", f.get(zmq.SRCFD))
+        return frames, meta
 
     def _on_monitor(self) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -324,7 +297,7 @@ class Relay:
         self.ctx.term()
 
     # -------------------------------------------------------------- handlers
-    def _handle(self, frames: list[bytes], user_id: str | None, address: str) -> None:
+    def _handle(self, frames: list[bytes], meta: tuple) -> None:
         if len(frames) < 2:
             self.rejected["bad_frame"] += 1
             return
@@ -339,7 +312,7 @@ class Relay:
         elif kind == P.PING:
             self._on_ping(rid, peer, args)
         elif kind == P.HELLO:
-            self._on_hello(rid, args, user_id, address)
+            self._on_hello(rid, args, *(meta or (None, "", None)))
         elif kind == P.SUB:
             self._on_sub(rid, peer, args)
         elif kind == P.STATS:
@@ -369,7 +342,7 @@ class Relay:
         self.rejected[reason] += 1
         self._send(rid, [P.NACK, b"", reason.encode()] + ([orjson.dumps({"detail": detail})] if detail else []))
 
-    def _on_hello(self, rid: bytes, args: list[bytes], user_id: str | None, address: str) -> None:
+    def _on_hello(self, rid: bytes, args: list[bytes], user_id: str | None, address: str, fd: int | None) -> None:
         obj = self._control(args, 1)
         if obj is None:
             return
@@ -395,12 +368,7 @@ class Relay:
             self._refuse_hello(rid, "too_many_peers")
             return
         if peer is None:
-            peer = Peer(rid)
-            ghost = self.ghosts.pop(rid, None)
-            if ghost is not None:      # the same connection again: its pipe still holds what it held
-                peer.out_bytes, peer.drained, marks = ghost
-                peer.marks.extend(marks)
-                peer.marked_at = peer.out_bytes
+            peer = Peer(rid, acct=self.queued.open(rid, time.monotonic()), conn=identify(fd))
         if peer.node_id and peer.node_id != node_id.encode():
             self.counts["renamed"] += 1         # ids are claims on an open relay; limits stay per connection
         peer.node_id = node_id.encode()
@@ -483,7 +451,7 @@ class Relay:
     def _on_ping(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
         # O(1) per PING, and at most PING_RATE per connection: a PONG carries the peer count,
         # never the peer list (that made 1,000 pinging clients O(N^2) bytes/s)
-        if not self.control_limits.allow(b"p" + rid, 0, time.monotonic()):
+        if not self.ping_limits.allow(rid, 0, time.monotonic()):
             self.rejected["ping_rate"] += 1
             return
         obj = self._control(args, 1)
@@ -690,7 +658,7 @@ class Relay:
         pub.via.append(self._epoch_s)
         attrs["via"] = pub.via
         e = topic.append(pub.rollout_id, pub.rid, pub.sender, pub.payload, orjson.dumps(attrs),
-                         pub.pk.task, pub.pk.tok, pub.now, source_of(pub.peer))
+                         pub.pk.task, pub.pk.tok, pub.now, source_of(pub.peer.key_name, pub.peer.address, pub.rid))
         if topic.indexes:
             for key in topic.index_new(e):
                 self._dirty.add((topic.name, key))
@@ -761,6 +729,7 @@ class Relay:
 
     def _pump_all(self) -> None:
         now = time.monotonic()
+        self.queued.subscribers = sum(1 for p in self.peers.values() if p.cursors) or 1
         for topic in self.topics.values():
             for rid in list(topic.full_subs):
                 peer = self.peers.get(rid)
@@ -783,46 +752,22 @@ class Relay:
         if peer.out_msgs > self.cfg.sndhwm:       # more than its pipe holds: it reads
             self.readers.add(peer.rid)
 
-    # -------------------------------------------------------------- queued bytes
-    # What the relay holds for a client is what it handed to ZeroMQ and the client has not
-    # proven it read. The proof is a MARK: a random nonce sent in the client's own pipe after
-    # its deliveries; a PING that echoes it shows everything sent before it was read (a client
-    # that does not read cannot know the nonce, so no claim of its can raise its room).
-
+    # -------------------------------------------------------------- queued bytes (relay.queued)
     def _room(self, peer: Peer) -> int:
-        """Rollout bytes it may be sent now. Its own cap (an empty queue always takes one
-        rollout), and the total cap: past it, only what is within its fair share (total cap /
-        subscribers), so non-reading clients cannot starve reading ones; all queued bytes stay
-        below twice the total cap."""
-        cap, total_cap = self.cfg.max_queued_bytes, self.cfg.max_total_queued_bytes
-        q = peer.queued_bytes()
-        own = (1 << 62) if not cap else max(cap, self.cfg.max_message_bytes) if q <= 0 else cap - q
-        if not total_cap:
-            return own
-        subscribers = sum(1 for p in self.peers.values() if p.cursors) or 1
-        pool = max(total_cap - self.queued_total, total_cap // subscribers - q)
-        if pool < own:
-            peer.held_back = "total cap"
-            return pool
-        peer.held_back = "own cap"         # (shown only while it is refused for room)
-        return own
+        return self.queued.room(peer.acct)
 
-    def _sent(self, peer: Peer, nmsgs: int, nbytes: int) -> None:
+    def _sent(self, peer: Peer, nmsgs: int, nbytes: int, now: float) -> None:
         peer.out_msgs += nmsgs
         peer.out_bytes += nbytes
-        self.queued_total += nbytes
+        self.queued.sent(peer.acct, nbytes, now)
         self.delivered += nmsgs
         self.delivered_bytes += nbytes
 
     def _mark(self, peer: Peer, *, force: bool = False) -> None:
-        """Send a MARK when enough (or, when ``force``, any) bytes went out since the last one."""
-        unmarked = peer.out_bytes - peer.marked_at
-        if unmarked <= 0 or not (force or unmarked >= max(1, self.cfg.max_queued_bytes // 4)):
-            return
-        nonce = os.urandom(8)
-        if self._send(peer.rid, [P.MARK, nonce]):
-            peer.marks.append((nonce, peer.out_bytes))
-            peer.marked_at = peer.out_bytes
+        if self.queued.mark_due(peer.acct, force):
+            nonce = os.urandom(8)
+            if self._send(peer.rid, [P.MARK, nonce]):
+                self.queued.marked(peer.acct, nonce)
 
     def _receipt(self, peer: Peer, mark: str) -> None:
         """A PING echoed a MARK: what was sent before it is read."""
@@ -830,34 +775,25 @@ class Relay:
             nonce = bytes.fromhex(mark)
         except ValueError:
             return
-        for i, (n, pos) in enumerate(peer.marks):
-            if n == nonce:
-                for _ in range(i + 1):
-                    peer.marks.popleft()
-                if pos > peer.drained:
-                    self.queued_total -= pos - peer.drained
-                    peer.drained = pos
-                if not peer.queued_bytes():
-                    peer.held_back = ""
-                return
-        self.counts["unknown_mark"] += 1
+        if not self.queued.receipt(peer.acct, nonce, time.monotonic()):
+            self.counts["unknown_mark"] += 1
 
     def _probe_ghosts(self, limit: int = 1000) -> None:
-        """A dropped peer's bytes stop counting once its connection is gone (a send to it
-        fails with EHOSTUNREACH); a connection still there keeps them counted."""
-        for rid in list(itertools.islice(self.ghosts, limit)):
+        """A ghost's bytes stop counting once its connection is gone (a send to it fails with
+        EHOSTUNREACH); the empty MARK only probes."""
+        ghosts = self.queued.ghosts
+        for rid in list(itertools.islice(ghosts, limit)):
             try:
                 send_frame(self.sock, rid, _MORE)
                 send_frame(self.sock, P.MARK, _MORE)
                 send_frame(self.sock, b"", _LAST)
-                self.ghosts.move_to_end(rid)
+                ghosts.move_to_end(rid)
             except zmq.Again:
-                self.ghosts.move_to_end(rid)
+                ghosts.move_to_end(rid)
             except zmq.ZMQError as e:
                 if e.errno != zmq.EHOSTUNREACH:
                     raise
-                out, drained, _ = self.ghosts.pop(rid)
-                self.queued_total -= out - drained
+                self.queued.gone(rid)
 
     def _deliver(self, peer: Peer, e: Entry, now: float) -> bool:
         if e.size > self._room(peer):
@@ -868,7 +804,7 @@ class Relay:
         if not self._send(peer.rid, [P.DELIVER, e.body]):
             self._blocked(peer, now)
             return False
-        self._sent(peer, 1, e.size)
+        self._sent(peer, 1, e.size, now)
         self._flowed(peer)
         self._mark(peer)
         return True
@@ -916,7 +852,7 @@ class Relay:
             blocked = gone = True
         peer.cursors[name] = cur
         if sent:
-            self._sent(peer, sent, nbytes)
+            self._sent(peer, sent, nbytes, now)
         if blocked:
             self._blocked(peer, now)
             if gone:
@@ -1017,17 +953,11 @@ class Relay:
         if peer is not None and peer.node_id:
             log.info("node %s left: %s (%d connected)", _safe(peer.node_id.decode(errors="replace")), why,
                      len(self.peers))
-        if peer is not None and peer.queued_bytes() > 0:
-            if gone:
-                self.queued_total -= peer.queued_bytes()
-            else:
-                self.ghosts[rid] = (peer.out_bytes, peer.drained, tuple(peer.marks))
-                if len(self.ghosts) > self.cfg.max_peers:      # bounded: the oldest is let go
-                    out, drained, _ = self.ghosts.popitem(last=False)[1]
-                    self.queued_total -= out - drained
+        if peer is not None and self.queued.drop(rid, gone) and cut(peer.conn):
+            self.counts["cut"] += 1        # libzmq frees its pipe; the next probe finds it gone
         self.readers.discard(rid)
         self.limits.forget(b"c" + rid)
-        self.control_limits.forget(b"p" + rid)
+        self.ping_limits.forget(rid)
         self.control_limits.forget(b"s" + rid)
         self.control_limits.forget(b"u" + rid)
         for t in self.topics.values():
@@ -1043,6 +973,9 @@ class Relay:
             self._mark(p, force=True)        # a slow trickle gets its receipt too
             if now - p.last_seen > self.cfg.peer_timeout_s:
                 self._drop_peer(rid, why=f"timed out, silent for {now - p.last_seen:.0f} s")
+        for rid in self.queued.stuck(now):
+            self._drop_peer(rid, why=f"proved no read for {self.cfg.peer_timeout_s:.0f} s while holding "
+                                     f"{self.queued.accounts[rid].queued / 2**20:.1f} MB")
 
     # -------------------------------------------------------------- stats
     def stats(self) -> dict:
@@ -1063,16 +996,16 @@ class Relay:
                            for t, b in p.budgets.items()},
                 "last_seen_s": round(now - p.last_seen, 2),
                 "in_msgs": p.in_msgs, "in_bytes": p.in_bytes,
-                "out_msgs": p.out_msgs, "out_bytes": p.out_bytes, "queued_bytes": p.queued_bytes(),
+                "out_msgs": p.out_msgs, "out_bytes": p.out_bytes, "queued_bytes": p.acct.queued,
                 "acked": p.acked, "nacked": p.nacked, "skipped": p.skipped,
                 "lag": sum(self.topics[t].next_seq - c for t, c in p.cursors.items()
                            if t in self.topics and t not in p.budgets),
                 "blocked": p.blocked_since is not None,
-                "held_back": p.held_back if p.blocked_since is not None else "",
+                "held_back": p.acct.held_back if p.blocked_since is not None else "",
             } for p in self.peers.values()],
-            "queued": {"bytes": self.queued_total, "cap": self.cfg.max_total_queued_bytes,
-                       "peer_cap": self.cfg.max_queued_bytes, "ghosts": len(self.ghosts),
-                       "ghost_bytes": sum(o - d for o, d, _ in self.ghosts.values())},
+            "queued": {"bytes": self.queued.total, "cap": self.cfg.max_total_queued_bytes,
+                       "peer_cap": self.cfg.max_queued_bytes, "ghosts": len(self.queued.ghosts),
+                       "ghost_bytes": self.queued.ghost_bytes()},
             "topics": {t.name.decode(errors="replace"): {
                 "next_seq": t.next_seq, "buffered": len(t.entries), "buffer_bytes": t.nbytes,
                 "subscribers": len(t.subscribers)} for t in self.topics.values()},
