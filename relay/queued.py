@@ -8,7 +8,10 @@ cannot know the nonce, so nothing it claims raises its room.
 
 - Room: a connection may hold up to its own cap (an empty queue always takes one rollout);
   all connections together up to the total cap, and past it each only its share (total cap /
-  subscribers) — never past twice the total cap, however the connections came and went.
+  subscribers) — never past twice the total cap, however the connections came and went, and
+  the last half cap of that only for connections that ever echoed a MARK (the relay sends one
+  to a connection refused room before it did, even with nothing queued), each of them getting at least an equal part of it: however many
+  non-readers fill the rest, a reader keeps its share.
 - Ghosts: a connection dropped (BYE, silence, or holding bytes with no proof of reading for
   `stuck_s`) may still be open, its pipe still full: its bytes stay counted until the relay
   knows the connection is gone. The relay cuts such a connection (`Queued.drop` says to), so a
@@ -30,6 +33,7 @@ class Account:
     marked_at: int = 0            # `out` when the last MARK was sent
     proven_at: float = 0.0        # when it last proved a read or owed nothing
     held_back: str = ""           # why its deliveries wait ("own cap", "total cap"), "" when they do not
+    proven: bool = False          # it echoed a MARK: it reads
 
     @property
     def queued(self) -> int:
@@ -38,7 +42,8 @@ class Account:
 
 class Queued:
     """Every connection's account, the ghosts', and their total (the relay's own count, never a
-    client's claim). `subscribers` is set by the relay once per loop turn (the share's divisor)."""
+    client's claim). `subscribers` and `readers` (those that echoed a MARK) are set by the relay
+    once per loop turn: the shares' divisors."""
 
     def __init__(self, peer_cap: int, total_cap: int, max_message: int, stuck_s: float):
         self.peer_cap, self.total_cap, self.max_message = peer_cap, total_cap, max_message
@@ -46,7 +51,7 @@ class Queued:
         self.accounts: dict[bytes, Account] = {}
         self.ghosts: collections.OrderedDict[bytes, Account] = collections.OrderedDict()
         self.total = 0
-        self.subscribers = 1
+        self.subscribers = self.readers = 1
 
     def open(self, rid: bytes, now: float) -> Account:
         """The connection's account: its own, a ghost's (the same connection again: its pipe
@@ -68,7 +73,12 @@ class Queued:
         if not total_cap:
             return own
         below = total_cap - self.total
-        share = min(total_cap // max(1, self.subscribers) - q, 2 * total_cap - self.total)
+        share = total_cap // max(1, self.subscribers)
+        if a.proven:                 # the last half cap is the readers': shared among them alone
+            share, ceiling = max(share, total_cap // 2 // max(1, self.readers)), 2 * total_cap
+        else:
+            ceiling = 3 * total_cap // 2
+        share = min(share - q, ceiling - self.total)
         pool = max(below, share)
         if pool < own:
             a.held_back = "total cap"
@@ -88,6 +98,11 @@ class Queued:
         unmarked = a.out - a.marked_at
         return unmarked > 0 and (force or unmarked >= max(1, self.peer_cap // 4))
 
+    def opening_mark_due(self, a: Account) -> bool:
+        """A MARK even with nothing unmarked, so a client refused room before it ever echoed
+        one can prove it reads."""
+        return not a.proven and not a.marks
+
     def marked(self, a: Account, nonce: bytes) -> None:
         """A MARK with this nonce went into its pipe after everything sent so far."""
         a.marks.append((nonce, a.out))
@@ -98,6 +113,7 @@ class Queued:
         never sent (a guess, a replay, a MARK older than the 64 it remembers)."""
         for i, (n, pos) in enumerate(a.marks):
             if n == nonce:
+                a.proven = True
                 for _ in range(i + 1):
                     a.marks.popleft()
                 if pos > a.drained:

@@ -29,9 +29,7 @@ import heapq
 import itertools
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -39,8 +37,9 @@ import orjson
 import zmq
 
 from relay import protocol as P
-from relay.auth import AllowList, ZapAuth, identity_refusal
+from relay.auth import AllowList, ZapAuth, identity_refusal, note_failed_handshakes, origin_allowed
 from relay.budget import Budget
+from relay.config import RelayConfig
 from relay.conn import cut, identify, source_of
 from relay.frames import LAST as _LAST, MORE as _MORE, send_frame
 from relay.limits import AcceptBudget, RateLimits
@@ -49,39 +48,6 @@ from relay.text_safety import terminal_safe as _safe    # peer-chosen strings re
 from relay.topic import Entry, Index, Topic, passes
 
 log = logging.getLogger("ftis-relay")
-
-
-@dataclass
-class RelayConfig:
-    bind: str = "tcp://0.0.0.0:5555"
-    keys_dir: str | None = None            # server certificate (server.key_secret)
-    allow_dir: str | None = None           # allowed client public certificates; NAME.key may be node NAME
-    replay_count: int = 2048               # per topic
-    replay_bytes: int = 64 << 20           # per topic
-    max_message_bytes: int = P.MAX_ROLLOUT_BYTES   # one rollout
-    rate_msgs: float = 50.0                # per connection and per node id (key), rollouts/s (0 = unlimited)
-    rate_burst: float = 200.0
-    rate_bytes: float = 8 << 20            # per connection and per node id (key), bytes/s (0 = unlimited)
-    accept_rate: float = 5000.0            # all publishers together, rollouts/s (0 = unlimited)
-    accept_burst: float = 10000.0
-    dedup_size: int = 200_000              # remembered rollout ids
-    peer_timeout_s: float = 15.0           # forget a silent client after this
-    heartbeat_s: float = 1.0               # advertised client ping interval
-    sndhwm: int = 1000                     # messages queued per client pipe
-    max_queued_bytes: int = 16 << 20       # rollout bytes sent to a client and not proven read (0 = unbounded)
-    max_total_queued_bytes: int = 256 << 20   # the same, all clients together (0 = unbounded): past it a
-                                           # client gets only its fair share (this / subscribers)
-    pump_batch: int = 256                  # deliveries per subscriber per loop turn
-    max_peers: int = 10_000                # HELLO floods on an open relay cannot exhaust memory
-    max_topics: int = 64                   # topics in total (each holds up to replay_bytes)
-    max_topics_per_peer: int = 4           # topics one connection may publish or subscribe to
-    slow_after_s: float = 2.0              # a subscriber whose pipe stays full this long stops holding the buffer
-    busy_retry_s: float = 0.25             # retry-after sent with NACK busy
-    gather_s: float = 0.2                  # budgets: collect candidates this long before a fair pick
-    trusted_bridges: frozenset = frozenset()   # node ids (key names on CURVE) allowed to forward others' rollouts
-    open_bridges: bool = False             # honour trusted_bridges on an open relay, where a node id is a claim
-    name: str = ""                         # this relay's name: bridged ids from here are NODE@name
-                                           # ("" = HOST:PORT of bind, with this machine's host name)
 
 
 @dataclass
@@ -103,6 +69,7 @@ class Peer:
     nacked: int = 0
     skipped: int = 0          # rollouts it missed because it fell behind the replay buffer
     blocked_since: float | None = None    # its pipe has been full since (monotonic)
+    held: bool = False        # ... because it was refused room for its queued bytes (relay.queued)
     acct: Account = field(default_factory=Account)   # its queued bytes (relay.queued)
     conn: tuple = ()          # its connection (relay.conn.identify), to cut it when it is dropped
 
@@ -264,25 +231,7 @@ class Relay:
         return frames, meta
 
     def _on_monitor(self) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-        while True:
-            try:
-                ev = recv_monitor_message(self.monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                self.refused_handshakes["aborted"] += 1      # the client hung up mid-handshake (which side
-                # notices a mechanism mismatch first is a race: a client without keys shows as either)
-                log.info("handshake aborted by a client on %s: a client without CURVE keys, or with a "
-                         "wrong server key? (errno %s)", ev["endpoint"].decode(errors="replace"), ev["value"])
-                continue
-            reason = ("no_curve" if ev["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-                      else "bad_handshake")
-            self.refused_handshakes[reason] += 1
-            # libzmq's monitor names our endpoint, not the client's; ZAP (unknown keys) has both
-            log.info("refused handshake on %s: %s (protocol error %#x)", ev["endpoint"].decode(errors="replace"),
-                     "the client has no CURVE keys" if reason == "no_curve"
-                     else "CURVE failed (wrong server key?)", ev["value"])
+        note_failed_handshakes(self.monitor, self.refused_handshakes, log)
 
     def stop(self) -> None:
         self.running = False
@@ -521,17 +470,6 @@ class Relay:
             return None
         return a
 
-    def _origin_allowed(self, bridge: str, origin: str) -> bool:
-        """A bridged origin is NODE@RELAY (a bridge must not speak for local nodes): never a local id (those have no '@', and
-        on CURVE they are keys' names), never this relay's namespace, and one of the bridge's
-        namespaces when its --trust-bridge names them."""
-        node, at, ns = origin.partition(P.NAMESPACE)
-        allowed = self.bridges[bridge]
-        # relay names are ASCII: a look-alike (Cyrillic "А" for "A") would pass for another relay
-        return bool(node and at and ns) and P.NAMESPACE not in ns and ns != self.name \
-            and ns.isascii() and ns.isprintable() and node.isprintable() \
-            and (allowed is None or ns in allowed)
-
     def _on_pub(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
         """PUB topic payload [attrs]: each admission check in turn (each NACKs what it
         refuses and returns False), then the rollout is buffered, indexed and ACKed. The order
@@ -576,7 +514,7 @@ class Relay:
         if bname not in self.bridges:
             return self._pub_refuse(pub, "untrusted_bridge")
         origin = pub.attrs.pop("origin")
-        if not self._origin_allowed(bname, origin):
+        if not origin_allowed(self.bridges[bname], origin, self.name):
             return self._pub_refuse(pub, "bad_origin")
         pub.sender = origin.encode()
         return True
@@ -706,10 +644,12 @@ class Relay:
 
         A subscriber stops holding when its pipe has been full for slow_after_s while another
         subscriber of the topic *reads* (self.readers: its pipe is not full although it was
-        sent more than a pipe holds): then it is the one that is slow, not the relay (under a
+        sent more than a pipe holds, or it echoed a MARK): then it is the one that is slow, not the relay (under a
         flood the relay's own I/O can stall every pipe at once, and that must not count; and a
         fresh pipe that was never filled proves nothing, so a crowd of fresh Sybil subscribers
-        cannot make a reading one "slow"). A frozen lone subscriber stops pinging
+        cannot make a reading one "slow"). A subscriber refused room for its queued bytes
+        before it ever echoed a MARK does not hold either: a crowd of non-readers arriving one after another
+        kept the buffer full (and publishers busy). A frozen lone subscriber stops pinging
         and is dropped after peer_timeout_s."""
         full = [p for rid in topic.full_subs if (p := self.peers.get(rid)) is not None]
         if not full:
@@ -720,8 +660,8 @@ class Relay:
         hold = None
         for p in full:
             b = p.blocked_since
-            if b is not None and now - b >= self.cfg.slow_after_s and flowing:
-                continue
+            if b is not None and ((now - b >= self.cfg.slow_after_s and flowing) or (p.held and not p.acct.proven)):
+                continue              # slow, or refused room before it ever proved it reads (a MARK echoed)
             c = p.cursors.get(topic.name, topic.next_seq)
             hold = c if hold is None else min(hold, c)
         topic.hold_seq = hold
@@ -729,7 +669,9 @@ class Relay:
 
     def _pump_all(self) -> None:
         now = time.monotonic()
-        self.queued.subscribers = sum(1 for p in self.peers.values() if p.cursors) or 1
+        subs = [p for p in self.peers.values() if p.cursors]
+        self.queued.subscribers = len(subs) or 1
+        self.queued.readers = sum(1 for p in subs if p.acct.proven) or 1
         for topic in self.topics.values():
             for rid in list(topic.full_subs):
                 peer = self.peers.get(rid)
@@ -742,15 +684,16 @@ class Relay:
         for topic in self.topics.values():
             self._update_hold(topic, now)
 
-    def _blocked(self, peer: Peer, now: float) -> None:
+    def _blocked(self, peer: Peer, now: float, held: bool = False) -> None:
         if peer.blocked_since is None:
             peer.blocked_since = now
+        peer.held = held
         self.readers.discard(peer.rid)
 
     def _flowed(self, peer: Peer) -> None:
         peer.blocked_since = None
-        if peer.out_msgs > self.cfg.sndhwm:       # more than its pipe holds: it reads
-            self.readers.add(peer.rid)
+        if peer.out_msgs > self.cfg.sndhwm or peer.acct.proven:   # more than its pipe holds, or a MARK
+            self.readers.add(peer.rid)                               # echoed: it reads
 
     # -------------------------------------------------------------- queued bytes (relay.queued)
     def _room(self, peer: Peer) -> int:
@@ -763,11 +706,14 @@ class Relay:
         self.delivered += nmsgs
         self.delivered_bytes += nbytes
 
-    def _mark(self, peer: Peer, *, force: bool = False) -> None:
-        if self.queued.mark_due(peer.acct, force):
+    def _mark(self, peer: Peer, *, force: bool = False, held: bool = False) -> None:
+        """`held`: it was refused room; one that never echoed a MARK gets one even with nothing
+        queued, so that it can prove it reads (and have the readers' part of the cap)."""
+        a = peer.acct
+        if self.queued.mark_due(a, force) or (held and self.queued.opening_mark_due(a)):
             nonce = os.urandom(8)
             if self._send(peer.rid, [P.MARK, nonce]):
-                self.queued.marked(peer.acct, nonce)
+                self.queued.marked(a, nonce)
 
     def _receipt(self, peer: Peer, mark: str) -> None:
         """A PING echoed a MARK: what was sent before it is read."""
@@ -798,8 +744,8 @@ class Relay:
     def _deliver(self, peer: Peer, e: Entry, now: float) -> bool:
         if e.size > self._room(peer):
             self.counts["queue_full_bytes"] += 1
-            self._blocked(peer, now)
-            self._mark(peer, force=True)
+            self._blocked(peer, now, held=True)
+            self._mark(peer, force=True, held=True)
             return False
         if not self._send(peer.rid, [P.DELIVER, e.body]):
             self._blocked(peer, now)
@@ -827,7 +773,7 @@ class Relay:
         entries, batch, f = topic.entries, self.cfg.pump_batch, peer.filters.get(name)
         node_id, rid, sock, deliver = peer.node_id, peer.rid, self.sock, P.DELIVER
         sent = nbytes = 0
-        blocked = gone = False
+        blocked = gone = held = False
         room = self._room(peer)
         try:
             while cur < end and sent < batch:
@@ -836,7 +782,7 @@ class Relay:
                 if e.sender != node_id and e.sender_rid != rid and (f is None or passes(f, e)):
                     if nbytes + e.size > room:      # its queued bytes are bounded: a full pipe
                         self.counts["queue_full_bytes"] += 1
-                        blocked = True
+                        blocked = held = True
                         break
                     send_frame(sock, rid, _MORE)    # EAGAIN here when the pipe is full
                     send_frame(sock, deliver, _MORE)
@@ -854,11 +800,11 @@ class Relay:
         if sent:
             self._sent(peer, sent, nbytes, now)
         if blocked:
-            self._blocked(peer, now)
+            self._blocked(peer, now, held)
             if gone:
                 self._drop_peer(rid, gone=True, why="its connection is gone")
             else:
-                self._mark(peer, force=True)
+                self._mark(peer, force=True, held=True)
         elif sent:
             self._flowed(peer)
             self._mark(peer)
@@ -1021,43 +967,3 @@ def _useful_ids(ids) -> frozenset | None:
         return None
     return frozenset(i.encode() for i in ids[:P.MAX_USEFUL]
                      if isinstance(i, str) and 0 < len(i) <= P.MAX_NODE_ID_LEN)
-
-
-def run(cfg: RelayConfig) -> int:
-    """Run a relay in the foreground; SIGINT/SIGTERM stop it cleanly (exit code 0) within
-    a second or two in every state."""
-    relay = Relay(cfg)
-
-    def _stop(signum, _frame):
-        relay.stop()
-        # The loop notices within one poll (<= 0.2 s). Should the process be stuck anywhere
-        # else (a log write into a full pipe nobody reads, a hung ZeroMQ teardown), a
-        # watchdog ends it: an orphaned relay must never need SIGKILL.
-        threading.Thread(target=_exit_later, args=(1.5,), daemon=True).start()
-        log.info("signal %d: shutting down", signum)
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        relay.serve()
-    finally:
-        s = relay.stats()
-        log.info("relay stopped after %.0f s: %d messages accepted; %s", s["uptime_s"],
-                 s["counts"].get("accepted", 0), _rejected_in_words(s["rejected"]))
-        relay.close()
-    return 0
-
-
-def _rejected_in_words(rejected: dict) -> str:
-    """`{'ping_rate': 100}` as an operator reads it: "100 refused (100 over the ping rate)"."""
-    total = sum(int(n) for n in rejected.values())
-    if not total:
-        return "none refused"
-    parts = ", ".join(f"{int(n)} {_safe(str(reason)).replace('_', ' ')}"
-                      for reason, n in sorted(rejected.items(), key=lambda kv: -int(kv[1])))
-    return f"{total} refused ({parts})"
-
-
-def _exit_later(delay_s: float) -> None:
-    time.sleep(delay_s)
-    os._exit(0)

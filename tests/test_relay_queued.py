@@ -46,29 +46,38 @@ def test_an_empty_queue_always_takes_one_rollout():
     assert q.room(a) < 0
 
 
-def test_non_readers_arriving_one_by_one_stay_below_twice_the_total_cap():
+def _reader(q: Queued, rid: bytes, now: float):
+    """A connection that echoed the MARK the relay sends when it subscribes."""
+    a = q.open(rid, now)
+    assert q.opening_mark_due(a)
+    q.marked(a, b"open-" + rid)
+    assert q.receipt(a, b"open-" + rid, now) and not q.opening_mark_due(a)
+    return a
+
+
+def test_non_readers_arriving_one_by_one_cannot_take_what_is_kept_for_readers():
     """Before: each newcomer got total / subscribers while earlier ones kept their larger
-    shares (60 live non-readers held 541 MB against a 256 MB cap). Now never past twice it."""
+    shares (60 live non-readers held 541 MB against a 256 MB cap), and readers then got no
+    room. Now non-readers stop at 1.5 x the cap, and a reader keeps its share."""
     q = _book(peer_cap=16 * MB, total_cap=256 * MB)
+    reader = _reader(q, b"reader", 0.0)
     for i in range(300):
-        q.subscribers = i + 1
-        _fill(q, q.open(b"stuck-%d" % i, 0.0), 0.0)
-        assert q.total <= 2 * 256 * MB
-    reader = q.open(b"reader", 0.0)
-    assert q.room(reader) < MB and reader.held_back == "total cap"   # the bound holds for it too
-    q.subscribers = 1                                                # ... until the non-readers go
+        q.subscribers = i + 2
+        a = q.open(b"stuck-%d" % i, 0.0)
+        assert q.opening_mark_due(a)                      # sent; never echoed
+        q.marked(a, b"never-%d" % i)
+        _fill(q, a, 0.0, size=MB // 4)
+        assert q.total <= 3 * 256 * MB // 2
+    assert q.room(q.open(b"late", 0.0)) < MB // 4          # a newcomer that proved nothing waits
+    assert q.room(reader) == 16 * MB and _fill(q, reader, 0.0, size=MB // 4) == 64   # its own cap
+    q.readers = 16                                        # the readers' half cap, shared among them
+    for i in range(15):
+        _fill(q, _reader(q, b"reader-%d" % i, 0.0), 0.0, size=MB // 4)
+    assert q.total <= 2 * 256 * MB and q.room(q.open(b"reader-0", 0.0)) < MB // 4
+    q.subscribers = 1                                     # ... until the non-readers go
     for i in range(300):
         q.drop(b"stuck-%d" % i, gone=True)
-    assert q.total == 0 and q.room(reader) == 16 * MB
-
-
-def test_a_reader_keeps_its_share_among_non_readers():
-    q = _book(peer_cap=16 * MB, total_cap=64 * MB)
-    q.subscribers = 9
-    for i in range(8):
-        _fill(q, q.open(b"stuck-%d" % i, 0.0), 0.0)
-    reader = q.open(b"reader", 0.0)
-    assert q.total <= 2 * 64 * MB and q.room(reader) >= 64 * MB // 9 - MB
+    assert q.total == sum(a.queued for a in q.accounts.values()) and not q.ghosts
 
 
 def test_ghost_bytes_count_until_the_connection_is_gone_and_the_same_connection_inherits_them():
