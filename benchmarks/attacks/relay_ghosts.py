@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, free_port, parser, vm_bytes, write_json
+from benchmarks.harness import ROOT, free_port, parser, stop, vm_bytes, write_json
 
 if "--relay-root" in sys.argv:     # another checkout's relay AND client: its package must win the import
     sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--relay-root") + 1]).resolve()))
@@ -128,11 +128,7 @@ def run(behaviour: str, a, root: Path) -> dict:
         for c in (pub, reader):
             if c is not None:
                 c.close()
-        if crowd is not None:
-            crowd.terminate()
-            crowd.join(5)
-        relay.kill()
-        relay.wait()
+        stop(relay, crowd)
 
 
 def main() -> int:
