@@ -30,6 +30,15 @@ def source_of(key_name: str | None, address: str, rid: bytes) -> bytes:
     return b"a" + str(ip).encode()
 
 
+def fd_of(frame) -> int | None:
+    """The fd a received ZeroMQ frame came in on (None where libzmq does not say)."""
+    import zmq
+    try:
+        return frame.get(zmq.SRCFD)
+    except (zmq.ZMQError, AttributeError):
+        return None
+
+
 def identify(fd: int | None) -> tuple:
     """(fd, (local address, peer address)) of a connection, () when unknown."""
     if fd is None or fd < 0:

@@ -40,7 +40,7 @@ from relay import protocol as P
 from relay.auth import AllowList, ZapAuth, identity_refusal, note_failed_handshakes, origin_allowed
 from relay.budget import Budget
 from relay.config import RelayConfig
-from relay.conn import cut, identify, source_of
+from relay.conn import cut, fd_of, identify, source_of
 from relay.frames import LAST as _LAST, MORE as _MORE, send_frame
 from relay.limits import AcceptBudget, RateLimits
 from relay.queued import Account, Queued
@@ -227,7 +227,7 @@ class Relay:
             f = recv(zmq.NOBLOCK, copy=False)
             frames.append(f.bytes)
             if len(frames) == 2 and frames[1] == P.HELLO:
-                meta = (f.get("User-Id") if self.curve else None, f.get("Peer-Address") or "", f.get(zmq.SRCFD))
+                meta = (f.get("User-Id") if self.curve else None, f.get("Peer-Address") or "", fd_of(f))
         return frames, meta
 
     def _on_monitor(self) -> None:
