@@ -65,7 +65,8 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
                    help="s a subscriber's pipe may stay full (while another's is not) before it stops "
                         "holding the buffer (then it skips)")
     p.add_argument("--busy-retry", type=float, default=d.busy_retry_s, help="retry-after sent with NACK busy, s")
-    p.add_argument("--peer-timeout", type=float, default=d.peer_timeout_s, help="forget silent clients after s")
+    p.add_argument("--peer-timeout", type=float, default=d.peer_timeout_s,
+                   help="forget (and cut) a client silent, or holding queued bytes with no read proven, this many s")
     p.add_argument("--sndhwm", type=int, default=d.sndhwm, help="messages queued per client before it counts as blocked")
     p.add_argument("--max-queued-mb", type=float, default=d.max_queued_bytes / 2**20,
                    help="rollout MB sent to a client and not proven read (it echoes the relay's MARKs) "

@@ -10,8 +10,9 @@ cannot know the nonce, so nothing it claims raises its room.
   all connections together up to the total cap, and past it each only its share (total cap /
   subscribers) — never past twice the total cap, however the connections came and went, and
   the last half cap of that only for connections that ever echoed a MARK (the relay sends one
-  to a connection refused room before it did, even with nothing queued), each of them getting at least an equal part of it: however many
-  non-readers fill the rest, a reader keeps its share.
+  to a connection refused room before it did, even with nothing queued), each of them getting
+  at least an equal part of it: however many non-readers fill the rest, a reader keeps its
+  share.
 - Ghosts: a connection dropped (BYE, silence, or holding bytes with no proof of reading for
   `stuck_s`) may still be open, its pipe still full: its bytes stay counted until the relay
   knows the connection is gone. The relay cuts such a connection (`Queued.drop` says to), so a
