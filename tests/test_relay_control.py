@@ -88,7 +88,7 @@ def test_two_default_clients_exchanging_rollouts_are_never_refused_a_ping(relay)
     b = RelayClient(r.address, swarm="s", node_id="b").start()
     try:
         got = {"a": 0, "b": 0}
-        end = time.monotonic() + 12
+        end = time.monotonic() + 6
         i = 0
         while time.monotonic() < end:                  # a rollout each way every 50 ms
             for c in (a, b):
@@ -96,7 +96,7 @@ def test_two_default_clients_exchanging_rollouts_are_never_refused_a_ping(relay)
                 got[c.node_id] += len(c.poll(timeout_s=0.025))
             i += 1
         s = r.stats()
-        assert got["a"] > 100 and got["b"] > 100, got
+        assert got["a"] > 50 and got["b"] > 50, got
         assert "ping_rate" not in s["rejected"], s["rejected"]
     finally:
         a.close()
