@@ -66,3 +66,14 @@ def vm_bytes(pid: int, key: str = "VmHWM") -> int:
     except OSError:
         pass
     return 0
+
+
+def stop(relay, *children) -> None:
+    """The end of an attack: its child processes (multiprocessing, None where never started)
+    terminated, and the relay process it started killed."""
+    for c in children:
+        if c is not None:
+            c.terminate()
+            c.join(5)
+    relay.kill()
+    relay.wait()

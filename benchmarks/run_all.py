@@ -52,6 +52,10 @@ BENCHMARKS = [
           "sybil budget: fake ids cannot starve a publisher the subscriber found useful", 0.5),
     Bench("attacks.relay_memory", (), ("--seconds", "3"),
           "subscribers that do not read, against the relay's memory", 0.75),
+    Bench("attacks.relay_ghosts", ("--seconds", "10", "--warm", "2", "--spread", "4", "--only", "bye"),
+          ("--conns", "20", "--seconds", "6", "--warm", "1", "--spread", "2", "--only", "control", "bye"),
+          "200 subscriber connections that fill their queue, then say BYE, go silent or never read: "
+          "relay memory and an honest pair's throughput (all four: run it alone)", 0.4),
     Bench("attacks.sybil_first", ("--fakes", "200", "--seconds", "8", "--warm-earned", "8", "--only", "control",
                                   "fakes-200", "earned-40"), ("--fakes", "8", "--seconds", "4", "--only", "control", "fakes-8"),
           "fake ids that came first cannot keep a new honest publisher out of a budgeted subscriber", 0.8),

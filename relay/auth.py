@@ -65,3 +65,39 @@ class ZapAuth:
 
     def stop(self) -> None:
         self.thread.stop()
+
+
+def origin_allowed(allowed: frozenset | None, origin: str, relay_name: str) -> bool:
+    """A bridged origin is NODE@RELAY (a bridge must not speak for local nodes): never a local
+    id (those have no '@', and on CURVE they are keys' names), never this relay's namespace
+    (`relay_name`), and one of the bridge's namespaces (`allowed`) when its --trust-bridge names
+    them (None: any other relay's)."""
+    node, at, ns = origin.partition(P.NAMESPACE)
+    # relay names are ASCII: a look-alike (Cyrillic "А" for "A") would pass for another relay
+    return bool(node and at and ns) and P.NAMESPACE not in ns and ns != relay_name \
+        and ns.isascii() and ns.isprintable() and node.isprintable() \
+        and (allowed is None or ns in allowed)
+
+
+def note_failed_handshakes(monitor, refused: collections.Counter, log: logging.Logger) -> None:
+    """Count and log the handshakes that failed before ZAP (a client without keys, a wrong
+    server key): they show only as monitor events."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+    while True:
+        try:
+            ev = recv_monitor_message(monitor, zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            refused["aborted"] += 1      # the client hung up mid-handshake (which side notices a
+            # mechanism mismatch first is a race: a client without keys shows as either)
+            log.info("handshake aborted by a client on %s: a client without CURVE keys, or with a "
+                     "wrong server key? (errno %s)", ev["endpoint"].decode(errors="replace"), ev["value"])
+            continue
+        reason = "no_curve" if ev["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH else "bad_handshake"
+        refused[reason] += 1
+        # libzmq's monitor names our endpoint, not the client's; ZAP (unknown keys) has both
+        log.info("refused handshake on %s: %s (protocol error %#x)", ev["endpoint"].decode(errors="replace"),
+                 "the client has no CURVE keys" if reason == "no_curve"
+                 else "CURVE failed (wrong server key?)", ev["value"])

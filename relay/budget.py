@@ -11,7 +11,9 @@ subscriber) or tried (delivered, and not named useful since: junk, or not judged
   least 1); everyone else shares only that slice, one rollout each. Unguarded (nobody useful
   active: a node that has trained on nobody yet), every publisher gets the plain fair share.
 - Newcomers go first in the trial slice (both modes), one each: the one whose source (address
-  or CURVE key) has had the fewest newcomers tried, the newest among equals. So however many ids
+  or CURVE key) has had the fewest newcomers tried, then whose source has the fewest
+  publishers (a crowd of 200 ids arriving with an honest publisher from elsewhere took its
+  first slot), the newest among equals. So however many ids
   came first, a new honest publisher is tried within a window or two: a crowd that came first
   was either tried already (and, unless the subscriber found it useful, drops behind) or is
   older; a crowd that keeps making fresh ids from one source raises that source's count and
@@ -178,24 +180,27 @@ class Budget:
 
     def _newcomer(self, node_id: bytes, rid: bytes, stale: float, entries: dict, guarded: bool) -> Entry | None:
         """The newest publisher never sent to this subscriber from the source that has had the
-        fewest tried, with a fresh rollout; None if none. Looks at the 256 sources with the
-        latest arrivals and, in each, at most 64 publishers (newest first)."""
+        fewest tried, among those the one with the fewest publishers (a crowd arriving with or
+        after a newcomer from elsewhere is newer, but not first), with a fresh rollout; None if
+        none. Looks at the 256 sources with the latest arrivals and, in each, at most 64
+        publishers (newest first)."""
         newest, tried, tries = self.index.newest, self.tried, self.source_tries
         best, best_key = None, None
         for looked, (source, arrived) in enumerate(reversed(self.index.sources.items())):
             if looked >= 256:
                 break
             n_tried = tries[source] if source in tries else 0
-            if best_key is not None and n_tried > best_key[0]:
+            size = len(arrived)
+            if best_key is not None and (n_tried, size) > best_key[:2]:
                 continue
             for i, (order, sender) in enumerate(reversed(arrived)):
-                if i >= 64 or (best_key is not None and (n_tried, -order) >= best_key):
+                if i >= 64 or (best_key is not None and (n_tried, size, -order) >= best_key):
                     break
                 if sender in tried or sender == node_id or (guarded and sender in self.useful):
                     continue
                 seqs = newest.get(sender)
                 e = self._newest_unsent(seqs, rid, stale, entries) if seqs is not None else None
                 if e is not None:
-                    best, best_key = e, (n_tried, -order)
+                    best, best_key = e, (n_tried, size, -order)
                     break
         return best

@@ -41,7 +41,10 @@ RELAY_PROTOCOL = 5            # 2: PUB attrs frame, NACK details, SUB budgets, i
 NAMESPACE = "@"               # a bridged node's id on other relays: NODE@RELAY (its home relay's name);
                               # local node ids may not contain it, so no local id is ever a bridged one
 MAX_USEFUL = 64               # publishers one USEFUL / SUB may name (the most recently useful)
-CONTROL_RATE, CONTROL_BURST = 2.0, 4.0   # PINGs (and STATS, USEFUL) per second per connection the relay answers
+CONTROL_RATE, CONTROL_BURST = 2.0, 4.0   # STATS, USEFUL per second per connection the relay answers,
+                                         # and the most PINGs per second a client sends
+PING_RATE, PING_BURST = 2 * CONTROL_RATE, 2 * CONTROL_BURST   # PINGs the relay answers: twice what a
+                              # client sends, so that PINGs bunched on the way never trip it
 SEQ = struct.Struct("<Q")
 MAX_TOPIC_LEN = 128
 MAX_NODE_ID_LEN = 128

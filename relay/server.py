@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import collections
 import heapq
-import ipaddress
 import itertools
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -40,62 +37,17 @@ import orjson
 import zmq
 
 from relay import protocol as P
-from relay.auth import AllowList, ZapAuth, identity_refusal
+from relay.auth import AllowList, ZapAuth, identity_refusal, note_failed_handshakes, origin_allowed
 from relay.budget import Budget
+from relay.config import RelayConfig
+from relay.conn import cut, fd_of, identify, source_of
 from relay.frames import LAST as _LAST, MORE as _MORE, send_frame
 from relay.limits import AcceptBudget, RateLimits
+from relay.queued import Account, Queued
 from relay.text_safety import terminal_safe as _safe    # peer-chosen strings reach the operator's terminal
 from relay.topic import Entry, Index, Topic, passes
 
 log = logging.getLogger("ftis-relay")
-
-
-def source_of(peer: "Peer") -> bytes:
-    """Where a rollout's publisher connects from, for the budgets' newcomer order (relay.budget):
-    its CURVE key, else its address (an IPv6 /64: one machine's usual share), else the
-    connection. A bridge's rollouts share the bridge's: the relay cannot see their origin's."""
-    if peer.key_name:
-        return b"k" + peer.key_name.encode()
-    try:
-        ip = ipaddress.ip_address(peer.address)
-    except ValueError:
-        return b"c" + peer.rid
-    if ip.version == 6 and ip.ipv4_mapped is None:
-        return b"a" + str(ipaddress.ip_network(f"{ip}/64", strict=False)).encode()
-    return b"a" + str(ip.ipv4_mapped or ip).encode()
-
-
-@dataclass
-class RelayConfig:
-    bind: str = "tcp://0.0.0.0:5555"
-    keys_dir: str | None = None            # server certificate (server.key_secret)
-    allow_dir: str | None = None           # allowed client public certificates; NAME.key may be node NAME
-    replay_count: int = 2048               # per topic
-    replay_bytes: int = 64 << 20           # per topic
-    max_message_bytes: int = P.MAX_ROLLOUT_BYTES   # one rollout
-    rate_msgs: float = 50.0                # per connection and per node id (key), rollouts/s (0 = unlimited)
-    rate_burst: float = 200.0
-    rate_bytes: float = 8 << 20            # per connection and per node id (key), bytes/s (0 = unlimited)
-    accept_rate: float = 5000.0            # all publishers together, rollouts/s (0 = unlimited)
-    accept_burst: float = 10000.0
-    dedup_size: int = 200_000              # remembered rollout ids
-    peer_timeout_s: float = 15.0           # forget a silent client after this
-    heartbeat_s: float = 1.0               # advertised client ping interval
-    sndhwm: int = 1000                     # messages queued per client pipe
-    max_queued_bytes: int = 16 << 20       # rollout bytes sent to a client and not proven read (0 = unbounded)
-    max_total_queued_bytes: int = 256 << 20   # the same, all clients together (0 = unbounded): past it a
-                                           # client gets only its fair share (this / subscribers)
-    pump_batch: int = 256                  # deliveries per subscriber per loop turn
-    max_peers: int = 10_000                # HELLO floods on an open relay cannot exhaust memory
-    max_topics: int = 64                   # topics in total (each holds up to replay_bytes)
-    max_topics_per_peer: int = 4           # topics one connection may publish or subscribe to
-    slow_after_s: float = 2.0              # a subscriber whose pipe stays full this long stops holding the buffer
-    busy_retry_s: float = 0.25             # retry-after sent with NACK busy
-    gather_s: float = 0.2                  # budgets: collect candidates this long before a fair pick
-    trusted_bridges: frozenset = frozenset()   # node ids (key names on CURVE) allowed to forward others' rollouts
-    open_bridges: bool = False             # honour trusted_bridges on an open relay, where a node id is a claim
-    name: str = ""                         # this relay's name: bridged ids from here are NODE@name
-                                           # ("" = HOST:PORT of bind, with this machine's host name)
 
 
 @dataclass
@@ -117,14 +69,9 @@ class Peer:
     nacked: int = 0
     skipped: int = 0          # rollouts it missed because it fell behind the replay buffer
     blocked_since: float | None = None    # its pipe has been full since (monotonic)
-    drained: int = 0          # out_bytes up to its newest MARK it echoed: bytes proven read
-    marks: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))  # (nonce, out_bytes)
-    marked_at: int = 0        # out_bytes when the last MARK was sent
-    held_back: str = ""       # why its deliveries wait ("own cap", "total cap"), "" when they do not
-
-    def queued_bytes(self) -> int:
-        """Rollout bytes handed to ZeroMQ for it and not proven read: what its pipe may hold."""
-        return self.out_bytes - self.drained
+    held: bool = False        # ... because it was refused room for its queued bytes (relay.queued)
+    acct: Account = field(default_factory=Account)   # its queued bytes (relay.queued)
+    conn: tuple = ()          # its connection (relay.conn.identify), to cut it when it is dropped
 
 
 @dataclass(slots=True)
@@ -189,8 +136,9 @@ class Relay:
         self.limits = RateLimits(cfg.rate_msgs, cfg.rate_burst, cfg.rate_bytes,
                                  max(cfg.rate_bytes * 2, cfg.max_message_bytes), 4 * cfg.max_peers)
         self.accept = AcceptBudget(cfg.accept_rate, cfg.accept_burst)
-        # PING and STATS per connection (keys b"p"/b"s" + routing id): 2/s, bursts of 4
+        # STATS, USEFUL per connection (keys b"s"/b"u" + routing id): 2/s, bursts of 4; PINGs twice that
         self.control_limits = RateLimits(P.CONTROL_RATE, P.CONTROL_BURST, 0.0, 0.0, 8 * cfg.max_peers)
+        self.ping_limits = RateLimits(P.PING_RATE, P.PING_BURST, 0.0, 0.0, 4 * cfg.max_peers)
         self.seen: collections.OrderedDict[bytes, tuple[bytes, int]] = collections.OrderedDict()   # sender\0id -> (topic, seq)
         self.rejected: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
@@ -204,13 +152,9 @@ class Relay:
         self._budget_retry: set[tuple[bytes, bytes]] = set()       # (rid, topic) whose pipe was full
         self.delivered = self.delivered_bytes = 0     # all deliveries (plain ints: on the hot path)
         self.readers: set[bytes] = set()              # subscribers that read: not full, sent > sndhwm
-        # Bytes handed to ZeroMQ and not proven read, all connections together (peers and
-        # ghosts): the relay's own count, never a client's claim.
-        self.queued_total = 0
-        # Dropped peers whose connection may still hold what was queued for it: (out_bytes,
-        # drained, marks) by routing id, counted in queued_total until a send to it finds the
-        # connection gone (EHOSTUNREACH), and given back if the same connection says HELLO again.
-        self.ghosts: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
+        # bytes handed to ZeroMQ and not proven read, per connection and in all (ghosts too)
+        self.queued = Queued(cfg.max_queued_bytes, cfg.max_total_queued_bytes, cfg.max_message_bytes,
+                             cfg.peer_timeout_s)
 
     # -------------------------------------------------------------- setup
     def _setup_curve(self) -> None:
@@ -254,11 +198,11 @@ class Relay:
                     if not self.running:
                         break
                     try:
-                        frames, user_id, address = self._recv()
+                        frames, meta = self._recv()
                     except zmq.Again:
                         break
                     try:
-                        self._handle(frames, user_id, address)
+                        self._handle(frames, meta)
                     except Exception:          # never crash on input
                         self.rejected["internal"] += 1
                         log.exception("handler failed")
@@ -271,45 +215,23 @@ class Relay:
                 self._expire_peers(now)
                 self._probe_ghosts()
 
-    def _recv(self) -> tuple[list[bytes], str | None, str]:
-        if not self.curve:
-            # frame by frame: recv_multipart asks getsockopt(RCVMORE) per frame, which
-            # builds an enum each time; Frame.more does not
-            recv = self.sock.recv
+    def _recv(self) -> tuple[list[bytes], tuple]:
+        """(frames, meta); for a HELLO, meta is (key name on CURVE (the User-Id our ZAP handler
+        set), peer address, the connection's fd (relay.conn)), else ()."""
+        # frame by frame: recv_multipart asks getsockopt(RCVMORE) per frame, which builds an
+        # enum each time; Frame.more does not
+        recv = self.sock.recv
+        f = recv(zmq.NOBLOCK, copy=False)
+        frames, meta = [f.bytes], ()
+        while f.more:
             f = recv(zmq.NOBLOCK, copy=False)
-            frames = [f.bytes]
-            while f.more:
-                f = recv(zmq.NOBLOCK, copy=False)
-                frames.append(f.bytes)
-            return frames, None, ""
-        # On CURVE the key's name travels as the message's User-Id (set by our ZAP handler).
-        frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-        user_id = address = None
-        if len(frames) > 1 and frames[1].bytes == P.HELLO:
-            user_id = frames[1].get("User-Id")
-            address = frames[1].get("Peer-Address")
-        return [f.bytes for f in frames], user_id, address or ""
+            frames.append(f.bytes)
+            if len(frames) == 2 and frames[1] == P.HELLO:
+                meta = (f.get("User-Id") if self.curve else None, f.get("Peer-Address") or "", fd_of(f))
+        return frames, meta
 
     def _on_monitor(self) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-        while True:
-            try:
-                ev = recv_monitor_message(self.monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                self.refused_handshakes["aborted"] += 1      # the client hung up mid-handshake (which side
-                # notices a mechanism mismatch first is a race: a client without keys shows as either)
-                log.info("handshake aborted by a client on %s: a client without CURVE keys, or with a "
-                         "wrong server key? (errno %s)", ev["endpoint"].decode(errors="replace"), ev["value"])
-                continue
-            reason = ("no_curve" if ev["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-                      else "bad_handshake")
-            self.refused_handshakes[reason] += 1
-            # libzmq's monitor names our endpoint, not the client's; ZAP (unknown keys) has both
-            log.info("refused handshake on %s: %s (protocol error %#x)", ev["endpoint"].decode(errors="replace"),
-                     "the client has no CURVE keys" if reason == "no_curve"
-                     else "CURVE failed (wrong server key?)", ev["value"])
+        note_failed_handshakes(self.monitor, self.refused_handshakes, log)
 
     def stop(self) -> None:
         self.running = False
@@ -324,7 +246,7 @@ class Relay:
         self.ctx.term()
 
     # -------------------------------------------------------------- handlers
-    def _handle(self, frames: list[bytes], user_id: str | None, address: str) -> None:
+    def _handle(self, frames: list[bytes], meta: tuple) -> None:
         if len(frames) < 2:
             self.rejected["bad_frame"] += 1
             return
@@ -339,7 +261,7 @@ class Relay:
         elif kind == P.PING:
             self._on_ping(rid, peer, args)
         elif kind == P.HELLO:
-            self._on_hello(rid, args, user_id, address)
+            self._on_hello(rid, args, *(meta or (None, "", None)))
         elif kind == P.SUB:
             self._on_sub(rid, peer, args)
         elif kind == P.STATS:
@@ -369,7 +291,7 @@ class Relay:
         self.rejected[reason] += 1
         self._send(rid, [P.NACK, b"", reason.encode()] + ([orjson.dumps({"detail": detail})] if detail else []))
 
-    def _on_hello(self, rid: bytes, args: list[bytes], user_id: str | None, address: str) -> None:
+    def _on_hello(self, rid: bytes, args: list[bytes], user_id: str | None, address: str, fd: int | None) -> None:
         obj = self._control(args, 1)
         if obj is None:
             return
@@ -395,12 +317,7 @@ class Relay:
             self._refuse_hello(rid, "too_many_peers")
             return
         if peer is None:
-            peer = Peer(rid)
-            ghost = self.ghosts.pop(rid, None)
-            if ghost is not None:      # the same connection again: its pipe still holds what it held
-                peer.out_bytes, peer.drained, marks = ghost
-                peer.marks.extend(marks)
-                peer.marked_at = peer.out_bytes
+            peer = Peer(rid, acct=self.queued.open(rid, time.monotonic()), conn=identify(fd))
         if peer.node_id and peer.node_id != node_id.encode():
             self.counts["renamed"] += 1         # ids are claims on an open relay; limits stay per connection
         peer.node_id = node_id.encode()
@@ -483,7 +400,7 @@ class Relay:
     def _on_ping(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
         # O(1) per PING, and at most PING_RATE per connection: a PONG carries the peer count,
         # never the peer list (that made 1,000 pinging clients O(N^2) bytes/s)
-        if not self.control_limits.allow(b"p" + rid, 0, time.monotonic()):
+        if not self.ping_limits.allow(rid, 0, time.monotonic()):
             self.rejected["ping_rate"] += 1
             return
         obj = self._control(args, 1)
@@ -553,17 +470,6 @@ class Relay:
             return None
         return a
 
-    def _origin_allowed(self, bridge: str, origin: str) -> bool:
-        """A bridged origin is NODE@RELAY (a bridge must not speak for local nodes): never a local id (those have no '@', and
-        on CURVE they are keys' names), never this relay's namespace, and one of the bridge's
-        namespaces when its --trust-bridge names them."""
-        node, at, ns = origin.partition(P.NAMESPACE)
-        allowed = self.bridges[bridge]
-        # relay names are ASCII: a look-alike (Cyrillic "А" for "A") would pass for another relay
-        return bool(node and at and ns) and P.NAMESPACE not in ns and ns != self.name \
-            and ns.isascii() and ns.isprintable() and node.isprintable() \
-            and (allowed is None or ns in allowed)
-
     def _on_pub(self, rid: bytes, peer: Peer | None, args: list[bytes]) -> None:
         """PUB topic payload [attrs]: each admission check in turn (each NACKs what it
         refuses and returns False), then the rollout is buffered, indexed and ACKed. The order
@@ -608,7 +514,7 @@ class Relay:
         if bname not in self.bridges:
             return self._pub_refuse(pub, "untrusted_bridge")
         origin = pub.attrs.pop("origin")
-        if not self._origin_allowed(bname, origin):
+        if not origin_allowed(self.bridges[bname], origin, self.name):
             return self._pub_refuse(pub, "bad_origin")
         pub.sender = origin.encode()
         return True
@@ -690,7 +596,7 @@ class Relay:
         pub.via.append(self._epoch_s)
         attrs["via"] = pub.via
         e = topic.append(pub.rollout_id, pub.rid, pub.sender, pub.payload, orjson.dumps(attrs),
-                         pub.pk.task, pub.pk.tok, pub.now, source_of(pub.peer))
+                         pub.pk.task, pub.pk.tok, pub.now, source_of(pub.peer.key_name, pub.peer.address, pub.rid))
         if topic.indexes:
             for key in topic.index_new(e):
                 self._dirty.add((topic.name, key))
@@ -738,10 +644,12 @@ class Relay:
 
         A subscriber stops holding when its pipe has been full for slow_after_s while another
         subscriber of the topic *reads* (self.readers: its pipe is not full although it was
-        sent more than a pipe holds): then it is the one that is slow, not the relay (under a
+        sent more than a pipe holds, or it echoed a MARK): then it is the one that is slow, not the relay (under a
         flood the relay's own I/O can stall every pipe at once, and that must not count; and a
         fresh pipe that was never filled proves nothing, so a crowd of fresh Sybil subscribers
-        cannot make a reading one "slow"). A frozen lone subscriber stops pinging
+        cannot make a reading one "slow"). A subscriber refused room for its queued bytes
+        before it ever echoed a MARK does not hold either: a crowd of non-readers arriving one after another
+        kept the buffer full (and publishers busy). A frozen lone subscriber stops pinging
         and is dropped after peer_timeout_s."""
         full = [p for rid in topic.full_subs if (p := self.peers.get(rid)) is not None]
         if not full:
@@ -752,8 +660,8 @@ class Relay:
         hold = None
         for p in full:
             b = p.blocked_since
-            if b is not None and now - b >= self.cfg.slow_after_s and flowing:
-                continue
+            if b is not None and ((now - b >= self.cfg.slow_after_s and flowing) or (p.held and not p.acct.proven)):
+                continue              # slow, or refused room before it ever proved it reads (a MARK echoed)
             c = p.cursors.get(topic.name, topic.next_seq)
             hold = c if hold is None else min(hold, c)
         topic.hold_seq = hold
@@ -761,6 +669,9 @@ class Relay:
 
     def _pump_all(self) -> None:
         now = time.monotonic()
+        subs = [p for p in self.peers.values() if p.cursors]
+        self.queued.subscribers = len(subs) or 1
+        self.queued.readers = sum(1 for p in subs if p.acct.proven) or 1
         for topic in self.topics.values():
             for rid in list(topic.full_subs):
                 peer = self.peers.get(rid)
@@ -773,56 +684,36 @@ class Relay:
         for topic in self.topics.values():
             self._update_hold(topic, now)
 
-    def _blocked(self, peer: Peer, now: float) -> None:
+    def _blocked(self, peer: Peer, now: float, held: bool = False) -> None:
         if peer.blocked_since is None:
             peer.blocked_since = now
+        peer.held = held
         self.readers.discard(peer.rid)
 
     def _flowed(self, peer: Peer) -> None:
         peer.blocked_since = None
-        if peer.out_msgs > self.cfg.sndhwm:       # more than its pipe holds: it reads
-            self.readers.add(peer.rid)
+        if peer.out_msgs > self.cfg.sndhwm or peer.acct.proven:   # more than its pipe holds, or a MARK
+            self.readers.add(peer.rid)                               # echoed: it reads
 
-    # -------------------------------------------------------------- queued bytes
-    # What the relay holds for a client is what it handed to ZeroMQ and the client has not
-    # proven it read. The proof is a MARK: a random nonce sent in the client's own pipe after
-    # its deliveries; a PING that echoes it shows everything sent before it was read (a client
-    # that does not read cannot know the nonce, so no claim of its can raise its room).
-
+    # -------------------------------------------------------------- queued bytes (relay.queued)
     def _room(self, peer: Peer) -> int:
-        """Rollout bytes it may be sent now. Its own cap (an empty queue always takes one
-        rollout), and the total cap: past it, only what is within its fair share (total cap /
-        subscribers), so non-reading clients cannot starve reading ones; all queued bytes stay
-        below twice the total cap."""
-        cap, total_cap = self.cfg.max_queued_bytes, self.cfg.max_total_queued_bytes
-        q = peer.queued_bytes()
-        own = (1 << 62) if not cap else max(cap, self.cfg.max_message_bytes) if q <= 0 else cap - q
-        if not total_cap:
-            return own
-        subscribers = sum(1 for p in self.peers.values() if p.cursors) or 1
-        pool = max(total_cap - self.queued_total, total_cap // subscribers - q)
-        if pool < own:
-            peer.held_back = "total cap"
-            return pool
-        peer.held_back = "own cap"         # (shown only while it is refused for room)
-        return own
+        return self.queued.room(peer.acct)
 
-    def _sent(self, peer: Peer, nmsgs: int, nbytes: int) -> None:
+    def _sent(self, peer: Peer, nmsgs: int, nbytes: int, now: float) -> None:
         peer.out_msgs += nmsgs
         peer.out_bytes += nbytes
-        self.queued_total += nbytes
+        self.queued.sent(peer.acct, nbytes, now)
         self.delivered += nmsgs
         self.delivered_bytes += nbytes
 
-    def _mark(self, peer: Peer, *, force: bool = False) -> None:
-        """Send a MARK when enough (or, when ``force``, any) bytes went out since the last one."""
-        unmarked = peer.out_bytes - peer.marked_at
-        if unmarked <= 0 or not (force or unmarked >= max(1, self.cfg.max_queued_bytes // 4)):
-            return
-        nonce = os.urandom(8)
-        if self._send(peer.rid, [P.MARK, nonce]):
-            peer.marks.append((nonce, peer.out_bytes))
-            peer.marked_at = peer.out_bytes
+    def _mark(self, peer: Peer, *, force: bool = False, held: bool = False) -> None:
+        """`held`: it was refused room; one that never echoed a MARK gets one even with nothing
+        queued, so that it can prove it reads (and have the readers' part of the cap)."""
+        a = peer.acct
+        if self.queued.mark_due(a, force) or (held and self.queued.opening_mark_due(a)):
+            nonce = os.urandom(8)
+            if self._send(peer.rid, [P.MARK, nonce]):
+                self.queued.marked(a, nonce)
 
     def _receipt(self, peer: Peer, mark: str) -> None:
         """A PING echoed a MARK: what was sent before it is read."""
@@ -830,45 +721,36 @@ class Relay:
             nonce = bytes.fromhex(mark)
         except ValueError:
             return
-        for i, (n, pos) in enumerate(peer.marks):
-            if n == nonce:
-                for _ in range(i + 1):
-                    peer.marks.popleft()
-                if pos > peer.drained:
-                    self.queued_total -= pos - peer.drained
-                    peer.drained = pos
-                if not peer.queued_bytes():
-                    peer.held_back = ""
-                return
-        self.counts["unknown_mark"] += 1
+        if not self.queued.receipt(peer.acct, nonce, time.monotonic()):
+            self.counts["unknown_mark"] += 1
 
     def _probe_ghosts(self, limit: int = 1000) -> None:
-        """A dropped peer's bytes stop counting once its connection is gone (a send to it
-        fails with EHOSTUNREACH); a connection still there keeps them counted."""
-        for rid in list(itertools.islice(self.ghosts, limit)):
+        """A ghost's bytes stop counting once its connection is gone (a send to it fails with
+        EHOSTUNREACH); the empty MARK only probes."""
+        ghosts = self.queued.ghosts
+        for rid in list(itertools.islice(ghosts, limit)):
             try:
                 send_frame(self.sock, rid, _MORE)
                 send_frame(self.sock, P.MARK, _MORE)
                 send_frame(self.sock, b"", _LAST)
-                self.ghosts.move_to_end(rid)
+                ghosts.move_to_end(rid)
             except zmq.Again:
-                self.ghosts.move_to_end(rid)
+                ghosts.move_to_end(rid)
             except zmq.ZMQError as e:
                 if e.errno != zmq.EHOSTUNREACH:
                     raise
-                out, drained, _ = self.ghosts.pop(rid)
-                self.queued_total -= out - drained
+                self.queued.gone(rid)
 
     def _deliver(self, peer: Peer, e: Entry, now: float) -> bool:
         if e.size > self._room(peer):
             self.counts["queue_full_bytes"] += 1
-            self._blocked(peer, now)
-            self._mark(peer, force=True)
+            self._blocked(peer, now, held=True)
+            self._mark(peer, force=True, held=True)
             return False
         if not self._send(peer.rid, [P.DELIVER, e.body]):
             self._blocked(peer, now)
             return False
-        self._sent(peer, 1, e.size)
+        self._sent(peer, 1, e.size, now)
         self._flowed(peer)
         self._mark(peer)
         return True
@@ -891,7 +773,7 @@ class Relay:
         entries, batch, f = topic.entries, self.cfg.pump_batch, peer.filters.get(name)
         node_id, rid, sock, deliver = peer.node_id, peer.rid, self.sock, P.DELIVER
         sent = nbytes = 0
-        blocked = gone = False
+        blocked = gone = held = False
         room = self._room(peer)
         try:
             while cur < end and sent < batch:
@@ -900,7 +782,7 @@ class Relay:
                 if e.sender != node_id and e.sender_rid != rid and (f is None or passes(f, e)):
                     if nbytes + e.size > room:      # its queued bytes are bounded: a full pipe
                         self.counts["queue_full_bytes"] += 1
-                        blocked = True
+                        blocked = held = True
                         break
                     send_frame(sock, rid, _MORE)    # EAGAIN here when the pipe is full
                     send_frame(sock, deliver, _MORE)
@@ -916,13 +798,13 @@ class Relay:
             blocked = gone = True
         peer.cursors[name] = cur
         if sent:
-            self._sent(peer, sent, nbytes)
+            self._sent(peer, sent, nbytes, now)
         if blocked:
-            self._blocked(peer, now)
+            self._blocked(peer, now, held)
             if gone:
                 self._drop_peer(rid, gone=True, why="its connection is gone")
             else:
-                self._mark(peer, force=True)
+                self._mark(peer, force=True, held=True)
         elif sent:
             self._flowed(peer)
             self._mark(peer)
@@ -1017,17 +899,11 @@ class Relay:
         if peer is not None and peer.node_id:
             log.info("node %s left: %s (%d connected)", _safe(peer.node_id.decode(errors="replace")), why,
                      len(self.peers))
-        if peer is not None and peer.queued_bytes() > 0:
-            if gone:
-                self.queued_total -= peer.queued_bytes()
-            else:
-                self.ghosts[rid] = (peer.out_bytes, peer.drained, tuple(peer.marks))
-                if len(self.ghosts) > self.cfg.max_peers:      # bounded: the oldest is let go
-                    out, drained, _ = self.ghosts.popitem(last=False)[1]
-                    self.queued_total -= out - drained
+        if peer is not None and self.queued.drop(rid, gone) and cut(peer.conn):
+            self.counts["cut"] += 1        # libzmq frees its pipe; the next probe finds it gone
         self.readers.discard(rid)
         self.limits.forget(b"c" + rid)
-        self.control_limits.forget(b"p" + rid)
+        self.ping_limits.forget(rid)
         self.control_limits.forget(b"s" + rid)
         self.control_limits.forget(b"u" + rid)
         for t in self.topics.values():
@@ -1043,6 +919,9 @@ class Relay:
             self._mark(p, force=True)        # a slow trickle gets its receipt too
             if now - p.last_seen > self.cfg.peer_timeout_s:
                 self._drop_peer(rid, why=f"timed out, silent for {now - p.last_seen:.0f} s")
+        for rid in self.queued.stuck(now):
+            self._drop_peer(rid, why=f"proved no read for {self.cfg.peer_timeout_s:.0f} s while holding "
+                                     f"{self.queued.accounts[rid].queued / 2**20:.1f} MB")
 
     # -------------------------------------------------------------- stats
     def stats(self) -> dict:
@@ -1063,16 +942,16 @@ class Relay:
                            for t, b in p.budgets.items()},
                 "last_seen_s": round(now - p.last_seen, 2),
                 "in_msgs": p.in_msgs, "in_bytes": p.in_bytes,
-                "out_msgs": p.out_msgs, "out_bytes": p.out_bytes, "queued_bytes": p.queued_bytes(),
+                "out_msgs": p.out_msgs, "out_bytes": p.out_bytes, "queued_bytes": p.acct.queued,
                 "acked": p.acked, "nacked": p.nacked, "skipped": p.skipped,
                 "lag": sum(self.topics[t].next_seq - c for t, c in p.cursors.items()
                            if t in self.topics and t not in p.budgets),
                 "blocked": p.blocked_since is not None,
-                "held_back": p.held_back if p.blocked_since is not None else "",
+                "held_back": p.acct.held_back if p.blocked_since is not None else "",
             } for p in self.peers.values()],
-            "queued": {"bytes": self.queued_total, "cap": self.cfg.max_total_queued_bytes,
-                       "peer_cap": self.cfg.max_queued_bytes, "ghosts": len(self.ghosts),
-                       "ghost_bytes": sum(o - d for o, d, _ in self.ghosts.values())},
+            "queued": {"bytes": self.queued.total, "cap": self.cfg.max_total_queued_bytes,
+                       "peer_cap": self.cfg.max_queued_bytes, "ghosts": len(self.queued.ghosts),
+                       "ghost_bytes": self.queued.ghost_bytes()},
             "topics": {t.name.decode(errors="replace"): {
                 "next_seq": t.next_seq, "buffered": len(t.entries), "buffer_bytes": t.nbytes,
                 "subscribers": len(t.subscribers)} for t in self.topics.values()},
@@ -1088,43 +967,3 @@ def _useful_ids(ids) -> frozenset | None:
         return None
     return frozenset(i.encode() for i in ids[:P.MAX_USEFUL]
                      if isinstance(i, str) and 0 < len(i) <= P.MAX_NODE_ID_LEN)
-
-
-def run(cfg: RelayConfig) -> int:
-    """Run a relay in the foreground; SIGINT/SIGTERM stop it cleanly (exit code 0) within
-    a second or two in every state."""
-    relay = Relay(cfg)
-
-    def _stop(signum, _frame):
-        relay.stop()
-        # The loop notices within one poll (<= 0.2 s). Should the process be stuck anywhere
-        # else (a log write into a full pipe nobody reads, a hung ZeroMQ teardown), a
-        # watchdog ends it: an orphaned relay must never need SIGKILL.
-        threading.Thread(target=_exit_later, args=(1.5,), daemon=True).start()
-        log.info("signal %d: shutting down", signum)
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        relay.serve()
-    finally:
-        s = relay.stats()
-        log.info("relay stopped after %.0f s: %d messages accepted; %s", s["uptime_s"],
-                 s["counts"].get("accepted", 0), _rejected_in_words(s["rejected"]))
-        relay.close()
-    return 0
-
-
-def _rejected_in_words(rejected: dict) -> str:
-    """`{'ping_rate': 100}` as an operator reads it: "100 refused (100 over the ping rate)"."""
-    total = sum(int(n) for n in rejected.values())
-    if not total:
-        return "none refused"
-    parts = ", ".join(f"{int(n)} {_safe(str(reason)).replace('_', ' ')}"
-                      for reason, n in sorted(rejected.items(), key=lambda kv: -int(kv[1])))
-    return f"{total} refused ({parts})"
-
-
-def _exit_later(delay_s: float) -> None:
-    time.sleep(delay_s)
-    os._exit(0)

@@ -1,15 +1,17 @@
-"""What the relay holds for its subscribers is bounded by what it knows, not by what they say.
+"""What the relay holds for its subscribers is bounded by what it knows, not by what they say,
+end to end on a real relay (the rules themselves, with a made-up clock: tests/test_relay_queued.py).
 
 A subscriber that never reads but reports having read everything (PING ``rx = 2**60``, or a
 made-up MARK) is held back at its own cap; twenty honest non-reading subscribers together are
 held at the total cap (each gets its share); a reader (the real client) still gets everything;
-a non-reader that goes silent and says HELLO again on the same connection gets no fresh room;
-and ``ftis-relay status`` says who is held back, with every peer-chosen string escaped.
+a subscriber that fills its queue and then says BYE, goes silent, or keeps pinging without
+reading is dropped and its connection cut, so what was queued for it is freed; and
+``ftis-relay status`` says who is held back, with every peer-chosen string escaped. Every wait
+here waits for what it means (procs.wait_for), never a fixed time.
 """
 from __future__ import annotations
 
 import os
-import time
 
 import orjson
 import pytest
@@ -18,17 +20,16 @@ from relay import protocol as P
 from relay.cli import format_stats
 from relay.client import RelayClient
 from messages import dealer, hello, join, raw_rollout, replies, subscribe
-from procs import wait_connected
+from procs import wait_connected, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 MB = 1 << 20
 
 
-def _liar_pings(s, n=3) -> None:
+def _liar_pings(s, n=2) -> None:
     """What a non-reader can claim: everything read, and a MARK it never received."""
     for _ in range(n):
         s.send_multipart([P.PING, orjson.dumps({"t": 0, "rx": 2 ** 60, "mark": os.urandom(8).hex()})])
-        time.sleep(0.3)
 
 
 def _publish(pub, n, size):
@@ -37,9 +38,14 @@ def _publish(pub, n, size):
         pub.publish_bytes(raw_rollout(f"big-{i}-{os.urandom(3).hex()}", body))
 
 
-def _connected(*clients):
+def _subscribed(r, n, *clients):
+    """The clients connected and n subscriptions on topic s at the relay."""
     wait_connected(*clients)
-    time.sleep(0.3)
+    assert wait_for(lambda: r.stats()["topics"].get("s", {}).get("subscribers") == n), r.stats()["topics"]
+
+
+def _peer(r, node_id):
+    return next((p for p in r.stats()["peers"] if p["node_id"] == node_id), None)
 
 
 def test_a_subscriber_claiming_it_read_everything_is_held_at_its_cap(relay):
@@ -50,14 +56,13 @@ def test_a_subscriber_claiming_it_read_everything_is_held_at_its_cap(relay):
     reader = RelayClient(r.address, swarm="s", node_id="reader").start()
     try:
         join(liar, "liar")
-        _connected(pub, reader)
+        _subscribed(r, 2, pub, reader)
         got = set()
         for burst in range(4):
             _publish(pub, 6, MB)
-            _liar_pings(liar, 2)
-            deadline = time.time() + 20
-            while len(got) < 6 * (burst + 1) and time.time() < deadline:
-                got.update(d.rollout_id for d in reader.poll(timeout_s=0.1))
+            _liar_pings(liar)
+            assert wait_for(lambda: got.update(d.rollout_id for d in reader.poll(timeout_s=0.05))
+                            or len(got) >= 6 * (burst + 1), 20)
         assert len(got) == 24                                    # the reader loses nothing
         s = r.stats()
         peers = {p["node_id"]: p for p in s["peers"]}
@@ -84,12 +89,10 @@ def test_many_non_readers_are_held_at_the_total_cap_and_a_reader_still_gets_all(
         for i, s in enumerate(stuck):
             assert hello(s, f"stuck-{i}")[0] == P.WELCOME
             subscribe(s)
-        _connected(pub, reader)
+        _subscribed(r, n + 1, pub, reader)
         _publish(pub, 24, 512 << 10)
-        got, deadline = set(), time.time() + 40
-        while len(got) < 24 and time.time() < deadline:
-            got.update(d.rollout_id for d in reader.poll(timeout_s=0.1))
-        assert len(got) == 24
+        got = set()
+        assert wait_for(lambda: got.update(d.rollout_id for d in reader.poll(timeout_s=0.05)) or len(got) == 24, 40)
         s = r.stats()
         out = sum(p["out_bytes"] for p in s["peers"] if p["node_id"].startswith("stuck-"))
         # without a total cap: 20 x 8 MB = 160 MB; with it, at most twice the cap all told
@@ -104,34 +107,37 @@ def test_many_non_readers_are_held_at_the_total_cap_and_a_reader_still_gets_all(
         reader.close()
 
 
-def test_a_silent_non_reader_saying_hello_again_gets_no_fresh_room(relay):
-    """Dropped for silence, its connection (and ZeroMQ pipe) still there: what was queued
-    stays counted, and the same connection's next HELLO inherits it."""
+def test_a_non_reader_that_says_bye_goes_silent_or_only_pings_is_cut_and_its_bytes_freed(relay):
+    """Issue 51.2: each kept its connection open and so its full queue counted ("ghost" bytes),
+    and every new connection got a fresh cap. Now each is dropped (BYE; silent for
+    --peer-timeout; or holding bytes with no read proven for as long) and its connection cut:
+    libzmq frees the pipe, and the relay's count falls back to what the reader holds."""
     r = relay("--rate", "0", "--rate-mb", "0", "--replay-mb", "128", "--max-queued-mb", "4",
-              "--peer-timeout", "3")
-    stuck = dealer(r.address)
+              "--peer-timeout", "3", log_level="INFO")
+    byer, silent, pinger = dealer(r.address), dealer(r.address), dealer(r.address)
     pub = RelayClient(r.address, swarm="s", node_id="pub", subscribe=False).start()
     try:
-        assert hello(stuck, "stuck")[0] == P.WELCOME
-        subscribe(stuck)
-        _connected(pub)
+        for s, name in ((byer, "byer"), (silent, "silent"), (pinger, "pinger")):
+            join(s, name)
+        _subscribed(r, 3, pub)
         _publish(pub, 8, MB)
-        time.sleep(1.0)
-        first = next(p for p in r.stats()["peers"] if p["node_id"] == "stuck")["out_bytes"]
-        time.sleep(4.5)                                   # silent: dropped, its bytes kept as a ghost
-        s = r.stats()
-        assert "stuck" not in {p["node_id"] for p in s["peers"]}
-        assert s["queued"]["ghosts"] == 1 and s["queued"]["ghost_bytes"] >= first - 4096
-        # it still reads nothing: its WELCOME and SUBOK wait behind the deliveries in its pipe
-        stuck.send_multipart([P.HELLO, orjson.dumps({"node_id": "stuck", "protocol": P.RELAY_PROTOCOL})])
-        stuck.send_multipart([P.SUB, b"s", orjson.dumps({"epoch": None, "last_seq": 0})])
-        _publish(pub, 8, MB)
-        time.sleep(1.0)
-        again = next(p for p in r.stats()["peers"] if p["node_id"] == "stuck")["out_bytes"]
-        assert again <= 4 * MB + MB + 4096, (first, again)
+        assert wait_for(lambda: r.stats()["queued"]["bytes"] >= 3 * 3 * MB)     # each at its own cap (4 MB)
+        byer.send_multipart([P.BYE])
+        assert wait_for(lambda: _peer(r, "byer") is None)
+        # the pinger stays live (PINGs claiming nothing) but reads nothing
+        assert wait_for(lambda: pinger.send_multipart([P.PING, orjson.dumps({"t": 0})])
+                        or r.stats()["counts"].get("cut", 0) >= 3, 20, every_s=0.4)
+        assert wait_for(lambda: (q := r.stats()["queued"])["bytes"] == 0 and q["ghosts"] == 0, 10), r.stats()["queued"]
+        assert {p["node_id"] for p in r.stats()["peers"]} <= {"pub", "ftis-relay-status"}
     finally:
-        stuck.close(0)
+        for s in (byer, silent, pinger):
+            s.close(0)
         pub.close()
+    assert r.stop() == 0
+    log = r.proc.stdout.read()
+    assert "byer left: said bye" in log and "silent left: timed out" in log, log
+    assert "pinger left: proved no read for 3 s while holding" in log, log
+    assert "joined from 127.0.0.1" in log and "joined from ?" not in log
 
 
 def test_status_and_log_escape_peer_strings(relay):
@@ -147,7 +153,7 @@ def test_status_and_log_escape_peer_strings(relay):
         text = format_stats(r.stats())
         assert "\\u202eevil\\x1b]52" in text, text
         assert not any(c in text for c in ("\x1b", "\x07", "\u202e"))
-        time.sleep(2.5)                                          # timed out: the log names it
+        assert wait_for(lambda: _peer(r, evil) is None)          # timed out: the log names it
         assert r.stop() == 0
         log = r.proc.stdout.read()
         assert "left: timed out, silent for" in log and "\\u202eevil\\x1b]52" in log, log

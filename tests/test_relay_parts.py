@@ -246,8 +246,8 @@ def test_fake_ids_marked_useful_still_leave_the_honest_publisher_its_turn():
 
 
 def _life(n_fake: int, windows: int, *, churn: bool = False, fake_source: bytes = b"a-attacker",
-          k: int = 8) -> list[int]:
-    """Junk ids publish from window 0 (with churn: n_fake fresh ids every window); the honest
+          k: int = 8, crowd_from: int = 0) -> list[int]:
+    """Junk ids publish from window `crowd_from` (with churn: n_fake fresh ids every window); the honest
     publisher (source a-home) arrives in window 2 and, like a node's subscriber would, the
     subscriber names it useful once it got one of its rollouts. Honest rollouts per window
     from its arrival on (it publishes 2 a window)."""
@@ -259,7 +259,7 @@ def _life(n_fake: int, windows: int, *, churn: bool = False, fake_source: bytes 
         b.new_window(now, t.entries)
         if w >= 2:
             _pub(t, "honest", 2, now=now + 0.1, source=b"a-home")
-        for i in range(n_fake):
+        for i in range(n_fake if w >= crowd_from else 0):
             _pub(t, f"fake-{w if churn else 0}-{i}", 1, now=now + 0.2, source=fake_source)
         share, guarded = b.fair_share(b"me", now + 0.5, t.entries)
         honest = 0
@@ -281,6 +281,15 @@ def test_a_newcomer_is_tried_in_its_first_window_however_many_ids_came_first():
         for source in (b"a-attacker", b"a-home"):
             got = _life(n_fake, windows=6, fake_source=source)
             assert got[0] >= 1 and got[1:] == [2] * 3, (n_fake, source, got)
+
+
+def test_a_newcomer_arriving_with_a_crowd_from_elsewhere_is_tried_first():
+    """Issue 51.5: 200 ids from another source arriving with the honest publisher, or after it:
+    between sources with as many tried, the one with fewer ids goes first (newest first alone
+    handed the slot to the crowd's newest id)."""
+    for crowd_from in (2, 3):
+        got = _life(200, windows=6, crowd_from=crowd_from)
+        assert got[0] >= 1 and got[1:] == [2] * 3, (crowd_from, got)
 
 
 def test_fresh_ids_from_one_source_cannot_keep_a_newcomer_waiting():

@@ -15,6 +15,12 @@ Scenarios (side by side in one run, each on a fresh relay):
                      one arrives, junk from then on (the worst moment)
   churn              --churn-ids fake ids at a time, replaced by fresh ids every window
   churn-same-addr    the same from the honest publisher's address (a documented limit)
+  crowd-N-before / -with / -after   N fake ids (--crowd) that start --warm s before the honest
+                     publisher, at the same moment, or --warm s after it (issue 51.5)
+  guarded-churn-N    an anchor publisher with a signal (named useful) from the start, and N fresh
+                     ids a window: the subscriber is guarded when the honest one arrives
+
+--runs R repeats every scenario R times (each on a fresh relay).
 
 Fair share (docs/relay.md, "Delivery budgets"): judged against the publishers whose groups
 carry a signal, here the honest one alone: K per window, at most what it published. Reported
@@ -22,7 +28,8 @@ per window of the honest publisher's life (rollouts counted in the window they w
 share in the first 5 and 10 windows, steady state (windows 10 to the end), the first window it
 got anything, and the first window w from which windows w..w+2 together reach 90 %.
 
-    python -m benchmarks.attacks.sybil_first [--fakes 8 40 200] [--seconds 40] [--relay-root DIR] [--json PATH]
+    python -m benchmarks.attacks.sybil_first [--fakes 8 40 200] [--seconds 40] [--only NAME ...] [--runs 1]
+                                             [--relay-root DIR] [--json PATH]
 
 --relay-root runs another checkout's relay and client (e.g. the code before a change,
 extracted with ``git archive REV relay | tar -x -C DIR``).
@@ -36,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, parser, write_json
+from benchmarks.harness import ROOT, parser, stop, write_json
 from ftis_edge.ports import free_port
 
 if "--relay-root" in sys.argv:     # another checkout's relay AND client: its package must win the import
@@ -99,19 +106,24 @@ def _crowd(address: str, n: int, rate: float, seconds: float, source: str | None
     ctx.term()
 
 
-SCENARIOS = {   # name: (fake ids, their address, valid groups until the honest one arrives, churn)
-    "control": (0, ATTACKER_ADDRESS, False, False),
+SCENARIOS = {   # name: (fake ids, their address, valid groups until the honest one arrives, churn,
+    #                   when the crowd starts relative to the honest publisher (None: --warm s before),
+    #                   an anchor publisher named useful from the start)
+    "control": (0, ATTACKER_ADDRESS, False, False, None, False),
 }
 
 
 def scenarios(a) -> dict:
     out = dict(SCENARIOS)
     for n in a.fakes:
-        out[f"fakes-{n}"] = (n, ATTACKER_ADDRESS, False, False)
-    out[f"fakes-{max(a.fakes)}-same-addr"] = (max(a.fakes), None, False, False)
-    out[f"earned-{a.earned}"] = (a.earned, ATTACKER_ADDRESS, True, False)
-    out["churn"] = (a.churn_ids, ATTACKER_ADDRESS, False, True)
-    out["churn-same-addr"] = (a.churn_ids, None, False, True)
+        out[f"fakes-{n}"] = (n, ATTACKER_ADDRESS, False, False, None, False)
+    out[f"fakes-{max(a.fakes)}-same-addr"] = (max(a.fakes), None, False, False, None, False)
+    out[f"earned-{a.earned}"] = (a.earned, ATTACKER_ADDRESS, True, False, None, False)
+    out["churn"] = (a.churn_ids, ATTACKER_ADDRESS, False, True, None, False)
+    out["churn-same-addr"] = (a.churn_ids, None, False, True, None, False)
+    for order, lead in (("before", -a.warm), ("with", 0.0), ("after", a.warm)):
+        out[f"crowd-{a.crowd}-{order}"] = (a.crowd, ATTACKER_ADDRESS, False, False, lead, False)
+    out[f"guarded-churn-{a.crowd}"] = (a.crowd, ATTACKER_ADDRESS, False, True, None, True)
     return out
 
 
@@ -133,22 +145,33 @@ def _shares(got_idx: set, published: int, a) -> dict:
 
 
 def run(name: str, spec: tuple, a, root: Path) -> dict:
-    n_fakes, source, earned, churn = spec
+    n_fakes, source, earned, churn, lead, anchored = spec
     address = f"tcp://127.0.0.1:{free_port()}"
     relay = subprocess.Popen([sys.executable, "-m", "relay", "--bind", address, "--log-level", "WARNING"],
                              cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    crowd = None
+    crowd = anchor = None
     warm = a.warm_earned if earned else a.warm
+    crowd_at = warm + (-warm if lead is None else lead)      # since the subscriber started
     try:
         time.sleep(1.0)
         sub = RelayClient(address, swarm="swarm", node_id="node", budget_k=a.k, budget_window_s=a.window,
                           filters={"task": ["gsm8k"]}).start()
-        if n_fakes:
-            crowd = mp.Process(target=_crowd, args=(address, n_fakes, a.fake_rate, warm + a.seconds + 2, source,
-                                                    warm if earned else 0.0, a.window if churn else 0.0))
-            crowd.start()
+        if anchored:                               # a useful publisher from the start: the subscriber is guarded
+            anchor = RelayClient(address, swarm="swarm", node_id="anchor", subscribe=False).start()
         t_start = time.time()
+        anchored_n = 0
+
+        def background():
+            nonlocal crowd, anchored_n
+            now = time.time() - t_start
+            if crowd is None and n_fakes and now >= crowd_at:
+                crowd = mp.Process(target=_crowd, args=(address, n_fakes, a.fake_rate, warm + a.seconds + 2 - crowd_at,
+                                                        source, warm if earned else 0.0, a.window if churn else 0.0))
+                crowd.start()
+            while anchor is not None and anchored_n < now * a.honest_rate:
+                anchor.publish_bytes(rollout(f"anchor-{anchored_n}"), task="gsm8k")
+                anchored_n += 1
         step_at, step = t_start + a.window, set()
 
         def take(deliveries):
@@ -163,11 +186,13 @@ def run(name: str, spec: tuple, a, root: Path) -> dict:
 
         fakes_got = 0
         while time.time() - t_start < warm:
+            background()
             fakes_got += len(take(sub.poll(timeout_s=0.05)))
         honest = RelayClient(address, swarm="swarm", node_id="honest", subscribe=False).start()
         published, got_idx = 0, set()
         t0 = time.time()
         while time.time() - t0 < a.seconds:
+            background()
             while published < (time.time() - t0) * a.honest_rate:
                 honest.publish_bytes(rollout(f"honest-{published}"), task="gsm8k")
                 published += 1
@@ -180,14 +205,13 @@ def run(name: str, spec: tuple, a, root: Path) -> dict:
                            if d.sender == "honest")
         sub.close()
         honest.close()
-        return {"scenario": name, "fakes": n_fakes, "fake_address": source or "the honest one's",
+        if anchor is not None:
+            anchor.close()
+        return {"scenario": name, "fakes": n_fakes, "crowd_lead_s": lead, "anchor": anchored,
+                "fake_address": source or "the honest one's",
                 "honest_published": published, "honest_received": len(got_idx), **_shares(got_idx, published, a)}
     finally:
-        if crowd is not None:
-            crowd.terminate()
-            crowd.join(5)
-        relay.kill()
-        relay.wait()
+        stop(relay, crowd)
 
 
 def main() -> int:
@@ -202,11 +226,18 @@ def main() -> int:
     ap.add_argument("--warm", type=float, default=4.0)
     ap.add_argument("--warm-earned", type=float, default=16.0, help="warm-up in which earned-N ids earn it")
     ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--crowd", type=int, default=200, help="fake ids in the crowd-* and guarded-churn-* rows")
+    ap.add_argument("--runs", type=int, default=1, help="runs of each scenario")
     ap.add_argument("--only", nargs="*", help="scenario names to run (default: all)")
     ap.add_argument("--relay-root", default=str(ROOT))
     a = ap.parse_args()
     root = Path(a.relay_root).resolve()
-    rows = [run(name, spec, a, root) for name, spec in scenarios(a).items() if not a.only or name in a.only]
+    rows = []
+    for name, spec in scenarios(a).items():
+        for _ in range(a.runs if not a.only or name in a.only else 0):
+            rows.append(run(name, spec, a, root))
+            write_json(a.json, {"relay_root": str(root), "k": a.k, "window_s": a.window, "seconds": a.seconds,
+                                "honest_rate": a.honest_rate, "fake_rate": a.fake_rate, "rows": rows})
     write_json(a.json, {"relay_root": str(root), "k": a.k, "window_s": a.window, "seconds": a.seconds,
                         "honest_rate": a.honest_rate, "fake_rate": a.fake_rate, "rows": rows})
     print(f"{'scenario':<22}{'got/published':>14}{'first5':>8}{'first10':>8}{'steady':>8}{'1st win':>8}{'to 90%':>8}")
