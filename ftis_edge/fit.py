@@ -29,7 +29,7 @@ DEFAULT_PROMPT_TOKENS = 256        # a prompt with the default 2 worked examples
 Q8_0_BYTES_PER_PARAM = 34 / 32     # Q8_0: 32 weights in 34 bytes (an HF model's "quantized" generator)
 HEADROOM = 0.9                     # use at most this share of what the machine has
 LOGIT_CHUNK_ROWS = 1024            # rows of [tokens, vocab] logits the learner materialises at once (it imports this)
-LOGIT_COPIES = 3                   # logits, their exp for logsumexp, the gradient (recomputed per chunk)
+LOGIT_COPIES = 3                   # logits (exp'd in place), a softcap's tanh or the entropy's probabilities, a temporary (head_logprob.py)
 LLAMACPP_UBATCH = 512              # llama.cpp's n_ubatch in generate/llamacpp.py (its compute buffer)
 
 
