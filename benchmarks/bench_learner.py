@@ -21,8 +21,11 @@ matmuls, LM head matmul, the vocabulary-wide log-softmax and its backward, atten
 optimiser and gradient clip, other tensor ops, and the rest: Python and dispatch per micro-batch),
 plus the padded tokens the micro-batch plan computes beyond the real ones.
 
+--ab also times, in each repetition and just before today's step, the LM head as it was before
+head_logprob.py (checkpointed logsumexp chunks): the before -> after at the same moment.
+
 Run: .venv/bin/python -m benchmarks.bench_learner [--models smollm2-135m gemma3-270m] [--trainable lora full]
-         [--lengths equal real] [--threads 1 2] [--reps 3] [--micro-batch 8] [--profile] [--json PATH]
+         [--lengths equal real] [--threads 1 2] [--reps 3] [--micro-batch 8] [--ab] [--profile] [--json PATH]
 """
 from __future__ import annotations
 
@@ -115,6 +118,36 @@ def padded_tokens(learner, samples) -> tuple[int, int]:
     return computed, sum(lens)
 
 
+def checkpointed_head(learner):
+    """The learner's LM head before head_logprob.py (the "before" of --ab): chunks of
+    logit[target] - logsumexp(logits) under activation checkpointing, so the head's matmul runs
+    without grad, again in the backward, then its transpose, through autograd's vocabulary-wide graph."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+    from ftis_edge.fit import LOGIT_CHUNK_ROWS
+
+    def token_logprobs(hidden, targets, entropy=False):
+        head = learner._hf_model.get_output_embeddings()
+        weight, bias = head.weight, getattr(head, "bias", None)
+
+        def chunk_logp(h, w, t):
+            logits = F.linear(h.float(), w.float(), None if bias is None else bias.float())
+            if learner.softcap:
+                logits = torch.tanh(logits / learner.softcap) * learner.softcap
+            return logits.gather(1, t[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+
+        out = []
+        for start in range(0, hidden.shape[0], LOGIT_CHUNK_ROWS):
+            h, t = hidden[start:start + LOGIT_CHUNK_ROWS], targets[start:start + LOGIT_CHUNK_ROWS]
+            if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+                out.append(checkpoint(chunk_logp, h, weight, t, use_reentrant=False))
+            else:
+                out.append(chunk_logp(h, weight, t))
+        return torch.cat(out)
+    return token_logprobs
+
+
 def _category(name: str, shapes, ancestors: list[str], vocab: int, lora_r: int | None) -> str:
     if any(a.startswith("Optimizer.") or a == "clip" for a in ancestors):
         return "optimiser + clip"
@@ -164,7 +197,7 @@ def profile_step(learner, samples, step_kwargs) -> dict:
     return {"wall": wall, "seconds": dict(spent)}
 
 
-def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict) -> dict:
+def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: bool = False) -> dict:
     import torch
     torch.set_num_threads(threads)
     shapes = dense_shapes(learner)
@@ -177,19 +210,30 @@ def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict) -> di
     products = reference_products(shapes, rows, full)
     learner.step(samples, **step_kwargs)          # warm-up (allocator, first-call paths)
     matmul_rate(products, reps=1)
-    runs = []
+    runs, before = [], []
     for _ in range(reps):
+        if ab:      # the old head first, then today's, then the reference: the same moment for all three
+            learner._token_logprobs = checkpointed_head(learner)
+            t0 = time.perf_counter()
+            learner.step(samples, **step_kwargs)
+            before.append(time.perf_counter() - t0)
+            del learner._token_logprobs
         t0 = time.perf_counter()
         learner.step(samples, **step_kwargs)
         step_s = time.perf_counter() - t0
         ref = matmul_rate(products)
         runs.append({"step_s": step_s, "learner_gflops": flops / step_s / 1e9, "matmul_gflops": ref / 1e9,
                      "ratio": flops / step_s / ref})
-    return {"threads": threads, "N": N, "T": T, "rows": rows, "flops": flops, "runs": runs,
-            "ratio": statistics.median(r["ratio"] for r in runs),
-            "learner_gflops": statistics.median(r["learner_gflops"] for r in runs),
-            "matmul_gflops": statistics.median(r["matmul_gflops"] for r in runs),
-            "step_s": statistics.median(r["step_s"] for r in runs)}
+        if ab:
+            runs[-1].update(before_step_s=before[-1], before_ratio=flops / before[-1] / ref)
+    out = {"threads": threads, "N": N, "T": T, "rows": rows, "flops": flops, "runs": runs,
+           "ratio": statistics.median(r["ratio"] for r in runs),
+           "learner_gflops": statistics.median(r["learner_gflops"] for r in runs),
+           "matmul_gflops": statistics.median(r["matmul_gflops"] for r in runs),
+           "step_s": statistics.median(r["step_s"] for r in runs)}
+    if ab:
+        out["before_ratio"] = statistics.median(r["before_ratio"] for r in runs)
+    return out
 
 
 def main(argv=None) -> int:
@@ -202,6 +246,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--ab", action="store_true",
+                    help="also time the LM head as it was before head_logprob.py, interleaved (the before -> after)")
     ap.add_argument("--profile", action="store_true", help="also profile one step per case (first thread count)")
     args = ap.parse_args(argv)
 
@@ -218,7 +264,7 @@ def main(argv=None) -> int:
             for lengths in args.lengths:
                 samples = load_samples(lengths, args.groups, args.length)
                 for threads in args.threads:
-                    case = run_case(learner, samples, threads, args.reps, {"method": "f-tis"})
+                    case = run_case(learner, samples, threads, args.reps, {"method": "f-tis"}, args.ab)
                     case.update(model=spec, trainable=trainable, lengths=lengths, micro_batch=args.micro_batch)
                     if args.profile and threads == args.threads[0]:
                         case["profile"] = profile_step(learner, samples, {"method": "f-tis"})
@@ -226,7 +272,8 @@ def main(argv=None) -> int:
                     result["cases"].append(case)
                     write_json(args.json, result)
                     print(f"{spec:<14}{trainable:<6}{lengths:<8}{threads:>4}{case['T']:>6}{case['step_s']:>8.2f}"
-                          f"{case['learner_gflops']:>9.1f}{case['matmul_gflops']:>8.1f}{case['ratio']:>7.2f}",
+                          f"{case['learner_gflops']:>9.1f}{case['matmul_gflops']:>8.1f}{case['ratio']:>7.2f}"
+                          + (f"  (before head_logprob: {case['before_ratio']:.2f})" if args.ab else ""),
                           flush=True)
             del learner
     for case in result["cases"]:
