@@ -9,7 +9,9 @@ embedding lookup is no matmul; attention's own products and LoRA's rank-r matric
 so the rate is a lower bound), T = completion tokens plus each prompt once (the learner runs each
 prompt once per group). The reference is ``torch.matmul`` of the same [rows x in] x [in x out]
 products (and their backward shapes) the step runs, rows = completion tokens per micro-batch, each
-shape weighted by how often the model has it. The ratio is the median over repetitions.
+shape weighted by how often the model has it. The ratio is the median over repetitions, per wall
+second and per CPU second of this process (on a shared machine the CPU-second ratio is the steadier
+one: a descheduled process loses wall time, not CPU time; with 2+ threads it counts OpenMP spinning).
 
 Samples: the committed real rollouts (tests/data/real_rollouts.json: SmolLM2, 4 prompts x 8
 completions), either at their real lengths (18..128 tokens) or all cut/cycled to one length
@@ -89,21 +91,24 @@ def reference_products(shapes, rows: int, full: bool) -> Counter:
     return out
 
 
-def matmul_rate(products: Counter, reps: int = 3) -> float:
-    """FLOP/s of fp32 torch.matmul over these products, each weighted by its count (median of reps)."""
+def matmul_rate(products: Counter, reps: int = 3) -> tuple[float, float]:
+    """FLOPs per wall second and per CPU second of fp32 torch.matmul over these products, each
+    weighted by its count (median of reps)."""
     import torch
-    flops = seconds = 0.0
+    flops = seconds = cpu = 0.0
     for (m, k, n), count in products.items():
         a, b = torch.randn(m, k), torch.randn(k, n)
         torch.matmul(a, b)
-        times = []
+        times, cpus = [], []
         for _ in range(reps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             torch.matmul(a, b)
             times.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
         flops += 2.0 * m * k * n * count
         seconds += statistics.median(times) * count
-    return flops / seconds
+        cpu += statistics.median(cpus) * count
+    return flops / seconds, flops / cpu
 
 
 def padded_tokens(learner, samples) -> tuple[int, int]:
@@ -210,29 +215,35 @@ def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: b
     products = reference_products(shapes, rows, full)
     learner.step(samples, **step_kwargs)          # warm-up (allocator, first-call paths)
     matmul_rate(products, reps=1)
-    runs, before = [], []
+    runs = []
+
+    def timed_step():
+        t0, c0 = time.perf_counter(), time.process_time()
+        learner.step(samples, **step_kwargs)
+        return time.perf_counter() - t0, time.process_time() - c0
+
     for _ in range(reps):
         if ab:      # the old head first, then today's, then the reference: the same moment for all three
             learner._token_logprobs = checkpointed_head(learner)
-            t0 = time.perf_counter()
-            learner.step(samples, **step_kwargs)
-            before.append(time.perf_counter() - t0)
+            before_s, before_cpu = timed_step()
             del learner._token_logprobs
-        t0 = time.perf_counter()
-        learner.step(samples, **step_kwargs)
-        step_s = time.perf_counter() - t0
-        ref = matmul_rate(products)
-        runs.append({"step_s": step_s, "learner_gflops": flops / step_s / 1e9, "matmul_gflops": ref / 1e9,
-                     "ratio": flops / step_s / ref})
+        step_s, step_cpu = timed_step()
+        ref, ref_cpu = matmul_rate(products)
+        runs.append({"step_s": step_s, "step_cpu_s": step_cpu, "learner_gflops": flops / step_s / 1e9,
+                     "matmul_gflops": ref / 1e9, "ratio": flops / step_s / ref,
+                     "cpu_ratio": flops / step_cpu / ref_cpu})
         if ab:
-            runs[-1].update(before_step_s=before[-1], before_ratio=flops / before[-1] / ref)
+            runs[-1].update(before_step_s=before_s, before_ratio=flops / before_s / ref,
+                            before_cpu_ratio=flops / before_cpu / ref_cpu)
     out = {"threads": threads, "N": N, "T": T, "rows": rows, "flops": flops, "runs": runs,
            "ratio": statistics.median(r["ratio"] for r in runs),
            "learner_gflops": statistics.median(r["learner_gflops"] for r in runs),
            "matmul_gflops": statistics.median(r["matmul_gflops"] for r in runs),
+           "cpu_ratio": statistics.median(r["cpu_ratio"] for r in runs),
            "step_s": statistics.median(r["step_s"] for r in runs)}
     if ab:
         out["before_ratio"] = statistics.median(r["before_ratio"] for r in runs)
+        out["before_cpu_ratio"] = statistics.median(r["before_cpu_ratio"] for r in runs)
     return out
 
 
@@ -256,7 +267,8 @@ def main(argv=None) -> int:
     from ftis_edge.models import resolve_model
     result = {"torch": torch.__version__, "cases": []}
     print(f"{'model':<14}{'mode':<6}{'lengths':<8}{'thr':>4}{'T':>6}{'step s':>8}{'learner':>9}{'matmul':>8}"
-          f"{'ratio':>7}  (GFLOP/s; ratio = median over {args.reps} interleaved reps)")
+          f"{'ratio':>7}{'cpu':>6}  (GFLOP/s per wall second; ratio: per wall second, cpu: per CPU second; "
+          f"medians over {args.reps} interleaved reps)")
     for spec in args.models:
         hf_dir = resolve_model(spec).hf_dir()
         for trainable in args.trainable:
@@ -272,8 +284,9 @@ def main(argv=None) -> int:
                     result["cases"].append(case)
                     write_json(args.json, result)
                     print(f"{spec:<14}{trainable:<6}{lengths:<8}{threads:>4}{case['T']:>6}{case['step_s']:>8.2f}"
-                          f"{case['learner_gflops']:>9.1f}{case['matmul_gflops']:>8.1f}{case['ratio']:>7.2f}"
-                          + (f"  (before head_logprob: {case['before_ratio']:.2f})" if args.ab else ""),
+                          f"{case['learner_gflops']:>9.1f}{case['matmul_gflops']:>8.1f}{case['ratio']:>7.2f}{case['cpu_ratio']:>6.2f}"
+                          + (f"  before head_logprob: {case['before_ratio']:.2f} {case['before_cpu_ratio']:.2f}"
+                             if args.ab else ""),
                           flush=True)
             del learner
     for case in result["cases"]:
