@@ -6,8 +6,8 @@ size, so the accumulated gradient equals the full-batch gradient. Each distinct 
 model once and its KV cache serves every completion that shares it (``shared_prompt``); with
 ``share_prompts=False`` (or gradient checkpointing, which drops HF caches) every sample is a full
 prompt + completion sequence, as before. Log-probs are computed only at completion positions, a chunk
-of rows at a time under activation checkpointing, so the [tokens, vocab] logits (49k / 262k columns)
-never all live in memory at once.
+of rows at a time (``head_logprob``), so the [tokens, vocab] logits (49k / 262k columns) never all
+live in memory at once.
 """
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from . import metric_keys, plausibility
 from .errors import FtisError
+from .head_logprob import head_logprob
 from .logit_chunks import LOGIT_CHUNK_ROWS
+from .objective import LEVELS, ftis_loss
 from .samples import OWN, TrainSample
 from .shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
                             run_prompt)
@@ -178,34 +178,15 @@ class Learner:
         also the entropy of each row's next-token distribution (detached; plausibility.py), from the
         same logits, as a pair.
 
-        Each chunk runs under activation checkpointing, so only one chunk's [rows, vocab] logits exist
-        at a time, in the forward and in the backward pass. Computed in fp32 even under autocast.
+        Only one chunk's [rows, vocab] logits exist at a time, in the forward and in the backward pass
+        (``head_logprob``: a frozen head's gradient is computed in the forward, a trained one's logits
+        are recomputed in the backward). Computed in fp32 even under autocast.
         """
-        weight = self._hf_model.get_output_embeddings().weight
-        bias = getattr(self._hf_model.get_output_embeddings(), "bias", None)
-        softcap = self.softcap
-
-        def chunk_logp(h, w, t):
-            with torch.autocast(self.device.type, enabled=False):
-                logits = F.linear(h.float(), w.float(), None if bias is None else bias.float())
-                if softcap:
-                    logits = torch.tanh(logits / softcap) * softcap
-                picked = logits.gather(1, t[:, None]).squeeze(1)
-                lse = torch.logsumexp(logits, dim=-1)
-                if not entropy:
-                    return picked - lse
-                with torch.no_grad():
-                    lp = logits.detach() - lse.detach()[:, None]
-                    ent = -(lp.exp() * lp).sum(-1)
-                return picked - lse, ent
-
-        out = []
-        for start in range(0, hidden.shape[0], LOGIT_CHUNK_ROWS):
-            h, t = hidden[start:start + LOGIT_CHUNK_ROWS], targets[start:start + LOGIT_CHUNK_ROWS]
-            if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-                out.append(checkpoint(chunk_logp, h, weight, t, use_reentrant=False))
-            else:
-                out.append(chunk_logp(h, weight, t))
+        head = self._hf_model.get_output_embeddings()
+        weight, bias = head.weight, getattr(head, "bias", None)
+        out = [head_logprob(hidden[start:start + LOGIT_CHUNK_ROWS], weight, bias,
+                            targets[start:start + LOGIT_CHUNK_ROWS], self.softcap, entropy)
+               for start in range(0, hidden.shape[0], LOGIT_CHUNK_ROWS)]
         if entropy:
             return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
         return torch.cat(out)
@@ -321,7 +302,6 @@ class Learner:
                                 else float(sum(s.gen_logprobs or s.gen_span_logprobs or []))
                                 for s in samples], dtype=torch.float32)
         adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-        from ftis_edge.objective import LEVELS
         names = [s.level for s in samples]
         level = names[0] if len(set(names)) == 1 else torch.tensor([LEVELS.index(n) for n in names],
                                                                    device=self.device)
@@ -342,68 +322,23 @@ class Learner:
         and peer samples below it get weight 0 (plausibility.py; stats["trust/implausible"]).
         Raises LearnerOOM (gradients cleared) when memory runs out.
         """
-        from ftis_edge.objective import ftis_loss
-
         self._check(samples)
-        for key in ("num_samples", "gen_logp_sum", "span_ids", "gen_span_logp"):
-            if key in objective_kwargs:
-                raise LearnerError(f"{key} is set by the learner, not by the caller")
-        normalize = objective_kwargs.pop("normalize", "all")
-        if normalize not in ("all", "kept"):
-            raise LearnerError(f"normalize must be 'all' or 'kept', got {normalize!r}")
-        level_override = objective_kwargs.pop("level", None)
+        normalize, level_override = _step_options(objective_kwargs)
         N = len(samples)
         no_signal = all(s.advantage == 0 for s in samples)
-        if self.share_prompts:   # each prompt's samples together: its forward serves them all
-            chunks = plan_micro_batches([s.prompt_ids for s in samples],
-                                        [len(s.completion_ids) for s in samples], self.micro_batch)
-        else:                    # sorting by length keeps similar lengths together: less padding
-            order = sorted(range(N), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
-            chunks = [order[i:i + self.micro_batch] for i in range(0, N, self.micro_batch)]
         judge = plausible is not None and any(s.source != OWN for s in samples)
-        if judge:   # own-only micro-batches first: they calibrate the threshold the peers' are judged by
-            chunks = sorted(chunks, key=lambda idx: any(samples[i].source != OWN for i in idx))
-        own_scores: list[torch.Tensor] = []
-        threshold = None
+        chunks = self._plan(samples, judge)
+        run = _GradientRun(N, plausible if judge else None, level_override, objective_kwargs)
         uses = Counter(prompt_key(s.prompt_ids) for s in samples)
         live: dict[tuple[int, ...], PromptPass] = {}   # prompts whose samples are not all done yet
 
         self.optimizer.zero_grad(set_to_none=True)
-        parts: list[tuple[int, dict]] = []
-        per_sample: dict[str, torch.Tensor] = {}
         try:
             with torch.set_grad_enabled(not no_signal):
                 for idx in chunks:
-                    batch = [samples[i] for i in idx]
-                    if self.share_prompts:
-                        logp, mask, ent = self._shared_micro_batch(batch, live, uses, judge)
-                    else:
-                        logp, mask, ent = self._logprobs_unshared(batch, judge)
-                    gen, gen_sum, adv, level, span_ids, gen_span = self._objective_inputs(batch, logp.shape[1])
-                    if level_override is not None:
-                        level = level_override
-                    weight = None
-                    if judge:
-                        weight, threshold, judged = self._judge(batch, logp, mask, ent, plausible,
-                                                                own_scores, threshold)
-                    weight = _with_sample_weights(batch, weight, logp.device)
-                    foreign = torch.tensor([s.foreign for s in batch], device=logp.device)
-                    loss, st = ftis_loss(logp, gen, adv, mask, level=level, normalize="all", num_samples=N,
-                                         gen_logp_sum=gen_sum, span_ids=span_ids, gen_span_logp=gen_span,
-                                         sample_weight=weight, foreign=foreign, **objective_kwargs)
-                    if not no_signal:
-                        loss.backward()
-                    per_mb = st.pop("per_sample")
-                    if judge:
-                        per_mb.update(judged)
-                    for k, v in per_mb.items():   # back to the caller's sample order
-                        if k not in per_sample:
-                            per_sample[k] = torch.zeros(N, dtype=v.dtype)
-                        per_sample[k][torch.tensor(idx)] = v.detach().cpu()
-                    parts.append((len(idx), st))
+                    self._micro_batch(samples, idx, run, live, uses, backward=not no_signal)
                     if self.on_micro_batch is not None:
-                        self.on_micro_batch(len(parts), len(chunks))
-                    del logp, mask, loss
+                        self.on_micro_batch(len(run.parts), len(chunks))
                     for key in [k for k, p in live.items() if p.remaining == 0]:
                         live.pop(key).finish()   # the prompt's gradient: the sum over its samples
         except Exception as err:  # noqa: BLE001 - re-raised typed when it is an OOM
@@ -414,20 +349,66 @@ class Learner:
                     torch.cuda.empty_cache()
                 raise LearnerOOM(self.micro_batch, err) from err
             raise
+        return self._step_stats(run, normalize, len(chunks), no_signal)
 
-        stats = aggregate_stats(parts, per_sample)
+    def _plan(self, samples: Sequence[TrainSample], judge: bool) -> list[list[int]]:
+        """The micro-batches (sample indices), own-only ones first when peers are judged."""
+        N = len(samples)
+        if self.share_prompts:   # each prompt's samples together: its forward serves them all
+            chunks = plan_micro_batches([s.prompt_ids for s in samples],
+                                        [len(s.completion_ids) for s in samples], self.micro_batch)
+        else:                    # sorting by length keeps similar lengths together: less padding
+            order = sorted(range(N), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
+            chunks = [order[i:i + self.micro_batch] for i in range(0, N, self.micro_batch)]
+        if judge:   # own-only micro-batches first: they calibrate the threshold the peers' are judged by
+            chunks = sorted(chunks, key=lambda idx: any(samples[i].source != OWN for i in idx))
+        return chunks
+
+    def _micro_batch(self, samples, idx: list[int], run: "_GradientRun", live: dict, uses: Counter,
+                     backward: bool) -> None:
+        """Log-probs, the objective and its backward for one micro-batch; its stats go to ``run``."""
+        batch = [samples[i] for i in idx]
+        judge = run.plausible is not None
+        if self.share_prompts:
+            logp, mask, ent = self._shared_micro_batch(batch, live, uses, judge)
+        else:
+            logp, mask, ent = self._logprobs_unshared(batch, judge)
+        gen, gen_sum, adv, level, span_ids, gen_span = self._objective_inputs(batch, logp.shape[1])
+        if run.level_override is not None:
+            level = run.level_override
+        weight = None
+        if judge:
+            weight, run.threshold, judged = self._judge(batch, logp, mask, ent, run.plausible,
+                                                        run.own_scores, run.threshold)
+        weight = _with_sample_weights(batch, weight, logp.device)
+        foreign = torch.tensor([s.foreign for s in batch], device=logp.device)
+        loss, st = ftis_loss(logp, gen, adv, mask, level=level, normalize="all", num_samples=run.N,
+                             gen_logp_sum=gen_sum, span_ids=span_ids, gen_span_logp=gen_span,
+                             sample_weight=weight, foreign=foreign, **run.objective_kwargs)
+        if backward:
+            loss.backward()
+        per_mb = st.pop("per_sample")
+        if judge:
+            per_mb.update(judged)
+        run.add(idx, st, per_mb)
+
+    def _step_stats(self, run: "_GradientRun", normalize: str, micro_batches: int, no_signal: bool) -> dict:
+        """The full batch's stats from its micro-batches'; with normalize="kept" the gradient is
+        rescaled by N / kept here, once the kept count is known."""
+        N, per_sample = run.N, run.per_sample
+        stats = aggregate_stats(run.parts, per_sample)
         if normalize == "kept":
             scale = N / max(int(stats.get("filter/kept", N)), 1)
             stats["loss"] = stats.get("loss", 0.0) * scale
             for p in self._params:
                 if p.grad is not None:
                     p.grad.mul_(scale)
-        stats["micro_batches"] = float(len(chunks))
+        stats["micro_batches"] = float(micro_batches)
         stats["no_signal"] = 1.0 if no_signal else 0.0
-        if judge:
+        if run.plausible is not None:
             stats["trust/implausible"] = float(per_sample["implausible"].sum())
             stats["trust/repeated_tokens"] = float(per_sample["repeated"].sum())
-            stats["trust/threshold"] = threshold
+            stats["trust/threshold"] = run.threshold
         stats["per_sample"] = per_sample
         return stats
 
@@ -546,6 +527,38 @@ class Learner:
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(directory)
         return directory
+
+
+def _step_options(objective_kwargs: dict) -> tuple[str, object]:
+    """Take ``normalize`` and ``level`` out of the caller's objective options (the learner sets the
+    per-micro-batch ones itself); (normalize, level override or None)."""
+    for key in ("num_samples", "gen_logp_sum", "span_ids", "gen_span_logp"):
+        if key in objective_kwargs:
+            raise LearnerError(f"{key} is set by the learner, not by the caller")
+    normalize = objective_kwargs.pop("normalize", "all")
+    if normalize not in ("all", "kept"):
+        raise LearnerError(f"normalize must be 'all' or 'kept', got {normalize!r}")
+    return normalize, objective_kwargs.pop("level", None)
+
+
+class _GradientRun:
+    """One ``compute_gradients`` call's state across its micro-batches: their stats, per-sample
+    values in the caller's order, and the plausibility calibration (own scores, the threshold)."""
+
+    def __init__(self, N: int, plausible, level_override, objective_kwargs: dict):
+        self.N, self.plausible, self.level_override = N, plausible, level_override
+        self.objective_kwargs = objective_kwargs
+        self.parts: list[tuple[int, dict]] = []
+        self.per_sample: dict[str, torch.Tensor] = {}
+        self.own_scores: list[torch.Tensor] = []
+        self.threshold = None
+
+    def add(self, idx: list[int], st: dict, per_mb: dict) -> None:
+        for k, v in per_mb.items():   # back to the caller's sample order
+            if k not in self.per_sample:
+                self.per_sample[k] = torch.zeros(self.N, dtype=v.dtype)
+            self.per_sample[k][torch.tensor(idx)] = v.detach().cpu()
+        self.parts.append((len(idx), st))
 
 
 def _with_sample_weights(batch: Sequence[TrainSample], weight: torch.Tensor | None, dev) -> torch.Tensor | None:

@@ -343,22 +343,59 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
                                     or foreign_cap <= 0):
         raise ObjectiveError(f"foreign_cap must be a finite number > 0 or None, got {foreign_cap!r}")
     b = _prepare(logp, gen_logp, mask, advantages, level, gen_logp_sum, span_ids, gen_span_logp)
-    m, n, A, B = b.mask, b.n, b.A, b.B
+    B = b.B
     foreign_row = _foreign_rows(foreign, B, b.l.device)
     capped_row = foreign_row if foreign_cap is not None else torch.zeros_like(foreign_row)
     sw = None if sample_weight is None else _sample_weight(sample_weight, B, b.l.shape[1], b.l.device)
     l = b.l
     if sw is not None and sw.dim() == 2:   # a token of weight 0 gets no gradient at any level
         l = torch.where(sw > 0, l, l.detach())   # (a sequence-level ratio sums every token's ℓ)
-    n_f = n.clamp(min=1).to(torch.float32)
-    empty = n == 0
-    seq_t, span_t = b.seq[:, None], b.span[:, None]
     # the cap of each row's IS weight: C, or foreign_cap for another model's rows
     cap = torch.full((B, 1), float(C), device=l.device)
     if foreign_cap is not None:
         cap = torch.where(capped_row[:, None], min(float(foreign_cap), float(C)), cap)
 
-    # ---- no-grad quantities: IS weight, KL score, filter decision
+    w = _off_policy(b, l, cap, capped_row, C, kl_threshold, method)
+    term, clip_active = _token_term(method, b, l, w, cap, eps, foreign_cap)
+    term = torch.where(b.mask, term, 0.0)
+    if sw is not None and sw.dim() == 2:
+        term = term * sw
+    per_sample = term.sum(-1) / b.n.clamp(min=1).to(torch.float32)   # (1/|a_i|) Σ_t term_{i,t}
+    if sw is not None and sw.dim() == 1:
+        per_sample = per_sample * sw
+
+    N = _divisor(normalize, num_samples, B, int(w.kept.sum()))
+    # N == 0 only when nothing is kept: every per-sample term is then 0, so the loss is 0
+    loss = per_sample.sum() / max(N, 1)
+
+    stats = _stats(loss, b, w.empty, w.kl, w.adv_le0, w.kl_gt, w.dropped, w.adv, w.weight, w.truncated, w.ls,
+                   clip_active, w.span_lr, foreign_row, w.capped)
+    return loss, stats
+
+
+class OffPolicy(NamedTuple):
+    """The no-grad quantities of one batch: IS weights, KL scores and the filter's decision."""
+    ls: torch.Tensor           # [B,T] ℓ, detached
+    span_lr: torch.Tensor      # [B,S] log(π_θ/π_gen) of each span
+    tok_span_lr: torch.Tensor  # [B,T] that, read back onto each span's tokens
+    weight: torch.Tensor       # [B,T] min(exp(sg(ℓ) − g), cap)
+    truncated: torch.Tensor    # [B,T] bool: the raw weight reached C
+    capped: torch.Tensor       # [B]   bool: the foreign cap lowered a weight
+    kl: torch.Tensor           # [B]   k3 score
+    empty: torch.Tensor        # [B]   bool: no tokens
+    adv_le0: torch.Tensor      # [B]   bool: Â <= 0
+    kl_gt: torch.Tensor        # [B]   bool: KL > g
+    dropped: torch.Tensor      # [B]   bool: the filter dropped the sample
+    adv: torch.Tensor          # [B]   Â, 0 where dropped
+    kept: torch.Tensor         # [B]   bool: not dropped and not empty
+
+
+def _off_policy(b: Prepared, l, cap, capped_row, C, kl_threshold, method) -> OffPolicy:
+    """IS weight, KL score and filter decision per token / sample (no gradient)."""
+    m, n, A = b.mask, b.n, b.A
+    n_f = n.clamp(min=1).to(torch.float32)
+    empty = n == 0
+    seq_t, span_t = b.seq[:, None], b.span[:, None]
     with torch.no_grad():
         ls = l.detach()
         lsum = ls.sum(-1)
@@ -385,9 +422,15 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
         dropped = filter_dropped(A, kl, kl_threshold) if method.startswith("f-") else torch.zeros_like(adv_le0)
         adv = torch.where(dropped, 0.0, A)
         kept = ~dropped & ~empty
+    return OffPolicy(ls=ls, span_lr=span_lr, tok_span_lr=tok_span_lr, weight=weight, truncated=truncated,
+                     capped=capped, kl=kl, empty=empty, adv_le0=adv_le0, kl_gt=kl_gt, dropped=dropped, adv=adv,
+                     kept=kept)
 
-    # ---- the per-token term (with grad through ℓ only)
-    a = adv[:, None]
+
+def _token_term(method, b: Prepared, l, w: OffPolicy, cap, eps, foreign_cap):
+    """The per-token term (with grad through ℓ only) and where the clip is active: ([B,T], [B,T] bool)."""
+    m = b.mask
+    a = w.adv[:, None]
     base = method.removeprefix("f-")
     clip_active = torch.zeros_like(m)
     if base == "nois":
@@ -395,12 +438,13 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
         term = -R * a
     elif base == "tis":
         R = torch.exp(l - l.detach())
-        term = -weight * torch.minimum(R * a, R.clamp(1 - eps, 1 + eps) * a)
+        term = -w.weight * torch.minimum(R * a, R.clamp(1 - eps, 1 + eps) * a)
         clip_active = m & (((a > 0) & (R > 1 + eps)) | ((a < 0) & (R < 1 - eps)))
     else:  # vis: ρ = exp(ℓ − sg(g)); sequence level: per-token geometric mean (GSPO-style)
         # span level: value = the span's ratio, gradient ρ_k ∇ℓ_t (so ρ_k ∇L_k per span, counted once)
-        log_rho = torch.where(seq_t, ((l.sum(-1) - b.gsum) / n_f)[:, None],
-                              torch.where(span_t, l - ls + tok_span_lr, l - b.g))
+        n_f = b.n.clamp(min=1).to(torch.float32)
+        log_rho = torch.where(b.seq[:, None], ((l.sum(-1) - b.gsum) / n_f)[:, None],
+                              torch.where(b.span[:, None], l - w.ls + w.tok_span_lr, l - b.g))
         rho = torch.exp(log_rho.clamp(-VIS_LOG_RATIO_CLAMP, VIS_LOG_RATIO_CLAMP))
         if foreign_cap is None:
             hi, clipped = 1 + eps, rho.clamp(1 - eps, 1 + eps)
@@ -409,14 +453,11 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
             clipped = torch.minimum(rho.clamp(min=1 - eps), hi)
         term = -torch.minimum(rho * a, clipped * a)
         clip_active = m & (((a > 0) & (rho > hi)) | ((a < 0) & (rho < 1 - eps)))
-    term = torch.where(m, term, 0.0)
-    if sw is not None and sw.dim() == 2:
-        term = term * sw
-    per_sample = term.sum(-1) / n_f                            # (1/|a_i|) Σ_t term_{i,t}
-    if sw is not None and sw.dim() == 1:
-        per_sample = per_sample * sw
+    return term, clip_active
 
-    n_kept = int(kept.sum())
+
+def _divisor(normalize, num_samples, B: int, n_kept: int) -> int:
+    """N of the loss: the batch (or num_samples) with "all", the kept samples with "kept"."""
     if normalize == "all":
         N = B if num_samples is None else num_samples
         if N < B:
@@ -427,12 +468,7 @@ def ftis_loss(logp, gen_logp, advantages, mask, *, method: str = "f-tis", C: flo
         if N < n_kept:
             raise ObjectiveError(f"num_samples={N} is smaller than the {n_kept} samples kept in this call; "
                                  "with normalize='kept' pass the total kept count of the full batch")
-    # N == 0 only when nothing is kept: every per-sample term is then 0, so the loss is 0
-    loss = per_sample.sum() / max(N, 1)
-
-    stats = _stats(loss, b, empty, kl, adv_le0, kl_gt, dropped, adv, weight, truncated, ls, clip_active,
-                   span_lr, foreign_row, capped)
-    return loss, stats
+    return N
 
 
 def ess_fraction(weights) -> float:

@@ -205,7 +205,8 @@ def test_normalize_kept_with_micro_batches_equals_the_full_batch_loss(lora, enco
     lora.micro_batch = 4
     # the learner shares each prompt's forward (fp32 rounding ~1e-5 nats/token, docs/benchmarks.md)
     assert stats["loss"] == pytest.approx(float(loss), rel=1e-4)
-    assert float((ours - ref).norm() / ref.norm()) < 1e-4
+    # fp32 rounding of other summation orders: 8.2e-5 with the checkpointed head, 1.0e-4 with head_logprob
+    assert float((ours - ref).norm() / ref.norm()) < 2e-4
 
 
 @pytest.mark.model

@@ -1,0 +1,305 @@
+"""The learner at the machine's limit: one ``Learner.step``'s FLOP rate against fp32 matmul at its own shapes.
+
+Side by side in one process, interleaved (learner step, then the matmul reference, per repetition, on
+the same threads): the learner's achieved rate is FLOPs / wall seconds of one ``Learner.step``
+(f-tis, the node's defaults otherwise), with FLOPs = 4 x N x T for LoRA (forward 2NT plus the
+activation backward 2NT: frozen weights need no weight gradient) and 6 x N x T for full fine-tuning
+(plus the weight gradients), N = every dense matrix of the model including the tied LM head (the
+embedding lookup is no matmul; attention's own products and LoRA's rank-r matrices are not counted,
+so the rate is a lower bound), T = completion tokens plus each prompt once (the learner runs each
+prompt once per group). The reference is ``torch.matmul`` of the same [rows x in] x [in x out]
+products (and their backward shapes) the step runs, rows = completion tokens per micro-batch, each
+shape weighted by how often the model has it. The ratio is the median over repetitions, per wall
+second and per CPU second of this process (on a shared machine the CPU-second ratio is the steadier
+one: a descheduled process loses wall time, not CPU time; with 2+ threads it counts OpenMP spinning).
+
+Samples: the committed real rollouts (tests/data/real_rollouts.json: SmolLM2, 4 prompts x 8
+completions), either at their real lengths (18..128 tokens) or all cut/cycled to one length
+(--length, "equal"). Gemma 3 270M reads the same token ids (its speed does not depend on what they
+say). Advantages alternate +-1 inside each group, so every sample is back-propagated.
+
+--profile adds where one step's time goes (torch.profiler, self CPU time by category: dense
+matmuls, LM head matmul, the vocabulary-wide log-softmax and its backward, attention, LoRA layers,
+optimiser and gradient clip, other tensor ops, and the rest: Python and dispatch per micro-batch),
+plus the padded tokens the micro-batch plan computes beyond the real ones.
+
+--ab also times, in each repetition and just before today's step, the LM head as it was before
+head_logprob.py (checkpointed logsumexp chunks): the before -> after at the same moment.
+
+Run: .venv/bin/python -m benchmarks.bench_learner [--models smollm2-135m gemma3-270m] [--trainable lora full]
+         [--lengths equal real] [--threads 1 2] [--reps 3] [--micro-batch 8] [--ab] [--profile] [--json PATH]
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+
+from benchmarks.harness import ROOT, parser, write_json
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROLLOUTS = ROOT / "tests" / "data" / "real_rollouts.json"
+MM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")
+
+
+def load_samples(lengths: str, groups: int, length: int):
+    """TrainSamples from the committed rollouts: real lengths, or every completion cycled to ``length``."""
+    from ftis_edge.samples import TrainSample
+    data = json.loads(ROLLOUTS.read_text())
+    out = []
+    for g in data["groups"][:groups]:
+        for i, c in enumerate(g["completions"]):
+            ids, lps = list(c["token_ids"]), list(c["logprobs"])
+            if lengths == "equal":
+                ids = [ids[j % len(ids)] for j in range(length)]
+                lps = [lps[j % len(lps)] for j in range(length)]
+            out.append(TrainSample(list(g["prompt_ids"]), ids, lps, None, 1.0 if i % 2 else -1.0))
+    return out
+
+
+def dense_shapes(learner) -> list[tuple[int, int]]:
+    """(in, out) of every dense matrix of the base model, the LM head included (LoRA's own excluded)."""
+    import torch
+    base = learner._hf_model
+    shapes = []
+    for name, mod in base.named_modules():
+        if isinstance(mod, torch.nn.Linear) and "lora_" not in name and mod is not base.get_output_embeddings():
+            shapes.append((mod.in_features, mod.out_features))
+    head = base.get_output_embeddings().weight
+    shapes.append((head.shape[1], head.shape[0]))
+    return shapes
+
+
+def step_tokens(samples) -> int:
+    """T: completion tokens plus each distinct prompt once."""
+    prompts = {tuple(s.prompt_ids) for s in samples}
+    return sum(len(s.completion_ids) for s in samples) + sum(len(p) for p in prompts)
+
+
+def reference_products(shapes, rows: int, full: bool) -> Counter:
+    """(m, k, n) products of one step's matmuls per dense matrix: forward x @ W^T, the activation
+    gradient g @ W, and for full fine-tuning the weight gradient g^T @ x."""
+    out = Counter()
+    for k_in, n_out in shapes:
+        out[(rows, k_in, n_out)] += 1
+        out[(rows, n_out, k_in)] += 1
+        if full:
+            out[(n_out, rows, k_in)] += 1
+    return out
+
+
+def matmul_rate(products: Counter, reps: int = 3) -> tuple[float, float]:
+    """FLOPs per wall second and per CPU second of fp32 torch.matmul over these products, each
+    weighted by its count (median of reps)."""
+    import torch
+    flops = seconds = cpu = 0.0
+    for (m, k, n), count in products.items():
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        torch.matmul(a, b)
+        times, cpus = [], []
+        for _ in range(reps):
+            t0, c0 = time.perf_counter(), time.process_time()
+            torch.matmul(a, b)
+            times.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        flops += 2.0 * m * k * n * count
+        seconds += statistics.median(times) * count
+        cpu += statistics.median(cpus) * count
+    return flops / seconds, flops / cpu
+
+
+def padded_tokens(learner, samples) -> tuple[int, int]:
+    """(completion tokens the plan computes incl. padding, real completion tokens)."""
+    from ftis_edge.shared_prompt import length_buckets, plan_micro_batches
+    lens = [len(s.completion_ids) for s in samples]
+    computed = 0
+    for idx in plan_micro_batches([s.prompt_ids for s in samples], lens, learner.micro_batch):
+        ordered = sorted(lens[i] for i in idx)
+        for bucket in length_buckets(ordered):
+            computed += len(bucket) * ordered[bucket[-1]]
+    return computed, sum(lens)
+
+
+def checkpointed_head(learner):
+    """The learner's LM head before head_logprob.py (the "before" of --ab): chunks of
+    logit[target] - logsumexp(logits) under activation checkpointing, so the head's matmul runs
+    without grad, again in the backward, then its transpose, through autograd's vocabulary-wide graph."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+    from ftis_edge.fit import LOGIT_CHUNK_ROWS
+
+    def token_logprobs(hidden, targets, entropy=False):
+        head = learner._hf_model.get_output_embeddings()
+        weight, bias = head.weight, getattr(head, "bias", None)
+
+        def chunk_logp(h, w, t):
+            logits = F.linear(h.float(), w.float(), None if bias is None else bias.float())
+            if learner.softcap:
+                logits = torch.tanh(logits / learner.softcap) * learner.softcap
+            return logits.gather(1, t[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+
+        out = []
+        for start in range(0, hidden.shape[0], LOGIT_CHUNK_ROWS):
+            h, t = hidden[start:start + LOGIT_CHUNK_ROWS], targets[start:start + LOGIT_CHUNK_ROWS]
+            if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+                out.append(checkpoint(chunk_logp, h, weight, t, use_reentrant=False))
+            else:
+                out.append(chunk_logp(h, weight, t))
+        return torch.cat(out)
+    return token_logprobs
+
+
+def _category(name: str, shapes, ancestors: list[str], vocab: int, lora_r: int | None) -> str:
+    if any(a.startswith("Optimizer.") or a == "clip" for a in ancestors):
+        return "optimiser + clip"
+    dims = {d for s in shapes or [] for d in s}
+    if name in MM_OPS:
+        if vocab in dims:
+            return "LM head matmul"
+        if lora_r is not None and lora_r in dims:
+            return "LoRA matmuls"
+        return "dense matmuls"
+    if vocab in dims:
+        return "vocab log-softmax (elementwise)"
+    if "attention" in name or "softmax" in name:
+        return "attention"
+    return "other tensor ops"
+
+
+def profile_step(learner, samples, step_kwargs) -> dict:
+    """Self CPU seconds of one step by category; the rest of the wall time is Python and dispatch."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def timed_clip(*a, **k):
+        with record_function("clip"):
+            return clip(*a, **k)
+    torch.nn.utils.clip_grad_norm_ = timed_clip
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            t0 = time.perf_counter()
+            learner.step(samples, **step_kwargs)
+            wall = time.perf_counter() - t0
+    finally:
+        torch.nn.utils.clip_grad_norm_ = clip
+    lora_r = learner.lora_config["r"] if learner.lora_config else None
+    spent: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if not ev.name.startswith("aten::"):
+            continue
+        names, parent = [], ev.cpu_parent
+        while parent is not None:
+            names.append(parent.name)
+            parent = parent.cpu_parent
+        spent[_category(ev.name, ev.input_shapes, names, learner.vocab_size, lora_r)] += ev.self_cpu_time_total / 1e6
+    ops = sum(spent.values())
+    spent["Python, dispatch, per micro-batch"] = max(wall - ops, 0.0)
+    return {"wall": wall, "seconds": dict(spent)}
+
+
+def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: bool = False) -> dict:
+    import torch
+    torch.set_num_threads(threads)
+    shapes = dense_shapes(learner)
+    N = sum(k * n for k, n in shapes)
+    T = step_tokens(samples)
+    full = learner.trainable == "full"
+    flops = (6 if full else 4) * N * T
+    n_mb = -(-len(samples) // learner.micro_batch)
+    rows = round(sum(len(s.completion_ids) for s in samples) / n_mb)
+    products = reference_products(shapes, rows, full)
+    learner.step(samples, **step_kwargs)          # warm-up (allocator, first-call paths)
+    matmul_rate(products, reps=1)
+    runs = []
+
+    def timed_step():
+        t0, c0 = time.perf_counter(), time.process_time()
+        learner.step(samples, **step_kwargs)
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    for _ in range(reps):
+        if ab:      # the old head first, then today's, then the reference: the same moment for all three
+            learner._token_logprobs = checkpointed_head(learner)
+            before_s, before_cpu = timed_step()
+            del learner._token_logprobs
+        step_s, step_cpu = timed_step()
+        ref, ref_cpu = matmul_rate(products)
+        runs.append({"step_s": step_s, "step_cpu_s": step_cpu, "learner_gflops": flops / step_s / 1e9,
+                     "matmul_gflops": ref / 1e9, "ratio": flops / step_s / ref,
+                     "cpu_ratio": flops / step_cpu / ref_cpu})
+        if ab:
+            runs[-1].update(before_step_s=before_s, before_ratio=flops / before_s / ref,
+                            before_cpu_ratio=flops / before_cpu / ref_cpu)
+    out = {"threads": threads, "N": N, "T": T, "rows": rows, "flops": flops, "runs": runs,
+           "ratio": statistics.median(r["ratio"] for r in runs),
+           "learner_gflops": statistics.median(r["learner_gflops"] for r in runs),
+           "matmul_gflops": statistics.median(r["matmul_gflops"] for r in runs),
+           "cpu_ratio": statistics.median(r["cpu_ratio"] for r in runs),
+           "step_s": statistics.median(r["step_s"] for r in runs)}
+    if ab:
+        out["before_ratio"] = statistics.median(r["before_ratio"] for r in runs)
+        out["before_cpu_ratio"] = statistics.median(r["before_cpu_ratio"] for r in runs)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m"])
+    ap.add_argument("--trainable", nargs="+", default=["lora"], choices=["lora", "full"])
+    ap.add_argument("--lengths", nargs="+", default=["equal", "real"], choices=["equal", "real"])
+    ap.add_argument("--length", type=int, default=64, help="completion tokens of every sample for 'equal'")
+    ap.add_argument("--groups", type=int, default=4, help="prompts (8 completions each) from the rollouts")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--ab", action="store_true",
+                    help="also time the LM head as it was before head_logprob.py, interleaved (the before -> after)")
+    ap.add_argument("--profile", action="store_true", help="also profile one step per case (first thread count)")
+    args = ap.parse_args(argv)
+
+    import torch
+    from ftis_edge.learner import Learner
+    from ftis_edge.models import resolve_model
+    result = {"torch": torch.__version__, "cases": []}
+    print(f"{'model':<14}{'mode':<6}{'lengths':<8}{'thr':>4}{'T':>6}{'step s':>8}{'learner':>9}{'matmul':>8}"
+          f"{'ratio':>7}{'cpu':>6}  (GFLOP/s per wall second; ratio: per wall second, cpu: per CPU second; "
+          f"medians over {args.reps} interleaved reps)")
+    for spec in args.models:
+        hf_dir = resolve_model(spec).hf_dir()
+        for trainable in args.trainable:
+            learner = Learner(hf_dir, trainable=trainable, micro_batch=args.micro_batch, device="cpu")
+            for lengths in args.lengths:
+                samples = load_samples(lengths, args.groups, args.length)
+                for threads in args.threads:
+                    case = run_case(learner, samples, threads, args.reps, {"method": "f-tis"}, args.ab)
+                    case.update(model=spec, trainable=trainable, lengths=lengths, micro_batch=args.micro_batch)
+                    if args.profile and threads == args.threads[0]:
+                        case["profile"] = profile_step(learner, samples, {"method": "f-tis"})
+                        case["padding"] = padded_tokens(learner, samples)
+                    result["cases"].append(case)
+                    write_json(args.json, result)
+                    print(f"{spec:<14}{trainable:<6}{lengths:<8}{threads:>4}{case['T']:>6}{case['step_s']:>8.2f}"
+                          f"{case['learner_gflops']:>9.1f}{case['matmul_gflops']:>8.1f}{case['ratio']:>7.2f}{case['cpu_ratio']:>6.2f}"
+                          + (f"  before head_logprob: {case['before_ratio']:.2f} {case['before_cpu_ratio']:.2f}"
+                             if args.ab else ""),
+                          flush=True)
+            del learner
+    for case in result["cases"]:
+        if "profile" in case:
+            p = case["profile"]
+            computed, real = case["padding"]
+            print(f"\nwhere one step's {p['wall']:.2f} s go: {case['model']} {case['trainable']} {case['lengths']} "
+                  f"lengths, {case['threads']} thread(s); padding: {computed - real} of {computed} completion "
+                  f"tokens computed ({(computed - real) / computed:.1%})")
+            for name, s in sorted(p["seconds"].items(), key=lambda kv: -kv[1]):
+                print(f"  {name:<36}{s:>7.2f} s {s / p['wall']:>6.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
