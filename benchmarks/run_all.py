@@ -57,6 +57,9 @@ BENCHMARKS = [
           "fake ids that came first cannot keep a new honest publisher out of a budgeted subscriber", 0.8),
     Bench("attacks.grading_flood", ("--fakes", "40", "--rounds", "1"), ("--fakes", "8", "--rounds", "1"),
           "many ids whose answers grade just under the time limit cannot keep an honest peer ungraded", 0.1),
+    Bench("attacks.grading_sybils", ("--ids", "200", "--rounds", "2", "--lead", "1", "--runs", "1"),
+          ("--ids", "50", "--rounds", "1", "--lead", "1", "--runs", "1"),
+          "Sybil ids with cheap answers cannot slice an honest peer's grading away, any arrival order", 0.3),
     Bench("bench_grader_latency", (), ("--calls", "20"),
           "the reward rule's latency: per-call grading overhead, and how fast answer bombs are refused", 0.3),
     Bench("bench_tui_peers", (), ("--peers", "1000", "--rounds", "1"),
@@ -89,7 +92,7 @@ BENCHMARKS = [
           "a phrase smuggled inside correct answers: how far it trains in, defended and not", 2.0),
     Bench("attacks.poison_foreign", ("--steps", "2", "--attacks", "templates"),
           ("--steps", "1", "--attacks", "templates", "--arms", "control,after"),
-          "a payload from a peer that claims another tokenizer: its rise, control / today's judge / the judge on claims", 0.7),
+          "a payload from a peer that claims another tokenizer: its rise, control / today's judge and weight bound", 0.7),
 ]
 
 
