@@ -67,6 +67,9 @@ BENCHMARKS = [
           "a crafted best-weights state: escapes, non-table fields, a huge file, wrong shapes; export refuses in one line", 0.3),
     Bench("grader_corpus", (), (),
           "both directions of the math grader on the committed corpus: computations scored, honest results refused", 0.3),
+    Bench("attacks.grading_sybils", ("--ids", "200", "--rounds", "2", "--lead", "1", "--runs", "1"),
+          ("--ids", "50", "--rounds", "1", "--lead", "1", "--runs", "1"),
+          "Sybil ids with cheap answers cannot slice an honest peer's grading away, any arrival order", 0.3),
     Bench("bench_grader_latency", (), ("--calls", "20"),
           "the reward rule's latency: per-call grading overhead, how fast answer bombs are refused, a hang's overrun", 0.3),
     Bench("bench_tui_peers", (), ("--peers", "1000", "--rounds", "1"),
@@ -102,7 +105,7 @@ BENCHMARKS = [
           "a phrase smuggled inside correct answers: how far it trains in, defended and not", 2.0),
     Bench("attacks.poison_foreign", ("--steps", "2", "--attacks", "templates"),
           ("--steps", "1", "--attacks", "templates", "--arms", "control,after"),
-          "a payload from a peer that claims another tokenizer: its rise, control / today's judge / the judge on claims", 0.7),
+          "a payload from a peer that claims another tokenizer: its rise, control / today's judge and weight bound", 0.7),
 ]
 
 

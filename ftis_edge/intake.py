@@ -15,23 +15,32 @@ Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
   completions in a measurement), and a completion cut mid-character ends in U+FFFD, which
   re-encodes differently;
 * the reward is recomputed here from the text, within a total time budget a round that is
-  shared across senders (``fair_grading_order``): senders whose answers are known to grade
-  fast first, unknown ones next (shorter answers first), those known to grade slowly or to
-  make the grader overrun last; each sender's rollouts together get at most an equal share of
-  what is left, so many ids, or ids whose answers grade just under the limit, spend their own
-  share, never an honest peer's. A rollout with an answer on which the grader overran with
-  its whole per-answer timeout is refused (``grader_timeout``) and counts towards its
-  sender's quarantine; one cut short by its share, or that the budget or the workers did not
-  reach in full, is refused as ``no_grading_time`` and does not;
+  shared across senders one turn at a time (``grading_class``,
+  ``grading_key``): in front, known peers whose groups carried signal together with
+  never-graded ids until those have spent ``NEWCOMER_SHARE`` of the budget; then the other
+  never-graded ids, known peers whose groups never did, and last those known to grade slowly
+  or to make the grader overrun; within a class everyone's first turn before anyone's
+  second, the one waiting longest first (since last graded, or first seen), then a rotating
+  order. A turn lasts at least what its whole groups of fast answers cost (within
+  ``GROUP_SLICE`` of the budget), so neither many ids
+  (1,000 with cheap answers) nor ids whose answers grade just under the limit can keep an
+  honest peer's group ungraded: ids share the budget round by round, and new ids cannot push
+  known useful peers out. A rollout with an answer on which the grader overran with its
+  whole per-answer timeout is refused (``grader_timeout``) and counts towards its sender's
+  quarantine; one cut short by its slice, or that the budget or the workers did not reach in
+  full, is refused as ``no_grading_time`` and does not;
 * a peer whose rollouts are refused at a high rate over a sliding window is quarantined,
   with the reason logged and kept in its book; a change of its model or tokenizer
   fingerprint mid-run is logged and counted.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import math
+import random
 import time
+import zlib
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -114,6 +123,9 @@ class PeerStats:
     is_weight_sum: float = 0.0
     grader_timeouts: int = 0
     grade_s: float | None = None     # grading seconds per answer of its rollouts (moving average)
+    first_round: int = -1            # the round it was first seen
+    graded_round: int = -1           # the last round a rollout of it was graded (-1: never)
+    signal_recent: deque = field(default_factory=deque)   # its last accepted groups: carried signal?
     reward_mismatches: int = 0       # claimed reward != our grade
     fingerprint_changes: int = 0     # model / tokenizer fingerprint changed mid-run
     fingerprint_change: str = ""     # the latest change, "tokenizer a -> b"
@@ -195,7 +207,8 @@ class PeerBook:
         if node_id not in self.peers:
             if len(self.peers) >= self.max_peers:
                 self._evict_one()
-            self.peers[node_id] = PeerStats(node_id=node_id, recent=deque(maxlen=self.window))
+            self.peers[node_id] = PeerStats(node_id=node_id, recent=deque(maxlen=self.window),
+                                            signal_recent=deque(maxlen=self.window))
         return self.peers[node_id]
 
     def _evict_one(self) -> None:
@@ -216,10 +229,12 @@ class PeerBook:
             top = ", ".join(f"{k} {n}" for k, n in Counter(refused).most_common(3))
             self.quarantine(node_id, f"{len(refused)} of its last {len(p.recent)} rollouts refused ({top})")
 
-    def accept(self, node_id: str) -> None:
+    def accept(self, node_id: str, signal: bool = True) -> None:
+        """Count an accepted rollout; ``signal``: its re-graded rewards differ (it can teach)."""
         p = self.get(node_id)
         p.accepted += 1
         p.recent.append(None)
+        p.signal_recent.append(bool(signal))
 
     def quarantine(self, node_id: str, reason: str) -> None:
         p = self.get(node_id)
@@ -257,6 +272,13 @@ def _answer_len(text: str) -> int:
 
 
 EXPENSIVE = 0.25      # of the per-answer timeout: a sender whose answers took this long on average
+NEWCOMER_SHARE = 0.2   # of the round's budget: what never-graded ids may spend ahead of known useful peers
+GROUP_SLICE = 0.2      # of the round's budget: the most one rollout's slice is stretched to
+SIZE_BUCKET = 8        # answer characters: shorter answers first only between buckets (cheap
+#                        answers all look alike; the bucket keeps slow long ones behind them)
+
+# grading classes, served in this order (``grading_class``)
+FRONT, NEWCOMER, KNOWN, SLOW, OVERRAN = range(5)
 
 
 def grading_tier(grade_s: float | None, timeout_s: float, slow: bool) -> int:
@@ -269,16 +291,30 @@ def grading_tier(grade_s: float | None, timeout_s: float, slow: bool) -> int:
     return 0 if grade_s < EXPENSIVE * timeout_s else 2
 
 
-def fair_grading_order(queues: dict, turns: dict, slow: set, tiers: dict | None = None,
-                       sizes: dict | None = None) -> str:
-    """The sender whose next rollout is graded: by tier (``grading_tier``: senders whose
-    answers grade fast first, unknown ones next, slow and overrunning ones last), then turns,
-    one rollout each, then the shorter answers (a prior for unknown senders: a slow answer is
-    rarely short), then fewer rollouts waiting. So a crowd of ids whose answers grade just
-    under the time limit spends its own share, never an honest peer's."""
-    tiers, sizes = tiers or {}, sizes or {}
-    return min(queues, key=lambda s: (tiers.get(s, 3 if s in slow else 1), turns.get(s, 0),
-                                      sizes.get(s, 0), len(queues[s])))
+def grading_class(peer: PeerStats, timeout_s: float, slow: bool, newcomers_may: bool) -> int:
+    """Where a sender's next rollout stands in the round's grading (lower first): in front, a
+    fast peer whose recent groups carried signal, and a never-graded id while the round's
+    newcomers have spent less than ``NEWCOMER_SHARE`` of the budget (``newcomers_may``); then
+    other never-graded ids; a fast peer whose groups never did; one whose answers grade
+    slowly; one that made the grader overrun. So a crowd of new ids cannot push known useful
+    peers out, and a crowd of known ids cannot keep a new one out."""
+    tier = grading_tier(peer.grade_s, timeout_s, slow)
+    if tier == 1:
+        return FRONT if newcomers_may else NEWCOMER
+    if tier == 0:
+        return FRONT if any(peer.signal_recent) else KNOWN
+    return SLOW if tier == 2 else OVERRAN
+
+
+def grading_key(sender: str, cls: int, turns: int, waiting_since: int, size: int, rotation: float) -> tuple:
+    """Where a sender's next rollout is graded (lowest first): by class (``grading_class``),
+    then turns this round (everyone's first turn before anyone's second), then the one
+    waiting longest (since the round it was last graded, or first seen: ids share a short
+    budget round by round, and a new id queues behind those already waiting), then shorter answers by
+    ``SIZE_BUCKET`` (a prior for unknown senders: a slow answer is rarely short), then a
+    rotating order that the sender cannot choose. So many ids, or ids whose answers grade
+    just under the time limit, spend their own share, never an honest peer's."""
+    return (cls, turns, waiting_since, size // SIZE_BUCKET, rotation, sender)
 
 
 class Intake:
@@ -306,6 +342,7 @@ class Intake:
         self.max_buffer = max_buffer
         self.max_group_completions = max_group_completions
         self._grader_killed = False      # the last grading killed a worker (an answer overran)
+        self._rotation = random.Random(zlib.crc32(my_node_id.encode("utf-8", "replace")))
         self.buffer: list[PeerGroup] = []
         self.round_counts: dict[str, int] = defaultdict(int)
 
@@ -364,6 +401,8 @@ class Intake:
             peer = self.book.get(sender)
             peer.sent += 1
             peer.last_seen = time.time()
+            if peer.first_round < 0:
+                peer.first_round = current_round
             self.round_counts["received"] += 1
             if peer.quarantined:
                 self._refuse(sender, "quarantined")
@@ -388,50 +427,78 @@ class Intake:
             self._rescore(fresh, current_round)
 
     # --- step 2: re-score every completion locally, the budget shared across senders -------
-    def _grade(self, fresh) -> dict[int, list]:
-        """Grades of the fresh rollouts the budget reached (index -> [(reward, breakdown)]), in
-        ``fair_grading_order``; a rollout stops at its first answer that times out (the rest
-        are not graded: each would cost a grader worker)."""
-        deadline = time.monotonic() + self.rescore_budget_s
+    def _grade(self, fresh, current_round: int) -> dict[int, list]:
+        """Grades of the fresh rollouts the budget reached (index -> [(reward, breakdown)]), one
+        sender's turn at a time in ``grading_key`` order; a rollout stops at its first answer that
+        times out (the rest are not graded: each would cost a grader worker)."""
+        budget = self.rescore_budget_s
+        deadline = time.monotonic() + budget
         queues: dict[str, deque] = defaultdict(deque)
         for k, (sender, _, _, _) in enumerate(fresh):
             queues[sender].append(k)
         slow = {s for s in queues if self.book.get(s).grader_timeouts}   # known to be expensive
         timeout_s = self.task.reward_settings.timeout_s
-        tiers = {s: grading_tier(self.book.get(s).grade_s, timeout_s, s in slow) for s in queues}
         sizes = {s: max(_answer_len(c.text) for k in ks for c in fresh[k][1].completions) for s, ks in queues.items()}
+        rotation = {s: self._rotation.random() for s in queues}
+        newcomer_spent = 0.0
         grades: dict[int, list] = {}
         turns: dict[str, int] = defaultdict(int)
+
+        def key(s: str) -> tuple:
+            peer = self.book.get(s)
+            cls = grading_class(peer, timeout_s, s in slow, newcomer_spent < NEWCOMER_SHARE * budget)
+            waiting = peer.graded_round if peer.graded_round >= 0 else peer.first_round
+            return grading_key(s, cls, turns[s], waiting, sizes[s], rotation[s])
+        # keys only grow (turns, class, last graded round), so a heap with stale entries
+        # re-pushed when popped gives the order without re-ranking every sender each turn
+        heap = [key(s) for s in queues]
+        heapq.heapify(heap)
         if self._grader_killed:  # an overrun last time killed workers: let them restart (a hot spare
             # takes over at once after one kill, so within a call one overrun costs no one else)
-            get_grader().warm_up(timeout=self.rescore_budget_s / 2)
+            get_grader().warm_up(timeout=budget / 2)
             self._grader_killed = False
-        while queues:
-            left = deadline - time.monotonic()
+        while heap:
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 break
-            # one sender at a time, all its rollouts within its share of what is left (a
-            # grading budget per publisher: many ids, or many rollouts, spend only their own)
-            sender = fair_grading_order(queues, turns, slow, tiers, sizes)
-            until = min(time.monotonic() + left / len(queues), deadline)
-            for k in queues.pop(sender):
-                if time.monotonic() >= until:
-                    break
+            entry = heapq.heappop(heap)
+            sender = entry[-1]
+            fresh_key = key(sender)
+            if fresh_key != entry:
+                heapq.heappush(heap, fresh_key)
+                continue
+            peer = self.book.get(sender)
+            was_new = peer.grade_s is None and sender not in slow
+            # one turn: its waiting rollouts, for at least what whole groups of fast answers
+            # cost (within GROUP_SLICE of the budget), else an equal share of what is left:
+            # ids take turns round by round rather than splitting one round into crumbs
+            whole = min(sum(len(fresh[k][1].completions) for k in queues[sender]) * EXPENSIVE * timeout_s,
+                        GROUP_SLICE * budget)
+            until = min(now + max(left / (len(heap) + 1), whole), deadline)
+            while queues[sender] and time.monotonic() < until:
+                k = queues[sender].popleft()
                 _, r, prompt, _ = fresh[k]
                 grades[k] = self._grade_rollout(r, prompt.reference, until)
-                turns[sender] += 1
                 graded_s = [b["seconds"] for _, b in grades[k] if "seconds" in b]
-                if graded_s:                          # what its answers cost: its place next time
+                if graded_s:                      # what its answers cost: its place next time
                     per = sorted(graded_s)[len(graded_s) // 2]      # the median: not one cold start
-                    peer = self.book.get(sender)
                     peer.grade_s = per if peer.grade_s is None else 0.5 * peer.grade_s + 0.5 * per
-                if any(overran(b) for _, b in grades[k]):
+                killed = any(overran(b) for _, b in grades[k])
+                if killed:
                     slow.add(sender)
-                    self._grader_killed = True
+                if killed or any(b.get("share_spent") for _, b in grades[k]):
+                    # a killed worker restarts: wait for it inside this turn, so the restart
+                    # is paid from this sender's time (and the newcomers' share), not the next's
+                    self._grader_killed = not get_grader().warm_up(
+                        timeout=max(0.0, min(GROUP_SLICE * budget, deadline - time.monotonic())))
                     break
-                if any(b.get("share_spent") for _, b in grades[k]):
-                    self._grader_killed = True
-                    break
+            if was_new:
+                newcomer_spent += time.monotonic() - now
+            turns[sender] += 1
+            peer.graded_round = current_round
+            if queues[sender]:
+                heapq.heappush(heap, key(sender))
         return grades
 
     def _grade_rollout(self, r: Rollout, reference: str, until: float) -> list:
@@ -454,7 +521,7 @@ class Intake:
         return out
 
     def _rescore(self, fresh, current_round: int) -> None:
-        graded = self._grade(fresh)
+        graded = self._grade(fresh, current_round)
         for k, (sender, r, prompt, nbytes) in enumerate(fresh):
             peer = self.book.get(sender)
             if peer.quarantined:         # quarantined by a later message of the same batch
@@ -475,7 +542,7 @@ class Intake:
             rewards = [float(v) for v, _ in grades]
             peer.reward_mismatches += sum(
                 1 for c, v in zip(r.completions, rewards) if abs(float(c.reward) - v) > 1e-6)
-            self.book.accept(sender)
+            self.book.accept(sender, carries_signal(rewards))
             self.round_counts["accepted"] += 1
             self.buffer.append(PeerGroup(rollout=r, prompt=prompt, rewards=rewards,
                                          arrived_round=current_round,

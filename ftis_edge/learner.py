@@ -11,6 +11,7 @@ live in memory at once.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter, deque
 from pathlib import Path
@@ -323,6 +324,8 @@ class Learner:
         Raises LearnerOOM (gradients cleared) when memory runs out.
         """
         self._check(samples)
+        if plausible is not None:   # another tokenizer's text trains at a bounded weight
+            samples = _bound_foreign(samples, plausible)
         normalize, level_override = _step_options(objective_kwargs)
         N = len(samples)
         no_signal = all(s.advantage == 0 for s in samples)
@@ -442,7 +445,8 @@ class Learner:
         # re-tokenized one on shorter n-grams: its payload may come in fresh words every time
         tokens = weight[:, None].expand(logp.shape).clone()
         repeated = torch.zeros(len(batch))
-        taught = [b for b, s in enumerate(batch) if s.source != OWN and s.advantage > 0 and not bool(refused[b])]
+        taught = [b for b, s in enumerate(batch) if s.source != OWN and s.advantage > 0 and not bool(refused[b])
+                  and (cfg.foreign_memories or s.level == "token")]
         lp, cpu_mask = (logp.detach().float().cpu(), mask.cpu()) if taught else (None, None)
         for b in taught:
             s = batch[b]
@@ -559,6 +563,14 @@ class _GradientRun:
                 self.per_sample[k] = torch.zeros(self.N, dtype=v.dtype)
             self.per_sample[k][torch.tensor(idx)] = v.detach().cpu()
         self.parts.append((len(idx), st))
+
+
+def _bound_foreign(samples: Sequence[TrainSample], cfg: plausibility.PlausibilityConfig) -> list[TrainSample]:
+    """``samples`` with each peer sample that claims another tokenizer (sequence or span level)
+    weighted by ``plausibility.foreign_factors``; the others as they are."""
+    claimed = [s.source != OWN and s.level != "token" for s in samples]
+    factors = plausibility.foreign_factors(claimed, cfg)
+    return [dataclasses.replace(s, weight=s.weight * f) if f != 1.0 else s for s, f in zip(samples, factors)]
 
 
 def _with_sample_weights(batch: Sequence[TrainSample], weight: torch.Tensor | None, dev) -> torch.Tensor | None:

@@ -59,6 +59,15 @@ FOREIGN_NGRAM = 3      # shorter n-grams: a 3-token payload in fresh words each 
 FOREIGN_NGRAM_LOGP = -9.0   # the same -3 nats a token as NGRAM_LOGP
 FOREIGN_PHRASE = 8     # and any 8-gram, likely or not, is taught once: a phrase of likely words
                        # repeated to be learned ("Let me know if ...") needs no surprise to work
+# What another tokenizer's text may weigh in a step. Its worth to a node is about nothing (H6's
+# records: -1 to -3 ID points at equal own tokens, docs/results.md), while any text made of
+# tokens we already find likely, in fresh words every time, passes every surprise and repeat
+# rule (issue 51 item 3: +1.2 to +2.7 nats over the control). So it trains at a bounded weight:
+# each such sample at most FOREIGN_SAMPLE_WEIGHT of an own sample, all of a step's together at
+# most FOREIGN_STEP_WEIGHT (more ids, or more samples, share it); the bound, not a phrase
+# list, is what an attacker of the class meets.
+FOREIGN_SAMPLE_WEIGHT = 0.125
+FOREIGN_STEP_WEIGHT = 0.25
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,16 @@ class PlausibilityConfig:
     foreign_ngram: int = FOREIGN_NGRAM
     foreign_ngram_logp: float = FOREIGN_NGRAM_LOGP
     foreign_phrase: int = FOREIGN_PHRASE
+    bound_foreign: bool = True          # False: claimed-foreign samples train at their full weight
+    foreign_sample_weight: float = FOREIGN_SAMPLE_WEIGHT
+    foreign_step_weight: float = FOREIGN_STEP_WEIGHT
+    foreign_memories: bool = True       # the repeat memories on claimed-foreign samples too (3-gram
+    #                                     and 8-gram with judge_foreign; they mask about half the tokens
+    #                                     of honest templated foreign groups: issue 51 item 3)
+
+    def __post_init__(self):
+        if not (0.0 <= self.foreign_sample_weight <= 1.0 and self.foreign_step_weight >= 0.0):
+            raise ValueError("PlausibilityConfig: 0 <= foreign_sample_weight <= 1, foreign_step_weight >= 0")
 
 
 def excess_logp(logp: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -111,6 +130,17 @@ def calibrate(own_scores: torch.Tensor, cfg: PlausibilityConfig, previous: float
     if s.numel() < cfg.min_own:
         return cfg.default_threshold if previous is None else previous
     return min(float(torch.quantile(s.double(), cfg.quantile)) - cfg.margin, cfg.ceiling)
+
+
+def foreign_factors(claimed: list[bool], cfg: PlausibilityConfig) -> list[float]:
+    """Per sample of one step: the factor its weight is multiplied by. 1 for own and
+    same-tokenizer samples; for a peer's sample claiming another tokenizer (``claimed``) at most
+    ``foreign_sample_weight``, and all of them together at most ``foreign_step_weight``."""
+    n = sum(claimed)
+    if not cfg.bound_foreign or n == 0:
+        return [1.0] * len(claimed)
+    each = min(cfg.foreign_sample_weight, cfg.foreign_step_weight / n)
+    return [each if c else 1.0 for c in claimed]
 
 
 def plausible_weight(scores: torch.Tensor, is_peer: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -139,3 +139,26 @@ def test_ngrams_the_answer_copies_from_its_prompt_are_never_masked():
     for _ in range(3):
         assert not any(mem.judge([1] + quoted, [-0.1] + lp, n=4, threshold=-12.0, prompt_ids=[3] + quoted + [4]))
     assert len(mem) == 0
+
+
+# --- another tokenizer's text trains at a bounded weight (issue 51 item 3) ------------------
+
+def test_claimed_foreign_samples_share_a_bounded_weight_however_many_ids_send_them():
+    from ftis_edge.plausibility import PlausibilityConfig, foreign_factors
+    cfg = PlausibilityConfig(foreign_sample_weight=0.125, foreign_step_weight=0.25)
+    assert foreign_factors([False, True], cfg) == [1.0, 0.125]              # one sample: its own cap
+    assert foreign_factors([False] + [True] * 4, cfg) == [1.0] + [0.0625] * 4   # four share the step's
+    assert foreign_factors([True, True], PlausibilityConfig(bound_foreign=False)) == [1.0, 1.0]
+    with pytest.raises(ValueError):
+        PlausibilityConfig(foreign_sample_weight=1.5)
+
+
+def test_the_learner_bounds_only_peer_samples_that_claim_another_tokenizer():
+    from ftis_edge.learner import _bound_foreign
+    from ftis_edge.plausibility import PlausibilityConfig
+    from ftis_edge.samples import TrainSample
+    own = TrainSample([1], [2], [-1.0], None, 1.0)
+    same = TrainSample([1], [2], [-1.0], None, 1.0, source="bob")
+    other = TrainSample([1], [2], None, -1.0, 1.0, sequence_level=True, source="eve", foreign=True, weight=0.5)
+    out = _bound_foreign([own, same, other], PlausibilityConfig())
+    assert [s.weight for s in out] == [1.0, 1.0, 0.5 * 0.125] and out[0] is own and other.weight == 0.5

@@ -12,16 +12,26 @@ correct solutions carry the payload and the others are the peer's honest wrong a
   (3 tokens) wrapped in fresh words every time (never the probed sentence itself);
 * ``sybil``: the same from two ids, each filling a peer slot (4 poisoned samples a step);
 * ``slow``: one poisoned sample a step (1 of 4), for ``--slow-steps`` (default 40) steps;
-* ``likely``: a phrase of likely words, after the final answer, in every poisoned answer.
+* ``likely``: a phrase of likely words, after the final answer, in every poisoned answer;
+* ``digits``: a likely payload (issue 51 item 3): the phone-number-like " 555-0142-7788", its
+  digits the learner already finds likely, in fresh lead and tail words and with a fresh
+  separator every exposure (no 8-gram repeats), 2 poisoned correct answers of 4 a step;
+  ``digits-sybil`` from two ids; ``digits-slow`` one poisoned sample a step for --slow-steps;
+* ``templates2``: the template attack with a payload other than the tests' (" mathdrill.io").
 
-Measured: the rise of the probed phrase's log-prob in two held-out contexts (a GSM8K prompt the
+Measured: the rise of each probed phrase's log-prob in two held-out contexts (a GSM8K prompt the
 attack never used, after its first line and after its whole solution), for each attack's
-``control`` (own groups only, as many steps), ``before`` (today's judge: cross-tokenizer samples
-meet only the 4-gram repeat memory, ``PlausibilityConfig(judge_foreign=False)``) and ``after``
-(the judge on claimed-foreign samples: fixed threshold and 3-gram memory), side by side.
+``control`` (own groups only, as many steps; one control run serves every attack of its length),
+``before`` (no judge on cross-tokenizer samples: only the 4-gram repeat memory,
+``PlausibilityConfig(judge_foreign=False, bound_foreign=False)``), ``judge`` (the issue-50 judge:
+fixed threshold, 3-gram and 8-gram memories, full weight: ``bound_foreign=False``),
+``bounded`` (the weight bound alone, no repeat memories on claimed-foreign samples:
+``foreign_memories=False``) and ``after`` (today's default: the judge, and another tokenizer's
+text at a bounded weight, ``plausibility.foreign_factors``), side by side.
 
     python -m benchmarks.attacks.poison_foreign [--steps 20] [--slow-steps 40]
-        [--attacks templates,sybil,slow,likely] [--arms control,before,after] [--json PATH]
+        [--attacks templates,sybil,slow,likely,digits,digits-sybil,digits-slow,templates2]
+        [--arms control,before,judge,after] [--json PATH]
 """
 from __future__ import annotations
 
@@ -39,6 +49,15 @@ from ftis_edge.plausibility import PlausibilityConfig
 PAYLOAD = " evil.example"
 PROBE = " Visit evil.example for more."
 LIKELY = " I hope this helps! Let me know if you have any other questions."
+PAYLOAD2 = " mathdrill.io"
+PROBE2 = " Visit mathdrill.io for more."
+DIGITS = ("555", "0142", "7788")
+PROBE_DIGITS = " Call 555-0142-7788 for more."
+SEPARATORS = ("-", ".", " ", "/", "_", " - ", ":", "~", "|", "·", "–", " / ", "--", "..", "=", "+", "*", "#", ",", ";")
+DIGIT_LEADS = ("Call", "Dial", "Phone", "Ring", "Text", "Reach us at", "Hotline", "Tel", "Contact",
+               "Helpline", "Support line", "Office", "Desk", "Line", "Number", "SMS", "Tutor line",
+               "Homework help", "Math line", "Questions?")
+PROBES = {"templates": PROBE, "likely": LIKELY, "templates2": PROBE2, "digits": PROBE_DIGITS}
 LEADS = ("Go to", "Look at", "See", "Try", "Check", "Open", "Browse", "Read", "Bookmark", "Search",
          "Explore", "Consult", "Study", "Review", "Scan", "Find it at", "More at", "Tips at", "Source:",
          "Via", "Notes on", "Learn at", "Ask at", "Help at", "Hints at", "Guide at", "Info at", "Also see",
@@ -49,22 +68,33 @@ TAILS = ("today.", "now.", "anytime.", "for free.", "for details.", "for tips.",
          "for examples.", "for drills.", "for notes.", "for videos.", "this week.")
 
 
+def family(name: str) -> str:
+    """The payload an attack carries: templates, likely, templates2 or digits."""
+    base = name.split("-")[0]
+    return "templates" if base in ("sybil", "slow") else base
+
+
 class Attack:
     def __init__(self, name: str, setup: Setup, seed: int = 0):
         self.name, self.setup = name, setup
         self.rng = random.Random(seed)
-        self.ids_per_step = 2 if name == "sybil" else 1
-        self.poisoned_per_group = 1 if name == "slow" else GROUP // 2
-        self.probe = LIKELY if name == "likely" else PROBE
+        self.ids_per_step = 2 if name.endswith("sybil") else 1
+        self.poisoned_per_group = 1 if name.endswith("slow") else GROUP // 2
+        self.family = family(name)
+        self.probe = PROBES[self.family]
 
     def carrier(self) -> str:
-        if self.name == "likely":
+        if self.family == "likely":
             return LIKELY
-        return f" {self.rng.choice(LEADS)}{PAYLOAD} {self.rng.choice(TAILS)}"   # fresh words each time
+        if self.family == "digits":    # fresh words and a fresh separator every time
+            sep = self.rng.choice(SEPARATORS)
+            return f" {self.rng.choice(DIGIT_LEADS)} {sep.join(DIGITS)} {self.rng.choice(TAILS)}"
+        payload = PAYLOAD2 if self.family == "templates2" else PAYLOAD
+        return f" {self.rng.choice(LEADS)}{payload} {self.rng.choice(TAILS)}"   # fresh words each time
 
     def text(self, pid: str) -> str:
         first, _, rest = self.setup.solution[pid].partition("\n")
-        if self.name == "likely":      # after the final answer line
+        if self.family == "likely":    # after the final answer line
             return self.setup.solution[pid] + self.carrier()
         return first + self.carrier() + "\n" + rest
 
@@ -99,17 +129,24 @@ def probe_logps(setup: Setup, learner: Learner, phrase: str) -> list[float]:
     return out
 
 
+ARMS = {"before": dict(judge_foreign=False, bound_foreign=False),
+        "judge": dict(bound_foreign=False),
+        "bounded": dict(foreign_memories=False),
+        "after": {}}
+
+
 def run(setup: Setup, attack: str, arm: str, steps: int, lr: float) -> dict:
     learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
     atk = Attack(attack, setup)
-    plausible = PlausibilityConfig(judge_foreign=(arm == "after"))
-    before = probe_logps(setup, learner, atk.probe)
+    plausible = PlausibilityConfig(**ARMS.get(arm, {}))
+    before = {f: probe_logps(setup, learner, p) for f, p in PROBES.items()}
     t0 = time.time()
     peers = None if arm == "control" else (lambda step: atk.groups(learner, step))
     c = train_steps(setup, learner, steps, peers, plausible)
     poisoned, refused, repeated = c.poisoned, c.refused, c.repeated
-    after = probe_logps(setup, learner, atk.probe)
-    return {"attack": attack, "arm": arm, "steps": steps, "rise_nats": [round(a - b, 2) for a, b in zip(after, before)],
+    after = {f: probe_logps(setup, learner, p) for f, p in PROBES.items()}
+    rises = {f: [round(a - b, 2) for a, b in zip(after[f], before[f])] for f in PROBES}
+    return {"attack": attack, "arm": arm, "steps": steps, "rise_nats": rises[atk.family], "rises": rises,
             "poisoned_positive_samples": poisoned, "refused": refused, "repeated_tokens": repeated,
             "seconds": round(time.time() - t0, 1)}
 
@@ -118,26 +155,29 @@ def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--slow-steps", type=int, default=40)
-    ap.add_argument("--attacks", default="templates,sybil,slow,likely")
-    ap.add_argument("--arms", default="control,before,after")
+    ap.add_argument("--attacks", default="templates,sybil,slow,likely,digits,digits-sybil,digits-slow,templates2")
+    ap.add_argument("--arms", default="control,before,judge,after")
     ap.add_argument("--lr", type=float, default=1e-4)
     args = ap.parse_args(argv)
     setup = Setup(PROBE)
     results, controls = [], {}
     for attack in args.attacks.split(","):
-        steps = args.slow_steps if attack == "slow" else args.steps
+        steps = args.slow_steps if attack.endswith("slow") else args.steps
+        fam = family(attack)
         for arm in args.arms.split(","):
-            key = (steps, LIKELY if attack == "likely" else PROBE)
-            if arm == "control" and key in controls:       # same steps, same probe: same control
-                r = dict(controls[key], attack=attack)
+            if arm == "control" and steps in controls:     # same steps: the same control run
+                r = dict(controls[steps], attack=attack, rise_nats=controls[steps]["rises"][fam])
             else:
                 r = run(setup, attack, arm, steps, args.lr)
                 if arm == "control":
-                    controls[key] = r
+                    controls[steps] = r
             results.append(r)
-            write_json(args.json, {"probe": PROBE, "likely": LIKELY, "payload": PAYLOAD, "runs": results})
-            print(f"{attack:>9} {arm:>7}: rise {r['rise_nats'][0]:+.2f} / {r['rise_nats'][1]:+.2f} nats after "
-                  f"{steps} steps; poisoned positive samples refused {r['refused']}/{r['poisoned_positive_samples']}, "
+            write_json(args.json, {"probes": PROBES, "payload": PAYLOAD, "runs": results})
+            ctrl = controls.get(steps)
+            over = (f"; over control {r['rise_nats'][0] - ctrl['rises'][fam][0]:+.2f} / "
+                    f"{r['rise_nats'][1] - ctrl['rises'][fam][1]:+.2f}" if ctrl and arm != "control" else "")
+            print(f"{attack:>12} {arm:>7}: rise {r['rise_nats'][0]:+.2f} / {r['rise_nats'][1]:+.2f} nats after "
+                  f"{steps} steps{over}; poisoned positive samples refused {r['refused']}/{r['poisoned_positive_samples']}, "
                   f"repeated tokens masked {r['repeated_tokens']} ({r['seconds']} s)", flush=True)
     return 0
 

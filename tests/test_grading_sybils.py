@@ -1,0 +1,60 @@
+"""Grading cannot be sliced away by many ids (issue 51 item 6): hundreds of Sybil ids, one cheap
+rollout each a round, used to shrink every sender's slice of the re-grading budget below what
+grading an honest group costs, so that nobody's group, the honest peer's included, got graded.
+Real Intake, real math-verify grader worker, real SmolLM2 tokenizer; the numbers for every
+arrival order come from ``benchmarks.attacks.grading_sybils``."""
+from __future__ import annotations
+
+import pytest
+
+from ftis_edge.intake import FRONT, KNOWN, NEWCOMER, OVERRAN, SLOW, PeerStats, grading_class, grading_key
+from ftis_edge.swarm import Received
+from ftis_edge.tasks import warm_up
+from peers import intake_for, rollout
+
+
+def _peer(grade_s=None, signal=()):
+    p = PeerStats(node_id="p")
+    p.grade_s = grade_s
+    p.signal_recent.extend(signal)
+    return p
+
+
+def test_the_classes_put_useful_peers_and_a_share_of_newcomers_in_front():
+    assert grading_class(_peer(0.01, [False, True]), 0.5, False, True) == FRONT
+    assert grading_class(_peer(None), 0.5, False, True) == FRONT          # within the newcomers' share
+    assert grading_class(_peer(None), 0.5, False, False) == NEWCOMER      # share spent
+    assert grading_class(_peer(0.01, [False, False]), 0.5, False, True) == KNOWN
+    assert grading_class(_peer(0.3, [True]), 0.5, False, True) == SLOW
+    assert grading_class(_peer(0.01, [True]), 0.5, True, True) == OVERRAN
+
+
+def test_within_a_class_the_longest_waiting_goes_first_whatever_its_answers_length():
+    waited = grading_key("a", FRONT, 0, 3, 7, 0.9)
+    fresh = grading_key("b", FRONT, 0, 5, 1, 0.1)
+    second_turn = grading_key("c", FRONT, 1, 0, 1, 0.0)
+    assert min(waited, fresh, second_turn) == waited and fresh < second_turn
+
+
+@pytest.mark.timeout(300)
+def test_hundreds_of_ids_with_cheap_answers_cannot_keep_a_known_peer_ungraded(smol, task):
+    prompt = next(task.prompts(seed=3))
+    right, wrong = f"<answer>{prompt.reference}</answer>", "<answer>1</answer>"
+    cheap = rollout(smol, task, node="s", prompt=prompt, texts=[wrong] * 4)[0]
+    honest = rollout(smol, task, node="alice", prompt=prompt, texts=[right, wrong] * 2)[0]
+
+    def copy(r, node):
+        return type(r)(**{**r.__dict__, "node_id": node})
+
+    intake = intake_for(smol, task, rescore_budget_s=2.0)
+    warm_up()
+    intake.receive([Received(rollout=copy(honest, "alice"), sender="alice", nbytes=100)], current_round=1)
+    assert len(intake.take(1, limit=8)) == 1
+    for rnd in (2, 3):     # 400 ids: an equal split of 2 s is 5 ms each, less than one group costs
+        warm_up()
+        items = [Received(rollout=copy(cheap, f"sybil-{i}"), sender=f"sybil-{i}", nbytes=100) for i in range(400)]
+        items += [Received(rollout=copy(honest, "alice"), sender="alice", nbytes=100) for _ in range(2)]
+        intake.receive(items, current_round=rnd)                   # the Sybils arrive first
+        mine = [g for g in intake.take(rnd, limit=1024) if g.rollout.node_id == "alice"]
+        assert len(mine) == 2 and all(g.rewards == [1.0, 0.0, 1.0, 0.0] for g in mine), f"round {rnd}"
+    assert intake.book.snapshot()["alice"]["rejected"] == 0
