@@ -1,6 +1,7 @@
 """Grading cannot be denied by many ids: 40 fake ids, one rollout each a round, whose answers
-grade just under the time limit (real math-verify on ``\\binom{x}{60}``, 0.1-0.3 s idle; a
-symbolic answer, so the computation rule does not refuse it unread),
+grade just under the time limit (real math-verify on a 26-fold factorial of x, ``x!!…!``, 0.1-0.3 s;
+a symbolic answer with no operation on numbers, so the computation rule does not refuse it unread:
+``\\binom{x}{60}``, used before, is refused unread since binomials count as computations),
 ahead of an honest peer. Every honest group is graded every round, the honest peer is never
 charged a ``grader_timeout``, and the fakes end up graded after it (their cost is known)."""
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ftis_edge.swarm import Received
 from ftis_edge.tasks import warm_up
 from peers import intake_for, rollout
 
-SLOW = "<answer>\\binom{x}{60}</answer>"
+SLOW = "<answer>x" + "!" * 26 + "</answer>"
 
 
 def test_the_tiers_put_known_fast_senders_first_and_known_slow_ones_last():

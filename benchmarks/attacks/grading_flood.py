@@ -1,8 +1,9 @@
 """Attack: many ids whose answers grade just under the time limit, against an honest peer's
 grading (real Intake, real math-verify grader, real SmolLM2 tokenizer).
 
-Each round --fakes ids send one rollout each of 4 answers ``\\sqrt{99999^{45000}}`` (~0.3 s
-each on an idle core; the limit is 0.5 s) ahead of an honest peer's 2 groups; the round's
+Each round --fakes ids send one rollout each of 4 answers ``x!!…!`` (a 26-fold factorial of a
+symbol, ~0.15 s each; the limit is 0.5 s; a computation on numbers such as ``\\sqrt{99999^{45000}}``
+is refused unread now, which costs nothing) ahead of an honest peer's 2 groups; the round's
 re-grading budget is 5 s (the default). Control: the honest peer alone. Prints honest groups
 graded of sent, and the grader timeouts charged to the honest peer.
 
@@ -16,6 +17,8 @@ import importlib.util
 import sys
 
 from benchmarks.harness import ROOT, parser, write_json
+
+SLOW_ANSWER = "<answer>x" + "!" * 26 + "</answer>"   # symbolic: graded, slowly, not refused unread
 
 # the tests' rollout builder (real tokenizer) lives in tests/, which is not a package
 sys.path.append(str(ROOT / "tests"))
@@ -51,7 +54,7 @@ def main() -> int:
         for rnd in range(1, a.rounds + 1):
             warm_up()
             fakes = [Received(rollout=rollout(smol, task, node=f"fake-{i}", prompt=prompt,
-                                              texts=["<answer>\\sqrt{99999^{45000}}</answer>"] * 4)[0],
+                                              texts=[SLOW_ANSWER] * 4)[0],
                               sender=f"fake-{i}", nbytes=100) for i in range(n_fakes)]
             honest = [Received(rollout=rollout(smol, task, node="alice", prompt=prompt,
                                                texts=[f"<answer>{prompt.reference}</answer>", "<answer>1</answer>"] * 2)[0],
