@@ -281,8 +281,9 @@ def test_a_flood_of_slow_answers_cannot_starve_an_honest_peer_of_grading(smol, t
     prompt = next(task.prompts(seed=3))
     intake = intake_for(smol, task, rescore_budget_s=4.0)
     # slow for the real grader yet past every rule: no operation on numbers (the computation rule
-    # refuses "\\sqrt{99999^{99999}}" unread now, in no time), no tower, no nesting
-    bomb = "<answer>\\binom{x}{99999}</answer>"
+    # refuses "\\sqrt{99999^{99999}}" and "\\binom{x}{99999}" unread now, in no time), no tower,
+    # no nesting: a 60-fold factorial of a symbol
+    bomb = "<answer>x" + "!" * 60 + "</answer>"
     assert not score(bomb, prompt.reference, task.reward_settings)[1]["reason"].startswith("refused")
     for rnd in (1, 2, 3):
         warm_up()      # between rounds a node generates and trains: killed grader workers restart
