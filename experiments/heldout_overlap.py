@@ -25,6 +25,7 @@ import tomllib
 from collections import defaultdict
 from pathlib import Path
 
+from ftis_edge.metrics import round_records
 from ftis_edge.tasks.arith import EVAL_OFFSET, make_problem, parse_levels
 from ftis_edge.tasks.unseen import question_key
 
@@ -64,8 +65,7 @@ def run_facts(folder: Path) -> dict | None:
     if task.get("name", "arith") != "arith" or not one_of(folder, "eval-id.json"):
         return None
     levels = parse_levels(task.get("level") or None)
-    records = read_json(one_of(folder, "metrics.jsonl"))
-    rounds = sum(1 for r in records if r.get("type") == "round")
+    rounds = len(round_records(read_json(one_of(folder, "metrics.jsonl"))))
     drawn = old_stream(config["node"]["seed"], levels, rounds * task.get("prompts_per_round", 4))
     items = read_json(one_of(folder, "eval-id.json"))["items"]
     return {"levels": levels, "drawn": set(drawn), "eval": [question_key(make_problem(

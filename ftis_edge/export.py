@@ -261,9 +261,9 @@ def _use_weights(learner, weights: dict) -> None:
 def _held_out_history(run_dir: Path) -> dict:
     """Base, best and latest held-out evals as metrics.jsonl recorded them ({} for a run without)."""
     from .best import from_records
-    from .metrics import read_metrics
+    from .metrics import read_metrics, round_records
     records = read_metrics(run_dir)
-    evals = [r for r in records if r.get("type") == "round" and _fraction(r.get("eval/accuracy"))]
+    evals = [r for r in round_records(records) if _fraction(r.get("eval/accuracy"))]
     base = next((r for r in records if _fraction(r.get("eval/base_accuracy"))), None)
     if not evals and base is None:
         return {}

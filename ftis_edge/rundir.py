@@ -306,7 +306,7 @@ def _best_held_out(records: list[dict]) -> str | None:
     """The best held-out accuracy of the run by the one rule (best.py), and the last eval's."""
     from .best import from_records, too_few, too_few_words
     found = from_records(records)
-    evals = [r for r in records if r.get("type") == "round" and isinstance(r.get("eval/accuracy"), (int, float))]
+    evals = [r for r in round_records(records) if isinstance(r.get("eval/accuracy"), (int, float))]
     if found is None or not evals:
         return None
     n = evals[-1].get("eval/n")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from ftis_edge.metrics import round_records
 from ftis_edge.worth import (OTHER_TOKENIZER, SAME_MODEL, SAME_TOKENIZER, WorthBook, describe, effective_share,
                              peer_kind)
 
@@ -67,7 +68,7 @@ def test_an_unseen_kind_and_bad_settings():
 
 def rounds(folder: Path) -> dict:
     with gzip.open(folder / "metrics.jsonl.gz", "rt") as fh:
-        return {r["round"]: r for r in map(json.loads, fh) if r.get("type") == "round"}
+        return {r["round"]: r for r in round_records(map(json.loads, fh))}
 
 
 def own_group(rec):
