@@ -76,7 +76,7 @@ def from_records(records: Iterable[dict]) -> Best | None:
 def min_prompts(alpha: float = ALPHA) -> int:
     """The fewest held-out prompts on which a change against the base can be significant at all:
     even if every prompt changed the same way, the exact two-sided McNemar test (the reports'
-    test, heldout.mcnemar_two_sided; a test checks the two agree) gives p = 2 / 2**n, below
+    test, stats.mcnemar_two_sided; a test checks the two agree) gives p = 2 / 2**n, below
     ``alpha`` only from n = 6 on. Fewer prompts cannot tell."""
     n = 1
     while 2 * 0.5 ** n >= alpha:
