@@ -68,6 +68,7 @@ def test_console_script_path_is_its_folder(tmp_path, hostile):
     assert Path(r.stdout.strip()) == script.parent
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_eval_in_hostile_run_dir(hostile, smol):
     """`cd RUN && ftis-edge eval --model smollm2-135m --task arith`: grading ran, nothing planted did."""

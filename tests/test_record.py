@@ -130,6 +130,7 @@ def _edit(path: Path, section: str, key: str, value: str) -> None:
     path.write_text(text[:start] + f"{key} = {value}" + text[end:])
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.timeout(1800)
 def test_a_resume_that_changes_what_the_checkpoint_needs_is_refused_and_changes_nothing(one_round, tmp_path):
@@ -163,6 +164,7 @@ def test_a_resume_that_changes_what_the_checkpoint_needs_is_refused_and_changes_
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.timeout(1800)
 def test_a_start_that_fails_after_loading_leaves_the_record_as_it_was(one_round, tmp_path):
@@ -183,6 +185,7 @@ def test_a_start_that_fails_after_loading_leaves_the_record_as_it_was(one_round,
     assert snapshot(copy) == before
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.timeout(1800)
 def test_an_edited_record_is_what_a_resume_without_a_node_file_uses(one_round):
@@ -204,6 +207,7 @@ def test_an_edited_record_is_what_a_resume_without_a_node_file_uses(one_round):
     assert (run / "config.toml").read_text().startswith("# The settings of the run in this directory")
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.timeout(1800)
 def test_export_of_a_run_whose_settings_were_changed_is_one_line(one_round, tmp_path):

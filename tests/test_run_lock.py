@@ -120,6 +120,7 @@ def test_a_node_started_from_python_holds_the_run_directory(tmp_path, monkeypatc
         holder.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_dashboard_hands_the_run_directory_to_the_node_it_starts(tmp_path):
     """`ftis-edge start` in a terminal: the dashboard takes the run directory, hands it to the
