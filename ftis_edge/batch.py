@@ -37,6 +37,7 @@ import torch
 from .align import TokenBytes, span_alignment
 from .objective import group_advantages
 from .samples import OWN, TrainSample, carries_signal
+from .worth import clipped, laplace_rate
 from .text_safety import terminal_safe
 
 log = logging.getLogger("ftis_edge.batch")
@@ -133,7 +134,7 @@ class SampleRules:
 def success_rate(rewards: Sequence[float]) -> float:
     """Mean reward clipped to [0, 1], with one success and one failure added (Laplace): a node
     with few samples this round is pulled toward 1/2 instead of 0 or 1."""
-    return (sum(min(max(float(r), 0.0), 1.0) for r in rewards) + 1.0) / (len(rewards) + 2.0)
+    return laplace_rate(sum(clipped(rewards)), len(rewards))
 
 
 def success_weights(own_rewards: Sequence[float], peer_rewards: dict[str, list[float]], floor: float) -> dict[str, float]:

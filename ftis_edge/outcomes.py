@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .worth import KINDS, laplace_rate
+from .worth import KINDS, clipped, laplace_rate
 
 DEFAULT_MAX_AGE = 8
 DEFAULT_MAX_PROMPTS = 4096      # memory bound: a flood of peer groups cannot grow the book past it
@@ -69,7 +69,7 @@ class OutcomeBook:
 
     def add_peer(self, round_no: int, prompt, kind: str, rewards: Sequence[float]) -> None:
         """A peer group the intake accepted and graded (its rewards are the local grader's)."""
-        wins = sum(min(max(float(r), 0.0), 1.0) for r in rewards)
+        wins = sum(clipped(rewards))
         self.kind_rate[kind][0] += wins
         self.kind_rate[kind][1] += len(rewards)
         if prompt.id in self.used:
@@ -84,7 +84,7 @@ class OutcomeBook:
         counts[1] += len(rewards)
 
     def add_own(self, rewards: Sequence[float]) -> None:
-        self.own_rate[0] += sum(min(max(float(r), 0.0), 1.0) for r in rewards)
+        self.own_rate[0] += sum(clipped(rewards))
         self.own_rate[1] += len(rewards)
 
     def own_success(self) -> float:

@@ -439,8 +439,8 @@ class Round:
         if worth is None:
             return
         fp = self.parts.bundle.fingerprint
-        kept = [g for g in intake.buffer
-                if worth.allows(peer_kind(g.same_tokenizer, g.rollout.model_fp, fp))]
+        allowed = {kind for kind in KINDS if worth.allows(kind)}    # decided once a round, in observe()
+        kept = [g for g in intake.buffer if peer_kind(g.same_tokenizer, g.rollout.model_fp, fp) in allowed]
         self.worth_excluded += len(intake.buffer) - len(kept)
         intake.buffer = kept
 
