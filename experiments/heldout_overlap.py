@@ -18,30 +18,18 @@ Run: ``python -m experiments.heldout_overlap [--runs docs/runs] [--json out.json
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import random
 import tomllib
 from collections import defaultdict
 from pathlib import Path
 
-from ftis_edge.metrics import round_records
+from experiments.repro import records
 from ftis_edge.tasks.arith import EVAL_OFFSET, make_problem, parse_levels
 from ftis_edge.tasks.unseen import question_key
 
 STUDIES = {"H4": "fill/fill4", "H5": "fill/fill-hetero", "H6": "h6/h6"}
 TWIN_SCAN = 60_000
-
-
-def read_json(path: Path):
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        return json.load(fh) if ".json" in path.name and ".jsonl" not in path.name \
-            else [json.loads(line) for line in fh if line.strip()]
-
-
-def one_of(folder: Path, name: str) -> Path | None:
-    return next((p for p in (folder / name, folder / f"{name}.gz") if p.exists()), None)
 
 
 def old_stream(seed: int, levels, count: int) -> list[str]:
@@ -62,12 +50,13 @@ def twins(level: int, cache: dict) -> set[str]:
 def run_facts(folder: Path) -> dict | None:
     config = tomllib.loads((folder / "config.toml").read_text())
     task = config.get("task", {})
-    if task.get("name", "arith") != "arith" or not one_of(folder, "eval-id.json"):
+    evals = records.eval_of(folder, "id")
+    if task.get("name", "arith") != "arith" or evals is None:
         return None
     levels = parse_levels(task.get("level") or None)
-    rounds = len(round_records(read_json(one_of(folder, "metrics.jsonl"))))
+    rounds = len(records.rounds(folder))
     drawn = old_stream(config["node"]["seed"], levels, rounds * task.get("prompts_per_round", 4))
-    items = read_json(one_of(folder, "eval-id.json"))["items"]
+    items = evals["items"]
     return {"levels": levels, "drawn": set(drawn), "eval": [question_key(make_problem(
         int(i["id"].split("/")[1][1:]), int(i["id"].split("/")[2])).question) for i in items]}
 
