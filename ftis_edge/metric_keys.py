@@ -82,6 +82,8 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("peers/false_tokenizer_claims", "peer groups that claimed another tokenizer while their token ids are "
            "exactly our encoding of their text: judged as ours (token level, the own-calibrated threshold)",
            ROUND),
+        _m("peers/refused_untokenizable", "peer samples refused because our tokenizer failed on their text (a group whose "
+           "tokenizer claim could not be checked is refused whole)", ROUND),
         _m("peers/success_weight", "mean weight of another model's samples from their peer's success relative "
            "to ours (`train.foreign_success_floor`; 1 = full weight; null when none)", ROUND),
     ],

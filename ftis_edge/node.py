@@ -221,8 +221,23 @@ class Node:
         self._note_kept_best()
         if self.guard is not None:
             self.guard.load_state(state.get("guard"))
+        self._restore_books(state)
         log.info("resumed from round %d", self.round)
         return self.round
+
+    def _restore_books(self, state: dict) -> None:
+        """The worth and outcome books (issue 48), so that a resumed node fills and picks prompts
+        as the uninterrupted one would. A book that does not read starts empty: its evidence is
+        rebuilt within its window, costing own generation, never samples."""
+        try:
+            if self.worth is not None:
+                self.worth.load_state(state.get("worth"))
+            if self.outcomes is not None:
+                dropped = self.outcomes.load_state(state.get("outcomes"), self.task.get)
+                if dropped:
+                    log.warning("outcome book: %d prompts the task no longer knows were dropped", dropped)
+        except ValueError as e:
+            log.warning("%s; starting it empty", e)
 
     def _checkpoint(self) -> None:
         t0 = time.time()
@@ -237,6 +252,8 @@ class Node:
             "compute": self.totals.state(),
             **({"heldout": self.heldout.state()} if self.heldout.active else {}),
             **({"guard": self.guard.state()} if self.guard is not None else {}),
+            **({"worth": self.worth.state()} if self.worth is not None else {}),
+            **({"outcomes": self.outcomes.state()} if self.outcomes is not None else {}),
         }
         self._room_for_checkpoint(diskspace.tensor_bytes(state))
         checkpoint.save(self.run_dir, self.round, state, best=self._best_pointer())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .worth import KINDS, clipped, laplace_rate
 
@@ -104,6 +104,39 @@ class OutcomeBook:
     def forget_before(self, round_no: int) -> None:
         for pid in [pid for pid, s in self.prompts.items() if s.round < round_no - self.max_age]:
             del self.prompts[pid]
+
+    # --- checkpoint: prompts by id only (the task rebuilds each; a peer's text is never stored) --
+    def state(self) -> dict:
+        return {"prompts": [[pid, s.round, {k: list(c) for k, c in s.counts.items()}]
+                            for pid, s in self.prompts.items()],
+                "used": list(self.used), "kind_rate": {k: list(v) for k, v in self.kind_rate.items()},
+                "own_rate": list(self.own_rate)}
+
+    def load_state(self, state: dict | None, prompt_of: Callable[[str], object]) -> int:
+        """Restore what ``state`` wrote, rebuilding each prompt with ``prompt_of`` (the task's
+        ``get``); a prompt the task no longer knows is dropped. Returns how many were dropped."""
+        if not state:
+            return 0
+        try:
+            seen = [(str(pid), int(rnd), {str(k): [float(c[0]), int(c[1])] for k, c in counts.items()
+                                          if k in KINDS}) for pid, rnd, counts in state["prompts"]]
+            used = [str(pid) for pid in state["used"]]
+            kind_rate = {k: [float(state["kind_rate"][k][0]), int(state["kind_rate"][k][1])] for k in KINDS}
+            own_rate = [float(state["own_rate"][0]), int(state["own_rate"][1])]
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise ValueError(f"outcome book in the checkpoint does not read: {e!r}") from None
+        dropped = 0
+        self.prompts.clear()
+        for pid, rnd, counts in seen[-self.max_prompts:]:
+            try:
+                prompt = prompt_of(pid)
+            except Exception:               # noqa: BLE001 - a task that changed: forget that prompt
+                dropped += 1
+                continue
+            self.prompts[pid] = _Seen(prompt, rnd, counts)
+        self.used = dict.fromkeys(used[-self.max_prompts:])
+        self.kind_rate, self.own_rate = kind_rate, own_rate
+        return dropped
 
     def choose(self, round_no: int, stream: Sequence, group_size: int) -> Choice:
         """The round's own prompts: peer-answered ones more likely than a fresh stream prompt to

@@ -253,6 +253,7 @@ class Round:
             "samples/masked_truncated": batch.masked_truncated,
             "peers/refused_length": batch.refused_length,
             "peers/false_tokenizer_claims": batch.false_tokenizer_claims,
+            "peers/refused_untokenizable": batch.refused_untokenizable,
             "peers/success_weight": batch.success_weight,
             "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,
             "groups/with_peer_parts": batch.groups_with_peer_parts,

@@ -56,6 +56,16 @@ def clipped(rewards: Iterable[float]) -> list[float]:
     return [min(max(float(r), 0.0), 1.0) for r in rewards]
 
 
+def _floats(xs) -> list[float]:
+    if not isinstance(xs, list):
+        raise TypeError(f"expected a list of numbers, got {type(xs).__name__}")
+    return [float(x) for x in xs]
+
+
+def _round_or_none(x) -> int | None:
+    return None if x is None else int(x)
+
+
 def effective_share(weights: Sequence[float]) -> float:
     """Own samples' worth per sample: each weight capped at 1 (an own sample's), averaged."""
     return sum(min(max(float(w), 0.0), 1.0) for w in weights) / len(weights)
@@ -139,6 +149,34 @@ class WorthBook:
 
     def allows(self, kind: str) -> bool:
         return self.worth(kind).used
+
+    # --- checkpoint: a resumed node decides its next fill as the uninterrupted one would ------
+    def state(self) -> dict:
+        return {"window": self.window,
+                "rounds": [{"own": r.own, "peer": r.peer, "weights": r.weights, "groups": r.groups}
+                           for r in self.rounds],
+                "unused_since": dict(self.unused_since), "seen": dict(self.seen)}
+
+    def load_state(self, state: dict | None) -> None:
+        """Restore what ``state`` wrote; a state from another window size, or one that does not
+        read as this book's, leaves the book empty (its evidence is rebuilt in ``window`` rounds:
+        more own generation meanwhile, never fewer samples)."""
+        if not state:
+            return
+        try:
+            rounds = [_Round(own=_floats(r["own"]),
+                             peer={k: _floats(r["peer"][k]) for k in KINDS},
+                             weights={k: _floats(r["weights"][k]) for k in KINDS},
+                             groups={k: int(r["groups"][k]) for k in KINDS}) for r in state["rounds"]]
+            unused = {k: _round_or_none(state["unused_since"][k]) for k in KINDS}
+            seen = {k: bool(state["seen"][k]) for k in KINDS}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"worth book in the checkpoint does not read: {e!r}") from None
+        if state.get("window") != self.window:
+            return                      # another window measures another thing: start over
+        self.rounds.clear()
+        self.rounds.extend(rounds[-self.window:])
+        self.unused_since, self.seen = unused, seen
 
     def metrics(self) -> dict:
         """The round record's ``worth/<kind>/…`` keys (docs/metrics.md)."""

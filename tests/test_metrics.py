@@ -106,6 +106,7 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
                              # another model's samples (docs/ftis.md)
                              "samples/foreign", "is/foreign_capped", "peers/refused_length",
                              "peers/success_weight", "samples/masked_truncated", "peers/false_tokenizer_claims",
+                             "peers/refused_untokenizable",
                              # a node's own training diverging (its KL, format, length)
                              "kl/own_mean", "train/diverging",
                              # issue 48: what the swarm is worth (worth.py, outcomes.py)

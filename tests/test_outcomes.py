@@ -52,6 +52,26 @@ def test_the_book_is_bounded():
     assert len(book.prompts) == 50
 
 
+
+def test_the_book_survives_a_checkpoint_by_prompt_id(tmp_path):
+    from ftis_edge import statefile
+    task = ArithTask(level=[1, 2])
+    stream = [p for _, p in zip(range(4), task.prompts(seed=1))]
+    book = OutcomeBook()
+    book.add_own([1.0] * 5 + [0.0] * 3)
+    for i, (_, p) in enumerate(zip(range(12), task.prompts(seed=9))):
+        book.add_peer(1, p, OTHER_TOKENIZER if i % 2 else SAME_MODEL, [1.0] * (i % 9) + [0.0] * (8 - i % 9))
+    book.choose(2, stream, group_size=8)                  # some are used already
+    statefile.save(tmp_path / "s.safetensors", {"outcomes": book.state()})
+    back = OutcomeBook()
+    assert back.load_state(statefile.load(tmp_path / "s.safetensors")["outcomes"], task.get) == 0
+    assert back.choose(3, stream, 8) == book.choose(3, stream, 8)
+    state = book.state()
+    state["prompts"].append(["arith/L9/1", 1, {SAME_MODEL: [1.0, 2]}])   # a prompt the task cannot rebuild
+    assert OutcomeBook().load_state(state, task.get) == 1
+    with pytest.raises(ValueError, match="outcome book in the checkpoint does not read"):
+        OutcomeBook().load_state({"prompts": 3}, task.get)
+
 @pytest.mark.parametrize("seed", ["s0", "s1", "s2"])
 def test_another_models_outcomes_predict_the_gemma_nodes(seed):
     """H6's final evals, per prompt: the three SmolLM2 twins' answers, as outcomes in the book,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ftis_edge import checkpoint
 from ftis_edge.metrics import read_metrics
 from procs import cli, finish, start_node, write_config
 
@@ -17,9 +18,11 @@ def starts(run) -> list[dict]:
 def test_resume_as_printed_rejoins_the_relay_and_alone_is_said(tmp_path, relay):
     r = relay()
     cfg = write_config(tmp_path, "alice", node={"rounds": 3, "checkpoint_every": 1}, eval={"every": 0},
-                       swarm={"max_wait_s": 0.2})
+                       swarm={"max_wait_s": 0.2, "fill_by_worth": True, "prompt_choice": "outcomes"})
     run = tmp_path / "alice"
     finish(start_node(cfg, "--relay", r.address, "--rounds", "1"))
+    saved = checkpoint.load_latest(run)               # the worth and outcome books travel with a checkpoint
+    assert saved["worth"]["window"] == 8 and len(saved["worth"]["rounds"]) == 1 and "own_rate" in saved["outcomes"]
     assert starts(run)[-1]["relay"] == r.address
     # exactly the summary's resume command: config, --run-dir, --resume; no --relay
     out = cli("start", str(cfg), "--headless", "--run-dir", str(run), "--resume", "--rounds", "2")

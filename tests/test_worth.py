@@ -66,6 +66,26 @@ def test_an_unseen_kind_and_bad_settings():
 
 # --- H6's records, replayed ---------------------------------------------------------------------
 
+
+def test_the_book_survives_a_checkpoint_and_decides_as_before(tmp_path):
+    from ftis_edge import statefile
+    book = WorthBook(window=4)
+    for r in range(1, 7):
+        book.observe(r, group(5), [(SAME_MODEL, group(4)), (OTHER_TOKENIZER, group(r))],
+                     [(SAME_MODEL, 1.0)] * 8 + [(OTHER_TOKENIZER, 0.2)] * 8)
+    statefile.save(tmp_path / "s.safetensors", {"worth": book.state()})
+    back = WorthBook(window=4)
+    back.load_state(statefile.load(tmp_path / "s.safetensors")["worth"])
+    assert back.metrics() == book.metrics() and back.worth(OTHER_TOKENIZER) == book.worth(OTHER_TOKENIZER)
+    for b in (book, back):                                # and the next round is decided alike
+        b.observe(7, group(5), [(OTHER_TOKENIZER, group(8))], [(OTHER_TOKENIZER, 1.0)] * 8)
+    assert back.metrics() == book.metrics()
+    other = WorthBook(window=8)                           # another window measures another thing
+    other.load_state(book.state())
+    assert not other.rounds
+    with pytest.raises(ValueError, match="worth book in the checkpoint does not read"):
+        WorthBook(window=4).load_state({"window": 4, "rounds": [{"own": "x"}]})
+
 def rounds(folder: Path) -> dict:
     with gzip.open(folder / "metrics.jsonl.gz", "rt") as fh:
         return {r["round"]: r for r in round_records(map(json.loads, fh))}
