@@ -514,8 +514,11 @@ class Round:
         Prompts and seeds are the ones an isolated node uses for the same indices, so a node
         the swarm gives nothing trains on exactly its isolated batch.
         """
-        keep = len(prompts) - slots
         self.poll(0.0)
+        worth = self.parts.worth
+        if worth is not None and not worth.fills() and not self.parts.intake.buffer:
+            slots = 0       # no kind seen in the swarm is worth a slot: one generation, no wait for groups we would drop
+        keep = len(prompts) - slots
         own, gen_s, tokens = self.generate(prompts[:keep])
         self.share(own)
         peers, peer_stats = self.collect_peers(None, slots)

@@ -150,6 +150,13 @@ class WorthBook:
     def allows(self, kind: str) -> bool:
         return self.worth(kind).used
 
+    def fills(self) -> bool:
+        """Whether peers may fill any slot next round: some kind seen in this swarm is still used
+        (or none has been seen yet). False: the node generates its whole batch at once instead of
+        waiting for groups it would not take."""
+        seen = [k for k in KINDS if self.seen[k]]
+        return not seen or any(self.allows(k) for k in seen)
+
     # --- checkpoint: a resumed node decides its next fill as the uninterrupted one would ------
     def state(self) -> dict:
         return {"window": self.window,

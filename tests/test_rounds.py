@@ -146,6 +146,21 @@ def test_fill_by_worth_keeps_out_a_kind_not_worth_a_slot_and_generates_its_slot(
     assert unregistered(rec) == []
 
 
+def test_when_no_kind_in_the_swarm_is_worth_a_slot_the_node_generates_its_batch_without_waiting(tmp_path):
+    """The Gemma node of H6 among SmolLM2 peers: the only kind it has seen is kept out, so it does
+    not wait swarm.max_wait_s each round for groups it would drop; it generates all B groups."""
+    worth = WorthBook()
+    worth.observe(0, [1.0, 0.0, 0.0, 0.0], [(OTHER_TOKENIZER, [1.0, 0.0, 0.0, 0.0])], [(OTHER_TOKENIZER, 0.05)] * 8)
+    assert not worth.fills() and WorthBook().fills()
+    parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 1, "max_wait_s": 30.0, "fill_by_worth": True}),
+                       swarm=Swarm())
+    parts.worth = worth
+    rec = Round(parts, 1).run()
+    assert rec["time/peer_wait_s"] < 1.0 and rec["groups/own"] == 4 and rec["peers/groups_used"] == 0
+    assert rec["groups/topped_up"] == 0                     # generated as its own batch, not as a shortfall
+    assert unregistered(rec) == []
+
+
 def test_outcomes_put_the_prompts_likeliest_to_carry_signal_first(tmp_path):
     """Peers answered a prompt half right: under batch fill the node generates that one itself."""
     parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 1, "max_wait_s": 0.0,
