@@ -40,3 +40,12 @@ def test_the_plan_and_the_reading_print(tmp_path):
     out = subprocess.run([sys.executable, "-m", "experiments.repro.h4_cpu", "--runs", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "no finished fill4 s0 run for own1-0" in out.stderr
+
+
+def test_a_control_run_sets_the_scale_and_h4_the_rounds_to_reach():
+    ref = h4_cpu.pairs_of(load_all(h4_cpu.REFERENCE))
+    control = [(h4_cpu.first(a, 8), _with_cpu(h4_cpu.first(b, 8), lambda r: 1.3)) for a, b in ref]
+    new = [(_with_cpu(a, lambda r: 0.5), b) for a, b in control]      # only own1 got faster
+    res = h4_cpu.rescaled(new, control, ref)
+    assert res["rounds"] == 8 and all(abs(x - 1.0) < 1e-9 for x in res["s_alone"])
+    assert all(abs(x - 2 * h) < 1e-9 for x, h in zip(res["speedup"], res["h4"]))

@@ -11,11 +11,14 @@ swing by ±1 at R < 32), so a short re-run cannot measure that quantity by itsel
 learner changes is the CPU each round costs; the rounds each side needs are H4's. Per pair i:
 
     speed-up_i = H4's speed-up_i × s(alone-i) / s(own1-i),
-    s(X) = Σ cpu/round_s of the re-run's X over rounds 1..R ÷ the same sum of H4's X
+    s(X) = Σ cpu/round_s of the re-run's X over rounds 1..R ÷ the same sum of the control's X
 
 (same batch, node ids and seeds: the same prompts in rounds 1..R), mean ± SE over the pairs as
-``analyze.table_fill`` prints H4's. A re-run as long as H4 (R = 32) is also read by H4's own
-metric directly.
+``analyze.table_fill`` prints H4's. The control is the same short re-run of the code before the
+change on the same machine (``--control``); without one it is H4's own records, and then the
+machine's state counts too: the same code on the same prompts (H4's isolated twins and their
+repeat in docs/runs/fill-side) spent 1.22-1.31x the CPU-seconds in one invocation as in the
+other. A re-run as long as H4 (R = 32) is also read by H4's own metric directly.
 """
 from __future__ import annotations
 
@@ -70,13 +73,15 @@ def phases(runs: list[dict], rounds: int) -> str:
     return " / ".join(f"{per[k]:.1f}" for k in keys)
 
 
-def rescaled(new: list[tuple[dict, dict]], ref: list[tuple[dict, dict]]) -> dict:
-    """H4's per-pair speed-ups with each side's CPU per round scaled to the re-run's (docstring above)."""
-    rounds = min(len(run["rounds"]) for pair in new for run in pair)
+def rescaled(new: list[tuple[dict, dict]], ref: list[tuple[dict, dict]],
+             h4: list[tuple[dict, dict]] | None = None) -> dict:
+    """H4's per-pair speed-ups with each side's CPU per round scaled by re-run ÷ control ``ref``
+    (docstring above); ``h4`` is H4's records when the control is another run."""
+    rounds = min(len(run["rounds"]) for pair in new + ref for run in pair)
     if rounds < 1:
-        raise SystemExit("h4_cpu: the re-run has no rounds")
-    old, _ = _speedup(ref, "cpu/round_s")
-    if len(old) != len(ref):
+        raise SystemExit("h4_cpu: the re-run or the control has no rounds")
+    old, _ = _speedup(h4 or ref, "cpu/round_s")
+    if len(old) != len(h4 or ref):
         raise SystemExit("h4_cpu: an H4 pair never reached its target; the rescaled ratio needs all of them")
     s_own = [cpu(a, rounds) / cpu(ra, rounds) for (a, _), (ra, _) in zip(new, ref)]
     s_alone = [cpu(b, rounds) / cpu(rb, rounds) for (_, b), (_, rb) in zip(new, ref)]
@@ -84,26 +89,27 @@ def rescaled(new: list[tuple[dict, dict]], ref: list[tuple[dict, dict]]) -> dict
             "speedup": [o * b / a for o, a, b in zip(old, s_own, s_alone)]}
 
 
-def read(new: list[tuple[dict, dict]], ref: list[tuple[dict, dict]]) -> None:
-    res = rescaled(new, ref)
+def read(new: list[tuple[dict, dict]], ref: list[tuple[dict, dict]], h4: list[tuple[dict, dict]] | None,
+         control: str) -> None:
+    res = rescaled(new, ref, h4)
     rounds = res["rounds"]
-    print(f"{BATCH} {ARM} + alone, {len(new)} pairs, re-run R = {rounds} (H4: R = {len(ref[0][0]['rounds'])})")
+    print(f"{BATCH} {ARM} + alone, {len(new)} pairs, rounds 1..{rounds} of the re-run against {control}")
     print("  CPU per round, mean over nodes, gen / train / intake / whole round (s):")
     for label, runs in ((f"re-run {ARM}", [a for a, _ in new]), ("re-run alone", [b for _, b in new]),
-                        (f"H4 {ARM}", [a for a, _ in ref]), ("H4 alone", [b for _, b in ref])):
+                        (f"control {ARM}", [a for a, _ in ref]), ("control alone", [b for _, b in ref])):
         print(f"    {label:13s} {phases(runs, rounds)}")
-    print(f"  s = re-run ÷ H4 CPU over rounds 1..{rounds}: {ARM} {fmt(*mean_se(res['s_own']), 2)}{_list(res['s_own'])}, "
+    print(f"  s = re-run ÷ control CPU over rounds 1..{rounds}: {ARM} {fmt(*mean_se(res['s_own']), 2)}{_list(res['s_own'])}, "
           f"alone {fmt(*mean_se(res['s_alone']), 2)}{_list(res['s_alone'])}")
     direct = [cpu(b, rounds) / cpu(a, rounds) for a, b in new]
     before = [cpu(rb, rounds) / cpu(ra, rounds) for ra, rb in ref]
     print(f"  CPU per round alone ÷ {ARM} (rounds 1..{rounds}): re-run {fmt(*mean_se(direct), 2)}{_list(direct)}, "
-          f"H4 {fmt(*mean_se(before), 2)}{_list(before)}")
+          f"control {fmt(*mean_se(before), 2)}{_list(before)}")
     same = [series(b, "gen/tokens")[:1] == series(rb, "gen/tokens")[:1] for (_, b), (_, rb) in zip(new, ref)]
-    print(f"  round 1 own tokens of alone-i equal to H4's (same prompts, same weights): {same}")
+    print(f"  round 1 own tokens of alone-i equal to the control's (same prompts, same weights): {same}")
     print(f"  H4 speed-up in own CPU-seconds: {fmt(*mean_se(res['h4']), 2)}{_list(res['h4'])}")
     print(f"  **re-measured (H4's rounds to reach × the re-run's CPU per round): "
           f"{fmt(*mean_se(res['speedup']), 2)}**{_list(res['speedup'])}   goal >= 2.5")
-    if rounds >= len(ref[0][0]["rounds"]):
+    if rounds >= len((h4 or ref)[0][0]["rounds"]):
         own, reached = _speedup(new, "cpu/round_s")
         print(f"  the re-run by H4's own metric (R = {rounds}): {fmt(*mean_se(own), 2)}{_list(own)} "
               f"({reached}/{len(new)} reached)")
@@ -113,6 +119,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "h4-cpu", help="the re-run's --out")
     ap.add_argument("--reference", type=Path, default=REFERENCE, help="H4's committed records")
+    ap.add_argument("--control", type=Path, default=None,
+                    help="the same short re-run of the code before the change (default: H4's records)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plan", action="store_true", help="only the wall-time estimate per R from H4's records")
     args = ap.parse_args()
@@ -120,7 +128,11 @@ def main() -> int:
     if args.plan:
         plan(ref, args.reference)
         return 0
-    read(pairs_of(load_all(args.runs), args.seed), ref)
+    if args.control is None:
+        read(pairs_of(load_all(args.runs), args.seed), ref, None, f"H4's records ({args.reference})")
+    else:
+        read(pairs_of(load_all(args.runs), args.seed), pairs_of(load_all(args.control), args.seed), ref,
+             f"the control {args.control}")
     return 0
 
 
