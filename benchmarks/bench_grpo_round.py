@@ -208,15 +208,28 @@ class TrlSide:
 
 # --------------------------------------------------------------------------- report
 
+GOAL = 0.25      # issue 52: one round at equal work <= 0.25x TRL's time
+
+
+def per_token_ratio(f: dict, t: dict) -> float | None:
+    """The pair's ratio in seconds per completion token: both sides sample freely, so their
+    completions differ in length; this puts the pair at equal tokens (time ~ tokens, roughly)."""
+    if not f.get("tokens") or not t.get("tokens"):
+        return None
+    return (f["wall_s"] / f["tokens"]) / (t["wall_s"] / t["tokens"])
+
+
 def summarize(context: dict, ftis_res: list, trl_res: list, warns, partial: bool) -> dict:
     fm = statistics.median(r["wall_s"] for r in ftis_res)
     tm = statistics.median(r["wall_s"] for r in trl_res)
     pairs = [f["wall_s"] / t["wall_s"] for f, t in zip(ftis_res, trl_res)]
-    verdict = (f"ftis-edge / TRL = {fm / tm:.2f} (goal <= 0.5); per-pair ratios "
+    per_token = [r for r in (per_token_ratio(f, t) for f, t in zip(ftis_res, trl_res)) if r is not None]
+    verdict = (f"ftis-edge / TRL = {fm / tm:.2f} (goal <= {GOAL}); per-pair ratios "
                + ", ".join(f"{r:.2f}" for r in pairs)
+               + ("; per completion token (median) " + f"{statistics.median(per_token):.2f}" if per_token else "")
                + (f" (partial: {len(pairs)} of {context['args']['reps']} repetitions)" if partial else ""))
-    return {**context, "ftis": ftis_res, "trl": trl_res, "pair_ratios": pairs, "partial": partial,
-            "median": {"ftis_s": fm, "trl_s": tm, "ratio": fm / tm},
+    return {**context, "ftis": ftis_res, "trl": trl_res, "pair_ratios": pairs, "per_token_ratios": per_token,
+            "partial": partial, "median": {"ftis_s": fm, "trl_s": tm, "ratio": fm / tm},
             "load": [context["load_before"], os.getloadavg()[0]],
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "trl_warnings": sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0][:200]}"
@@ -230,7 +243,7 @@ def _f(v, fmt=".1f") -> str:
 
 def markdown(res: dict) -> str:
     a = res["args"]
-    lines = [f"### One GRPO round: ftis-edge vs TRL GRPOTrainer "
+    lines = [f"### One GRPO round: ftis-edge vs TRL {res.get('versions', {}).get('trl', '')} GRPOTrainer ".replace("  ", " ")
              f"(SmolLM2-135M, LoRA r=8, {PROMPTS} prompts x G={G}, <= {a['max_new_tokens']} new tokens, "
              f"{a['threads']} threads"
              + ("; ftis-edge trains every completion (--train-all)" if a.get("train_all") else "")
@@ -253,7 +266,9 @@ def markdown(res: dict) -> str:
               f"ftis-edge {res['warmup_s']['ftis']:.1f} s, TRL {res['warmup_s']['trl']:.1f} s. "
               f"Prompt tokens identical on both sides: {res['same_prompt_ids']}. "
               f"Load average (1 min) before / after: {res['load'][0]:.2f} / {res['load'][1]:.2f}; "
-              f"peak memory (both sides in one process) {res.get('peak_rss_gib', 0):.1f} GiB.",
+              f"peak memory (both sides in one process) {res.get('peak_rss_gib', 0):.1f} GiB."
+              + (" Versions: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items()) + "."
+                 if res.get("versions") else ""),
               "'trained' = completions in the optimizer step (ftis-edge skips groups whose rewards are "
               "all equal: their advantage is 0; TRL forwards/backwards all 32).",
               "", res["verdict"]]
@@ -310,6 +325,12 @@ def _mem_available_gib() -> float | None:
     return None
 
 
+def _versions() -> dict:
+    import importlib
+    return {m: getattr(importlib.import_module(m), "__version__", "?")
+            for m in ("trl", "transformers", "peft", "accelerate", "torch", "llama_cpp")}
+
+
 def _run(args, tmp: Path, load_before: float) -> int:
     def progress(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -343,7 +364,7 @@ def _run(args, tmp: Path, load_before: float) -> int:
              f"ftis-edge {warm_ftis}, TRL {warm_trl}")
     ftis_res, trl_res = [], []
     context = {"args": vars(args), "build_s": {"ftis": build_ftis_s, "trl": build_trl_s}, "warmup_s": warm,
-               "same_prompt_ids": same_ids, "load_before": load_before,
+               "same_prompt_ids": same_ids, "load_before": load_before, "versions": _versions(),
                "trl_config": {k: getattr(trl_side.config, k) for k in (
                    "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
                    "steps_per_generation", "num_generations", "max_completion_length", "beta", "loss_type",
