@@ -34,10 +34,10 @@ REFERENCE = ROOT / "docs" / "runs" / "fill"      # H4's committed records (seed 
 START_S = 120.0      # the 8 nodes' start-up before round 1 (model load, relay join), not in time/round_s
 
 
-def pairs_of(data: dict, seed: int = 0) -> list[tuple[dict, dict]]:
-    """(own1-i, alone-i) runs of ``seed``; every pair must be there."""
+def pairs_of(data: dict, seed: int = 0, pairs=range(PAIRS)) -> list[tuple[dict, dict]]:
+    """(own1-i, alone-i) runs of ``seed`` for each i in ``pairs``; every one of them must be there."""
     recv = data.get(BATCH, {})
-    names = [(f"{ARM}-{i}", f"alone-{i}") for i in range(PAIRS)]
+    names = [(f"{ARM}-{i}", f"alone-{i}") for i in pairs]
     missing = [n for pair in names for n in pair if seed not in recv.get(n, {})]
     if missing:
         raise SystemExit(f"h4_cpu: no finished {BATCH} s{seed} run for {', '.join(missing)}")
@@ -122,16 +122,19 @@ def main() -> int:
     ap.add_argument("--control", type=Path, default=None,
                     help="the same short re-run of the code before the change (default: H4's records)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pairs", type=int, nargs="+", default=list(range(PAIRS)),
+                    help="node indices to read (a pilot of fewer nodes; the registered reading uses all 4)")
     ap.add_argument("--plan", action="store_true", help="only the wall-time estimate per R from H4's records")
     args = ap.parse_args()
-    ref = pairs_of(load_all(args.reference), args.seed)
+    ref = pairs_of(load_all(args.reference), args.seed, args.pairs)
     if args.plan:
         plan(ref, args.reference)
         return 0
     if args.control is None:
-        read(pairs_of(load_all(args.runs), args.seed), ref, None, f"H4's records ({args.reference})")
+        read(pairs_of(load_all(args.runs), args.seed, args.pairs), ref, None, f"H4's records ({args.reference})")
     else:
-        read(pairs_of(load_all(args.runs), args.seed), pairs_of(load_all(args.control), args.seed), ref,
+        read(pairs_of(load_all(args.runs), args.seed, args.pairs),
+             pairs_of(load_all(args.control), args.seed, args.pairs), ref,
              f"the control {args.control}")
     return 0
 
