@@ -23,7 +23,9 @@ the wall time of one ``trainer.train()`` call (a fresh dataloader over that roun
 max_steps = 1), which includes generation, reward and the 4 micro-batch forward/backward passes;
 its generation and reward times come from timers wrapped around ``_generate`` and
 ``_calculate_rewards``. Both sides sample freely (EOS ends a completion), so the amount of work
-differs a little per round: the table shows completion tokens and samples trained per side.
+differs a little per round: the table shows completion tokens and samples trained per side, and
+the verdict adds the ratio per completion token. Each side's CPU-seconds (the process, all
+threads) are recorded too: on a shared machine they are distorted far less than wall time.
 
 Run:
     .venv/bin/python -m benchmarks.bench_grpo_round [--reps 3] [--threads 2] [--max-new-tokens 128]
@@ -99,11 +101,11 @@ def round_prompts(node, round_no: int):
 
 def ftis_round(node, round_no: int) -> dict:
     node.round = round_no
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rec = node.run_round()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = rec.get("gen/tokens") or 0
-    return {"wall_s": wall, "gen_s": rec["time/gen_s"], "train_s": rec["time/train_s"],
+    return {"wall_s": wall, "cpu_s": cpu, "gen_s": rec["time/gen_s"], "train_s": rec["time/train_s"],
             "sync_s": rec["time/sync_s"], "tokens": n, "mean_len": rec.get("completions/mean_length"),
             "reward": rec.get("reward/own"), "samples": rec.get("samples/own", 0)}
 
@@ -191,15 +193,15 @@ class TrlSide:
         self._timers.update(gen_s=0.0, reward_s=0.0)
         self.logs.clear()
         steps_before = self.trainer._step
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         self.trainer.train()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         micro = self.trainer._step - steps_before
         if micro != self.config.gradient_accumulation_steps:
             raise RuntimeError(f"TRL ran {micro} micro-steps, expected {self.config.gradient_accumulation_steps}")
         log = next((r for r in self.logs if "completions/mean_length" in r), {})
         mean_len = log.get("completions/mean_length")
-        return {"wall_s": wall, "gen_s": self._timers["gen_s"], "reward_s": self._timers["reward_s"],
+        return {"wall_s": wall, "cpu_s": cpu, "gen_s": self._timers["gen_s"], "reward_s": self._timers["reward_s"],
                 "rest_s": wall - self._timers["gen_s"] - self._timers["reward_s"],
                 "tokens": round(mean_len * PROMPTS * G) if mean_len is not None else None,
                 "mean_len": mean_len, "reward": log.get("reward"), "samples": PROMPTS * G,
@@ -208,15 +210,32 @@ class TrlSide:
 
 # --------------------------------------------------------------------------- report
 
+GOAL = 0.25      # issue 52: one round at equal work <= 0.25x TRL's time
+
+
+def per_token_ratio(f: dict, t: dict) -> float | None:
+    """The pair's ratio in seconds per completion token: both sides sample freely, so their
+    completions differ in length; this puts the pair at equal tokens (time ~ tokens, roughly)."""
+    if not f.get("tokens") or not t.get("tokens"):
+        return None
+    return (f["wall_s"] / f["tokens"]) / (t["wall_s"] / t["tokens"])
+
+
 def summarize(context: dict, ftis_res: list, trl_res: list, warns, partial: bool) -> dict:
     fm = statistics.median(r["wall_s"] for r in ftis_res)
     tm = statistics.median(r["wall_s"] for r in trl_res)
     pairs = [f["wall_s"] / t["wall_s"] for f, t in zip(ftis_res, trl_res)]
-    verdict = (f"ftis-edge / TRL = {fm / tm:.2f} (goal <= 0.5); per-pair ratios "
+    per_token = [r for r in (per_token_ratio(f, t) for f, t in zip(ftis_res, trl_res)) if r is not None]
+    # CPU-seconds of this process (all threads), which a shared machine's load distorts far less
+    cpu = [f["cpu_s"] / t["cpu_s"] for f, t in zip(ftis_res, trl_res) if f.get("cpu_s") and t.get("cpu_s")]
+    verdict = (f"ftis-edge / TRL = {fm / tm:.2f} (goal <= {GOAL}); per-pair ratios "
                + ", ".join(f"{r:.2f}" for r in pairs)
+               + ("; per completion token (median) " + f"{statistics.median(per_token):.2f}" if per_token else "")
+               + ("; in CPU-seconds (median) " + f"{statistics.median(cpu):.2f}" if cpu else "")
                + (f" (partial: {len(pairs)} of {context['args']['reps']} repetitions)" if partial else ""))
-    return {**context, "ftis": ftis_res, "trl": trl_res, "pair_ratios": pairs, "partial": partial,
-            "median": {"ftis_s": fm, "trl_s": tm, "ratio": fm / tm},
+    return {**context, "ftis": ftis_res, "trl": trl_res, "pair_ratios": pairs, "per_token_ratios": per_token,
+            "cpu_ratios": cpu,
+            "partial": partial, "median": {"ftis_s": fm, "trl_s": tm, "ratio": fm / tm},
             "load": [context["load_before"], os.getloadavg()[0]],
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "trl_warnings": sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0][:200]}"
@@ -230,7 +249,8 @@ def _f(v, fmt=".1f") -> str:
 
 def markdown(res: dict) -> str:
     a = res["args"]
-    lines = [f"### One GRPO round: ftis-edge vs TRL GRPOTrainer "
+    trl = " ".join(filter(None, ["TRL", res.get("versions", {}).get("trl")]))
+    lines = [f"### One GRPO round: ftis-edge vs {trl} GRPOTrainer "
              f"(SmolLM2-135M, LoRA r=8, {PROMPTS} prompts x G={G}, <= {a['max_new_tokens']} new tokens, "
              f"{a['threads']} threads"
              + ("; ftis-edge trains every completion (--train-all)" if a.get("train_all") else "")
@@ -253,7 +273,13 @@ def markdown(res: dict) -> str:
               f"ftis-edge {res['warmup_s']['ftis']:.1f} s, TRL {res['warmup_s']['trl']:.1f} s. "
               f"Prompt tokens identical on both sides: {res['same_prompt_ids']}. "
               f"Load average (1 min) before / after: {res['load'][0]:.2f} / {res['load'][1]:.2f}; "
-              f"peak memory (both sides in one process) {res.get('peak_rss_gib', 0):.1f} GiB.",
+              f"peak memory (both sides in one process) {res.get('peak_rss_gib', 0):.1f} GiB."
+              + (" Versions: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items()) + "."
+                 if res.get("versions") else ""),
+              *(["CPU-seconds of the process (all threads; not the ftis-edge grader's worker) per pair, "
+                 "ftis-edge / TRL: " + ", ".join(f"{f['cpu_s']:.1f} / {t['cpu_s']:.1f}" for f, t in
+                                                zip(res["ftis"], res["trl"]) if "cpu_s" in f and "cpu_s" in t)]
+                if any("cpu_s" in f for f in res["ftis"]) else []),
               "'trained' = completions in the optimizer step (ftis-edge skips groups whose rewards are "
               "all equal: their advantage is 0; TRL forwards/backwards all 32).",
               "", res["verdict"]]
@@ -310,6 +336,12 @@ def _mem_available_gib() -> float | None:
     return None
 
 
+def _versions() -> dict:
+    import importlib
+    return {m: getattr(importlib.import_module(m), "__version__", "?")
+            for m in ("trl", "transformers", "peft", "accelerate", "torch", "llama_cpp")}
+
+
 def _run(args, tmp: Path, load_before: float) -> int:
     def progress(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -343,7 +375,7 @@ def _run(args, tmp: Path, load_before: float) -> int:
              f"ftis-edge {warm_ftis}, TRL {warm_trl}")
     ftis_res, trl_res = [], []
     context = {"args": vars(args), "build_s": {"ftis": build_ftis_s, "trl": build_trl_s}, "warmup_s": warm,
-               "same_prompt_ids": same_ids, "load_before": load_before,
+               "same_prompt_ids": same_ids, "load_before": load_before, "versions": _versions(),
                "trl_config": {k: getattr(trl_side.config, k) for k in (
                    "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
                    "steps_per_generation", "num_generations", "max_completion_length", "beta", "loss_type",
