@@ -116,12 +116,21 @@ class Watch:
     def __init__(self, nodes: dict[str, tuple[Path, Path]], round_: int, done):
         self.nodes, self.round, self.done = nodes, round_, done
         self.asked: set[str] = set()
+        self.lost: set[str] = set()
 
     def poll(self, procs: dict) -> list[str]:
         """One look; returns what it did, one line each (for the runner's log)."""
         said = []
         for name, (rd, until) in self.nodes.items():
-            if scored_round(rd) is not None or not keep(rd, self.round) or not self.done(until):
+            if scored_round(rd) is not None:
+                continue
+            if not keep(rd, self.round):
+                if name not in self.lost and min(checkpoint.complete(rd), default=0) > self.round:
+                    self.lost.add(name)
+                    said.append(f"{name}: its round-{self.round} checkpoint was not kept (it went by with no runner "
+                                f"watching): it cannot be scored as registered; rerun the arm from scratch")
+                continue
+            if not self.done(until):
                 continue
             p = procs.get(name)
             if p is not None and p.poll() is None:
