@@ -130,3 +130,27 @@ def test_a_lost_round_r_checkpoint_is_said_not_scored(tmp_path):
     said = watch.poll({})
     assert len(said) == 1 and "round-3 checkpoint was not kept" in said[0], said
     assert watch.poll({}) == [] and runon.scored_round(rd) is None
+
+
+def test_a_node_slower_than_the_one_it_waits_for_is_stopped_in_its_round_r(tmp_path):
+    """H6's full-FT node was slower than the Gemma node: it gets its SIGINT while in round R (by its
+    own progress.json, never an earlier process's), so it ends after round R, not a round later."""
+    rd, slow = tmp_path / "worth-2", tmp_path / "worth-3"
+    _node(rd, R - 1)
+    _node(slow, R, stop="steps")
+    watch = runon.Watch({"worth-2": (rd, slow)}, R, run.finished)
+    proc = _sleeper()
+    try:
+        (rd / "progress.json").write_text(json.dumps({"pid": proc.pid + 1, "round": R, "phase": "generating"}))
+        assert watch.poll({"worth-2": proc}) == [] and proc.poll() is None       # another process's file
+        (rd / "progress.json").write_text(json.dumps({"pid": proc.pid, "round": R - 1, "phase": "generating"}))
+        assert watch.poll({"worth-2": proc}) == [] and proc.poll() is None       # round R - 1: not yet
+        (rd / "progress.json").write_text(json.dumps({"pid": proc.pid, "round": R, "phase": "generating"}))
+        assert watch.poll({"worth-2": proc}) == ["worth-2: worth-3 has stopped, stopping it after its round 3"]
+        wait_for(lambda: proc.poll() is not None, 30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert watch.poll({"worth-2": proc}) == [] and runon.scored_round(rd) is None   # its round R not written
+    _node(rd, R, stop="signal")                                                      # the stop writes it
+    assert watch.poll({"worth-2": proc}) == ["worth-2: done, scored on its round-3 checkpoint"]

@@ -27,7 +27,7 @@ import signal
 from pathlib import Path
 
 from experiments.repro import records
-from ftis_edge import atomic, checkpoint
+from ftis_edge import atomic, checkpoint, progress
 
 FACTOR = 4                      # rounds limit = FACTOR x R: a bound for a node whose runner died, never reached in H6's pace
 SNAPSHOT = "scored"
@@ -106,6 +106,15 @@ def rounds_to_score(run: list[dict], run_dir: Path) -> list[dict]:
     return run if r is None else [rec for rec in run if rec.get("round", 0) <= r]
 
 
+def in_round(run_dir: Path, pid: int) -> int | None:
+    """The round process PID is in, by its progress.json (a file left by an earlier process of the
+    run says nothing: None). The node writes it once the round has begun, past its loop's check."""
+    report = progress.read_progress(run_dir)
+    if not report or report.get("pid") != pid or not isinstance(report.get("round"), int):
+        return None
+    return report["round"]
+
+
 class Watch:
     """run.py's side, polled while a seed trains: put each run-on node's round-R checkpoint aside,
     stop the node (SIGINT: it finishes its round, checkpoints and writes its stop record) once its
@@ -124,21 +133,24 @@ class Watch:
         for name, (rd, until) in self.nodes.items():
             if scored_round(rd) is not None:
                 continue
-            if not keep(rd, self.round):
-                if name not in self.lost and min(checkpoint.complete(rd), default=0) > self.round:
-                    self.lost.add(name)
-                    said.append(f"{name}: its round-{self.round} checkpoint was not kept (it went by with no runner "
-                                f"watching): it cannot be scored as registered; rerun the arm from scratch")
-                continue
-            if not self.done(until):
+            has_r = keep(rd, self.round)
+            if not has_r and name not in self.lost and min(checkpoint.complete(rd), default=0) > self.round:
+                self.lost.add(name)
+                said.append(f"{name}: its round-{self.round} checkpoint was not kept (it went by with no runner "
+                            f"watching): it cannot be scored as registered; rerun the arm from scratch")
+            if name in self.lost or not self.done(until):
                 continue
             p = procs.get(name)
             if p is not None and p.poll() is None:
-                if name not in self.asked:
+                # past R, or in round R itself (a node slower than the one it waits for): a SIGINT
+                # now ends it after round R, whose checkpoint the stop writes
+                if name not in self.asked and (has_r or in_round(rd, p.pid) == self.round):
                     os.killpg(p.pid, signal.SIGINT)
                     self.asked.add(name)
-                    said.append(f"{name}: {until.name} has stopped, stopping it (round {self.round} kept)")
+                    said.append(f"{name}: {until.name} has stopped, stopping it "
+                                + (f"(round {self.round} kept)" if has_r else f"after its round {self.round}"))
                 continue
-            mark(rd, self.round, until.name)
-            said.append(f"{name}: done, scored on its round-{self.round} checkpoint")
+            if has_r:
+                mark(rd, self.round, until.name)
+                said.append(f"{name}: done, scored on its round-{self.round} checkpoint")
         return said
