@@ -55,7 +55,7 @@ def primary(recv: dict) -> tuple[list[str], bool | None]:
     a_only, b_only, p_mc = mcnemar(ps, "id")
     seeds = ", ".join(f"s{seed} {x:+.3f}" for (_, seed, _, _), x in zip(ps, d)) or "–"
     lines = [f"Primary: D = ID(worth-{GEMMA}) − ID(ftis-{GEMMA}) per seed: {seeds}",
-             f"  n = {n} seeds, mean D {_fmt(m, se)} (SE over seeds), 2 SE = "
+             f"  n = {n} seeds, mean D {_signed(m, se)} (SE over seeds), 2 SE = "
              + ("–" if se != se else f"{2 * se:.3f}"),
              "  one-sided t-test over seeds: " + ("–" if p != p else f"t = {t:.2f}, p = {p:.2g}"),
              f"  pooled per-prompt exact McNemar: right only in worth / only in ftis = {a_only} / {b_only}, "
@@ -71,9 +71,14 @@ def verdict_line(holds: bool | None, n: int) -> str:
     return "claim (mean D > 2 SE): " + ("HOLDS" if holds else "DOES NOT HOLD")
 
 
+def _signed(m: float, se: float) -> str:
+    """+m ± SE; +m alone when one value has no SE; – for none."""
+    return f"{m:+.3f}" if m == m and se != se else _fmt(m, se)
+
+
 def _row(label: str, ps, goal: str = "") -> str:
     d_id, d_ood = diffs(ps, "id"), diffs(ps, "ood")
-    return f"| {label} | {len(d_id)} | {_fmt(*mean_se(d_id))} | {_fmt(*mean_se(d_ood))} | {goal} |"
+    return f"| {label} | {len(d_id)} | {_signed(*mean_se(d_id))} | {_signed(*mean_se(d_ood))} | {goal} |"
 
 
 def gemma_secondaries(recv: dict) -> list[str]:
@@ -107,7 +112,7 @@ def same_model_secondaries(recv: dict) -> list[str]:
         (m, se), ood = mean_se(diffs(ps)), mean_se(diffs(ps, "ood"))
         id_ok = m >= -2 * (0.0 if se != se else se)
         folds = [token_ratio(b, a) for _, _, a, b in ps]
-        lines.append(f"| {kind} | {len(ps)} | {_fmt(m, se)} | {_fmt(*ood)} | {'met' if id_ok else 'not met'} | "
+        lines.append(f"| {kind} | {len(ps)} | {_signed(m, se)} | {_signed(*ood)} | {'met' if id_ok else 'not met'} | "
                      f"{', '.join(f'{f:.2f}' for f in folds)} | "
                      f"{'met' if all(f >= TOKENS_SAME for f in folds) else 'not met'} |")
     return lines
@@ -153,7 +158,7 @@ def spans(rounds: list[int]) -> str:
         if i + 1 == len(rounds) or rounds[i + 1] != r + 1:
             out.append(str(start) if start == r else f"{start}–{r}")
             start = None
-    return ", ".join(out) or "none"
+    return ", ".join(out)
 
 
 def filling(recv: dict) -> list[str]:
@@ -163,7 +168,8 @@ def filling(recv: dict) -> list[str]:
         for i in range(GEMMA + 1):
             for seed, run in sorted(recv.get(f"{arm}-{i}", {}).items()):
                 rounds = run["rounds"]
-                parts = [f"{k}: used in rounds {spans([r['round'] for r in rounds if r.get(f'worth/{k}/used')])}"
+                parts = [f"{k}: " + (f"used in rounds {used}" if (used := spans(
+                             [r["round"] for r in rounds if r.get(f"worth/{k}/used")])) else "never used")
                          for k in WORTH_KINDS if any(r.get(f"worth/{k}/used") is not None for r in rounds)]
                 guard = {r["round"]: r.get("swarm/guard_level") for r in rounds if r.get("swarm/guard_level")}
                 parts.append("guard: " + (", ".join(f"level {v} in rounds {spans([r for r, x in guard.items() if x == v])}"
