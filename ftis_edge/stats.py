@@ -1,6 +1,7 @@
 """The package's statistics, pure functions of counts and values (no I/O, no package import):
 the intervals the eval command and the held-out eval print, the paired change the guard judges,
-the exact McNemar tests, and the mean ± SE the experiment reports give.
+the exact McNemar tests, and the mean ± SE and one-sided t-test over seeds the experiment
+reports give.
 
 One z for every 95% interval (``Z95``), so an accuracy's interval and a change's interval are
 the same kind of 95%.
@@ -85,3 +86,39 @@ def mean_se(values: Iterable[float | None]) -> tuple[float, float]:
         return float("nan"), float("nan")
     se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
     return statistics.fmean(xs), se
+
+
+def t_sf(t: float, df: int) -> float:
+    """P(T > t) for Student's t with a whole number of degrees of freedom: the closed series of
+    Abramowitz & Stegun 26.7.3–4 (exact; the standard library has no t distribution)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    theta = math.atan(abs(t) / math.sqrt(df))
+    s, c = math.sin(theta), math.cos(theta)
+    if df % 2:          # odd: A = (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        term, series = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= (2 * k) / (2 * k + 1) * c * c
+            series += term
+        inside = 2 / math.pi * (theta + s * c * series)
+    else:               # even: A = sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+        term, series = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= (2 * k - 1) / (2 * k) * c * c
+            series += term
+        inside = s * series
+    tail = max(0.0, (1 - inside) / 2)       # P(T > |t|)
+    return tail if t >= 0 else 1 - tail
+
+
+def t_test_greater(values: Iterable[float | None]) -> tuple[float, float]:
+    """One-sample one-sided t-test of mean > 0 over the values that exist: (t, p). NaN for fewer
+    than two values; a zero spread gives t = ±inf (p 0 or 1) unless the mean is 0 too (p = 0.5)."""
+    xs = [x for x in values if x is not None and not math.isnan(x)]
+    if len(xs) < 2:
+        return float("nan"), float("nan")
+    m, sd = statistics.fmean(xs), statistics.stdev(xs)
+    if sd == 0:
+        return (0.0, 0.5) if m == 0 else (math.copysign(math.inf, m), 0.0 if m > 0 else 1.0)
+    t = m / (sd / math.sqrt(len(xs)))
+    return t, t_sf(t, len(xs) - 1)

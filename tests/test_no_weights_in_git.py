@@ -132,3 +132,39 @@ def test_a_gzip_published_run_reads_back_the_same_for_the_analysis(tmp_path):
     assert analyze.load_all(packed)["h6"]["alone-3"][0]["evals"]["ood"]["accuracy"] == 0.5
     assert records.eval_of(packed / "base", "id") == evaluation                  # the baseline travels too
     assert analyze.base_accuracy(packed, analyze.load_all(packed))["id_value"] == 1.0
+
+
+def test_publish_keeps_a_run_on_nodes_mark_and_names_its_round_r_weights(tmp_path):
+    """H7's nodes 0-2 ran on past R (experiments/repro/runon.py): stopped by the runner ("signal",
+    not "steps"), marked done, scored on their round-R checkpoint's export. docs/ gets the mark (so
+    the analysis counts rounds 1..R) and weights.json names the file the evals scored, not the last
+    adapter; a fully fine-tuned node's exported model is named too."""
+    from experiments.repro import analyze, runon
+    seed = tmp_path / "runs" / "h7" / "s0"
+    run = seed / "worth-0"
+    (run / "adapter").mkdir(parents=True)
+    rows = [{"type": "start"}] + [{"type": "round", "round": r, "gen/tokens": 10} for r in (1, 2, 3)] + \
+           [{"type": "stop", "round": 3, "reason": "signal"}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.toml").write_text('[node]\nid = "node-0"\n')
+    (run / "eval-id.json").write_text(json.dumps({"accuracy": 0.5, "n": 1, "items": [{"id": "a", "correct": True}]}))
+    (run / "adapter" / "adapter-v000003.gguf").write_bytes(b"3" * 100)         # round 3's: not scored
+    (runon.snapshot_dir(run) / "export").mkdir(parents=True)
+    (runon.snapshot_dir(run) / "export" / "adapter.gguf").write_bytes(b"2" * 50)
+    runon.mark(run, 2, "worth-3")
+    full = seed / "alone-2"
+    (full / "export").mkdir(parents=True)
+    (full / "metrics.jsonl").write_text('{"type":"start"}\n{"type":"round","round":1}\n{"type":"stop","reason":"steps"}\n')
+    (full / "export" / "model-f16.gguf").write_bytes(b"f" * 70)
+
+    publish.publish(tmp_path / "runs", tmp_path / "docs", "runs/h7", gz=True)
+
+    out = tmp_path / "docs" / "h7" / "s0" / "worth-0"
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "eval-id.json.gz", "metrics.jsonl.gz",
+                                                     "scored-round.json.gz", "weights.json"]
+    record = json.loads((out / "weights.json").read_text())
+    assert record["removed"][0]["file"] == "scored/export/adapter.gguf" and record["removed"][0]["bytes"] == 50
+    assert "round-2 checkpoint" in record["what"]
+    assert [r["round"] for r in analyze.load_run(out)["rounds"]] == [1, 2]
+    merged = json.loads((tmp_path / "docs" / "h7" / "s0" / "alone-2" / "weights.json").read_text())
+    assert merged["removed"][0]["file"] == "export/model-f16.gguf" and "--receivers alone-2" in merged["rebuild"]

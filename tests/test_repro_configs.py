@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.repro import batches, run
+from experiments.repro import batches, run, runon
 from ftis_edge import config
 from procs import ROOT
 
@@ -65,7 +65,9 @@ def test_swarm_batches_pair_each_node_with_itself_alone(name, tmp_path):
             assert al.mode == "alone" and not al.swarm.share
             # the same node: model, trainable, engine; the same prompts per round, group size, tokens, rounds
             assert (sw.model, sw.train.trainable) == (al.model, al.train.trainable)
-            assert (sw.task, sw.node.rounds) == (al.task, al.node.rounds) == (al.task, batch.rounds)
+            # (a node that runs on past R until its arm's slowest stops is scored on round R: test below)
+            rounds = runon.limit(batch.rounds) if batch.runs_on(f"{arm}-{i}") else batch.rounds
+            assert (sw.task, sw.node.rounds, al.node.rounds) == (al.task, rounds, batch.rounds)
             if sw.swarm.own_groups:     # batch fill: peers fill exactly the slots own generation leaves
                 assert sw.swarm.max_peer_groups == sw.task.prompts_per_round - sw.swarm.own_groups
             else:                       # a node takes every group the other K - 1 nodes share each round
@@ -132,7 +134,8 @@ def test_expert_batches_train_the_expert_first_then_share_it(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(n for n, b in batches.BATCHES.items() if getattr(b, "settings", None)))
 def test_issue18_batches_resume_every_round_and_evaluate_200_prompts(name, tmp_path):
     batch = batches.BATCHES[name]
-    cfg = next(iter(run.receiver_configs(batch, 0, None, tmp_path, ADDR, "s").values()))
+    cfg = next(c for n, c in run.receiver_configs(batch, 0, None, tmp_path, ADDR, "s").items()
+               if not run.runs_on(batch, n))      # (H7's nodes that run on past R: their own test)
     assert cfg["node"]["checkpoint_every"] == 1 and cfg["node"]["rounds"] == batch.rounds
     assert run.eval_limit(batch, None) >= 200 and run.eval_limit(batch, 30) == 30
 
@@ -305,7 +308,29 @@ def test_h7_is_the_registered_design(tmp_path):
         ftis, worth = loaded[f"ftis-{i}"], loaded[f"worth-{i}"]
         assert not ftis.swarm.fill_by_worth and ftis.swarm.prompt_choice == "stream"
         assert worth.swarm.fill_by_worth and worth.swarm.prompt_choice == "outcomes"
-        assert ftis.swarm.own_groups == worth.swarm.own_groups == 1 and ftis.node.rounds == 32
+        assert ftis.swarm.own_groups == worth.swarm.own_groups == 1
+        assert ftis.node.rounds == worth.node.rounds == (32 if i == 3 else runon.limit(32))   # R = 32; 0-2 run on
         assert (ftis.model, ftis.train) == (worth.model, worth.train)
     gemma1 = loaded["alone1-3"]
     assert gemma1.model.spec == "gemma3-270m" and gemma1.task.prompts_per_round == 1 and gemma1.mode == "alone"
+
+
+def test_h7_smollm2_peers_run_on_until_the_gemma_node_stops(tmp_path):
+    """H7's registration: nodes 0-2 of each swarm arm run past R with a checkpoint every round (the
+    runner stops them at node 3's stop and scores round R); node 3, the twins alone and alone1-3
+    run R rounds. Other batches are untouched."""
+    batch = batches.BATCHES["h7"]
+    for rounds, r in ((None, 32), (2, 2)):          # the batch's R, and a pilot's --rounds
+        cfgs = run.receiver_configs(batch, 0, rounds, tmp_path, ADDR, "repro-h7-s0")
+        loaded = {n: config.load(run.write_config(c, tmp_path / f"{n}.toml")) for n, c in cfgs.items()}
+        on = {n for n in loaded if run.runs_on(batch, n)}
+        assert on == {f"{arm}-{i}" for arm in ("ftis", "worth") for i in range(3)}
+        for n, c in loaded.items():
+            if n in on:
+                assert c.node.rounds == runon.limit(r) > r and c.node.checkpoint_every == 1
+                assert run.waits_for(batch, n) == f"{n.rsplit('-', 1)[0]}-3"
+            else:
+                assert c.node.rounds == r, n
+    for name, b in batches.BATCHES.items():
+        if name != "h7":
+            assert not any(run.runs_on(b, n) for n in b.receivers), name

@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from experiments.repro import records
+from experiments.repro import records, runon
 from experiments.repro.batches import BATCHES, SwarmBatch
 from experiments.repro.run import EVAL_SETS, completed
 from ftis_edge.metrics import round_records
@@ -29,10 +29,12 @@ LAST = 3          # "final reward" = mean reward/own over the last LAST rounds
 # --- loading -----------------------------------------------------------------------------------
 
 def load_run(run_dir: Path) -> dict | None:
-    """One receiver's rounds and evals, or None when it did not finish."""
+    """One receiver's rounds and evals, or None when it did not finish. A node that ran on past R
+    until its arm's slowest node stopped (H7, runon.py) counts its rounds 1..R, the ones its
+    round-R weights were trained in."""
     recs = records.metrics(run_dir)          # plain or gzip-compressed (publish.py --gzip)
-    rounds = round_records(recs)
-    if not rounds or not completed(recs):
+    rounds = runon.rounds_to_score(round_records(recs), run_dir)
+    if not rounds or not (completed(recs) or runon.scored_round(run_dir) is not None):
         return None
     evals = {}
     for which in EVAL_SETS:

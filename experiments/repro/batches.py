@@ -94,9 +94,20 @@ class SwarmBatch:
     arms: dict[str, dict] = field(default_factory=lambda: {"swarm": {}})
     per_node: list[dict] = field(default_factory=list)
     extras: dict[str, tuple[int, dict]] = field(default_factory=dict)   # name -> (node i, overrides of its twin alone)
+    # H7: in every arm, the nodes other than this one run on past R (checkpointing every round)
+    # until this node's stop record, and are scored on their round-R checkpoint (runon.py)
+    run_on_until: int | None = None
 
     def node_config(self, i: int) -> dict:
         return merge(self.node, self.per_node[i] if self.per_node else {})
+
+    def runs_on(self, name: str) -> bool:
+        """Whether receiver NAME runs on past R (a swarm arm's node other than ``run_on_until``;
+        never a node alone, whose rounds are the twin's R)."""
+        if self.run_on_until is None or name not in self.receivers:
+            return False
+        arm, i = name.rsplit("-", 1)
+        return arm in self.arms and int(i) != self.run_on_until
 
     @property
     def receivers(self) -> dict[str, dict]:
@@ -313,4 +324,5 @@ BATCHES["h7"] = SwarmBatch(
     arms={"ftis": merge(_fill(1), _method("f-tis"), PROTECTIONS_OFF),
           "worth": merge(_fill(1), _method("f-tis"), PROTECTIONS_OFF, WORTH_ON)},
     extras={"alone1-3": (3, {"task": {"prompts_per_round": 1}})},
+    run_on_until=3,     # the SmolLM2 peers keep sending until the Gemma node stops (registered)
 )

@@ -19,13 +19,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from experiments.repro import records
+from experiments.repro import records, runon
 from experiments.repro.batches import BATCHES, SwarmBatch
 from experiments.repro.run import last_adapter  # (the weights run.py evaluates)
 
 ROOT = Path(__file__).resolve().parents[2]
 
-KEEP = ("config.toml", "metrics.jsonl", "eval-*.json", "*.md")
+KEEP = ("config.toml", "metrics.jsonl", "eval-*.json", "*.md", runon.MARK)
 WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".pt", ".pth", ".bin", ".ckpt")
 WEIGHTS_FILE = "weights.json"
 RUN_PY = ".venv/bin/python -m experiments.repro.run"
@@ -50,15 +50,39 @@ def rebuild_command(batch_name: str, seed: int, name: str, out: str) -> str:
     return f"{RUN_PY} {batch_name} --seeds {seed} --out {out} --receivers {' '.join(receivers)}"
 
 
-def weights_record(run_dir: Path, weights: list[Path], command: str, machine_note: str = "") -> dict:
+LAST_SYNC = ("the GGUF LoRA adapter of the run's last weight sync: the weights its eval-id.json and "
+             "eval-ood.json scored (run.py evaluates the newest adapter-v*.gguf)")
+
+
+def scored_weights(run_dir: Path) -> tuple[Path, str] | None:
+    """The weight file run.py's evals of RUN_DIR scored, and what it is (None: none there)."""
+    r = runon.scored_round(run_dir)
+    if r is not None:       # ran on past R: its round-R checkpoint's export (run.scored_job)
+        export = runon.snapshot_dir(run_dir) / "export"
+        for name, what in (("adapter.gguf", "GGUF LoRA adapter"), ("model-f16.gguf", "merged F16 model")):
+            if (export / name).is_file():
+                return export / name, (f"the {what} of the run's round-{r} checkpoint, which its eval-id.json and "
+                                       f"eval-ood.json scored (it ran on past round {r}: {runon.MARK})")
+        return None
+    adapter = last_adapter(run_dir)
+    if adapter is not None:
+        return adapter, LAST_SYNC
+    merged = run_dir / "export" / "model-f16.gguf"       # full fine-tuning on HF: exported, then scored
+    if merged.is_file():
+        return merged, ("the merged F16 model exported from the run's last checkpoint (ftis-edge export "
+                        "--latest), which its eval-id.json and eval-ood.json scored")
+    return None
+
+
+def weights_record(run_dir: Path, weights: list[Path], command: str, machine_note: str = "",
+                   what: str = LAST_SYNC) -> dict:
     """What weights.json says: each weight file by its path in the run, size and sha256, and how to
     get it back."""
     swarm = "the floats of a swarm node also depend on when its peers' groups arrived; "
     return {
         "removed": [{"file": str(w.relative_to(run_dir)), "bytes": w.stat().st_size, "sha256": sha256(w)}
                     for w in weights],
-        "what": "the GGUF LoRA adapter of the run's last weight sync: the weights its eval-id.json and "
-                "eval-ood.json scored (run.py evaluates the newest adapter-v*.gguf)",
+        "what": what,
         "rebuild": command,
         "reproducible": "the same command, code and machine repeat an isolated node's run; "
                         + swarm + "another machine gives other floats from the first update on "
@@ -116,6 +140,8 @@ def run_dirs(src: Path) -> list[Path]:
 def still_open(run_dir: Path) -> bool:
     """A run whose last start has no stop record after it: still training, or killed and waiting for
     run.py to resume it. Its records would be half a run in docs/ (a stopped peer has its stop)."""
+    if runon.scored_round(run_dir) is not None:     # ran on past R, stopped and marked done by run.py
+        return False
     marks = [r["type"] for r in records.metrics(run_dir) if r.get("type") in ("start", "stop")]
     return not marks or marks[-1] != "stop"
 
@@ -147,12 +173,12 @@ def publish(src: Path, dest: Path, out_arg: str, dry_run: bool = False, gz: bool
             for f in files:
                 copy_kept(f, target, gz)
         done.append(f"{target}: {', '.join(kept_name(f, gz) for f in files)}")
-        where, adapter = layout(src, rd), last_adapter(rd)
-        if where and adapter is not None:
-            record = weights_record(rd, [adapter], rebuild_command(*where, out_arg))
+        where, scored = layout(src, rd), scored_weights(rd)
+        if where and scored is not None:
+            record = weights_record(rd, [scored[0]], rebuild_command(*where, out_arg), what=scored[1])
             if not dry_run:
                 (target / WEIGHTS_FILE).write_text(json.dumps(record, indent=1) + "\n")
-            done.append(f"{target / WEIGHTS_FILE}: {adapter.name} {record['removed'][0]['sha256'][:12]}…")
+            done.append(f"{target / WEIGHTS_FILE}: {scored[0].name} {record['removed'][0]['sha256'][:12]}…")
     return done
 
 

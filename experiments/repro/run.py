@@ -16,6 +16,10 @@ Batches with an expert (batches.Expert) first train the expert alone, once, in
 OUT/experts/NAME; each seed's peer then starts from a copy of the expert's run (its last
 checkpoint) and shares, frozen (lr 0) or still learning. Swarm batches (batches.SwarmBatch)
 run K nodes that all share and learn from each other, and the same K nodes alone.
+
+In a swarm batch with ``run_on_until`` (H7), the other nodes of each arm run on past R until
+that node has its stop record, and are scored on their round-R checkpoint (runon.py: what is
+kept where, and why their stop reason is not "steps").
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.repro import runon
 from experiments.repro.batches import BATCHES, COMMON, PEER, RECEIVER, SwarmBatch, merge
 from ftis_edge import checkpoint
 from ftis_edge import config as cfgmod
@@ -54,8 +59,22 @@ def completed(records: list[dict]) -> bool:
     return bool(stops) and stops[-1].get("reason") == "steps"
 
 
-def finished(run_dir: Path) -> bool:
+def finished(run_dir: Path, runs_on: bool = False) -> bool:
+    """A receiver that needs no more training: it did all its rounds, or (``runs_on``: a node that
+    runs on past R, runon.py) the runner stopped it after its arm's slowest node and marked it."""
+    if runs_on:
+        return runon.scored_round(run_dir) is not None
     return (run_dir / "metrics.jsonl").exists() and completed(read_metrics(run_dir))
+
+
+def runs_on(batch, name: str) -> bool:
+    """Whether receiver NAME of BATCH runs on past R until its arm's slowest node stops (H7)."""
+    return isinstance(batch, SwarmBatch) and batch.runs_on(name)
+
+
+def waits_for(batch, name: str) -> str:
+    """The receiver a run-on node waits for: the same arm's ``run_on_until`` node."""
+    return f"{name.rsplit('-', 1)[0]}-{batch.run_on_until}"
 
 
 def receiver_configs(batch, seed: int, rounds: int, out: Path, addr: str, swarm: str) -> dict[str, dict]:
@@ -75,6 +94,8 @@ def receiver_configs(batch, seed: int, rounds: int, out: Path, addr: str, swarm:
             "node": {"id": node_id, "seed": node_seed, "rounds": rounds, "run_dir": str(out / name)},
             "swarm": {"relay": "" if alone else addr, "name": topic, "collaboration": batch.collaboration},
         }, over)
+        if runs_on(batch, name):    # on past R until the runner stops it; round R is the one scored
+            cfgs[name]["node"].update(rounds=runon.limit(rounds), checkpoint_every=1)
     return cfgs
 
 
@@ -170,7 +191,11 @@ def train(batch, seed: int, rounds: int | None, out: Path, timeout_s: float, exp
     port = free_port()
     addr, swarm = f"tcp://127.0.0.1:{port}", f"repro-{batch.name}-s{seed}"
     cfgs = receiver_configs(batch, seed, rounds, out, addr, swarm)
-    todo = {n: c for n, c in cfgs.items() if (only is None or n in only) and not finished(out / n)}
+    watch = runon.Watch({n: (out / n, out / waits_for(batch, n)) for n in cfgs if runs_on(batch, n)},
+                        batch_rounds(batch, rounds), finished)
+    for line in watch.poll({}):     # a node past R whose arm's slowest finished meanwhile: done, not restarted
+        print(f"[{batch.name} s{seed}] {line}", flush=True)
+    todo = {n: c for n, c in cfgs.items() if (only is None or n in only) and not finished(out / n, runs_on(batch, n))}
     if not todo:
         return
     expert = getattr(batch, "expert", None)
@@ -191,10 +216,16 @@ def train(batch, seed: int, rounds: int | None, out: Path, timeout_s: float, exp
             peer_cfg = peer_config(batch, seed, rounds, out, addr, swarm, expert_rounds)
             procs["peer"] = start_node(write_config(peer_cfg, out / "peer.toml"), out / "peer.out", out / "peer")
         for name, c in todo.items():
+            if runs_on(batch, name) and not has_checkpoint(out / name):
+                runon.reset(out / name)         # a fresh start keeps nothing of an older run's round R
             procs[name] = start_node(write_config(c, out / f"{name}.toml"), out / f"{name}.out", out / name)
         deadline = time.time() + timeout_s
         while time.time() < deadline and any(p.poll() is None for n, p in procs.items() if n != "peer"):
             time.sleep(2.0)
+            for line in watch.poll(procs):
+                print(f"[{batch.name} s{seed}] {line}", flush=True)
+        for line in watch.poll(procs):      # the last ones to stop
+            print(f"[{batch.name} s{seed}] {line}", flush=True)
         for name, p in procs.items():
             if name != "peer" and p.returncode not in (0, None):
                 print(f"[{batch.name} s{seed}] {name} exited with {p.returncode}: see {out / name}.out", flush=True)
@@ -243,23 +274,41 @@ def evaluated_prompts(path: Path) -> int:
     return len(json.loads(path.read_text()).get("items", [])) if path.exists() else 0
 
 
-def run_eval_cmd(run_dir: Path, which: str, limit: int, out_json: Path) -> list[str]:
+def run_eval_cmd(run_dir: Path, which: str, limit: int, out_json: Path, lora: bool | None = False) -> list[str]:
     """Evaluate a node's own final weights whatever it trained (`eval --model RUN_DIR`: its LoRA
-    on its base model, or its merged model: ``export_cmd`` makes that first)."""
+    on its base model, or its merged model: ``export_cmd`` makes that first). ``lora=None``: by
+    the run's config (its adapter may not be written yet when the command is made)."""
     cmd = eval_cmd(None, which, limit, "f16", out_json)
-    if (run_dir / "adapter" / "latest.gguf").exists():
+    if lora is None:
+        lora = cfgmod.load(run_dir / "config.toml").train.trainable == "lora"
+    if lora or (run_dir / "adapter" / "latest.gguf").exists():
         return cmd + ["--model", str(run_dir)]
     return cmd + ["--model", str(run_dir / "export" / "model-f16.gguf")]
 
 
-def export_cmd(run_dir: Path) -> list[str] | None:
+def export_cmd(run_dir: Path, force: bool = False) -> list[str] | None:
     """A run without adapter/latest.gguf (full fine-tuning on HF: live weights) is exported from
-    its last checkpoint to one merged GGUF, once, before its evals (None: nothing to export)."""
-    if (run_dir / "adapter" / "latest.gguf").exists() or (run_dir / "export" / "model-f16.gguf").exists():
+    its last checkpoint to one merged GGUF, once, before its evals (None: nothing to export);
+    ``force``: whatever it trained (a run-on node's round-R checkpoint, runon.py)."""
+    if (run_dir / "export" / "model-f16.gguf").exists() or \
+            ((run_dir / "adapter" / "latest.gguf").exists() and not force):
         return None
     # --latest: the final weights, as a LoRA node's adapter/latest.gguf (not the best kept by the in-run eval)
     return [str(BIN / "ftis-edge"), "export", str(run_dir), "--to", str(run_dir / "export"), "--quant", "f16",
             "--eval-limit", "0", "--latest"]
+
+
+def scored_job(run_dir: Path, todo: list[str], limit: int) -> tuple[list[str], Path]:
+    """One job for a run-on node: export its round-R checkpoint (runon.py's scored/), then score it
+    as its twin is scored: a LoRA node's adapter on its base model (scored/ as a run directory
+    with that adapter as adapter/latest.gguf), a fully fine-tuned node's merged F16 model."""
+    snap = runon.snapshot_dir(run_dir)
+    steps = [c for c in [export_cmd(snap, force=True)] if c]
+    if cfgmod.load(snap / "config.toml").train.trainable == "lora":
+        steps += [["mkdir", "-p", str(snap / "adapter")],
+                  ["ln", "-f", str(snap / "export" / "adapter.gguf"), str(snap / "adapter" / "latest.gguf")]]
+    steps += [run_eval_cmd(snap, which, limit, run_dir / f"eval-{which}.json", lora=None) for which in todo]
+    return ["sh", "-c", " && ".join(shlex.join(c) for c in steps)], run_dir / "eval.out"
 
 
 def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = None) -> list:
@@ -269,10 +318,14 @@ def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = N
         rd = out / name
         if only is not None and name not in only:
             continue
-        if not finished(rd) or (last_adapter(rd) is None and not own_weights):
+        if not finished(rd, runs_on(batch, name)) or (last_adapter(rd) is None and not own_weights):
             continue
         precision = merge(RECEIVER, batch.receivers[name])["model"]["precision"]   # evaluate as it generated
         todo = [which for which in EVAL_SETS if not (rd / f"eval-{which}.json").exists()]
+        if runs_on(batch, name):
+            if todo:
+                jobs.append(scored_job(rd, todo, limit))
+            continue
         cmds = [run_eval_cmd(rd, which, limit, rd / f"eval-{which}.json") if own_weights else
                 eval_cmd(rd, which, limit, precision, rd / f"eval-{which}.json") for which in todo]
         export = export_cmd(rd) if own_weights and cmds else None
