@@ -193,17 +193,19 @@ class SamplingGenerator:
             try:
                 ids.append(check_prompt(p, self.n_vocab, s.max_new_tokens, self.n_ctx))
             except GenerationError as e:
-                raise GenerationError(f"prompt {i} of {len(prompts)}: {e}") from None
+                raise GenerationError(f"prompt {i + 1} of {len(prompts)}: {e}") from None
+        samplers = list(samplers)
         shared = shared_prefix_len(ids)
+        n_slots = 0
+        if self._pool_start is not None and self._batch_size(n) // n >= 2:
+            n_slots = self._pool_slots(n, shared, max(len(p) - shared + s.max_new_tokens for p, s in zip(ids, samplers)))
         if self._batch_start is not None and shared >= 1 and self._batch_rows // n >= 2:
-            return self._timed(ids, n, lambda: self._decode_batches(ids, n, list(samplers), on_done,
-                                                                    self._batch_rows // n))
-        if self._pool_start is None or self._batch_size(n) // n < 2:
-            return self._one_at_a_time(ids, n, samplers, on_done)
-        n_slots = self._pool_slots(n, shared, max(len(p) - shared + s.max_new_tokens for p, s in zip(ids, samplers)))
-        if n_slots // n < 2:                  # the cache holds one prompt's sequences at a time
-            return self._one_at_a_time(ids, n, samplers, on_done)
-        return self._timed(ids, n, lambda: self._decode_pool(ids, n, list(samplers), on_done, n_slots, shared))
+            decode = lambda: self._decode_batches(ids, n, samplers, on_done, self._batch_rows // n)  # noqa: E731
+        elif n_slots // n >= 2:               # else the cache holds one prompt's sequences at a time
+            decode = lambda: self._decode_pool(ids, n, samplers, on_done, n_slots, shared)  # noqa: E731
+        else:
+            decode = lambda: self._one_at_a_time(ids, n, samplers, on_done)  # noqa: E731
+        return self._timed(ids, n, decode)
 
     def _timed(self, ids: list[list[int]], n: int, decode) -> list[list[Completion]]:
         """Run ``decode()`` in inference mode; ``stats`` of all its prompts together."""
@@ -237,11 +239,13 @@ class SamplingGenerator:
         return out
 
     def _one_at_a_time(self, prompts, n: int, samplers, on_done) -> list[list[Completion]]:
-        out = []
+        out, logits = [], []
         for i, (p, s) in enumerate(zip(prompts, samplers)):
             out.append(self.generate(p, n, s))
+            logits += self.last_logits            # generate keeps only its own
             if on_done:
                 on_done(i, out[-1])
+        self.last_logits = logits
         return out
 
     def _decode_pool(self, prompts: list[list[int]], k: int, samplers: list[SamplerSettings],
