@@ -9,17 +9,21 @@ x 8 completions a round, max_completion_length 64, `eval.prompts = 32`, `model.t
 * `hf-after`: the same node as it is now (the eval's 32 prompts in one padded batch).
 
 Each runs ``--rounds`` rounds with an eval every round (the eval's cost does not depend on how
-often it runs), one after the other. Per arm: the training round (`time/round_s`, mean), one eval
+often it runs), one after the other (``--h6`` instead: the share in H6's committed records per
+node kind, from ``time/eval_s`` and each run's wall time). Per arm: the training round (`time/round_s`, mean), one eval
 (generation + grading + keeping the best weights), and the share of wall time an H6 run (32 rounds,
 `eval.every = 8`: evals at rounds 0, 8, 16, 24, 32) spends in the eval, from these measurements.
 The two HF arms must train identically and score the same held-out tokens (the batch changes only
 how the answers are decoded). The machine is shared: the 1-minute load average is printed beside
 each arm; compare ratios within one run.
 
-    .venv/bin/python -m benchmarks.bench_eval_share [--rounds 1] [--arms llamacpp,hf-before,hf-after] [--json out.json]
+    .venv/bin/python -m benchmarks.bench_eval_share [--rounds 1] [--arms llamacpp,hf-before,hf-after]
+        [--keep DIR | --records DIR] [--json out.json]
+    .venv/bin/python -m benchmarks.bench_eval_share --h6
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -45,8 +49,8 @@ START = ("import sys, ftis_edge.generate.hf as hf\n"
 
 
 def run_node(folder: Path, arm: str, rounds: int) -> dict:
+    """Run one arm's node in ``folder / arm``; its metrics.jsonl stays there, with load.json beside it."""
     from ftis_edge import config
-    from ftis_edge.metrics import read_rounds
     source, before = ARMS[arm]
     cfg = config.load(source, {"node.run_dir": str(folder / arm), "node.rounds": rounds,
                                "node.checkpoint_every": rounds, "eval.every": 1})
@@ -60,33 +64,81 @@ def run_node(folder: Path, arm: str, rounds: int) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{arm}: the node failed:\n{proc.stdout[-3000:]}")
-    recs = read_rounds(folder / arm)
-    # round 1's time/eval_s is the base model's eval plus round 1's: count evals, not records
-    evals = [recs[0]["eval/base_wall_s"]] + [r["eval/wall_s"] for r in recs if r.get("eval/wall_s") is not None]
-    kept = sum(r["time/eval_s"] for r in recs) - sum(evals)          # keeping the best weights, logging
-    out = {"wall_s": wall, "load_before": load, "load_after": os.getloadavg()[0],
-           "round_s": statistics.mean(r["time/round_s"] for r in recs),
-           "eval_s": statistics.mean(evals) + kept / len(evals), "evals": len(evals),
-           "eval_tokens": [r.get("eval/tokens") for r in recs], "eval_accuracy": [r.get("eval/accuracy") for r in recs],
+    (folder / arm / "load.json").write_text(json.dumps({"wall_s": wall, "load_before": load,
+                                                        "load_after": os.getloadavg()[0]}))
+    return summarize(folder / arm, arm)
+
+
+def summarize(run_dir: Path, arm: str) -> dict:
+    """One arm's training round, one eval, and the share of an H6 run, from its records."""
+    from ftis_edge.metrics import read_rounds
+    recs = read_rounds(run_dir)
+    evals = [r for r in recs if r.get("eval/wall_s") is not None]
+    walls = [recs[0]["eval/base_wall_s"]] + [r["eval/wall_s"] for r in evals]
+    # an eval round's time/eval_s = its eval + keeping the best weights (in round 1's record its
+    # own, which replaces the base eval's): the keeping, per eval, from those rounds
+    keep = statistics.mean(r["time/eval_s"] - r["eval/wall_s"] for r in evals) if evals else 0.0
+    load_file = run_dir / "load.json"
+    out = {**(json.loads(load_file.read_text()) if load_file.is_file() else {}),
+           "round_s": statistics.mean(r["time/round_s"] for r in recs), "eval_s": statistics.mean(walls) + keep,
+           "eval_walls": walls, "evals": len(walls), "eval_tokens": [r.get("eval/tokens") for r in recs],
+           "eval_accuracy": [r.get("eval/accuracy") for r in recs],
            "training": [{k: r.get(k) for k in TRAINING_KEYS} for r in recs]}
     k = evals_in_a_run(H6_ROUNDS, H6_EVERY)
     out["h6_share"] = k * out["eval_s"] / (H6_ROUNDS * out["round_s"] + k * out["eval_s"])
-    print(f"[{time.strftime('%H:%M:%S')}] {arm}: {wall:.0f} s, round {out['round_s']:.1f} s, eval {out['eval_s']:.1f} s, "
-          f"share {100 * out['h6_share']:.1f}% (load {load:.1f} -> {out['load_after']:.1f})", file=sys.stderr, flush=True)
+    print(f"[{time.strftime('%H:%M:%S')}] {arm}: round {out['round_s']:.1f} s, eval {out['eval_s']:.1f} s, "
+          f"share {100 * out['h6_share']:.1f}% (load {out.get('load_before', float('nan')):.1f} -> "
+          f"{out.get('load_after', float('nan')):.1f})", file=sys.stderr, flush=True)
     return out
+
+
+def h6_shares() -> list[str]:
+    """The eval's share of each committed H6 run's wall time (first record to last), by node kind:
+    ``time/eval_s`` over its round records (round 1's carries the base model's eval)."""
+    from experiments.repro import records
+    kinds = {"llamacpp": "SmolLM2 / Gemma 3 LoRA, llama.cpp (nodes 0, 1, 3)", "hf": "SmolLM2 full FT, HF (node 2)"}
+    shares: dict[tuple[str, str], list[float]] = {}
+    for run in sorted(p.parent for p in (H6.parent).glob("s*/*/metrics.jsonl.gz")):
+        recs = records.metrics(run)
+        eval_s = sum(r.get("time/eval_s", 0.0) for r in records.rounds(run))
+        arm = "alone" if run.name.startswith("alone") else "swarm"
+        shares.setdefault((recs[0]["backend"], arm), []).append(eval_s / (recs[-1]["time"] - recs[0]["time"]))
+    lines = ["| H6 node kind | runs alone: eval share of wall time | swarm runs (ftis, protect) |", "|---|---|---|"]
+    for kind, words in kinds.items():
+        cells = [f"{100 * min(v):.1f}–{100 * max(v):.1f}% ({len(v)} runs)"
+                 for v in (shares.get((kind, "alone"), [0.0]), shares.get((kind, "swarm"), [0.0]))]
+        lines.append(f"| {words} | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--rounds", type=int, default=1, help="rounds of each run, an eval after each (default 1)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--keep", type=Path, default=None, help="run the nodes in this folder and keep their records")
+    ap.add_argument("--records", type=Path, default=None,
+                    help="do not run: summarise the records an earlier --keep left in this folder")
+    ap.add_argument("--h6", action="store_true", help="only the share in H6's committed records (no run)")
     args = ap.parse_args()
+    if args.h6:
+        print("\n".join(h6_shares()))
+        return 0
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
         ap.error(f"--arms: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ARMS)}")
-    with tempfile.TemporaryDirectory(prefix="bench-eval-share-") as tmp:
-        res = {arm: run_node(Path(tmp), arm, args.rounds) for arm in arms}
+    if args.records is not None:
+        missing = [a for a in arms if not (args.records / a / "metrics.jsonl").is_file()]
+        if missing:
+            ap.error(f"--records {args.records}: no metrics.jsonl of {', '.join(missing)}")
+        res = {arm: summarize(args.records / arm, arm) for arm in arms}
+        args.rounds = len(res[arms[0]]["training"])
+    elif args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        res = {arm: run_node(args.keep, arm, args.rounds) for arm in arms}
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-eval-share-") as tmp:
+            res = {arm: run_node(Path(tmp), arm, args.rounds) for arm in arms}
     k = evals_in_a_run(H6_ROUNDS, H6_EVERY)
     lines = [f"### The in-run eval's share of an H6 run ({H6_ROUNDS} rounds, an eval every {H6_EVERY}: {k} evals of "
              f"32 prompts), measured side by side ({args.rounds} round(s) per arm, an eval every round)", "",
@@ -95,7 +147,7 @@ def main() -> int:
     for arm, r in res.items():
         lines.append(f"| {arm} | {r['round_s']:.1f} s | {r['eval_s']:.1f} s (mean of {r['evals']}) | "
                      f"{r['eval_s'] / r['round_s']:.2f} | **{100 * r['h6_share']:.1f}%** | "
-                     f"{r['load_before']:.1f} → {r['load_after']:.1f} |")
+                     f"{r.get('load_before', float('nan')):.1f} → {r.get('load_after', float('nan')):.1f} |")
     same = None
     if "hf-before" in res and "hf-after" in res:
         b, a = res["hf-before"], res["hf-after"]
