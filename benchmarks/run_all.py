@@ -97,6 +97,8 @@ BENCHMARKS = [
           "fit.py's memory estimate against a real node's peak RSS", 1.0),
     Bench("bench_heldout", ("--rounds", "1"), ("--rounds", "1"),
           "the held-out eval inside the run: its cost beside a training round", 3.0),
+    Bench("bench_eval_share", ("--arms", "hf-after"), ("--arms", "hf-after"),
+          "the in-run eval's share of an H6 run on the HF full-fine-tuning node (all arms: run it alone)", 1.5),
     Bench("plausibility_fp", ("--hf-per-prompt", "2", "--gemma-per-prompt", "2", "--calibrations", "2",
                               "--full-ft", ""),
           ("--hf-per-prompt", "1", "--gemma-per-prompt", "0", "--calibrations", "1", "--full-ft", ""),

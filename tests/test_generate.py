@@ -405,15 +405,25 @@ def test_gemma3_both_backends_agree():
 
 # ---------------------------------------------------------------------------- many prompts, sized context
 
-def test_generate_many_without_a_batched_prefill_is_generate_one_prompt_at_a_time():
+@pytest.mark.parametrize("prompts", [
+    [[5, 40, 41, 42], [5, 40, 41, 43, 44], [5, 40, 9]],       # a shared prefix: padded batches (hf_batch)
+    [[5, 40, 41, 42], [5, 40, 41, 43, 44], [9]]])             # none: one prompt at a time
+def test_hf_generate_many_gives_the_completions_of_one_prompt_at_a_time(prompts):
     gen = _tiny_hf()
-    prompts = [[5, 40, 41, 42], [5, 40, 41, 43, 44], [9]]
+    gen._batch_rows = 4                                         # batches of 2 prompts x 2: one of 2, one of 1
     samplers = [SamplerSettings(temperature=1.0, max_new_tokens=8, seed=i) for i in range(3)]
-    many = gen.generate_many(prompts, 2, samplers)
+    done = []
+    many = gen.generate_many(prompts, 2, samplers, on_done=lambda i, c: done.append(i))
+    assert done == [0, 1, 2] and gen.stats["n"] == 6
     alone = [gen.generate(p, 2, s) for p, s in zip(prompts, samplers)]
     assert [[c.token_ids for c in g] for g in many] == [[c.token_ids for c in g] for g in alone]
+    _sampled_with_their_logits(gen, prompts, 2, samplers)      # each token's log-prob is its distribution's
     with pytest.raises(GenerationError, match="3 prompts but 2 sampler settings"):
         gen.generate_many(prompts, 1, samplers[:2])
+    with pytest.raises(GenerationError, match="no prompts to generate for"):
+        gen.generate_many([], 1, [])
+    with pytest.raises(GenerationError, match="prompt 2 of 3: prompt_ids is empty"):
+        gen.generate_many([prompts[0], [], prompts[2]], 1, samplers)
 
 
 def _sampled_with_their_logits(g, prompts, n: int, samplers) -> list:
@@ -460,6 +470,37 @@ def test_llamacpp_decodes_many_prompts_together_with_the_same_greedy_answers(bun
         _sampled_with_their_logits(g, prompts[:3], 2, s2)
     finally:
         g.close()
+
+
+@pytest.mark.model
+def test_hf_decodes_many_prompts_together_with_the_same_greedy_answers(bundle, hf):
+    """The HF backend's padded batches (the few-shot prefix decoded once, tails left-padded and
+    masked) give token for token the greedy completions of one prompt at a time: 5 prompts in
+    batches of 4 and 1, answers of different lengths leaving the batch as they end."""
+    from ftis_edge.generate.loop import _common_prefix
+    prompts = _arith_prompts(bundle, 5)
+    assert _common_prefix(prompts) > 100 and len({len(p) for p in prompts}) > 1
+    hf._batch_rows = 4
+    try:
+        samplers = [SamplerSettings(temperature=0.0, max_new_tokens=32, seed=i) for i in range(5)]
+        many = hf.generate_many(prompts, 1, samplers)
+        alone = [hf.generate(p, 1, s) for p, s in zip(prompts, samplers)]
+    finally:
+        hf._batch_rows = 32
+    assert [c.token_ids for grp in many for c in grp] == [c.token_ids for grp in alone for c in grp]
+    assert len({len(grp[0].token_ids) for grp in many}) > 1           # rows left the batch at different steps
+    assert len({tuple(grp[0].token_ids) for grp in many}) > 1
+
+
+@pytest.mark.model
+def test_hf_generate_many_refuses_bad_input_clearly(bundle, hf, prompt):
+    s = SamplerSettings(temperature=0.0, max_new_tokens=32)
+    with pytest.raises(GenerationError, match="no prompts to generate for"):
+        hf.generate_many([], 1, [])
+    too_long = prompt + [prompt[-1]] * (hf.n_ctx - len(prompt))           # n_ctx tokens: no room to answer
+    with pytest.raises(GenerationError, match=r"prompt 2 of 2: prompt \(512 tokens\) \+ max_new_tokens \(32\) = "
+                                              r"544 exceeds the context \(512 tokens\)"):
+        hf.generate_many([prompt, too_long], 1, [s, s])
 
 
 @pytest.mark.model

@@ -46,6 +46,8 @@ class GeneratorOptions:
     threads: int | None = None      # CPU threads (None: the backend's default)
     n_ctx: int | None = None        # llama.cpp: KV-cache context per sequence (default 2048); hf: the model's own
     max_group: int = 16             # llama.cpp: most sequences decoded together (size of a group)
+    batch_rows: int | None = None   # hf: most sequences of several prompts decoded together (generate_many;
+                                    #   None: hf.BATCH_ROWS, an in-run eval's 32 prompts in one batch)
     n_shared: int = 0               # llama.cpp: leading prompt tokens every sequence shares (an eval's system +
                                     #   few-shot prefix, stored once): a smaller cache (LlamaCppGenerator doc)
     policy: Any = None              # the learner's live torch model; hf samples from it (nothing to sync)

@@ -6,6 +6,9 @@ torch on the model's device (torch_sampling.py: the numpy sampler's distribution
 of the sampled token, float32), so on a GPU only the sampled ids and log-probs reach the host at each
 step, never the [n, vocab] logits. bf16 autocast on GPUs that support it.
 
+Several prompts (``generate_many``: an eval) decode together in padded batches of up to
+``batch_rows`` sequences, their shared prefix decoded once (hf_batch.py).
+
 The model may be the learner's live (peft-wrapped) policy: generation runs under no_grad in
 eval mode and restores train mode afterwards. There is therefore nothing to sync for this
 backend: ``sync_weights`` and ``set_adapter`` only record the version (the weights already are
@@ -20,7 +23,10 @@ from typing import Sequence
 import numpy as np
 
 from .base import GeneratorOptions
+from .hf_batch import PaddedBatch, cache_of
 from .loop import SamplingGenerator
+
+BATCH_ROWS = 32     # sequences of several prompts decoded together: an in-run eval's 32 prompts in one batch
 
 
 class HFGenerator(SamplingGenerator):
@@ -31,7 +37,7 @@ class HFGenerator(SamplingGenerator):
     loads_weight_files = False     # samples from the learner's live model: sync writes no file
 
     def __init__(self, model, tokenizer, *, device=None, eos_token_ids: Sequence[int] | None = None,
-                 batch_size: int | None = None, n_ctx: int | None = None):
+                 batch_size: int | None = None, n_ctx: int | None = None, batch_rows: int = BATCH_ROWS):
         import torch
         super().__init__()
         self.torch = torch
@@ -53,6 +59,8 @@ class HFGenerator(SamplingGenerator):
         self._cache_kw = _cache_kwarg(model)
         self._cache = None
         self._slots: list[int] = []
+        self._batch_rows = batch_rows
+        self._padded: PaddedBatch | None = None     # the batch of several prompts being decoded
 
     @classmethod
     def from_bundle(cls, bundle, device=None, **kw) -> "HFGenerator":
@@ -79,9 +87,10 @@ class HFGenerator(SamplingGenerator):
         if options.threads:
             import torch
             torch.set_num_threads(options.threads)
+        rows = options.batch_rows or BATCH_ROWS
         if options.policy is not None:
-            return cls(options.policy, bundle.tokenizer(), eos_token_ids=bundle.eos_token_ids)
-        gen = cls._on_weights(bundle, options.adapter)
+            return cls(options.policy, bundle.tokenizer(), eos_token_ids=bundle.eos_token_ids, batch_rows=rows)
+        gen = cls._on_weights(bundle, options.adapter, batch_rows=rows)
         if options.adapter:
             gen.set_adapter(options.adapter, 1)
         return gen
@@ -118,7 +127,7 @@ class HFGenerator(SamplingGenerator):
             with self.torch.no_grad(), self._autocast():
                 yield
         finally:
-            self._cache = None                  # the KV cache is per group: free it between calls
+            self._cache = self._padded = None   # the KV cache is per call: free it between calls
             if was_training:
                 self.model.train()
 
@@ -140,13 +149,20 @@ class HFGenerator(SamplingGenerator):
     def _prefill_group(self, ids: list[int], k: int) -> np.ndarray:
         res = self.model(input_ids=self.torch.tensor([ids], device=self.device), use_cache=True,
                          logits_to_keep=1)
-        self._cache = _cache_of(res)
+        self._padded = None
+        self._cache = cache_of(res)
         if k > 1:
             self._cache.batch_repeat_interleave(k)
         self._slots = list(range(k))
         return res.logits[0, -1]               # stays on the device: sampled there (loop._sample)
 
+    def _batch_start(self, prompts: list[list[int]], k: int, shared: int) -> list:
+        self._padded = PaddedBatch(self.model, self.device, self._cache_kw)
+        return self._padded.start(prompts, k, shared)
+
     def _decode_step(self, slots: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+        if self._padded is not None:
+            return self._padded.step(slots, tokens, positions)
         torch = self.torch
         if len(slots) < len(self._slots):        # drop the finished sequences' cache rows
             row = {s: r for r, s in enumerate(self._slots)}
@@ -154,7 +170,7 @@ class HFGenerator(SamplingGenerator):
         self._slots = list(slots)
         step_ids = torch.tensor([[t] for t in tokens], device=self.device)
         res = self.model(input_ids=step_ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: self._cache})
-        self._cache = _cache_of(res)
+        self._cache = cache_of(res)
         return res.logits[:, -1]
 
     def _completion_logits(self, ids: list[int], completions: list[list[int]]) -> list[np.ndarray]:
@@ -180,7 +196,3 @@ def _cache_kwarg(model) -> str:
     params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
-
-def _cache_of(output):
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else output.past_key_values

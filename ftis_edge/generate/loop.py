@@ -175,7 +175,9 @@ class SamplingGenerator:
         ``_pool_slots`` sequences (at most ``_batch_size(n)``, as many as the cache surely holds)
         of several prompts decoding together, their shared prefix decoded once, and start the next
         prompt in a slot as soon as a sequence finishes (continuous batching: a long answer no
-        longer holds a whole wave of short ones).
+        longer holds a whole wave of short ones). Backends with the batch steps (hf) decode up to
+        ``_batch_rows`` sequences of several prompts together in fixed batches, the shared prefix
+        decoded once per batch. An empty prompt list or a prompt over the context is an error.
         ``on_done(i, completions)`` is called as each prompt finishes (progress bars, grading)."""
         if len(prompts) != len(samplers):
             raise GenerationError(f"{len(prompts)} prompts but {len(samplers)} sampler settings")
@@ -183,32 +185,67 @@ class SamplingGenerator:
             check_sampler(s)
         if n < 1:
             raise GenerationError(f"n must be >= 1, got {n}")
-        if self._pool_start is None or self._batch_size(n) // n < 2:
-            return self._one_at_a_time(prompts, n, samplers, on_done)
+        if not prompts:
+            raise GenerationError("no prompts to generate for (an empty prompt list)")
         ids = []
-        for p, s in zip(prompts, samplers):
+        for i, (p, s) in enumerate(zip(prompts, samplers)):
             self._fit_context(len(p) + s.max_new_tokens, n)
-            ids.append(check_prompt(p, self.n_vocab, s.max_new_tokens, self.n_ctx))
+            try:
+                ids.append(check_prompt(p, self.n_vocab, s.max_new_tokens, self.n_ctx))
+            except GenerationError as e:
+                raise GenerationError(f"prompt {i + 1} of {len(prompts)}: {e}") from None
+        samplers = list(samplers)
         shared = shared_prefix_len(ids)
-        n_slots = self._pool_slots(n, shared, max(len(p) - shared + s.max_new_tokens for p, s in zip(ids, samplers)))
-        if n_slots // n < 2:                  # the cache holds one prompt's sequences at a time
-            return self._one_at_a_time(ids, n, samplers, on_done)
+        n_slots = 0
+        if self._pool_start is not None and self._batch_size(n) // n >= 2:
+            n_slots = self._pool_slots(n, shared, max(len(p) - shared + s.max_new_tokens for p, s in zip(ids, samplers)))
+        if self._batch_start is not None and shared >= 1 and self._batch_rows // n >= 2:
+            decode = lambda: self._decode_batches(ids, n, samplers, on_done, self._batch_rows // n)  # noqa: E731
+        elif n_slots // n >= 2:               # else the cache holds one prompt's sequences at a time
+            decode = lambda: self._decode_pool(ids, n, samplers, on_done, n_slots, shared)  # noqa: E731
+        else:
+            decode = lambda: self._one_at_a_time(ids, n, samplers, on_done)  # noqa: E731
+        return self._timed(ids, n, decode)
+
+    def _timed(self, ids: list[list[int]], n: int, decode) -> list[list[Completion]]:
+        """Run ``decode()`` in inference mode; ``stats`` of all its prompts together."""
         t0 = time.perf_counter()
         self.last_logits = []
         with self._inference():
-            out = self._decode_pool(ids, n, list(samplers), on_done, n_slots, shared)
+            out = decode()
         seconds = time.perf_counter() - t0
         n_tokens = sum(len(c.token_ids) for group in out for c in group)
         self.stats = {"tokens": n_tokens, "seconds": seconds, "tok_s": n_tokens / max(seconds, 1e-9),
                       "prompt_tokens": sum(len(p) for p in ids), "n": n * len(ids)}
         return out
 
+    def _decode_batches(self, prompts: list[list[int]], k: int, samplers: list[SamplerSettings], on_done,
+                        per_batch: int) -> list[list[Completion]]:
+        """Static batching for a backend with the batch steps (hf): ``per_batch`` prompts at a
+        time, their shared prefix decoded once, each batch decoded until all its sequences stop.
+        Each prompt samples with its own sampler and generator in slot order (``_decode_rows``),
+        so it gets the tokens it would get alone (for the same logits)."""
+        stop = self._stop_rule()
+        out: list[list[Completion]] = []
+        for start in range(0, len(prompts), per_batch):
+            chunk, chunk_samplers = prompts[start:start + per_batch], samplers[start:start + per_batch]
+            firsts = self._batch_start(chunk, k, shared_prefix_len(chunk))
+            groups = self._decode_rows(chunk, firsts, k, chunk_samplers,
+                                       [self._rng(s.seed) for s in chunk_samplers], stop)
+            for i, group in enumerate(groups):
+                if on_done:
+                    on_done(start + i, group)
+            out += groups
+        return out
+
     def _one_at_a_time(self, prompts, n: int, samplers, on_done) -> list[list[Completion]]:
-        out = []
+        out, logits = [], []
         for i, (p, s) in enumerate(zip(prompts, samplers)):
             out.append(self.generate(p, n, s))
+            logits += self.last_logits            # generate keeps only its own
             if on_done:
                 on_done(i, out[-1])
+        self.last_logits = logits
         return out
 
     def _decode_pool(self, prompts: list[list[int]], k: int, samplers: list[SamplerSettings],
@@ -305,6 +342,13 @@ class SamplingGenerator:
     _pool_start = None
     _pool_step = None
     _pool_release = None
+    # A backend that decodes several prompts together in fixed batches (hf) sets instead:
+    #   _batch_start(prompts, k, shared) -> first_rows: start k sequences of each prompt (slot
+    #       p * k + j), the first ``shared`` tokens (>= 1, every prompt longer) decoded once; the
+    #       logits after each prompt's last token. ``_decode_step`` then serves those slots.
+    #   _batch_rows: the most sequences one such batch holds
+    _batch_start = None
+    _batch_rows = 0
 
     def _pool_slots(self, k: int, shared: int, per_slot: int) -> int:
         """How many pool slots to use when each may need ``per_slot`` tokens beyond the ``shared``
