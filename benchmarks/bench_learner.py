@@ -26,12 +26,15 @@ plus the padded tokens the micro-batch plan computes beyond the real ones.
 --bf16-matmul also times the same matmul products in bf16 against fp32, interleaved (wall, CPU): the
 most a bf16 learner could gain on this CPU (avx512_bf16 / AMX), before casts and accuracy.
 
+--contract measures, once per learner, the per-token |learner - generator| log-prob gap on the rollouts
+at their real lengths (the generator's recorded llama.cpp log-probs): what --precision bf16 costs.
+
 --ab also times, in each repetition and just before today's step, the LM head as it was before
 head_logprob.py (checkpointed logsumexp chunks): the before -> after at the same moment.
 
 Run: .venv/bin/python -m benchmarks.bench_learner [--models smollm2-135m gemma3-270m] [--trainable lora full]
          [--lengths equal real] [--threads 1 2] [--reps 3] [--micro-batch 4 8 16] [--precision fp32 bf16]
-         [--ab] [--bf16-matmul] [--profile]
+         [--ab] [--bf16-matmul] [--contract] [--profile]
          [--json PATH]
 """
 from __future__ import annotations
@@ -127,6 +130,18 @@ def padded_tokens(learner, samples) -> tuple[int, int]:
         for bucket in length_buckets(ordered):
             computed += len(bucket) * ordered[bucket[-1]]
     return computed, sum(lens)
+
+
+def logprob_contract(learner, samples) -> dict:
+    """Per-token |learner log-prob - generator log-prob| on the committed rollouts at their real
+    lengths (the generator's are llama.cpp's at the sampling temperature, so fp32 is not 0 either)."""
+    import torch
+    with torch.no_grad():
+        logp, mask = learner.logprobs(samples)
+    gen = torch.tensor([x for s in samples for x in s.gen_logprobs])
+    diff = (logp[mask] - gen).abs()
+    return {"tokens": diff.numel(), "mean": float(diff.mean()), "p99": float(diff.quantile(0.99)),
+            "max": float(diff.max())}
 
 
 def checkpointed_head(learner):
@@ -277,6 +292,8 @@ def main(argv=None) -> int:
                          "reference stays fp32 matmul")
     ap.add_argument("--bf16-matmul", action="store_true",
                     help="also time the learner's matmul shapes in bf16 against fp32 (the most bf16 could give)")
+    ap.add_argument("--contract", action="store_true",
+                    help="also the per-token |learner - generator| log-prob gap on the real-length rollouts")
     ap.add_argument("--profile", action="store_true", help="also profile one step per case (first thread count)")
     args = ap.parse_args(argv)
 
@@ -292,6 +309,11 @@ def main(argv=None) -> int:
         for trainable, precision in itertools.product(args.trainable, args.precision):
             learner = Learner(hf_dir, trainable=trainable, micro_batch=args.micro_batch[0], device="cpu",
                               precision=precision)
+            if args.contract:
+                gap = logprob_contract(learner, load_samples("real", args.groups, args.length))
+                result.setdefault("contract", []).append(dict(gap, model=spec, trainable=trainable, precision=precision))
+                print(f"{spec} {trainable} {precision}: |learner - generator| per token over {gap['tokens']} tokens: "
+                      f"mean {gap['mean']:.4f}, p99 {gap['p99']:.4f}, max {gap['max']:.4f}", flush=True)
             for lengths, threads, mb in itertools.product(args.lengths, args.threads, args.micro_batch):
                 samples = load_samples(lengths, args.groups, args.length)
                 learner.micro_batch = mb
