@@ -29,12 +29,15 @@ most a bf16 learner could gain on this CPU (avx512_bf16 / AMX), before casts and
 --contract measures, once per learner, the per-token |learner - generator| log-prob gap on the rollouts
 at their real lengths (the generator's recorded llama.cpp log-probs): what --precision bf16 costs.
 
+--bucket-overhead 8 32 times the step with each per-forward overhead of length_buckets (how the
+learner splits a micro-batch of unequal completions into forwards), interleaved: step CPU seconds.
+
 --ab also times, in each repetition and just before today's step, the LM head as it was before
 head_logprob.py (checkpointed logsumexp chunks): the before -> after at the same moment.
 
 Run: .venv/bin/python -m benchmarks.bench_learner [--models smollm2-135m gemma3-270m] [--trainable lora full]
          [--lengths equal real] [--threads 1 2] [--reps 3] [--micro-batch 4 8 16] [--precision fp32 bf16]
-         [--ab] [--bf16-matmul] [--contract] [--profile]
+         [--ab] [--bf16-matmul] [--contract] [--bucket-overhead 8 32] [--profile]
          [--json PATH]
 """
 from __future__ import annotations
@@ -142,6 +145,24 @@ def logprob_contract(learner, samples) -> dict:
     diff = (logp[mask] - gen).abs()
     return {"tokens": diff.numel(), "mean": float(diff.mean()), "p99": float(diff.quantile(0.99)),
             "max": float(diff.max())}
+
+
+def compare_bucket_overheads(learner, samples, overheads, reps: int) -> dict:
+    """Median step CPU seconds per ``length_buckets`` overhead, the values interleaved in each repetition."""
+    import functools
+    import ftis_edge.learner as learner_module
+    from ftis_edge.shared_prompt import length_buckets
+    cpu = {o: [] for o in overheads}
+    try:
+        for _ in range(reps):
+            for o in overheads:
+                learner_module.length_buckets = functools.partial(length_buckets, overhead=o)
+                c0 = time.process_time()
+                learner.step(samples, method="f-tis")
+                cpu[o].append(time.process_time() - c0)
+    finally:
+        learner_module.length_buckets = length_buckets
+    return {o: statistics.median(v) for o, v in cpu.items()}
 
 
 def checkpointed_head(learner):
@@ -292,6 +313,9 @@ def main(argv=None) -> int:
                          "reference stays fp32 matmul")
     ap.add_argument("--bf16-matmul", action="store_true",
                     help="also time the learner's matmul shapes in bf16 against fp32 (the most bf16 could give)")
+    ap.add_argument("--bucket-overhead", type=int, nargs="+", default=None,
+                    help="length_buckets' per-forward overhead in tokens to compare, interleaved in each "
+                         "repetition (step CPU seconds per value; default: the learner's own)")
     ap.add_argument("--contract", action="store_true",
                     help="also the per-token |learner - generator| log-prob gap on the real-length rollouts")
     ap.add_argument("--profile", action="store_true", help="also profile one step per case (first thread count)")
@@ -323,6 +347,9 @@ def main(argv=None) -> int:
                 if args.profile and threads == args.threads[0] and mb == args.micro_batch[0]:
                     case["profile"] = profile_step(learner, samples, {"method": "f-tis"})
                     case["padding"] = padded_tokens(learner, samples)
+                if args.bucket_overhead:
+                    case["bucket_overhead_cpu_s"] = compare_bucket_overheads(learner, samples, args.bucket_overhead,
+                                                                             args.reps)
                 result["cases"].append(case)
                 write_json(args.json, result)
                 print(f"{spec:<14}{trainable:<6}{precision:<6}{lengths:<8}{threads:>4}{mb:>4}{case['T']:>6}{case['step_s']:>8.2f}"
@@ -330,7 +357,10 @@ def main(argv=None) -> int:
                       + (f"  before head_logprob: {case['before_ratio']:.2f} {case['before_cpu_ratio']:.2f}"
                          if args.ab else "")
                       + (f"  bf16 matmul / fp32: {case['bf16_over_fp32']:.2f} {case['bf16_over_fp32_cpu']:.2f}"
-                         if args.bf16_matmul else ""),
+                         if args.bf16_matmul else "")
+                      + ("  step CPU s by bucket overhead: " + ", ".join(
+                          f"{o}: {v:.2f}" for o, v in case["bucket_overhead_cpu_s"].items())
+                         if args.bucket_overhead else ""),
                       flush=True)
             del learner
     for case in result["cases"]:
