@@ -23,14 +23,26 @@ matmuls, LM head matmul, the vocabulary-wide log-softmax and its backward, atten
 optimiser and gradient clip, other tensor ops, and the rest: Python and dispatch per micro-batch),
 plus the padded tokens the micro-batch plan computes beyond the real ones.
 
+--bf16-matmul also times the same matmul products in bf16 against fp32, interleaved (wall, CPU): the
+most a bf16 learner could gain on this CPU (avx512_bf16 / AMX), before casts and accuracy.
+
+--contract measures, once per learner, the per-token |learner - generator| log-prob gap on the rollouts
+at their real lengths (the generator's recorded llama.cpp log-probs): what --precision bf16 costs.
+
+--bucket-overhead 8 32 times the step with each per-forward overhead of length_buckets (how the
+learner splits a micro-batch of unequal completions into forwards), interleaved: step CPU seconds.
+
 --ab also times, in each repetition and just before today's step, the LM head as it was before
 head_logprob.py (checkpointed logsumexp chunks): the before -> after at the same moment.
 
 Run: .venv/bin/python -m benchmarks.bench_learner [--models smollm2-135m gemma3-270m] [--trainable lora full]
-         [--lengths equal real] [--threads 1 2] [--reps 3] [--micro-batch 8] [--ab] [--profile] [--json PATH]
+         [--lengths equal real] [--threads 1 2] [--reps 3] [--micro-batch 4 8 16] [--precision fp32 bf16]
+         [--ab] [--bf16-matmul] [--contract] [--bucket-overhead 8 32] [--profile]
+         [--json PATH]
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -91,13 +103,13 @@ def reference_products(shapes, rows: int, full: bool) -> Counter:
     return out
 
 
-def matmul_rate(products: Counter, reps: int = 3) -> tuple[float, float]:
-    """FLOPs per wall second and per CPU second of fp32 torch.matmul over these products, each
-    weighted by its count (median of reps)."""
+def matmul_rate(products: Counter, reps: int = 3, dtype=None) -> tuple[float, float]:
+    """FLOPs per wall second and per CPU second of torch.matmul (fp32 unless ``dtype``) over these
+    products, each weighted by its count (median of reps)."""
     import torch
     flops = seconds = cpu = 0.0
     for (m, k, n), count in products.items():
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         torch.matmul(a, b)
         times, cpus = [], []
         for _ in range(reps):
@@ -121,6 +133,36 @@ def padded_tokens(learner, samples) -> tuple[int, int]:
         for bucket in length_buckets(ordered):
             computed += len(bucket) * ordered[bucket[-1]]
     return computed, sum(lens)
+
+
+def logprob_contract(learner, samples) -> dict:
+    """Per-token |learner log-prob - generator log-prob| on the committed rollouts at their real
+    lengths (the generator's are llama.cpp's at the sampling temperature, so fp32 is not 0 either)."""
+    import torch
+    with torch.no_grad():
+        logp, mask = learner.logprobs(samples)
+    gen = torch.tensor([x for s in samples for x in s.gen_logprobs])
+    diff = (logp[mask] - gen).abs()
+    return {"tokens": diff.numel(), "mean": float(diff.mean()), "p99": float(diff.quantile(0.99)),
+            "max": float(diff.max())}
+
+
+def compare_bucket_overheads(learner, samples, overheads, reps: int) -> dict:
+    """Median step CPU seconds per ``length_buckets`` overhead, the values interleaved in each repetition."""
+    import functools
+    import ftis_edge.learner as learner_module
+    from ftis_edge.shared_prompt import length_buckets
+    cpu = {o: [] for o in overheads}
+    try:
+        for _ in range(reps):
+            for o in overheads:
+                learner_module.length_buckets = functools.partial(length_buckets, overhead=o)
+                c0 = time.process_time()
+                learner.step(samples, method="f-tis")
+                cpu[o].append(time.process_time() - c0)
+    finally:
+        learner_module.length_buckets = length_buckets
+    return {o: statistics.median(v) for o, v in cpu.items()}
 
 
 def checkpointed_head(learner):
@@ -202,7 +244,8 @@ def profile_step(learner, samples, step_kwargs) -> dict:
     return {"wall": wall, "seconds": dict(spent)}
 
 
-def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: bool = False) -> dict:
+def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: bool = False,
+             bf16: bool = False) -> dict:
     import torch
     torch.set_num_threads(threads)
     shapes = dense_shapes(learner)
@@ -240,7 +283,12 @@ def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: b
            "learner_gflops": statistics.median(r["learner_gflops"] for r in runs),
            "matmul_gflops": statistics.median(r["matmul_gflops"] for r in runs),
            "cpu_ratio": statistics.median(r["cpu_ratio"] for r in runs),
-           "step_s": statistics.median(r["step_s"] for r in runs)}
+           "step_s": statistics.median(r["step_s"] for r in runs),
+           "step_cpu_s": statistics.median(r["step_cpu_s"] for r in runs)}
+    if bf16:    # what bf16 could give at most: the same products in bf16 against fp32, same moment
+        pairs = [(matmul_rate(products), matmul_rate(products, dtype=torch.bfloat16)) for _ in range(reps)]
+        out["bf16_over_fp32"] = statistics.median(b[0] / f[0] for f, b in pairs)
+        out["bf16_over_fp32_cpu"] = statistics.median(b[1] / f[1] for f, b in pairs)
     if ab:
         out["before_ratio"] = statistics.median(r["before_ratio"] for r in runs)
         out["before_cpu_ratio"] = statistics.median(r["before_cpu_ratio"] for r in runs)
@@ -256,9 +304,20 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", type=int, default=4, help="prompts (8 completions each) from the rollouts")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--micro-batch", type=int, nargs="+", default=[8],
+                    help="micro-batch sizes to compare (one case each; compare their step CPU seconds)")
     ap.add_argument("--ab", action="store_true",
                     help="also time the LM head as it was before head_logprob.py, interleaved (the before -> after)")
+    ap.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16"],
+                    help="the learner's precision (Learner(precision=...); bf16: CPU autocast); the "
+                         "reference stays fp32 matmul")
+    ap.add_argument("--bf16-matmul", action="store_true",
+                    help="also time the learner's matmul shapes in bf16 against fp32 (the most bf16 could give)")
+    ap.add_argument("--bucket-overhead", type=int, nargs="+", default=None,
+                    help="length_buckets' per-forward overhead in tokens to compare, interleaved in each "
+                         "repetition (step CPU seconds per value; default: the learner's own)")
+    ap.add_argument("--contract", action="store_true",
+                    help="also the per-token |learner - generator| log-prob gap on the real-length rollouts")
     ap.add_argument("--profile", action="store_true", help="also profile one step per case (first thread count)")
     args = ap.parse_args(argv)
 
@@ -266,28 +325,43 @@ def main(argv=None) -> int:
     from ftis_edge.learner import Learner
     from ftis_edge.models import resolve_model
     result = {"torch": torch.__version__, "cases": []}
-    print(f"{'model':<14}{'mode':<6}{'lengths':<8}{'thr':>4}{'T':>6}{'step s':>8}{'learner':>9}{'matmul':>8}"
+    print(f"{'model':<14}{'mode':<6}{'prec':<6}{'lengths':<8}{'thr':>4}{'mb':>4}{'T':>6}{'step s':>8}{'learner':>9}{'matmul':>8}"
           f"{'ratio':>7}{'cpu':>6}  (GFLOP/s per wall second; ratio: per wall second, cpu: per CPU second; "
           f"medians over {args.reps} interleaved reps)")
     for spec in args.models:
         hf_dir = resolve_model(spec).hf_dir()
-        for trainable in args.trainable:
-            learner = Learner(hf_dir, trainable=trainable, micro_batch=args.micro_batch, device="cpu")
-            for lengths in args.lengths:
+        for trainable, precision in itertools.product(args.trainable, args.precision):
+            learner = Learner(hf_dir, trainable=trainable, micro_batch=args.micro_batch[0], device="cpu",
+                              precision=precision)
+            if args.contract:
+                gap = logprob_contract(learner, load_samples("real", args.groups, args.length))
+                result.setdefault("contract", []).append(dict(gap, model=spec, trainable=trainable, precision=precision))
+                print(f"{spec} {trainable} {precision}: |learner - generator| per token over {gap['tokens']} tokens: "
+                      f"mean {gap['mean']:.4f}, p99 {gap['p99']:.4f}, max {gap['max']:.4f}", flush=True)
+            for lengths, threads, mb in itertools.product(args.lengths, args.threads, args.micro_batch):
                 samples = load_samples(lengths, args.groups, args.length)
-                for threads in args.threads:
-                    case = run_case(learner, samples, threads, args.reps, {"method": "f-tis"}, args.ab)
-                    case.update(model=spec, trainable=trainable, lengths=lengths, micro_batch=args.micro_batch)
-                    if args.profile and threads == args.threads[0]:
-                        case["profile"] = profile_step(learner, samples, {"method": "f-tis"})
-                        case["padding"] = padded_tokens(learner, samples)
-                    result["cases"].append(case)
-                    write_json(args.json, result)
-                    print(f"{spec:<14}{trainable:<6}{lengths:<8}{threads:>4}{case['T']:>6}{case['step_s']:>8.2f}"
-                          f"{case['learner_gflops']:>9.1f}{case['matmul_gflops']:>8.1f}{case['ratio']:>7.2f}{case['cpu_ratio']:>6.2f}"
-                          + (f"  before head_logprob: {case['before_ratio']:.2f} {case['before_cpu_ratio']:.2f}"
-                             if args.ab else ""),
-                          flush=True)
+                learner.micro_batch = mb
+                case = run_case(learner, samples, threads, args.reps, {"method": "f-tis"}, args.ab,
+                                args.bf16_matmul)
+                case.update(model=spec, trainable=trainable, lengths=lengths, micro_batch=mb, precision=precision)
+                if args.profile and threads == args.threads[0] and mb == args.micro_batch[0]:
+                    case["profile"] = profile_step(learner, samples, {"method": "f-tis"})
+                    case["padding"] = padded_tokens(learner, samples)
+                if args.bucket_overhead:
+                    case["bucket_overhead_cpu_s"] = compare_bucket_overheads(learner, samples, args.bucket_overhead,
+                                                                             args.reps)
+                result["cases"].append(case)
+                write_json(args.json, result)
+                print(f"{spec:<14}{trainable:<6}{precision:<6}{lengths:<8}{threads:>4}{mb:>4}{case['T']:>6}{case['step_s']:>8.2f}"
+                      f"{case['learner_gflops']:>9.1f}{case['matmul_gflops']:>8.1f}{case['ratio']:>7.2f}{case['cpu_ratio']:>6.2f}"
+                      + (f"  before head_logprob: {case['before_ratio']:.2f} {case['before_cpu_ratio']:.2f}"
+                         if args.ab else "")
+                      + (f"  bf16 matmul / fp32: {case['bf16_over_fp32']:.2f} {case['bf16_over_fp32_cpu']:.2f}"
+                         if args.bf16_matmul else "")
+                      + ("  step CPU s by bucket overhead: " + ", ".join(
+                          f"{o}: {v:.2f}" for o, v in case["bucket_overhead_cpu_s"].items())
+                         if args.bucket_overhead else ""),
+                      flush=True)
             del learner
     for case in result["cases"]:
         if "profile" in case:

@@ -61,6 +61,9 @@ def _resolve_hf_dir(bundle_or_hf_dir) -> Path:
 
 
 TRAINABLE = ("lora", "full")        # LoRA adapters only, or every weight
+# auto: bf16 autocast on CUDA, fp32 elsewhere; bf16: autocast on the CPU too (docs/benchmarks.md:
+# 0.75x the step's CPU seconds where the CPU has avx512_bf16, per-token log-probs ~0.01 nats off fp32)
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 class Learner:
@@ -72,11 +75,13 @@ class Learner:
                  lr: float | None = None, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
                  micro_batch: int = 4, device: str | torch.device | None = None, seed: int = 0,
                  gradient_checkpointing: bool = False, dtype: torch.dtype | None = None,
-                 share_prompts: bool = True):
+                 share_prompts: bool = True, precision: str = "auto"):
         from transformers import AutoModelForCausalLM
 
         if trainable not in TRAINABLE:
             raise LearnerError(f"trainable must be 'lora' or 'full', got {trainable!r}")
+        if precision not in PRECISIONS:
+            raise LearnerError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if micro_batch < 1:
             raise LearnerError(f"micro_batch must be >= 1, got {micro_batch}")
         self.trainable = trainable
@@ -89,8 +94,10 @@ class Learner:
         self.version = 0
         self.on_micro_batch = None     # called (done, total) after each micro-batch: progress only
         self.hf_dir = _resolve_hf_dir(bundle_or_hf_dir)
-        # bf16 autocast on CUDA only; CPU stays fp32 (bf16 matmuls are slow and noisy there).
-        self.autocast_dtype = torch.bfloat16 if self.device.type == "cuda" else None
+        # bf16 autocast on CUDA by default; the CPU stays fp32 unless asked (bf16 matmuls are only fast
+        # with avx512_bf16 / AMX, and the log-probs move ~0.01 nats per token off the generator's).
+        bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
+        self.autocast_dtype = torch.bfloat16 if bf16 else None
 
         torch.manual_seed(seed)  # LoRA A init is random: same seed -> same adapter
         model = AutoModelForCausalLM.from_pretrained(self.hf_dir, dtype=dtype or torch.float32)

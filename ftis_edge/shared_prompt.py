@@ -155,8 +155,10 @@ def plan_micro_batches(prompts: Sequence[Sequence[int]], completion_lengths: Seq
     return [order[i:i + micro_batch] for i in range(0, len(order), micro_batch)]
 
 
-# A forward pass costs about this many padded completion tokens on top of its rows (per-layer overhead).
-BUCKET_OVERHEAD_TOKENS = 8
+# A forward pass costs about this many padded completion tokens on top of its rows: per-layer Python
+# plus small matmuls' lower rate (a 50-row matmul runs at ~0.8x a 500-row one). 32 took 0.965x the
+# CPU seconds of 8 on the real rollouts (bench_learner --bucket-overhead 8 32 48, docs/benchmarks.md).
+BUCKET_OVERHEAD_TOKENS = 32
 
 
 def length_buckets(lengths: Sequence[int], overhead: int = BUCKET_OVERHEAD_TOKENS) -> list[list[int]]:
