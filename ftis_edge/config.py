@@ -85,6 +85,10 @@ class TrainSection:
                                       lo=0.0, hi=1.0, kind="number_or_auto", trl="learning_rate")
     max_grad_norm: float = _opt(1.0, "gradient-norm clip (0 = off)", lo=0.0, trl="max_grad_norm")
     micro_batch: int = _opt(8, "samples per forward/backward (halved automatically on out-of-memory)", lo=1)
+    precision: str = _opt("auto", "the learner's arithmetic: auto = bf16 autocast on CUDA, fp32 on a CPU; bf16 "
+                          "on a CPU pays only with avx512_bf16 / AMX (there 0.75x the step's CPU seconds, "
+                          "log-probs ~0.015 nats a token off fp32; docs/benchmarks.md)",
+                          choices=("auto", "fp32", "bf16"), trl="bf16")
     method: str = _opt("f-tis", "objective", choices=("nois", "vis", "tis", "f-tis", "f-vis"))
     C: float = _opt(2.0, "truncation cap of the importance weight", lo=1.0, trl="vllm_importance_sampling_cap")
     epsilon: float = _opt(0.2, "PPO clip range (vis, f-vis, tis inner clip)", lo=0.0, hi=1.0, trl="epsilon")
@@ -508,6 +512,8 @@ TRL_NOTES = {
     "train.advantage_scale": "close: `std` = TRL's `\"group\"` (True), `none` = `\"none\"` (False); "
                              "TRL's `\"batch\"` has no counterpart",
     "train.max_grad_norm": "yes (0 = off here)",
+    "train.precision": "close: `bf16` = TRL's `bf16=True` (autocast); `auto` picks it on CUDA only, where TRL's "
+                       "default follows the hardware too",
     "eval.every": "close: TRL evaluates every `eval_steps` (with `eval_strategy=\"steps\"`) by sampling and logs eval "
                   "reward; here greedy held-out accuracy with its interval, also at round 0 and the end (0 = off)",
 }

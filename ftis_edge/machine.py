@@ -31,6 +31,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_has_bf16() -> bool | None:
+    """Whether the CPU multiplies bf16 natively (avx512_bf16 or AMX; None: /proc/cpuinfo unreadable).
+    Without it a bf16 learner emulates and runs slower than fp32."""
+    text = _read(CPUINFO)
+    if text is None:
+        return None
+    flags = next((line.partition(":")[2].split() for line in text.splitlines()
+                  if line.partition(":")[0].strip() in ("flags", "Features")), [])
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
 def usable_cores() -> int:
     """Cores this process may run on (a container or taskset can give fewer than the machine has)."""
     try:

@@ -121,7 +121,11 @@ class Node:
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
             lora_targets=tuple(self.bundle.lora_targets(cfg.train.lora_targets)),
             lr=cfg.train.lr,
-            grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed)
+            grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed,
+            precision=cfg.train.precision)
+        if cfg.train.precision == "bf16" and self.learner.device.type == "cpu" and machine.cpu_has_bf16() is False:
+            log.warning("train.precision = \"bf16\" on a CPU without avx512_bf16 / AMX: its bf16 matmuls are "
+                        "emulated and slower than fp32; set it to \"auto\"")
         self.generator = create_generator(cfg.model.backend, self.bundle, GeneratorOptions(
             precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),
             policy=self.learner.model))

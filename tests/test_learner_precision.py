@@ -52,3 +52,23 @@ def test_bf16_on_the_cpu_autocasts_and_stays_close_to_fp32(tiny_dir):
 def test_an_unknown_precision_is_refused(tiny_dir):
     with pytest.raises(LearnerError, match="precision"):
         Learner(tiny_dir, trainable="lora", device="cpu", precision="fp16")
+
+
+def test_the_setting_and_the_cpu_check(tmp_path, monkeypatch):
+    from ftis_edge import machine
+    from ftis_edge.config import ConfigError, load as load_config
+    good = tmp_path / "good.toml"
+    good.write_text('[train]\nprecision = "bf16"\n')
+    assert load_config(good).train.precision == "bf16"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[train]\nprecision = "fp16"\n')
+    with pytest.raises(ConfigError, match="precision"):
+        load_config(bad)
+    info = tmp_path / "cpuinfo"
+    monkeypatch.setattr(machine, "CPUINFO", info)
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")
+    assert machine.cpu_has_bf16() is False
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n")
+    assert machine.cpu_has_bf16() is True
+    monkeypatch.setattr(machine, "CPUINFO", tmp_path / "missing")
+    assert machine.cpu_has_bf16() is None
