@@ -45,11 +45,12 @@ FULL_FT = ROOT / "runs" / "fill-pilot" / "fill-hetero" / "s0" / "ftis-2" / "expo
 MAX_NEW = 128
 
 
-def sample(backend: str, bundle, prompts: list[list[int]], n: int, temperature: float, precision: str = "f16"):
+def sample(backend: str, bundle, prompts: list[list[int]], n: int, temperature: float, precision: str = "f16",
+           threads: int = 2):
     """[[Completion]] per prompt: n samples each (top-k/p off), seeded by the prompt's index."""
     from ftis_edge.generate.base import GeneratorOptions, SamplerSettings
     from ftis_edge.generate.registry import create_generator
-    gen = create_generator(backend, bundle, GeneratorOptions(precision=precision, threads=2, max_group=n))
+    gen = create_generator(backend, bundle, GeneratorOptions(precision=precision, threads=threads, max_group=n))
     out = [gen.generate(p, n, SamplerSettings(temperature=temperature, max_new_tokens=MAX_NEW, seed=k))
            for k, p in enumerate(prompts)]
     del gen

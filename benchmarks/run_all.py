@@ -103,6 +103,8 @@ BENCHMARKS = [
                               "--full-ft", ""),
           ("--hf-per-prompt", "1", "--gemma-per-prompt", "0", "--calibrations", "1", "--full-ft", ""),
           "false positives of the plausibility defence on honest real peer rollouts", 3.0),
+    Bench("foreign_kept", (), (), "honest Gemma 3 text (a committed fixture) a SmolLM2 learner keeps: judge, memories, both",
+          0.5),
     Bench("attacks.poison", ("--steps", "5"), ("--steps", "1", "--arms", "undefended,defended"),
           "a phrase smuggled inside correct answers: how far it trains in, defended and not", 2.0),
     Bench("attacks.poison_foreign", ("--steps", "2", "--attacks", "templates"),

@@ -162,3 +162,6 @@ def test_the_learner_bounds_only_peer_samples_that_claim_another_tokenizer():
     other = TrainSample([1], [2], None, -1.0, 1.0, sequence_level=True, source="eve", foreign=True, weight=0.5)
     out = _bound_foreign([own, same, other], PlausibilityConfig())
     assert [s.weight for s in out] == [1.0, 1.0, 0.5 * 0.125] and out[0] is own and other.weight == 0.5
+    # without the repeat memories on claimed-foreign samples the bound is all that holds an attacker
+    off = _bound_foreign([own, same, other, other], PlausibilityConfig(foreign_memories=False))
+    assert [s.weight for s in off] == [1.0, 1.0, 0.5 * 0.125, 0.5 * 0.125]

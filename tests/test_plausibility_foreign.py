@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ftis_edge.batch import build_batch, is_our_encoding
-from ftis_edge.plausibility import PlausibilityConfig
+from ftis_edge.plausibility import PlausibilityConfig, RepeatMemory
 from ftis_edge.samples import TrainSample
 from test_batch import EOS, LOCAL, TOK, peer_group
 
@@ -92,3 +92,26 @@ def test_honest_text_sent_as_another_tokenizers_keeps_its_weight(judge):
     stats = _step(learner, _own(fx) + peers)
     implausible = stats["per_sample"]["implausible"][-len(peers):]
     assert int(implausible.sum()) == 0, stats["per_sample"]["plausibility"][-len(peers):]
+
+
+
+@pytest.mark.model
+def test_without_the_memories_honest_foreign_text_keeps_every_token_at_the_bounded_weight(judge):
+    """Honest Gemma 3 answers (tests/data/gemma_rollouts.json) to one question share their template
+    ("<answer>…</answer>\n\nUser:"): the 3-gram / 8-gram memories mask it after the first answer;
+    ``foreign_memories=False`` keeps every token (the fixed threshold still judges them) and the
+    weight bound still applies."""
+    from ftis_edge.learner import _bound_foreign
+    learner, ids, fx = judge
+    gemma = json.loads((FIXTURE.parent / "gemma_rollouts.json").read_text())
+    group = [_claimed(learner, fx["groups"][0]["prompt_ids"], ids(c["text"]), source="gemma")
+             for c in gemma["groups"][0]["completions"]]
+    masked = {}
+    for cfg in (PlausibilityConfig(), PlausibilityConfig(foreign_memories=False)):
+        learner.repeat_memory = RepeatMemory()     # a fresh node's memory for each
+        stats = _step(learner, _own(fx, k=1, n=2) + group, cfg)
+        assert int(stats["per_sample"]["implausible"][2:].sum()) == 0, stats["per_sample"]["plausibility"]
+        masked[cfg.foreign_memories] = float(stats["per_sample"]["repeated"][2:].sum())
+    assert masked[True] > 0 and masked[False] == 0, masked
+    bounded = _bound_foreign(_own(fx, k=1, n=2) + group, PlausibilityConfig(foreign_memories=False))
+    assert [s.weight for s in bounded[2:]] == [0.25 / len(group)] * len(group)   # they share 1/4 of a step

@@ -31,10 +31,11 @@ text at a bounded weight, ``plausibility.foreign_factors``), side by side.
 
     python -m benchmarks.attacks.poison_foreign [--steps 20] [--slow-steps 40]
         [--attacks templates,sybil,slow,likely,digits,digits-sybil,digits-slow,templates2]
-        [--arms control,before,judge,after] [--json PATH]
+        [--arms control,before,judge,bounded,after] [--progress N] [--json PATH]
 """
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -135,14 +136,21 @@ ARMS = {"before": dict(judge_foreign=False, bound_foreign=False),
         "after": {}}
 
 
-def run(setup: Setup, attack: str, arm: str, steps: int, lr: float) -> dict:
+def run(setup: Setup, attack: str, arm: str, steps: int, lr: float, progress: int = 0) -> dict:
     learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
     atk = Attack(attack, setup)
     plausible = PlausibilityConfig(**ARMS.get(arm, {}))
     before = {f: probe_logps(setup, learner, p) for f, p in PROBES.items()}
     t0 = time.time()
     peers = None if arm == "control" else (lambda step: atk.groups(learner, step))
-    c = train_steps(setup, learner, steps, peers, plausible)
+
+    def report(step: int, c) -> None:    # a partial rise: a run cut short still says how far it got
+        if progress and step % progress == 0 and step < steps:
+            now = probe_logps(setup, learner, atk.probe)
+            rise = [round(a - b, 2) for a, b in zip(now, before[atk.family])]
+            print(json.dumps({"attack": attack, "arm": arm, "step": step, "rise_nats": rise,
+                              "seconds": round(time.time() - t0, 1)}), flush=True)
+    c = train_steps(setup, learner, steps, peers, plausible, after_step=report)
     poisoned, refused, repeated = c.poisoned, c.refused, c.repeated
     after = {f: probe_logps(setup, learner, p) for f, p in PROBES.items()}
     rises = {f: [round(a - b, 2) for a, b in zip(after[f], before[f])] for f in PROBES}
@@ -158,6 +166,7 @@ def main(argv=None) -> int:
     ap.add_argument("--attacks", default="templates,sybil,slow,likely,digits,digits-sybil,digits-slow,templates2")
     ap.add_argument("--arms", default="control,before,judge,after")
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--progress", type=int, default=0, help="print the partial rise every N steps (0: never)")
     args = ap.parse_args(argv)
     setup = Setup(PROBE)
     results, controls = [], {}
@@ -168,7 +177,7 @@ def main(argv=None) -> int:
             if arm == "control" and steps in controls:     # same steps: the same control run
                 r = dict(controls[steps], attack=attack, rise_nats=controls[steps]["rises"][fam])
             else:
-                r = run(setup, attack, arm, steps, args.lr)
+                r = run(setup, attack, arm, steps, args.lr, args.progress)
                 if arm == "control":
                     controls[steps] = r
             results.append(r)
