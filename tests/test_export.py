@@ -103,6 +103,7 @@ def _plain_llama_cpp_eval(gguf: Path, bundle, task, prompts, max_tokens: int) ->
 
 @pytest.mark.model
 @pytest.mark.timeout(3600)
+@pytest.mark.slow       # ~1 min each on 2 cores: the README's test command stays under 20 min
 def test_export_of_a_llamacpp_lora_run(tmp_path, lora_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -194,6 +195,7 @@ def test_export_of_an_hf_full_fine_tuning_run(tmp_path):
 
 @pytest.mark.model
 @pytest.mark.timeout(3600)
+@pytest.mark.slow       # ~1 min each on 2 cores: the README's test command stays under 20 min
 def test_export_from_the_command_line_says_one_line_per_step(lora_run):
     """`ftis-edge export` as a user sees it: one line per step, llama.cpp's loader/quantizer output
     and warnings in export.log, what the quantized file holds, a card that compares like with like."""
