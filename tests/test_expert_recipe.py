@@ -1,0 +1,92 @@
+"""The expert recipe's arguments and record (experiments/expert, issue 49 item 2): fast, no model.
+The recipe's stages run real ftis-edge commands; its real run is recorded in docs/runs/expert/."""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+
+import pytest
+
+from experiments.expert import recipe
+from ftis_edge import config as cfgmod
+
+
+def ev(rights: list[bool], prefix: str = "rg/letter_counting/k") -> dict:
+    return {"format_rate": 1.0, "items": [{"id": f"{prefix}/{i}", "reward": 1.0 if r else 0.1}
+                                          for i, r in enumerate(rights)]}
+
+
+def test_the_committed_expert_trains_alone_on_a_task_that_is_not_h8s_arithmetic():
+    cfg = cfgmod.load(recipe.CONFIG)
+    assert cfg.task.name == "reasoning_gym" and list(cfg.task.datasets) == ["letter_counting"]
+    assert cfg.swarm.collaboration == "alone" and cfg.train.trainable == "lora"
+    assert cfg.model.spec == "smollm2-135m" and cfg.model.threads == 1
+    assert cfg.task.datasets["letter_counting"]["eval_size"] >= 200      # >= 200 held-out prompts
+    assert cfg.node.checkpoint_every == 1                                 # a stop loses at most a round
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--until", "8.55"], "expected HH:MM"),
+    (["--until", "25:00"], "expected HH:MM"),
+    (["--rounds", "0"], "at least 1"),
+    (["--eval-limit", "0"], "at least 1"),
+    (["--config", "/nonexistent/expert.toml"], "no such file"),
+])
+def test_bad_arguments_are_one_clear_line(argv, message, capsys):
+    assert recipe.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_until_is_the_next_such_utc_time():
+    now = dt.datetime(2026, 12, 5, 8, 0, tzinfo=dt.timezone.utc)
+    assert recipe.parse_until("08:55", now) == now.replace(minute=55).timestamp()
+    assert recipe.parse_until("07:00", now) == (now.replace(hour=7) + dt.timedelta(days=1)).timestamp()
+    assert recipe.parse_until(None, now) is None
+
+
+def test_evals_are_compared_prompt_by_prompt_with_wilson_intervals():
+    before = ev([True] * 10 + [False] * 190)
+    after = ev([True] * 8 + [False] * 2 + [True] * 50 + [False] * 140)
+    s = recipe.eval_summary(after)
+    assert (s["n"], s["correct"], s["accuracy"]) == (200, 58, 0.29)
+    assert s["ci95"][0] < 0.29 < s["ci95"][1]
+    c = recipe.compare(before, after)
+    assert (c["right_only_after"], c["right_only_before"]) == (50, 2)
+    assert c["clearly_risen"] and c["mcnemar_p"] < 1e-6
+    assert not recipe.compare(before, ev([True] * 12 + [False] * 188))["clearly_risen"]
+    with pytest.raises(recipe.RecipeError, match="same prompts"):
+        recipe.compare(before, ev([True] * 200, prefix="rg/other/k"))
+
+
+def test_more_rounds_from_the_training_trend():
+    before, after = ev([True] * 10 + [False] * 190), ev([True] * 16 + [False] * 184)
+    rounds = [{"accuracy/own": 0.01 * i} for i in range(12)]
+    t = recipe.trend(rounds)
+    assert t["slope_per_round"] == pytest.approx(0.01) and t["first"][0] < t["last"][0]
+    more = recipe.rounds_to_clear(before, after, t["slope_per_round"])
+    assert 1 <= more <= 20
+    assert recipe.rounds_to_clear(before, after, -0.01) is None            # no upward trend: say so
+    assert recipe.rounds_to_clear(before, ev([True] * 60 + [False] * 140), None) == 0
+
+
+def test_the_record_has_config_rounds_evals_sha256_and_rebuild_command(tmp_path):
+    gguf = tmp_path / "model-f16.gguf"
+    gguf.write_bytes(b"not really a model")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"type": "round", "round": 1}\n')
+    args = recipe.parse_args(["--rounds", "3"])
+    rounds = [{"round": i, "accuracy/own": 0.1, "time/round_s": 100.0} for i in (1, 2, 3)]
+    rec = recipe.build_record(recipe.CONFIG, run, rounds, ev([False] * 4), ev([True, False, False, False]),
+                              gguf, recipe.rebuild_command(args, 3))
+    assert rec["rounds"] == 3 and rec["train_seconds"] == 300.0
+    assert rec["config"]["file"] == "experiments/expert/expert.toml" and "letter_counting" in rec["config"]["task"]
+    assert rec["eval"]["before"]["correct"] == 0 and rec["eval"]["after"]["correct"] == 1
+    assert rec["export"]["sha256"] == hashlib.sha256(b"not really a model").hexdigest()
+    assert rec["rebuild"].startswith("python -m experiments.expert --config experiments/expert/expert.toml --rounds 3")
+    out = tmp_path / "docs" / "record.json"
+    recipe.publish(rec, run, out)
+    assert json.loads(out.read_text())["export"]["sha256"] == rec["export"]["sha256"]
+    assert (out.parent / "metrics.jsonl").exists() and not (out.parent / "model-f16.gguf").exists()
