@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
 import json
 import shlex
 import shutil
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from ftis_edge import config as cfgmod
 from ftis_edge.metrics import read_rounds
+from ftis_edge.atomic import sha256_of
 from ftis_edge.stats import mcnemar_two_sided, mean_se, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,14 +139,6 @@ def rounds_done(run_dir: Path) -> int:
     return len(read_rounds(run_dir)) if (run_dir / "metrics.jsonl").exists() else 0
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def eval_summary(ev: dict) -> dict:
     """n, correct, accuracy with its 95% Wilson interval, format rate."""
     k = sum(it["reward"] >= 1.0 for it in ev["items"])
@@ -211,7 +203,7 @@ def build_record(config: Path, run_dir: Path, rounds: list[dict], before: dict, 
                             "draws; training redraws any item whose text equals one), greedy",
                  "before": eval_summary(before), "after": eval_summary(after), **cmp},
         "more_rounds_suggested": None if cmp["clearly_risen"] else rounds_to_clear(before, after, tr.get("slope_per_round")),
-        "export": None if gguf is None else {"file": gguf.name, "bytes": gguf.stat().st_size, "sha256": sha256(gguf)},
+        "export": None if gguf is None else {"file": gguf.name, "bytes": gguf.stat().st_size, "sha256": sha256_of(gguf)},
         "rebuild": rebuild,
     }
 
