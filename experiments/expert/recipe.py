@@ -202,8 +202,13 @@ def build_record(config: Path, run_dir: Path, rounds: list[dict], before: dict, 
         "eval": {"prompts": "the task's first held-out prompts (reasoning-gym eval items, seeds training never "
                             "draws; training redraws any item whose text equals one), greedy",
                  "before": eval_summary(before), "after": eval_summary(after), **cmp},
-        "more_rounds_suggested": None if cmp["clearly_risen"] else rounds_to_clear(before, after, tr.get("slope_per_round")),
-        "export": None if gguf is None else {"file": gguf.name, "bytes": gguf.stat().st_size, "sha256": sha256_of(gguf)},
+        "more_rounds_suggested": (None if cmp["clearly_risen"]
+                                  else rounds_to_clear(before, after, tr.get("slope_per_round"))),
+        "more_rounds_rule": "rounds until the training accuracy's least-squares slope carries the after accuracy "
+                            "past the before interval's upper bound by half the after interval (rough; None: no "
+                            "upward trend, or already clear)",
+        "export": (None if gguf is None
+                   else {"file": gguf.name, "bytes": gguf.stat().st_size, "sha256": sha256_of(gguf)}),
         "rebuild": rebuild,
     }
 
