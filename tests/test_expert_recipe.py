@@ -90,3 +90,14 @@ def test_the_record_has_config_rounds_evals_sha256_and_rebuild_command(tmp_path)
     recipe.publish(rec, run, out)
     assert json.loads(out.read_text())["export"]["sha256"] == rec["export"]["sha256"]
     assert (out.parent / "metrics.jsonl").exists() and not (out.parent / "model-f16.gguf").exists()
+
+
+def test_constant_answers_score_what_always_saying_one_number_would():
+    """The yardstick for a counting expert: most short texts hold the asked letter once."""
+    from ftis_edge.tasks import get_task
+    spec = recipe.task_spec_of(cfgmod.load(recipe.CONFIG))
+    prompts = get_task(spec).eval_prompts(12)
+    base = {"items": [{"id": p.id, "reward": 0.0} for p in prompts]}
+    scores = recipe.constant_answers(spec, base, ("1", "2", "99"))
+    assert scores["99"]["correct"] == 0 and all(s["n"] == 12 for s in scores.values())
+    assert 0 < scores["1"]["correct"] + scores["2"]["correct"] <= 12

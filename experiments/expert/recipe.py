@@ -162,6 +162,20 @@ def compare(before: dict, after: dict) -> dict:
             "clearly_risen": s1["ci95"][0] > s0["ci95"][1]}
 
 
+def constant_answers(spec: str, before: dict, answers: tuple[str, ...] = ("1", "2")) -> dict[str, dict]:
+    """What answering one constant on every eval prompt scores: does the expert count, or has it
+    learnt the most frequent answer? (letter_counting in short texts: mostly 1)"""
+    from ftis_edge.tasks import get_task
+    task = get_task(spec)
+    ids = [it["id"] for it in before["items"]]
+    out = {}
+    for a in answers:
+        results = task.reward_many([f"<answer>{a}</answer>"] * len(ids), ids)
+        k = sum(r[0] >= 1.0 for r in results)
+        out[a] = {"correct": k, "n": len(ids), "ci95": list(wilson_interval(k, len(ids)))}
+    return out
+
+
 def trend(rounds: list[dict], key: str = "accuracy/own") -> dict:
     """Training accuracy in the first and last WINDOW rounds and its least-squares slope per round."""
     ys = [r.get(key) or 0.0 for r in rounds]
@@ -202,6 +216,7 @@ def build_record(config: Path, run_dir: Path, rounds: list[dict], before: dict, 
         "eval": {"prompts": "the task's first held-out prompts (reasoning-gym eval items, seeds training never "
                             "draws; training redraws any item whose text equals one), greedy",
                  "before": eval_summary(before), "after": eval_summary(after), **cmp},
+        "constant_answer_baselines": constant_answers(task_spec_of(cfgmod.load(config)), before),
         "more_rounds_suggested": (None if cmp["clearly_risen"]
                                   else rounds_to_clear(before, after, tr.get("slope_per_round"))),
         "more_rounds_rule": "rounds until the training accuracy's least-squares slope carries the after accuracy "
