@@ -84,6 +84,7 @@ def test_the_record_has_config_rounds_evals_sha256_and_rebuild_command(tmp_path)
     assert rec["rounds"] == 3 and rec["train_seconds"] == 300.0
     assert rec["config"]["file"] == "experiments/expert/expert.toml" and "letter_counting" in rec["config"]["task"]
     assert rec["eval"]["before"]["correct"] == 0 and rec["eval"]["after"]["correct"] == 1
+    assert rec["clearly_above_best_constant"] is False and set(rec["constant_answer_baselines"]) == {"1", "2"}
     assert rec["export"]["sha256"] == hashlib.sha256(b"not really a model").hexdigest()
     assert rec["rebuild"].startswith("python -m experiments.expert --config experiments/expert/expert.toml --rounds 3")
     out = tmp_path / "docs" / "record.json"

@@ -216,7 +216,9 @@ def build_record(config: Path, run_dir: Path, rounds: list[dict], before: dict, 
         "eval": {"prompts": "the task's first held-out prompts (reasoning-gym eval items, seeds training never "
                             "draws; training redraws any item whose text equals one), greedy",
                  "before": eval_summary(before), "after": eval_summary(after), **cmp},
-        "constant_answer_baselines": constant_answers(task_spec_of(cfgmod.load(config)), before),
+        "constant_answer_baselines": (consts := constant_answers(task_spec_of(cfgmod.load(config)), before)),
+        # a skill, not the most frequent answer: the after interval above the best constant's
+        "clearly_above_best_constant": eval_summary(after)["ci95"][0] > max(c["ci95"][1] for c in consts.values()),
         "more_rounds_suggested": (None if cmp["clearly_risen"]
                                   else rounds_to_clear(before, after, tr.get("slope_per_round"))),
         "more_rounds_rule": "rounds until the training accuracy's least-squares slope carries the after accuracy "
@@ -303,13 +305,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.check_node:
             print("[+] a one-round node from the export", flush=True)
             record["node_check"] = check_node(gguf, log)
+        else:                             # keep the last check while it was of these very weights
+            old = json.loads(args.record.read_text()) if args.record.exists() else {}
+            if "node_check" in old and (old.get("export") or {}).get("sha256") == record["export"]["sha256"]:
+                record["node_check"] = old["node_check"]
         publish(record, run_dir, args.record)
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     ev = record["eval"]
     print(f"held out: {ev['before']['correct']}/{ev['before']['n']} -> {ev['after']['correct']}/{ev['after']['n']} "
-          f"after {record['rounds']} rounds (McNemar p = {ev['mcnemar_p']:.4f}, clearly risen: {ev['clearly_risen']}); "
+          f"after {record['rounds']} rounds (McNemar p = {ev['mcnemar_p']:.4f}, clearly risen: {ev['clearly_risen']}, "
+          f"above the best constant answer: {record['clearly_above_best_constant']}); "
           f"sha256 {record['export']['sha256']}", flush=True)
     return 0
 
