@@ -17,13 +17,31 @@ def ev(rights: list[bool], prefix: str = "rg/letter_counting/k") -> dict:
                                           for i, r in enumerate(rights)]}
 
 
-def test_the_committed_expert_trains_alone_on_a_task_that_is_not_h8s_arithmetic():
+LETTERS = recipe.CONFIG.with_name("letter_counting.toml")     # the first attempt, kept with its record
+
+
+def test_the_committed_expert_trains_alone_on_harder_arithmetic_than_h8s_id_and_ood():
     cfg = cfgmod.load(recipe.CONFIG)
-    assert cfg.task.name == "reasoning_gym" and list(cfg.task.datasets) == ["letter_counting"]
+    assert cfg.task.name == "arith" and cfg.task.level == [6]            # H8: ID levels 1-2, OOD level 3
     assert cfg.swarm.collaboration == "alone" and cfg.train.trainable == "lora"
     assert cfg.model.spec == "smollm2-135m" and cfg.model.threads == 1
-    assert cfg.task.datasets["letter_counting"]["eval_size"] >= 200      # >= 200 held-out prompts
     assert cfg.node.checkpoint_every == 1                                 # a stop loses at most a round
+    assert recipe.task_args(cfg) == ["--task", "arith", "--level", "6"]  # the evals see level 6 too
+    first = cfgmod.load(LETTERS)
+    assert first.task.name == "reasoning_gym" and list(first.task.datasets) == ["letter_counting"]
+    assert first.node.id != cfg.node.id                                   # separate run directories
+
+
+def test_the_experts_held_out_questions_are_unseen_by_text():
+    """200 distinct level-6 eval questions, none of which training can draw under any id."""
+    from ftis_edge.tasks import get_task
+    from ftis_edge.tasks.unseen import question_key
+    task = get_task("arith", level=[6])
+    held = task.eval_prompts(200)
+    assert len(held) == 200 and len({question_key(p.question) for p in held}) == 200
+    texts = {question_key(p.question) for p in held}
+    train = [p for p, _ in zip(task.prompts(seed=0), range(2000))]
+    assert not texts & {question_key(p.question) for p in train}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -82,23 +100,43 @@ def test_the_record_has_config_rounds_evals_sha256_and_rebuild_command(tmp_path)
     rec = recipe.build_record(recipe.CONFIG, run, rounds, ev([False] * 4), ev([True, False, False, False]),
                               gguf, recipe.rebuild_command(args, 3))
     assert rec["rounds"] == 3 and rec["train_seconds"] == 300.0
-    assert rec["config"]["file"] == "experiments/expert/expert.toml" and "letter_counting" in rec["config"]["task"]
+    assert rec["config"]["file"] == "experiments/expert/expert.toml" and rec["config"]["task"] == "arith"
     assert rec["eval"]["before"]["correct"] == 0 and rec["eval"]["after"]["correct"] == 1
-    assert rec["clearly_above_best_constant"] is False and set(rec["constant_answer_baselines"]) == {"1", "2"}
+    assert rec["clearly_above_best_constant"] is None and rec["constant_answer_baselines"] == {}  # nothing to try
     assert rec["export"]["sha256"] == hashlib.sha256(b"not really a model").hexdigest()
     assert rec["rebuild"].startswith("python -m experiments.expert --config experiments/expert/expert.toml --rounds 3")
     out = tmp_path / "docs" / "record.json"
+    (run / "config.toml").write_text(f'run_dir = "{recipe.ROOT}/runs/expert-x"\n')
     recipe.publish(rec, run, out)
     assert json.loads(out.read_text())["export"]["sha256"] == rec["export"]["sha256"]
     assert (out.parent / "metrics.jsonl").exists() and not (out.parent / "model-f16.gguf").exists()
+    assert (out.parent / "config.toml").read_text() == 'run_dir = "runs/expert-x"\n'   # no checkout's path
+    old = recipe.parse_args(["--config", str(LETTERS), "--record", str(recipe.ROOT / "docs/runs/expert/lc.json")])
+    assert recipe.rebuild_command(old, 60).startswith(
+        "python -m experiments.expert --config experiments/expert/letter_counting.toml --rounds 60 --eval-limit 200 "
+        "--threads 1 --record docs/runs/expert/lc.json")
 
 
 def test_constant_answers_score_what_always_saying_one_number_would():
     """The yardstick for a counting expert: most short texts hold the asked letter once."""
     from ftis_edge.tasks import get_task
-    spec = recipe.task_spec_of(cfgmod.load(recipe.CONFIG))
+    spec = recipe.task_spec_of(cfgmod.load(LETTERS))
     prompts = get_task(spec).eval_prompts(12)
-    base = {"items": [{"id": p.id, "reward": 0.0} for p in prompts]}
+    base = {"items": [{"id": p.id, "reference": p.reference, "reward": 0.0} for p in prompts]}
+    assert recipe.constant_candidates(base, {"items": []}) == ()           # gym references are ids
     scores = recipe.constant_answers(spec, base, ("1", "2", "99"))
     assert scores["99"]["correct"] == 0 and all(s["n"] == 12 for s in scores.values())
     assert 0 < scores["1"]["correct"] + scores["2"]["correct"] <= 12
+
+
+def test_for_arithmetic_the_constants_are_the_commonest_answers_and_the_experts_own():
+    from ftis_edge.tasks import get_task
+    prompts = get_task("arith", level=[6]).eval_prompts(60)
+    base = {"items": [{"id": p.id, "reference": p.reference, "reward": 0.0} for p in prompts]}
+    after = {"items": [{"id": p.id, "answer": "7", "reward": 0.0} for p in prompts]}
+    answers = recipe.constant_candidates(base, after)
+    refs = [p.reference for p in prompts]
+    commonest = answers[0]
+    assert refs.count(commonest) == max(map(refs.count, refs)) and answers[-1] == "7"
+    scores = recipe.constant_answers("arith", base, answers)
+    assert scores[commonest]["correct"] == sum(p.reference == commonest for p in prompts) >= 1

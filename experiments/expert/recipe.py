@@ -1,5 +1,7 @@
-"""The expert for H8 (issue 49 item 2): SmolLM2-135M trained alone on a skill that is not arithmetic,
-evaluated held out before and after, merged, and recorded.
+"""The expert for H8 (issue 49 item 2): SmolLM2-135M trained alone on a skill apart from H8's task
+(expert.toml: arith level 6, fractions and decimals), evaluated held out before and after, merged,
+and recorded. letter_counting.toml is the first attempt (it collapsed to answering 1), kept with
+its record in docs/runs/expert/letter-counting/ (``--config … --record …`` rebuilds it).
 
     python -m experiments.expert                         # everything, resumable: re-running continues
     python -m experiments.expert --until 08:55           # stop training at that UTC time (checkpointed)
@@ -93,9 +95,15 @@ def task_spec_of(cfg) -> str:
     return task_spec(cfg.task)
 
 
-def eval_command(model: str, spec: str, limit: int, threads: int, out_json: Path) -> list[str]:
+def task_args(cfg) -> list[str]:
+    """`ftis-edge eval`'s task arguments for the node's [task]: arith carries its levels in --level."""
+    levels = ["--level", ",".join(map(str, cfg.task.level))] if cfg.task.name == "arith" and cfg.task.level else []
+    return ["--task", task_spec_of(cfg)] + levels
+
+
+def eval_command(model: str, task: list[str], limit: int, threads: int, out_json: Path) -> list[str]:
     """Greedy held-out eval: the task's first `limit` eval prompts, the same ones before and after."""
-    return CLI + ["eval", "--model", model, "--task", spec, "--limit", str(limit), "--temperature", "0",
+    return CLI + ["eval", "--model", model, *task, "--limit", str(limit), "--temperature", "0",
                   "--max-new-tokens", str(EVAL_TOKENS), "--threads", str(threads), "--quiet", "--json", str(out_json)]
 
 
@@ -162,17 +170,28 @@ def compare(before: dict, after: dict) -> dict:
             "clearly_risen": s1["ci95"][0] > s0["ci95"][1]}
 
 
-def constant_answers(spec: str, before: dict, answers: tuple[str, ...] = ("1", "2")) -> dict[str, dict]:
-    """What answering one constant on every eval prompt scores: does the expert count, or has it
-    learnt the most frequent answer? (letter_counting in short texts: mostly 1)"""
+def constant_candidates(before: dict, after: dict, top: int = 2) -> tuple[str, ...]:
+    """The constants worth trying: the most common reference answers among the held-out prompts
+    (arith: the true answers; reasoning-gym's references are ids, so none) and the trained model's
+    own most frequent answers (a collapse to one answer shows up there)."""
+    from collections import Counter
+    refs = Counter(it["reference"] for it in before["items"] if it.get("reference") not in (None, it["id"]))
+    said = Counter(it["answer"] for it in after["items"] if it.get("answer") not in (None, ""))
+    out = [a for a, _ in refs.most_common(top)] + [a for a, _ in said.most_common(top)]
+    return tuple(dict.fromkeys(str(a) for a in out))
+
+
+def constant_answers(spec: str, before: dict, answers: tuple[str, ...]) -> dict[str, dict]:
+    """What answering one constant on every eval prompt scores: does the expert have the skill, or
+    has it learnt the most frequent answer? (letter_counting in short texts: mostly 1)"""
     from ftis_edge.tasks import get_task
     task = get_task(spec)
-    ids = [it["id"] for it in before["items"]]
+    refs = [it.get("reference") or it["id"] for it in before["items"]]   # reasoning-gym: the id
     out = {}
     for a in answers:
-        results = task.reward_many([f"<answer>{a}</answer>"] * len(ids), ids)
+        results = task.reward_many([f"<answer>{a}</answer>"] * len(refs), refs)
         k = sum(r[0] >= 1.0 for r in results)
-        out[a] = {"correct": k, "n": len(ids), "ci95": list(wilson_interval(k, len(ids)))}
+        out[a] = {"correct": k, "n": len(refs), "ci95": list(wilson_interval(k, len(refs)))}
     return out
 
 
@@ -213,12 +232,15 @@ def build_record(config: Path, run_dir: Path, rounds: list[dict], before: dict, 
         "rounds": len(rounds),
         "train_seconds": sum(r.get("time/round_s") or 0.0 for r in rounds),
         "training_trend": tr,
-        "eval": {"prompts": "the task's first held-out prompts (reasoning-gym eval items, seeds training never "
-                            "draws; training redraws any item whose text equals one), greedy",
+        "eval": {"prompts": "the task's first held-out prompts, unseen by text (ftis_edge/tasks/unseen.py; arith: "
+                            "a held-out share of the question-text space; reasoning-gym: eval seeds, training "
+                            "redraws any item whose text equals one), greedy",
                  "before": eval_summary(before), "after": eval_summary(after), **cmp},
-        "constant_answer_baselines": (consts := constant_answers(task_spec_of(cfgmod.load(config)), before)),
+        "constant_answer_baselines": (consts := constant_answers(task_spec_of(cfgmod.load(config)), before,
+                                                                 constant_candidates(before, after))),
         # a skill, not the most frequent answer: the after interval above the best constant's
-        "clearly_above_best_constant": eval_summary(after)["ci95"][0] > max(c["ci95"][1] for c in consts.values()),
+        "clearly_above_best_constant": (eval_summary(after)["ci95"][0] > max(c["ci95"][1] for c in consts.values())
+                                        if consts else None),
         "more_rounds_suggested": (None if cmp["clearly_risen"]
                                   else rounds_to_clear(before, after, tr.get("slope_per_round"))),
         "more_rounds_rule": "rounds until the training accuracy's least-squares slope carries the after accuracy "
@@ -232,8 +254,9 @@ def build_record(config: Path, run_dir: Path, rounds: list[dict], before: dict, 
 
 def rebuild_command(args: argparse.Namespace, rounds: int) -> str:
     cfg = args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config
+    record = "" if args.record.resolve() == RECORD else f" --record {relative_paths(str(args.record.resolve()))}"
     return (f"python -m experiments.expert --config {cfg} --rounds {rounds} --eval-limit {args.eval_limit} "
-            f"--threads {args.threads}   # -> runs/<id>/export/model-f16.gguf (sha256 in this record)")
+            f"--threads {args.threads}{record}   # -> runs/<id>/export/model-f16.gguf (sha256 in this record)")
 
 
 def check_node(gguf: Path, log: Path) -> dict:
@@ -269,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = run_dir_of(cfg, args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir.parent / f"{run_dir.name}.recipe.log"
-    spec = task_spec_of(cfg)
+    spec = task_args(cfg)
     base_json, after_json = run_dir / "eval-base.json", run_dir / "eval-trained.json"
     gguf = run_dir / "export" / "model-f16.gguf"
     try:
@@ -322,9 +345,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def publish(record: dict, run_dir: Path, path: Path) -> None:
-    """The record, and beside it the evals, the run's metrics and config (text, no weights)."""
+    """The record, and beside it the evals, the run's metrics and config (text, no weights); paths
+    under the repository are written relative to its root (the same on every checkout)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    path.write_text(relative_paths(json.dumps(record, indent=1) + "\n"))
     for name in ("eval-base.json", "eval-trained.json", "metrics.jsonl", "config.toml"):
         if (run_dir / name).exists():
-            shutil.copyfile(run_dir / name, path.parent / name)
+            (path.parent / name).write_text(relative_paths((run_dir / name).read_text()))
+
+
+def relative_paths(text: str) -> str:
+    return text.replace(f"{ROOT}/", "")
