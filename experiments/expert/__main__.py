@@ -1,0 +1,5 @@
+import sys
+
+from experiments.expert.recipe import main
+
+sys.exit(main())
