@@ -26,12 +26,15 @@ attack never used, after its first line and after its whole solution), for each 
 ``PlausibilityConfig(judge_foreign=False, bound_foreign=False)``), ``judge`` (the issue-50 judge:
 fixed threshold, 3-gram and 8-gram memories, full weight: ``bound_foreign=False``),
 ``bounded`` (the weight bound alone, no repeat memories on claimed-foreign samples:
-``foreign_memories=False``) and ``after`` (today's default: the judge, and another tokenizer's
+``foreign_memories=False``), ``bound`` (the weight bound and nothing else on claimed-foreign
+samples: no threshold, no memories, so every honest foreign token is kept:
+``judge_foreign=False, foreign_memories=False``) and ``after`` (today's default: the judge, and another tokenizer's
 text at a bounded weight, ``plausibility.foreign_factors``), side by side.
 
     python -m benchmarks.attacks.poison_foreign [--steps 20] [--slow-steps 40]
         [--attacks templates,sybil,slow,likely,digits,digits-sybil,digits-slow,templates2]
-        [--arms control,before,judge,bounded,after] [--progress N] [--json PATH]
+        [--arms control,before,judge,bounded,bound,after] [--progress N] [--json PATH]
+        [--controls PATH ...]   # committed control runs (their JSON) instead of running them again
 """
 from __future__ import annotations
 
@@ -133,6 +136,7 @@ def probe_logps(setup: Setup, learner: Learner, phrase: str) -> list[float]:
 ARMS = {"before": dict(judge_foreign=False, bound_foreign=False),
         "judge": dict(bound_foreign=False),
         "bounded": dict(foreign_memories=False),
+        "bound": dict(judge_foreign=False, foreign_memories=False),
         "after": {}}
 
 
@@ -167,9 +171,15 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default="control,before,judge,after")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--progress", type=int, default=0, help="print the partial rise every N steps (0: never)")
+    ap.add_argument("--controls", nargs="*", default=[], metavar="PATH",
+                    help="JSON of earlier runs whose control runs serve here (keyed by their steps)")
     args = ap.parse_args(argv)
     setup = Setup(PROBE)
     results, controls = [], {}
+    for path in args.controls:
+        for r in json.loads(open(path).read())["runs"]:
+            if r["arm"] == "control":
+                controls.setdefault(r["steps"], r)
     for attack in args.attacks.split(","):
         steps = args.slow_steps if attack.endswith("slow") else args.steps
         fam = family(attack)
