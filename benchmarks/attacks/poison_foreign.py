@@ -28,12 +28,13 @@ fixed threshold, 3-gram and 8-gram memories, full weight: ``bound_foreign=False`
 ``bounded`` (the weight bound alone, no repeat memories on claimed-foreign samples:
 ``foreign_memories=False``), ``bound`` (the weight bound and nothing else on claimed-foreign
 samples: no threshold, no memories, so every honest foreign token is kept:
-``judge_foreign=False, foreign_memories=False``) and ``after`` (today's default: the judge, and another tokenizer's
+``judge_foreign=False, foreign_memories=False``; ``bound-half``: the same at half the weight, each
+sample at most 1/16 of an own sample, a step's at most 1/8) and ``after`` (today's default: the judge, and another tokenizer's
 text at a bounded weight, ``plausibility.foreign_factors``), side by side.
 
     python -m benchmarks.attacks.poison_foreign [--steps 20] [--slow-steps 40]
         [--attacks templates,sybil,slow,likely,digits,digits-sybil,digits-slow,templates2]
-        [--arms control,before,judge,bounded,bound,after] [--progress N] [--json PATH]
+        [--arms control,before,judge,bounded,bound,bound-half,after] [--progress N] [--json PATH]
         [--controls PATH ...]   # committed control runs (their JSON) instead of running them again
 """
 from __future__ import annotations
@@ -137,6 +138,8 @@ ARMS = {"before": dict(judge_foreign=False, bound_foreign=False),
         "judge": dict(bound_foreign=False),
         "bounded": dict(foreign_memories=False),
         "bound": dict(judge_foreign=False, foreign_memories=False),
+        "bound-half": dict(judge_foreign=False, foreign_memories=False,     # the same at half the weight
+                           foreign_sample_weight=0.0625, foreign_step_weight=0.125),
         "after": {}}
 
 
