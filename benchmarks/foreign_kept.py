@@ -12,12 +12,14 @@ prompt's real SmolLM2 rollouts) that calibrates, with ONE repeat memory over all
 a running node has. Every Gemma sample gets advantage +1 (the memories only apply to positive
 samples: this is their most). No optimiser step is taken.
 
-Reported for today's default (``both``: the fixed threshold and the 3-gram / 8-gram repeat
-memories), and for each part alone: ``judge`` (the threshold; ``foreign_memories=False`` keeps
-exactly what it keeps, the threshold being computed before any memory) and ``memories`` (a
-threshold of -inf; run only when the threshold refused a sample, else it equals ``both``):
-samples kept (not refused), samples with no token masked, and the share of tokens kept (a
-refused sample's tokens all count as lost). Target: >= 99 % of tokens and samples.
+Reported for today's default (``default``: the weight bound alone, nothing masked or refused),
+for the default until 2026-12-05 (``both``: the fixed threshold and the 3-gram / 8-gram repeat
+memories, ``judge_foreign=True, foreign_memories=True``), and for each of its parts alone:
+``judge`` (the threshold; ``foreign_memories=False`` keeps exactly what it keeps, the threshold
+being computed before any memory) and ``memories`` (a threshold of -inf; run only when the
+threshold refused a sample, else it equals ``both``): samples kept (not refused), samples with no
+token masked, and the share of tokens kept (a refused sample's tokens all count as lost).
+Target: >= 99 % of tokens and samples.
 
     python -m benchmarks.foreign_kept [--make-fixture [--per-prompt 8]] [--json PATH]
 """
@@ -128,15 +130,17 @@ def main(argv=None) -> int:
     result = {"levels": sorted({s.level for g in peer for s in g}),
               "stopped": sum(c["finish_reason"] == "stop" for g in fixture["groups"] for c in g["completions"]),
               "arms": {}}
-    both = measure(learner, own, peer, PlausibilityConfig())
+    both = measure(learner, own, peer, PlausibilityConfig(judge_foreign=True, foreign_memories=True))
     judge = {k: both[k] for k in ("samples", "kept", "tokens", "kept_frac")}
     judge.update(untouched=both["kept"], tokens_kept=both["judge_tokens_kept"],
                  untouched_frac=both["kept_frac"], tokens_kept_frac=round(both["judge_tokens_kept"] / both["tokens"], 4))
     result["arms"] = {"judge": judge, "both": both}
     if both["kept"] < both["samples"]:      # a refused sample is not taught: the memories alone may mask more
-        result["arms"]["memories"] = measure(learner, own, peer, PlausibilityConfig(foreign_threshold=-math.inf))
+        result["arms"]["memories"] = measure(learner, own, peer, PlausibilityConfig(
+            judge_foreign=True, foreign_memories=True, foreign_threshold=-math.inf))
     else:
         result["arms"]["memories"] = both
+    result["arms"]["default"] = measure(learner, own, peer, PlausibilityConfig())   # the bound alone
     write_json(args.json, result)
     print("levels:", result["levels"], "| stopped:", result["stopped"])
     for arm, r in result["arms"].items():

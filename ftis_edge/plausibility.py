@@ -65,9 +65,11 @@ FOREIGN_PHRASE = 8     # and any 8-gram, likely or not, is taught once: a phrase
 # rule (issue 51 item 3: +1.2 to +2.7 nats over the control). So it trains at a bounded weight:
 # each such sample at most FOREIGN_SAMPLE_WEIGHT of an own sample, all of a step's together at
 # most FOREIGN_STEP_WEIGHT (more ids, or more samples, share it); the bound, not a phrase
-# list, is what an attacker of the class meets.
-FOREIGN_SAMPLE_WEIGHT = 0.125
-FOREIGN_STEP_WEIGHT = 0.25
+# list, is what an attacker of the class meets. Half of the first bound (1/8, 1/4): at that one a
+# one-sample-a-step drip of a likely payload rose 1.33 nats over its control in 40 steps
+# (docs/relay.md), at this one every variant stays within 1 nat with no threshold and no memory.
+FOREIGN_SAMPLE_WEIGHT = 0.0625
+FOREIGN_STEP_WEIGHT = 0.125
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,11 @@ class PlausibilityConfig:
     pool: int = OWN_POOL
     ngram: int = NGRAM
     ngram_logp: float = NGRAM_LOGP
-    judge_foreign: bool = True          # False: cross-tokenizer peer samples meet only the 4-gram memory
+    # Claimed-foreign samples meet the bound and nothing else by default: the fixed threshold and
+    # the repeat memories below masked a third of honest Gemma 3 text's tokens (its answers share
+    # one template), and the bound alone holds every measured poisoning variant within 1 nat of
+    # its control (issue 51 item 3, docs/relay.md).
+    judge_foreign: bool = False         # True: the fixed threshold and 3-gram / 8-gram memories too
     foreign_threshold: float = FOREIGN_THRESHOLD
     foreign_ngram: int = FOREIGN_NGRAM
     foreign_ngram_logp: float = FOREIGN_NGRAM_LOGP
@@ -89,9 +95,8 @@ class PlausibilityConfig:
     bound_foreign: bool = True          # False: claimed-foreign samples train at their full weight
     foreign_sample_weight: float = FOREIGN_SAMPLE_WEIGHT
     foreign_step_weight: float = FOREIGN_STEP_WEIGHT
-    foreign_memories: bool = True       # the repeat memories on claimed-foreign samples too (3-gram
-    #                                     and 8-gram with judge_foreign; they mask about half the tokens
-    #                                     of honest templated foreign groups: issue 51 item 3)
+    foreign_memories: bool = False      # True: the repeat memories on claimed-foreign samples too
+    #                                     (3-gram and 8-gram with judge_foreign; 4-gram without)
 
     def __post_init__(self):
         if not (0.0 <= self.foreign_sample_weight <= 1.0 and self.foreign_step_weight >= 0.0):

@@ -161,7 +161,11 @@ def test_the_learner_bounds_only_peer_samples_that_claim_another_tokenizer():
     same = TrainSample([1], [2], [-1.0], None, 1.0, source="bob")
     other = TrainSample([1], [2], None, -1.0, 1.0, sequence_level=True, source="eve", foreign=True, weight=0.5)
     out = _bound_foreign([own, same, other], PlausibilityConfig())
-    assert [s.weight for s in out] == [1.0, 1.0, 0.5 * 0.125] and out[0] is own and other.weight == 0.5
-    # without the repeat memories on claimed-foreign samples the bound is all that holds an attacker
-    off = _bound_foreign([own, same, other, other], PlausibilityConfig(foreign_memories=False))
-    assert [s.weight for s in off] == [1.0, 1.0, 0.5 * 0.125, 0.5 * 0.125]
+    assert [s.weight for s in out] == [1.0, 1.0, 0.5 * 0.0625] and out[0] is own and other.weight == 0.5
+    # by default the bound is all that holds an attacker claiming another tokenizer (no threshold,
+    # no memories on those samples): two of them share the step's 1/8
+    two = _bound_foreign([own, same, other, other], PlausibilityConfig())
+    assert [s.weight for s in two] == [1.0, 1.0, 0.5 * 0.0625, 0.5 * 0.0625]
+    first = _bound_foreign([own, other, other, other], PlausibilityConfig(foreign_sample_weight=0.125,
+                                                                          foreign_step_weight=0.25))
+    assert [s.weight for s in first] == [1.0] + [0.5 * 0.25 / 3] * 3

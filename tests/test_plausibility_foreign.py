@@ -78,9 +78,9 @@ def test_an_injected_phrase_from_a_claimed_foreign_peer_is_refused(judge):
     # this gibberish scores -3.44 on its worst window: above the shipped -5.0 (honest Gemma text
     # reaches -4.37), so the threshold is set between it and honest SmolLM2 text (1 %: -2.40)
     # to show the rule applies to a claimed-foreign sample at all (today only repetition stops it)
-    stats = _step(learner, _own(fx) + [sample], PlausibilityConfig(foreign_threshold=-3.0))
+    stats = _step(learner, _own(fx) + [sample], PlausibilityConfig(foreign_threshold=-3.0, judge_foreign=True))
     assert bool(stats["per_sample"]["implausible"][-1]), stats["per_sample"]["plausibility"][-1]
-    off = _step(learner, _own(fx) + [sample], PlausibilityConfig(foreign_threshold=-3.0, judge_foreign=False))
+    off = _step(learner, _own(fx) + [sample], PlausibilityConfig(foreign_threshold=-3.0))   # the default
     assert not bool(off["per_sample"]["implausible"][-1])
 
 
@@ -96,22 +96,23 @@ def test_honest_text_sent_as_another_tokenizers_keeps_its_weight(judge):
 
 
 @pytest.mark.model
-def test_without_the_memories_honest_foreign_text_keeps_every_token_at_the_bounded_weight(judge):
+def test_by_default_honest_foreign_text_keeps_every_token_at_the_bounded_weight(judge):
     """Honest Gemma 3 answers (tests/data/gemma_rollouts.json) to one question share their template
-    ("<answer>…</answer>\n\nUser:"): the 3-gram / 8-gram memories mask it after the first answer;
-    ``foreign_memories=False`` keeps every token (the fixed threshold still judges them) and the
-    weight bound still applies."""
+    ("<answer>…</answer>\n\nUser:"): the 3-gram / 8-gram memories (``judge_foreign=True,
+    foreign_memories=True``, the default until issue 51 item 3 was decided) mask it after the first
+    answer; the default keeps every token and sample, and the weight bound applies."""
     from ftis_edge.learner import _bound_foreign
     learner, ids, fx = judge
     gemma = json.loads((FIXTURE.parent / "gemma_rollouts.json").read_text())
     group = [_claimed(learner, fx["groups"][0]["prompt_ids"], ids(c["text"]), source="gemma")
              for c in gemma["groups"][0]["completions"]]
     masked = {}
-    for cfg in (PlausibilityConfig(), PlausibilityConfig(foreign_memories=False)):
+    for name, cfg in (("memories", PlausibilityConfig(judge_foreign=True, foreign_memories=True)),
+                      ("default", PlausibilityConfig())):
         learner.repeat_memory = RepeatMemory()     # a fresh node's memory for each
         stats = _step(learner, _own(fx, k=1, n=2) + group, cfg)
         assert int(stats["per_sample"]["implausible"][2:].sum()) == 0, stats["per_sample"]["plausibility"]
-        masked[cfg.foreign_memories] = float(stats["per_sample"]["repeated"][2:].sum())
-    assert masked[True] > 0 and masked[False] == 0, masked
-    bounded = _bound_foreign(_own(fx, k=1, n=2) + group, PlausibilityConfig(foreign_memories=False))
-    assert [s.weight for s in bounded[2:]] == [0.25 / len(group)] * len(group)   # they share 1/4 of a step
+        masked[name] = float(stats["per_sample"]["repeated"][2:].sum())
+    assert masked["memories"] > 0 and masked["default"] == 0, masked
+    bounded = _bound_foreign(_own(fx, k=1, n=2) + group, PlausibilityConfig())
+    assert [s.weight for s in bounded[2:]] == [0.125 / len(group)] * len(group)   # they share 1/8 of a step

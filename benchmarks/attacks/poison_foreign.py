@@ -22,15 +22,14 @@ correct solutions carry the payload and the others are the peer's honest wrong a
 Measured: the rise of each probed phrase's log-prob in two held-out contexts (a GSM8K prompt the
 attack never used, after its first line and after its whole solution), for each attack's
 ``control`` (own groups only, as many steps; one control run serves every attack of its length),
-``before`` (no judge on cross-tokenizer samples: only the 4-gram repeat memory,
-``PlausibilityConfig(judge_foreign=False, bound_foreign=False)``), ``judge`` (the issue-50 judge:
-fixed threshold, 3-gram and 8-gram memories, full weight: ``bound_foreign=False``),
-``bounded`` (the weight bound alone, no repeat memories on claimed-foreign samples:
-``foreign_memories=False``), ``bound`` (the weight bound and nothing else on claimed-foreign
-samples: no threshold, no memories, so every honest foreign token is kept:
-``judge_foreign=False, foreign_memories=False``; ``bound-half``: the same at half the weight, each
-sample at most 1/16 of an own sample, a step's at most 1/8) and ``after`` (today's default: the judge, and another tokenizer's
-text at a bounded weight, ``plausibility.foreign_factors``), side by side.
+``before`` (no judge on cross-tokenizer samples: only the 4-gram repeat memory, full weight),
+``judge`` (the issue-50 judge: fixed threshold, 3-gram and 8-gram memories, full weight),
+``bounded`` (the threshold and the first weight bound, each claimed-foreign sample at most 1/8 of
+an own sample and a step's at most 1/4, no repeat memories), ``bound`` (that bound and nothing
+else: no threshold, no memories, so every honest foreign token is kept), ``bound-half`` (the same
+at half the weight, 1/16 and 1/8), ``judge-bound`` (the threshold, the memories and the first
+bound: the default until 2026-12-05, called ``after`` in the runs committed before then) and
+``after`` (today's default, ``PlausibilityConfig()``), side by side (``ARMS`` spells each out).
 
     python -m benchmarks.attacks.poison_foreign [--steps 20] [--slow-steps 40]
         [--attacks templates,sybil,slow,likely,digits,digits-sybil,digits-slow,templates2]
@@ -134,13 +133,15 @@ def probe_logps(setup: Setup, learner: Learner, phrase: str) -> list[float]:
     return out
 
 
-ARMS = {"before": dict(judge_foreign=False, bound_foreign=False),
-        "judge": dict(bound_foreign=False),
-        "bounded": dict(foreign_memories=False),
-        "bound": dict(judge_foreign=False, foreign_memories=False),
+FIRST_BOUND = dict(foreign_sample_weight=0.125, foreign_step_weight=0.25)     # issue 51's first bound
+ARMS = {"before": dict(judge_foreign=False, foreign_memories=True, bound_foreign=False),
+        "judge": dict(judge_foreign=True, foreign_memories=True, bound_foreign=False),
+        "bounded": dict(judge_foreign=True, foreign_memories=False, **FIRST_BOUND),
+        "bound": dict(judge_foreign=False, foreign_memories=False, **FIRST_BOUND),
         "bound-half": dict(judge_foreign=False, foreign_memories=False,     # the same at half the weight
                            foreign_sample_weight=0.0625, foreign_step_weight=0.125),
-        "after": {}}
+        "judge-bound": dict(judge_foreign=True, foreign_memories=True, **FIRST_BOUND),   # the default until
+        "after": {}}                                                   # 2026-12-05 ("after" in its runs)
 
 
 def run(setup: Setup, attack: str, arm: str, steps: int, lr: float, progress: int = 0) -> dict:
