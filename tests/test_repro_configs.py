@@ -334,3 +334,17 @@ def test_h7_smollm2_peers_run_on_until_the_gemma_node_stops(tmp_path):
     for name, b in batches.BATCHES.items():
         if name != "h7":
             assert not any(run.runs_on(b, n) for n in b.receivers), name
+
+
+def test_a_relative_out_puts_every_run_where_the_runner_looks(tmp_path, monkeypatch):
+    """`run.py … --out runs/h7`: a node file under runs/h7/h7/s0/ resolves a relative run_dir
+    against its own folder, so written relative the runs landed in runs/h7/h7/s0/runs/h7/… while
+    the runner, the scorer and the analysis looked in runs/h7/h7/s0/NAME (seen in H4's CPU re-run)."""
+    monkeypatch.chdir(tmp_path)
+    out = Path("runs") / "h7" / "h7" / "s0"
+    out.mkdir(parents=True)
+    for name, c in run.receiver_configs(batches.BATCHES["h7"], 0, None, out, ADDR, "repro-h7-s0").items():
+        loaded = config.load(run.write_config(c, out / f"{name}.toml"))
+        assert loaded.run_path.resolve() == (tmp_path / out / name).resolve(), name
+    peer = run.peer_config(batches.BATCHES[PEER_BATCHES[0]], 0, None, out, ADDR, "s")
+    assert config.load(run.write_config(peer, out / "peer.toml")).run_path == (tmp_path / out / "peer").resolve()

@@ -91,7 +91,7 @@ def receiver_configs(batch, seed: int, rounds: int, out: Path, addr: str, swarm:
             node_id, node_seed = f"node-{int(i)}", seed * 100 + int(i)
             topic = swarm if arm in ("swarm", "alone") else f"{swarm}-{arm}"    # each arm its own swarm
         cfgs[name] = merge(COMMON, getattr(batch, "settings", {}), RECEIVER, {
-            "node": {"id": node_id, "seed": node_seed, "rounds": rounds, "run_dir": str(out / name)},
+            "node": {"id": node_id, "seed": node_seed, "rounds": rounds, "run_dir": str(out.resolve() / name)},
             "swarm": {"relay": "" if alone else addr, "name": topic, "collaboration": batch.collaboration},
         }, over)
         if runs_on(batch, name):    # on past R until the runner stops it; round R is the one scored
@@ -111,7 +111,7 @@ def expert_config(expert, out: Path, settings: dict, rounds: int | None = None) 
     """The expert's training run: alone, seed 0, checkpointing every round."""
     return merge(COMMON, settings, expert.config, {
         "node": {"id": f"expert-{expert.name}", "seed": 0, "rounds": rounds or expert.rounds,
-                 "checkpoint_every": 1, "run_dir": str(out)},
+                 "checkpoint_every": 1, "run_dir": str(out.resolve())},
         "swarm": {"collaboration": "alone", "relay": "", "share": False}})
 
 
@@ -122,7 +122,7 @@ def peer_config(batch, seed: int, rounds: int | None, out: Path, addr: str, swar
     # (no update) runs rounds ~2x faster than learning receivers, so R + a few is not enough.
     extra_rounds = 10 * batch_rounds(batch, rounds) + 5
     cfg = merge(COMMON, getattr(batch, "settings", {}), batch.peer, PEER, {
-        "node": {"id": "peer", "seed": 1000 + seed, "rounds": extra_rounds, "run_dir": str(out / "peer")},
+        "node": {"id": "peer", "seed": 1000 + seed, "rounds": extra_rounds, "run_dir": str(out.resolve() / "peer")},
         "swarm": {"relay": addr, "name": swarm, "collaboration": batch.collaboration}})
     expert = getattr(batch, "expert", None)
     if expert is not None:
@@ -354,6 +354,9 @@ def main() -> int:
                     help="run only these receivers of the batches (a follow-up seed of chosen comparisons)")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
+    # absolute: a node file resolves a relative run_dir against its own folder (out/BATCH/sSEED),
+    # not the working directory, and the runner looks for each run where it meant to put it
+    args.out = args.out.resolve()
     only = set(args.receivers) if args.receivers else None
     if only is not None:
         known = {n for b in args.batches if b in BATCHES for n in BATCHES[b].receivers}
