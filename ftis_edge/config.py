@@ -99,8 +99,9 @@ class TrainSection:
                           choices=("all", "kept"))
     cross_tokenizer_level: str = _opt("span", "IS weights for peers with another tokenizer: per span between "
                                       "shared byte boundaries, or one per sequence", choices=("span", "sequence"))
-    peer_plausibility: bool = _opt(True, "do not train on peer samples whose text the learner finds far less "
-                                   "likely than its own completions (poisoning defence; plausibility.py)")
+    peer_plausibility: bool = _opt(True, "do not train on same-tokenizer peer samples whose text the learner "
+                                   "finds far less likely than its own completions, and train another tokenizer's "
+                                   "samples at a bounded weight (poisoning defence; plausibility.py)")
     # The three protections below are off by default: over H6's three seeds (docs/results.md) they did
     # not help the node they were built for (Gemma among SmolLM2 peers: -2.3 ± 0.4 ID points against
     # plain F-TIS) and moved the other nodes by 1-2 points either way. They stay as switches.
