@@ -77,7 +77,8 @@ def test_an_injected_phrase_from_a_claimed_foreign_peer_is_refused(judge):
     sample = _claimed(learner, g["prompt_ids"], ids(text) + [fx["eos_id"]])
     # this gibberish scores -3.44 on its worst window: above the shipped -5.0 (honest Gemma text
     # reaches -4.37), so the threshold is set between it and honest SmolLM2 text (1 %: -2.40)
-    # to show the rule applies to a claimed-foreign sample at all (today only repetition stops it)
+    # to show the rule applies to a claimed-foreign sample when turned on (by default it is off:
+    # the weight bound, not a refusal, holds such samples)
     stats = _step(learner, _own(fx) + [sample], PlausibilityConfig(foreign_threshold=-3.0, judge_foreign=True))
     assert bool(stats["per_sample"]["implausible"][-1]), stats["per_sample"]["plausibility"][-1]
     off = _step(learner, _own(fx) + [sample], PlausibilityConfig(foreign_threshold=-3.0))   # the default
@@ -92,7 +93,6 @@ def test_honest_text_sent_as_another_tokenizers_keeps_its_weight(judge):
     stats = _step(learner, _own(fx) + peers)
     implausible = stats["per_sample"]["implausible"][-len(peers):]
     assert int(implausible.sum()) == 0, stats["per_sample"]["plausibility"][-len(peers):]
-
 
 
 @pytest.mark.model

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from pathlib import Path
 
 import torch
 
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
     setup = Setup(PROBE)
     results, controls = [], {}
     for path in args.controls:
-        for r in json.loads(open(path).read())["runs"]:
+        for r in json.loads(Path(path).read_text())["runs"]:
             if r["arm"] == "control":
                 controls.setdefault(r["steps"], r)
     for attack in args.attacks.split(","):

@@ -90,6 +90,7 @@ def receiver_configs(batch, seed: int, rounds: int, out: Path, addr: str, swarm:
             arm, i = name.rsplit("-", 1)
             node_id, node_seed = f"node-{int(i)}", seed * 100 + int(i)
             topic = swarm if arm in ("swarm", "alone") else f"{swarm}-{arm}"    # each arm its own swarm
+        # run_dir absolute: a node file resolves a relative one against its own folder (out/BATCH/sSEED)
         cfgs[name] = merge(COMMON, getattr(batch, "settings", {}), RECEIVER, {
             "node": {"id": node_id, "seed": node_seed, "rounds": rounds, "run_dir": str(out.resolve() / name)},
             "swarm": {"relay": "" if alone else addr, "name": topic, "collaboration": batch.collaboration},
@@ -354,8 +355,8 @@ def main() -> int:
                     help="run only these receivers of the batches (a follow-up seed of chosen comparisons)")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
-    # absolute: a node file resolves a relative run_dir against its own folder (out/BATCH/sSEED),
-    # not the working directory, and the runner looks for each run where it meant to put it
+    # absolute: the nodes and evals start with cwd = ROOT, so every path handed to them (node files,
+    # run directories, eval outputs) must not depend on where this command was started
     args.out = args.out.resolve()
     only = set(args.receivers) if args.receivers else None
     if only is not None:
