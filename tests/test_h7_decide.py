@@ -38,7 +38,8 @@ def _run(run_dir: Path, id_right: int, *, tokens: int = 100, past: int = 0, stop
 def _seed(root: Path, seed: int, worth3: int, ftis3: int, alone3: int = 10) -> None:
     s = root / "h7" / f"s{seed}"
     for arm, right3, tokens3 in (("worth", worth3, 100), ("ftis", ftis3, 80)):
-        _run(s / f"{arm}-3", right3, tokens=tokens3, extra={"worth/other_tokenizer/used": 1})
+        _run(s / f"{arm}-3", right3, tokens=tokens3, extra={"worth/other_tokenizer/used": 1, "worth/other_tokenizer/value": 0.7,
+                                                             "worth/same_model/used": 1})   # never met: prior
         for i in range(3):      # ran on 3 rounds past R with 10x the tokens: none of it may count
             _run(s / f"{arm}-{i}", 12, tokens=25, past=3, stop="signal", marked=True)
     for i in range(4):

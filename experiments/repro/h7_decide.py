@@ -162,7 +162,8 @@ def spans(rounds: list[int]) -> str:
 
 
 def filling(recv: dict) -> list[str]:
-    """Per swarm node and seed: the rounds each kind of peer was worth a slot, and the guard's levels."""
+    """Per swarm node and seed: the rounds each kind of peer was worth a slot, and the guard's levels.
+    Only kinds the node met (a worth value in some round): a kind never seen is "used" by its prior."""
     lines = []
     for arm in ("worth", "ftis"):
         for i in range(GEMMA + 1):
@@ -170,7 +171,7 @@ def filling(recv: dict) -> list[str]:
                 rounds = run["rounds"]
                 parts = [f"{k}: " + (f"used in rounds {used}" if (used := spans(
                              [r["round"] for r in rounds if r.get(f"worth/{k}/used")])) else "never used")
-                         for k in WORTH_KINDS if any(r.get(f"worth/{k}/used") is not None for r in rounds)]
+                         for k in WORTH_KINDS if any(r.get(f"worth/{k}/value") is not None for r in rounds)]
                 guard = {r["round"]: r.get("swarm/guard_level") for r in rounds if r.get("swarm/guard_level")}
                 parts.append("guard: " + (", ".join(f"level {v} in rounds {spans([r for r, x in guard.items() if x == v])}"
                                                     for v in sorted(set(guard.values()))) if guard else "quiet"))
