@@ -187,13 +187,20 @@ def stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
         proc.wait()
 
 
+def watch_for(batch, cfgs: dict, out: Path, rounds: int | None, only: set[str] | None) -> runon.Watch:
+    """The run-on nodes this runner answers for: those it was asked to run (``--receivers``). A
+    runner for other receivers of the same seed (the twins alone, in a sitting beside the arms)
+    must not mark or stop nodes another runner is driving: it would see them as "not running"."""
+    return runon.Watch({n: (out / n, out / waits_for(batch, n)) for n in cfgs
+                        if runs_on(batch, n) and (only is None or n in only)}, batch_rounds(batch, rounds), finished)
+
+
 def train(batch, seed: int, rounds: int | None, out: Path, timeout_s: float, experts: Path | None = None,
           expert_rounds: int | None = None, only: set[str] | None = None) -> None:
     port = free_port()
     addr, swarm = f"tcp://127.0.0.1:{port}", f"repro-{batch.name}-s{seed}"
     cfgs = receiver_configs(batch, seed, rounds, out, addr, swarm)
-    watch = runon.Watch({n: (out / n, out / waits_for(batch, n)) for n in cfgs if runs_on(batch, n)},
-                        batch_rounds(batch, rounds), finished)
+    watch = watch_for(batch, cfgs, out, rounds, only)
     for line in watch.poll({}):     # a node past R whose arm's slowest finished meanwhile: done, not restarted
         print(f"[{batch.name} s{seed}] {line}", flush=True)
     todo = {n: c for n, c in cfgs.items() if (only is None or n in only) and not finished(out / n, runs_on(batch, n))}
@@ -207,7 +214,7 @@ def train(batch, seed: int, rounds: int | None, out: Path, timeout_s: float, exp
             return
         seed_peer_from_expert(expert_dir, out / "peer")
     print(f"[{batch.name} s{seed}] training {', '.join(todo)} ({batch_rounds(batch, rounds)} rounds)", flush=True)
-    relay = subprocess.Popen([str(BIN / "ftis-relay"), "--bind", addr], stdout=(out / "relay.out").open("w"),
+    relay = subprocess.Popen([str(BIN / "ftis-relay"), "--bind", addr], stdout=(out / "relay.out").open("a"),
                              stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     procs = {}
     try:
