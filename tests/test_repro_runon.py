@@ -149,7 +149,7 @@ def test_a_node_slower_than_the_one_it_waits_for_is_stopped_in_its_round_r(tmp_p
         assert watch.poll({"worth-2": proc}) == [] and proc.poll() is None       # round R - 1: not yet
         (rd / "progress.json").write_text(json.dumps({"pid": proc.pid, "round": R, "phase": "generating"}))
         assert watch.poll({"worth-2": proc}) == ["worth-2: worth-3 has stopped, stopping it after its round 3"]
-        wait_for(lambda: proc.poll() is not None, 30)
+        assert wait_for(lambda: proc.poll() is not None, 120)      # the SIGINT reached it
     finally:
         proc.kill()
         proc.wait()
