@@ -161,6 +161,13 @@ def spans(rounds: list[int]) -> str:
     return ", ".join(out)
 
 
+def guard_said(rounds: list[dict]) -> str:
+    """The guard's levels over a run's rounds, "level 1 in rounds 25–32", or "quiet"."""
+    levels = {r["round"]: r.get("swarm/guard_level") for r in rounds if r.get("swarm/guard_level")}
+    return ", ".join(f"level {v} in rounds {spans([r for r, x in levels.items() if x == v])}"
+                     for v in sorted(set(levels.values()))) or "quiet"
+
+
 def filling(recv: dict) -> list[str]:
     """Per swarm node and seed: the rounds each kind of peer was worth a slot, and the guard's levels.
     Only kinds the node met (a worth value in some round): a kind never seen is "used" by its prior."""
@@ -172,9 +179,7 @@ def filling(recv: dict) -> list[str]:
                 parts = [f"{k}: " + (f"used in rounds {used}" if (used := spans(
                              [r["round"] for r in rounds if r.get(f"worth/{k}/used")])) else "never used")
                          for k in WORTH_KINDS if any(r.get(f"worth/{k}/value") is not None for r in rounds)]
-                guard = {r["round"]: r.get("swarm/guard_level") for r in rounds if r.get("swarm/guard_level")}
-                parts.append("guard: " + (", ".join(f"level {v} in rounds {spans([r for r, x in guard.items() if x == v])}"
-                                                    for v in sorted(set(guard.values()))) if guard else "quiet"))
+                parts.append("guard: " + guard_said(rounds))
                 excluded = sum(r.get("worth/excluded") or 0 for r in rounds)
                 parts.append(f"peer groups not worth a slot: {excluded}")
                 lines.append(f"* {arm}-{i} s{seed}: " + "; ".join(parts))
