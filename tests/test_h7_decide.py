@@ -101,6 +101,21 @@ def test_nodes_that_ran_on_count_rounds_one_to_r(tmp_path):
                for line in h7_decide.filling(recv))
 
 
+def test_one_seeds_table_counts_rounds_one_to_r(tmp_path):
+    """--seed N: the per-seed table results.md prints, re-derived; ran-on rounds do not count."""
+    _seed(tmp_path, 0, 12, 10)
+    _seed(tmp_path, 1, 14, 10)
+    rows = h7_decide.seed_table(analyze.load_all(tmp_path)["h7"], 1)
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows[2:5]] == ["ftis-0", "worth-0", "alone-0"]
+    assert "| worth-3 | 0.700 | 0.250 | 400 | 8 | – | quiet |" in rows, rows
+    assert "| worth-0 | 0.600 | 0.250 | 100 | 8 | – | quiet |" in rows, rows     # 4 rounds x 25, not 7
+    assert "| alone-3 | 0.500 | 0.250 | 600 | 8 | – | – |" in rows, rows
+    assert rows[-1].startswith("| alone1-3 | 0.450 |"), rows
+    out = subprocess.run([sys.executable, "-m", "experiments.repro.h7_decide", "--runs", str(tmp_path), "--seed", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.splitlines() == rows, out.stderr[-2000:]
+
+
 def test_a_node_stopped_past_r_without_its_mark_is_not_finished(tmp_path):
     """Stopped by a signal past R (a user's Ctrl-C, not the runner at node 3's stop): run.py resumes
     it; the analysis does not count it."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from experiments.repro.analyze import load_all
+from experiments.repro.analyze import load_all, total
 from experiments.repro.h6_decide import _acc, _fmt, mcnemar, pairs, token_ratio
 from ftis_edge.stats import mean_se, t_test_greater
 
@@ -126,7 +126,7 @@ def signal_share(run: dict) -> float | None:
 
 
 def id_per_10k(run: dict) -> float | None:
-    tokens = sum(r.get("gen/tokens") or 0 for r in run["rounds"])
+    tokens = total([run], "gen/tokens")
     acc = _acc(run, "id")
     return None if acc is None or not tokens else acc / (tokens / 1e4)
 
@@ -186,12 +186,35 @@ def filling(recv: dict) -> list[str]:
     return lines
 
 
+def seed_table(recv: dict, seed: int) -> list[str]:
+    """One seed's runs as results.md tabulates them: final ID / OOD, own tokens and groups (rounds
+    1..R), the in-run held-out evals and what the guard did."""
+    lines = ["| run | ID | OOD | own tokens | own groups | in-run held-out | guard |",
+             "|---|---|---|---|---|---|---|"]
+    order = {"ftis": 0, "worth": 1, "alone": 2, "alone1": 3}
+    names = [n for n in recv if seed in recv[n]]
+    for name in sorted(names, key=lambda n: (int(n.rsplit("-", 1)[1]), order.get(n.rsplit("-", 1)[0], 9))):
+        run = recv[name][seed]
+        rounds = run["rounds"]
+        acc = [_acc(run, w) for w in ("id", "ood")]
+        evals = " / ".join(f"{r['eval/accuracy']:.0%}" for r in rounds if r.get("eval/accuracy") is not None)
+        tokens, groups = round(total([run], "gen/tokens")), round(total([run], "groups/own"))
+        lines.append(f"| {name} | " + " | ".join("–" if a is None else f"{a:.3f}" for a in acc)
+                     + f" | {tokens:,} | {groups} | {evals or '–'} | "
+                     + ("–" if name.startswith("alone") else guard_said(rounds)) + " |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, required=True, help="run.py's --out, or docs/runs/h7")
     ap.add_argument("--batch", default="h7")
+    ap.add_argument("--seed", type=int, help="print only this seed's runs, as results.md tabulates them")
     args = ap.parse_args()
     recv = load_all(args.runs).get(args.batch, {})
+    if args.seed is not None:
+        print("\n".join(seed_table(recv, args.seed)))
+        return 0
     lines, holds = primary(recv)
     print("\n".join(lines))
     print(verdict_line(holds, len(diffs(pairs(recv, "worth", "ftis", (GEMMA,))))))
