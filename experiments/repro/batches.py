@@ -97,6 +97,9 @@ class SwarmBatch:
     # H7: in every arm, the nodes other than this one run on past R (checkpointing every round)
     # until this node's stop record, and are scored on their round-R checkpoint (runon.py)
     run_on_until: int | None = None
+    # model files some nodes start from (repository-relative path -> the record naming its sha256):
+    # the runner refuses to train on any other bytes (run.check_weights)
+    weights: dict[str, str] = field(default_factory=dict)
 
     def node_config(self, i: int) -> dict:
         return merge(self.node, self.per_node[i] if self.per_node else {})
@@ -325,4 +328,37 @@ BATCHES["h7"] = SwarmBatch(
           "worth": merge(_fill(1), _method("f-tis"), PROTECTIONS_OFF, WORTH_ON)},
     extras={"alone1-3": (3, {"task": {"prompts_per_round": 1}})},
     run_on_until=3,     # the SmolLM2 peers keep sending until the Gemma node stops (registered)
+)
+
+
+# H8 (docs/results.md, "H8, as registered"): the paper's own heterogeneity, expertise within one
+# tokenizer. Nodes 0 and 1 start from base SmolLM2-135M, nodes 2 and 3 from the arith-level-6 expert
+# (docs/results.md, "The expert for H8"): same tokenizer, another base model. Every node is a LoRA
+# node on llama.cpp generating 1 of 4 groups; arm `ftis` (the code's defaults, as H7 left them) vs
+# arm `nois` (peers' text treated as one's own: the paper's failure mode) vs each node alone. Arms
+# `g0.05` and `g0.5` are F-TIS with a smaller KL threshold (arm ftis has the default g = 5): the
+# sweep, run on seed 0 only.
+EXPERT_RECORD = "docs/runs/expert/record.json"               # the expert's recipe, evals and sha256
+EXPERT_GGUF = "runs/expert-arith-l6/export/model-f16.gguf"   # what `python -m experiments.expert` exports
+H8_G = (0.05, 0.5)
+
+
+def expert_spec() -> str:
+    """The expert's GGUF as an absolute path: nodes and evals start with cwd = the repository root,
+    but a node file resolves a relative path against its own folder."""
+    from pathlib import Path
+    return str(Path(__file__).resolve().parents[2] / EXPERT_GGUF)
+
+
+H8_NODES = [{}, {}, {"model": {"spec": expert_spec()}}, {"model": {"spec": expert_spec()}}]
+H8_KINDS = (("base", (0, 1)), ("expert", (2, 3)))
+BATCHES["h8"] = SwarmBatch(
+    "h8",
+    "H8, experts of one family: 2 base SmolLM2 LoRA nodes + 2 started from the arith-level-6 expert, "
+    "F-TIS (arm ftis) vs NoIS (arm nois) vs alone; arms g0.05 / g0.5 sweep the KL threshold (seed 0)",
+    k=4, node=_method("f-tis"), settings=merge(VALUE, H6_EVAL), eval_limit=VALUE_EVAL, rounds=H6_ROUNDS,
+    per_node=H8_NODES,
+    arms={"ftis": merge(_fill(1), _method("f-tis")), "nois": merge(_fill(1), _method("nois")),
+          **{f"g{g:g}": merge(_fill(1), _method("f-tis", kl_threshold=g)) for g in H8_G}},
+    weights={EXPERT_GGUF: EXPERT_RECORD},
 )

@@ -159,12 +159,13 @@ def publish(src: Path, dest: Path, out_arg: str, dry_run: bool = False, gz: bool
     records.py reads them); returns what it did, one line each."""
     done = []
     # run.py's evals of the untrained model (SRC/base, no metrics.jsonl): the analysis's baseline
-    kept = [(src / "base", sorted((src / "base").glob("eval-*.json")))] + \
+    # (and of a model some nodes start from, SRC/base/RUN-ID: H8's expert)
+    kept = [(b, sorted(b.glob("eval-*.json"))) for b in [src / "base", *sorted((src / "base").glob("*/"))]] + \
            [(rd, sorted({f for pattern in KEEP for f in rd.glob(pattern) if f.is_file()})) for rd in run_dirs(src)]
     for rd, files in kept:
         if not files:
             continue
-        if rd != src / "base" and still_open(rd):
+        if not rd.is_relative_to(src / "base") and still_open(rd):
             done.append(f"{rd}: skipped, not stopped yet (in progress, or interrupted: run.py resumes it)")
             continue
         target = dest / rd.relative_to(src)

@@ -24,6 +24,7 @@ kept where, and why their stop reason is not "steps").
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -36,6 +37,7 @@ from pathlib import Path
 from experiments.repro import runon
 from experiments.repro.batches import BATCHES, COMMON, PEER, RECEIVER, SwarmBatch, merge
 from ftis_edge import checkpoint
+from ftis_edge.atomic import sha256_of
 from ftis_edge import config as cfgmod
 from ftis_edge.metrics import read_metrics
 from ftis_edge.ports import free_port
@@ -51,6 +53,22 @@ def write_config(data: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(cfgmod.to_toml(cfg, comments=False))
     return path
+
+
+def check_weights(batch) -> None:
+    """Refuse to train a batch whose nodes start from a model file (H8's expert) unless the file has
+    the bytes its record names: another file would make another experiment under the same name.
+    Raises SystemExit with the record's rebuild command."""
+    for rel, record_rel in getattr(batch, "weights", {}).items():
+        path, record_path = ROOT / rel, ROOT / record_rel
+        record = json.loads(record_path.read_text())
+        want, rebuild = record["export"]["sha256"], record.get("rebuild", "")
+        if not path.is_file():
+            raise SystemExit(f"batch {batch.name}: {rel} is missing; build it first: {rebuild}")
+        got = sha256_of(path)
+        if got != want:
+            raise SystemExit(f"batch {batch.name}: {rel} has sha256 {got[:16]}..., but {record_rel} names "
+                             f"{want[:16]}...; rebuild it ({rebuild}) or register the new file's record first")
 
 
 def completed(records: list[dict]) -> bool:
@@ -380,11 +398,19 @@ def main() -> int:
     unknown = [b for b in args.batches if b not in BATCHES]
     if unknown:
         ap.error(f"unknown batch {', '.join(unknown)}; choose from {', '.join(BATCHES)}")
+    for b in args.batches:
+        check_weights(BATCHES[b])
     base = args.out / "base"
     base.mkdir(parents=True, exist_ok=True)
     limit = max(eval_limit(BATCHES[b], args.eval_limit) for b in args.batches)
     run_evals([(eval_cmd(None, w, limit, "f16", base / f"eval-{w}.json"), base / f"eval-{w}.out")
                for w in EVAL_SETS if evaluated_prompts(base / f"eval-{w}.json") < limit])
+    # a model some nodes start from (H8's expert), before any training: base/RUN-ID/eval-*.json
+    for rel in {rel for b in args.batches for rel in getattr(BATCHES[b], "weights", {})}:
+        start = base / Path(rel).parent.parent.name
+        start.mkdir(exist_ok=True)
+        run_evals([(eval_cmd(None, w, limit, "f16", start / f"eval-{w}.json") + ["--model", str(ROOT / rel)],
+                    start / f"eval-{w}.out") for w in EVAL_SETS if evaluated_prompts(start / f"eval-{w}.json") < limit])
     for seed in args.seeds:
         for name in args.batches:
             if name == "sweep" and seed not in args.sweep_seeds:
