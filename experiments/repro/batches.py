@@ -351,7 +351,6 @@ def expert_spec() -> str:
 
 
 H8_NODES = [{}, {}, {"model": {"spec": expert_spec()}}, {"model": {"spec": expert_spec()}}]
-H8_KINDS = (("base", (0, 1)), ("expert", (2, 3)))
 BATCHES["h8"] = SwarmBatch(
     "h8",
     "H8, experts of one family: 2 base SmolLM2 LoRA nodes + 2 started from the arith-level-6 expert, "
