@@ -25,6 +25,28 @@ def test_a_run_with_a_checkpoint_is_resumed_and_one_without_starts_fresh(tmp_pat
     assert run.node_command(cfg, run_dir)[-1] == "--resume"
 
 
+def test_a_receiver_a_live_node_holds_is_not_started_again(tmp_path, capsys):
+    """Two runners over one seed (one training, one evaluating what finished): a node still in its
+    last round is held by its lock, so the second runner leaves it to the first."""
+    import subprocess
+    import sys
+    held, free = tmp_path / "alone-1", tmp_path / "alone-0"
+    held.mkdir()
+    free.mkdir()
+    code = ("import sys, time; from ftis_edge import runlock; runlock.acquire(sys.argv[1]); "
+            "print('held', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(held)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        left = run.not_running({"alone-0": {}, "alone-1": {}, "alone-2": {}}, tmp_path, "[h7 s3]")
+        assert list(left) == ["alone-0", "alone-2"]         # alone-2: no run dir yet, a fresh start
+        assert f"[h7 s3] alone-1: a node (pid {child.pid}) is running in {held}" in capsys.readouterr().out
+    finally:
+        child.kill()
+        child.wait()
+    assert list(run.not_running({"alone-1": {}}, tmp_path, "")) == ["alone-1"]    # its lock went with it
+
+
 def test_the_machine_record_names_cpu_cores_and_boot():
     record = machine.describe()
     assert record["cpu"] and record["cpu"] != "unknown"

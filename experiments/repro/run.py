@@ -36,7 +36,7 @@ from pathlib import Path
 
 from experiments.repro import runon
 from experiments.repro.batches import BATCHES, COMMON, PEER, RECEIVER, SwarmBatch, merge
-from ftis_edge import checkpoint
+from ftis_edge import checkpoint, runlock
 from ftis_edge.atomic import sha256_of
 from ftis_edge import config as cfgmod
 from ftis_edge.metrics import read_metrics
@@ -213,6 +213,20 @@ def watch_for(batch, cfgs: dict, out: Path, rounds: int | None, only: set[str] |
                         if runs_on(batch, n) and (only is None or n in only)}, batch_rounds(batch, rounds), finished)
 
 
+def not_running(todo: dict, out: Path, label: str) -> dict:
+    """TODO without the receivers a live node holds (another runner's, in its last round): starting
+    one again would only be refused by its lock; its own runner finishes it, a rerun evaluates it."""
+    left = {}
+    for name, cfg in todo.items():
+        held = runlock.holder(out / name) if (out / name).is_dir() else None
+        if held is None:
+            left[name] = cfg
+        else:
+            print(f"{label} {name}: a node (pid {held.get('pid')}) is running in {out / name}; not started "
+                  "here, rerun once it stops", flush=True)
+    return left
+
+
 def train(batch, seed: int, rounds: int | None, out: Path, timeout_s: float, experts: Path | None = None,
           expert_rounds: int | None = None, only: set[str] | None = None) -> None:
     port = free_port()
@@ -222,6 +236,7 @@ def train(batch, seed: int, rounds: int | None, out: Path, timeout_s: float, exp
     for line in watch.poll({}):     # a node past R whose arm's slowest finished meanwhile: done, not restarted
         print(f"[{batch.name} s{seed}] {line}", flush=True)
     todo = {n: c for n, c in cfgs.items() if (only is None or n in only) and not finished(out / n, runs_on(batch, n))}
+    todo = not_running(todo, out, f"[{batch.name} s{seed}]")
     if not todo:
         return
     expert = getattr(batch, "expert", None)
