@@ -416,16 +416,15 @@ def main() -> int:
     for b in args.batches:
         check_weights(BATCHES[b])
     base = args.out / "base"
-    base.mkdir(parents=True, exist_ok=True)
     limit = max(eval_limit(BATCHES[b], args.eval_limit) for b in args.batches)
-    run_evals([(eval_cmd(None, w, limit, "f16", base / f"eval-{w}.json"), base / f"eval-{w}.out")
-               for w in EVAL_SETS if evaluated_prompts(base / f"eval-{w}.json") < limit])
-    # a model some nodes start from (H8's expert), before any training: base/RUN-ID/eval-*.json
-    for rel in {rel for b in args.batches for rel in getattr(BATCHES[b], "weights", {})}:
-        start = base / Path(rel).parent.parent.name
-        start.mkdir(exist_ok=True)
-        run_evals([(eval_cmd(None, w, limit, "f16", start / f"eval-{w}.json") + ["--model", str(ROOT / rel)],
-                    start / f"eval-{w}.out") for w in EVAL_SETS if evaluated_prompts(start / f"eval-{w}.json") < limit])
+    # the untrained model's evals, and those of a model some nodes start from (H8's expert),
+    # before any training: base/eval-*.json, base/RUN-ID/eval-*.json
+    starts = [(base, [])] + [(base / Path(rel).parent.parent.name, ["--model", str(ROOT / rel)])
+                             for rel in sorted({rel for b in args.batches for rel in getattr(BATCHES[b], "weights", {})})]
+    for d, _ in starts:
+        d.mkdir(parents=True, exist_ok=True)
+    run_evals([(eval_cmd(None, w, limit, "f16", d / f"eval-{w}.json") + model, d / f"eval-{w}.out")
+               for d, model in starts for w in EVAL_SETS if evaluated_prompts(d / f"eval-{w}.json") < limit])
     for seed in args.seeds:
         for name in args.batches:
             if name == "sweep" and seed not in args.sweep_seeds:
