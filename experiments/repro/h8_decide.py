@@ -163,10 +163,8 @@ def sweep_lines(recv: dict) -> list[str]:
                         if s in recv.get(f"{arm}-{i}", {})]
                 accs = [a for a in accs if a is not None]
                 cells.append(f"{sum(accs) / len(accs):.3f}" if accs else "–")
-        dropped = sum(r.get("filter/dropped") or 0 for i in range(4) for s in seeds
-                      for r in recv.get(f"{arm}-{i}", {}).get(s, {"rounds": []})["rounds"])
-        kept = sum(r.get("filter/kept") or 0 for i in range(4) for s in seeds
-                   for r in recv.get(f"{arm}-{i}", {}).get(s, {"rounds": []})["rounds"])
+        rounds = [r for i in range(4) for s in seeds for r in recv.get(f"{arm}-{i}", {}).get(s, {"rounds": []})["rounds"]]
+        dropped, kept = (sum(r.get(k) or 0 for r in rounds) for k in ("filter/dropped", "filter/kept"))
         share = f"{dropped / (dropped + kept):.1%}" if dropped + kept else "–"
         lines.append(f"| {arm} | {g:g} | {len(seeds)} | " + " | ".join(cells) + f" | {share} |")
     return lines
