@@ -182,13 +182,18 @@ class SwarmSection:
     fill_by_worth: bool = _opt(False, "take each kind of peer (same model, same tokenizer, other tokenizer) only while "
                                "its groups are worth an own group: its success against yours x what its trained "
                                "samples count (ftis_edge/worth.py); a kind not worth it leaves its slots to your own "
-                               "generation and is not trained on. Off until H7 decides (docs/results.md)")
+                               "generation and is not trained on. Off by default: in H7 (5 seeds, with prompt_choice "
+                               "= \"outcomes\"; docs/results.md) it lifted a Gemma node among SmolLM2 peers by "
+                               "+0.10 +- 0.06 ID over plain F-TIS (under the registered 2 SE), but that node still ended "
+                               "0.08 below its twin alone with only 1.26x fewer own tokens, and same-model LoRA nodes "
+                               "saved under 3x in 2 pairs of 10")
     worth_threshold: float = _opt(0.5, "fill_by_worth: the worth a kind of peer needs to fill a slot (an own group = 1)",
                                   lo=0.0, hi=1.0)
     worth_window: int = _opt(8, "fill_by_worth: rounds of evidence kept per kind of peer", lo=1, hi=1000)
     prompt_choice: str = _opt("stream", "own prompts: stream (the task's, a pure function of seed and round) or "
                               "outcomes (prefer prompts peers of any model answered where your group is likelier "
-                              "to carry signal, ftis_edge/outcomes.py; vertical swarms)", choices=("stream", "outcomes"))
+                              "to carry signal, ftis_edge/outcomes.py; vertical swarms; H7 tested it only together with "
+                              "fill_by_worth, and neither became the default)", choices=("stream", "outcomes"))
     delivery_budget: int = _opt(0, "peer groups the relay sends this node per 10 s (0 = max_peer_groups, -1 = all)", lo=-1)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
     rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
