@@ -106,6 +106,20 @@ def token_text_problem(c: WireCompletion, decode: Callable[[Sequence[int]], str]
     return None
 
 
+# Bin edges of a peer's per-sample KL histogram (``PeerStats.kl_counts``): bin k is [edge k, edge k+1),
+# the last [10, inf). Decades below the filter's thresholds, and 0.05 / 0.5 / 5 among them, so the
+# share of a peer's samples above any of those g reads straight off the counts.
+KL_EDGES = (0.0, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
+
+
+def kl_bin(kl: float) -> int:
+    """The KL_EDGES bin of one sample's k3 KL (k3 is >= 0; a rounding below 0 counts in bin 0)."""
+    k = 0
+    while k + 1 < len(KL_EDGES) and kl >= KL_EDGES[k + 1]:
+        k += 1
+    return k
+
+
 @dataclass
 class PeerStats:
     node_id: str
@@ -120,6 +134,7 @@ class PeerStats:
     samples_used: int = 0
     filtered: int = 0
     kl_sum: float = 0.0
+    kl_counts: list = field(default_factory=lambda: [0] * len(KL_EDGES))   # its samples' KL, by KL_EDGES bin
     is_weight_sum: float = 0.0
     grader_timeouts: int = 0
     grade_s: float | None = None     # grading seconds per answer of its rollouts (moving average)
@@ -138,10 +153,23 @@ class PeerStats:
         self.samples_used += 1
         if use.kl is not None:
             self.kl_sum += use.kl
+            self.kl_counts[kl_bin(use.kl)] += 1
         if use.is_weight is not None:
             self.is_weight_sum += use.is_weight
         if use.dropped:
             self.filtered += 1
+
+    def restore_use(self, d: dict) -> None:
+        """The use counts of a snapshot (``as_dict``), so that a resumed node's cumulative peer
+        figures continue the uninterrupted run's instead of starting again at its resume."""
+        n = d.get("samples_used") or 0
+        self.samples_used = n
+        self.kl_sum = (d.get("kl_mean") or 0.0) * n
+        self.is_weight_sum = (d.get("is_weight_mean") or 0.0) * n
+        self.filtered = round((d.get("filter_rate") or 0.0) * n)
+        hist = d.get("kl_hist") or {}
+        if list(hist.get("edges") or ()) == list(KL_EDGES) and len(hist.get("counts") or ()) == len(KL_EDGES):
+            self.kl_counts = [int(c) for c in hist["counts"]]
 
     def as_dict(self) -> dict:
         n = max(self.samples_used, 1)
@@ -157,6 +185,7 @@ class PeerStats:
             "kl_mean": self.kl_sum / n if self.samples_used else None,
             "is_weight_mean": self.is_weight_sum / n if self.samples_used else None,
             "filter_rate": self.filtered / n if self.samples_used else None,
+            "kl_hist": {"edges": list(KL_EDGES), "counts": list(self.kl_counts)},
             "grader_timeouts": self.grader_timeouts, "reward_mismatches": self.reward_mismatches,
             "fingerprint_changes": self.fingerprint_changes,
             "fingerprint_change": self.fingerprint_change,

@@ -221,6 +221,7 @@ class Node:
                           "quarantine_reason", "last_seen"):
                     if k in d:
                         setattr(p, k, d[k])
+                p.restore_use(d)
         self.heldout.load_state(state.get("heldout"))
         self._note_kept_best()
         if self.guard is not None:

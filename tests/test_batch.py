@@ -1,6 +1,7 @@
 """Batch building (ftis_edge.batch) on hand-made groups: no model, a tiny real tokenizer class."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -11,7 +12,7 @@ from ftis_edge.align import TokenBytes
 from ftis_edge.batch import LocalTokenizer, OwnGroup, advantages, build_batch, peer_usage
 from ftis_edge.samples import OWN
 from ftis_edge.generate.base import Completion
-from ftis_edge.intake import PeerGroup, PeerStats
+from ftis_edge.intake import KL_EDGES, PeerGroup, PeerStats, kl_bin
 from ftis_edge.objective import group_advantages
 from ftis_edge.tasks.base import Prompt
 from ftis_edge.wire import Rollout, WireCompletion
@@ -170,4 +171,23 @@ def test_peer_usage_adds_up_per_peer_in_batch_order():
     bob = stats["bob"].as_dict()
     assert bob["samples_used"] == 2 and bob["kl_mean"] == 1.0 and bob["is_weight_mean"] == 1.25
     assert bob["filter_rate"] == 0.5 and stats["eve"].as_dict()["filter_rate"] == 0.5
+    # KL 0.5 and 1.5: bins [0.5, 1) and [1, 5); eve's 2.0 and 0.25: [1, 5) and [0.1, 0.5)
+    assert bob["kl_hist"] == {"edges": list(KL_EDGES), "counts": [0, 0, 0, 0, 0, 0, 1, 1, 0, 0]}
+    assert stats["eve"].as_dict()["kl_hist"]["counts"] == [0, 0, 0, 0, 0, 1, 0, 1, 0, 0]
+    # a resumed node continues the counts its checkpoint's snapshot holds (node._restore)
+    again = PeerStats(node_id="bob")
+    again.restore_use(json.loads(json.dumps(bob)))
+    again.record_use(uses[0])
+    after = again.as_dict()
+    assert after["samples_used"] == 3 and after["kl_hist"]["counts"][6] == 2
+    assert after["kl_mean"] == pytest.approx(2.5 / 3) and after["filter_rate"] == pytest.approx(1 / 3)
     assert peer_usage(samples, None) == [] and peer_usage(samples, {}) == []
+
+
+def test_kl_bins_put_each_threshold_in_the_bin_it_opens():
+    assert [kl_bin(x) for x in (-1e-9, 0.0, 5e-5, 1e-4, 0.049, 0.05, 0.5, 4.99, 5.0, 10.0, 1e9)] == \
+        [0, 0, 0, 1, 3, 4, 6, 7, 8, 9, 9]
+    assert len(KL_EDGES) == 10 and {0.05, 0.5, 5.0} <= set(KL_EDGES)
+    stale = PeerStats(node_id="x")
+    stale.restore_use({"samples_used": 4, "kl_mean": 1.0, "kl_hist": {"edges": [0.0, 1.0], "counts": [4, 0]}})
+    assert stale.as_dict()["kl_hist"]["counts"] == [0] * 10      # other edges: counts start again

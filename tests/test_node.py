@@ -113,6 +113,8 @@ def test_two_heterogeneous_nodes_share_groups_and_survive_a_relay_restart(tmp_pa
                    for r in trained)
         assert all(unregistered(r) == [] for r in rounds)    # swarm rounds too
         assert last["peers"][peer]["samples_used"] == used
+        hist = last["peers"][peer]["kl_hist"]        # every sample it trained on, by its KL's bin
+        assert sum(hist["counts"]) == used and hist["edges"][:2] == [0.0, 1e-4], hist
         assert any(r["wire/bytes_per_token_in"] for r in rounds)
 
 
