@@ -2,7 +2,7 @@
 
     .venv/bin/python -m experiments.gym_run docs/runs/gym/smollm2-gym [--plot docs/img/gym-reward.png]
 
-Reads RUN/metrics.jsonl and the before/after evals RUN/eval-base.json and RUN/eval-trained.json
+Reads RUN/metrics.jsonl (or its .gz, as docs/runs keeps it) and the before/after evals RUN/eval-base.json and RUN/eval-trained.json
 (`ftis-edge eval --json`, same held-out prompts, greedy), prints the per-round table, the
 first-5 vs last-5 reward means and the evals with their 95% Wilson intervals, and draws the
 reward curve beside the eval bars. Every number comes from those files.
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ftis_edge.metrics import read_rounds
+from experiments.repro import records
 from ftis_edge.stats import mcnemar_two_sided, mean_se
 
 WINDOW = 5
@@ -21,8 +21,9 @@ EVALS = (("base", "eval-base.json"), ("trained", "eval-trained.json"))
 
 
 def load(run_dir: Path) -> tuple[list[dict], dict]:
-    rounds = read_rounds(run_dir)
-    evals = {label: json.loads((run_dir / name).read_text()) for label, name in EVALS if (run_dir / name).exists()}
+    rounds = records.rounds(run_dir)
+    evals = {label: json.loads(records.read_bytes(run_dir / name)) for label, name in EVALS
+             if records.exists(run_dir / name)}
     return rounds, evals
 
 

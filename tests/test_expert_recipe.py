@@ -9,6 +9,7 @@ import json
 import pytest
 
 from experiments.expert import recipe
+from experiments.repro import records
 from ftis_edge import config as cfgmod
 
 
@@ -109,7 +110,7 @@ def test_the_record_has_config_rounds_evals_sha256_and_rebuild_command(tmp_path)
     (run / "config.toml").write_text(f'run_dir = "{recipe.ROOT}/runs/expert-x"\n')
     recipe.publish(rec, run, out)
     assert json.loads(out.read_text())["export"]["sha256"] == rec["export"]["sha256"]
-    assert (out.parent / "metrics.jsonl").exists() and not (out.parent / "model-f16.gguf").exists()
+    assert records.exists(out.parent / "metrics.jsonl") and not (out.parent / "model-f16.gguf").exists()
     assert (out.parent / "config.toml").read_text() == 'run_dir = "runs/expert-x"\n'   # no checkout's path
     old = recipe.parse_args(["--config", str(LETTERS), "--record", str(recipe.ROOT / "docs/runs/expert/lc.json")])
     assert recipe.rebuild_command(old, 60).startswith(

@@ -345,13 +345,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def publish(record: dict, run_dir: Path, path: Path) -> None:
-    """The record, and beside it the evals, the run's metrics and config (text, no weights); paths
-    under the repository are written relative to its root (the same on every checkout)."""
+    """The record, and beside it the evals, the run's metrics (gzip-compressed: docs/ has a size
+    limit) and config (text, no weights); paths under the repository are written relative to its
+    root (the same on every checkout)."""
+    from experiments.repro import records
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(relative_paths(json.dumps(record, indent=1) + "\n"))
     for name in ("eval-base.json", "eval-trained.json", "metrics.jsonl", "config.toml"):
         if (run_dir / name).exists():
-            (path.parent / name).write_text(relative_paths((run_dir / name).read_text()))
+            text = relative_paths((run_dir / name).read_text())
+            if name == "metrics.jsonl":
+                (path.parent / name).unlink(missing_ok=True)
+                records.write_gz(path.parent / name, text.encode())
+            else:
+                (path.parent / name).write_text(text)
 
 
 def relative_paths(text: str) -> str:
