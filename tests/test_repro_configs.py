@@ -255,6 +255,15 @@ def test_h6_plot_reads_the_committed_runs_as_the_decision_does(tmp_path):
     assert (tmp_path / "h6.png").stat().st_size > 10_000 and any(s.startswith("node 3 protect") for s in said)
 
 
+def test_h8_plot_draws_every_arm_the_h8_batch_runs():
+    """The H8 figure's arms are the batch's F-TIS and NoIS arms and the twins alone, one panel a node."""
+    from experiments.repro import plot_h6
+    from experiments.repro.batches import BATCHES
+    nodes, arms, _ = plot_h6.BATCHES["h8"]
+    assert len(nodes) == BATCHES["h8"].k
+    assert {a for a, _, _ in arms} == {"ftis", "nois", "alone"} and {"ftis", "nois"} <= set(BATCHES["h8"].arms)
+
+
 def test_h6_records_table_reads_the_published_runs_back():
     """docs/results.md's "What the runs recorded" rows come from h6_records.py, not by hand."""
     from experiments.repro import h6_records

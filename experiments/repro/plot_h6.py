@@ -1,7 +1,8 @@
-"""H6 as the user sees it (issue 37): each node's held-out accuracy against its own generated
-tokens, in the swarm (the protections on / off) and alone, every seed.
+"""H6 and H8 as the user sees them: each node's held-out accuracy against its own generated
+tokens, in the swarm (per arm) and alone, every seed.
 
     .venv/bin/python -m experiments.repro.plot_h6 --runs docs/runs/h6 --out docs/img/h6-heldout-own-tokens.png
+    .venv/bin/python -m experiments.repro.plot_h6 --runs docs/runs/h8 --batch h8 --out docs/img/h8-heldout-own-tokens.png
 
 One panel per node. Thin lines: the in-run held-out eval (32 prompts, every 8 rounds) against the
 node's cumulative own tokens, one line per seed. Big markers: the final weights' accuracy on the
@@ -25,6 +26,14 @@ from experiments.repro import records  # (published records: plain or gzip-compr
 NODES = ("0: SmolLM2 LoRA", "1: SmolLM2 LoRA", "2: SmolLM2 full FT (HF)", "3: Gemma 3 LoRA (other tokenizer)")
 ARMS = (("alone", "tab:gray", "alone (twin)"), ("protect", "tab:blue", "swarm, protections on"),
         ("ftis", "tab:orange", "swarm, protections off (default)"))
+# Each batch: its node titles, its arms (name, colour, label) and the figure's title.
+BATCHES = {
+    "h6": (NODES, ARMS, "H6"),
+    "h8": (("0: SmolLM2 base LoRA", "1: SmolLM2 base LoRA", "2: arith-L6 expert LoRA (same tokenizer)",
+            "3: arith-L6 expert LoRA (same tokenizer)"),
+           (("alone", "tab:gray", "alone (twin)"), ("nois", "tab:red", "swarm, NoIS (peers' text as own)"),
+            ("ftis", "tab:orange", "swarm, F-TIS (default)")), "H8"),
+}
 
 
 def in_run_curve(run: Path) -> tuple[list[float], list[float]]:
@@ -61,11 +70,12 @@ def final_point(runs: list[Path]) -> tuple[float, float, float] | None:
     return mean(tok), mean(acc), se
 
 
-def plot(batch_dir: Path, out: Path) -> list[str]:
-    fig, axes = plt.subplots(1, 4, figsize=(16, 4.2), sharey=True)
+def plot(batch_dir: Path, out: Path, batch: str = "h6") -> list[str]:
+    nodes, arms, name = BATCHES[batch]
+    fig, axes = plt.subplots(1, len(nodes), figsize=(16, 4.2), sharey=True)
     said = []
-    for i, (ax, title) in enumerate(zip(axes, NODES)):
-        for arm, color, label in ARMS:
+    for i, (ax, title) in enumerate(zip(axes, nodes)):
+        for arm, color, label in arms:
             runs = finished_runs(batch_dir, f"{arm}-{i}")
             for run in runs:
                 ax.plot(*in_run_curve(run), color=color, alpha=0.45, lw=1)
@@ -83,7 +93,7 @@ def plot(batch_dir: Path, out: Path) -> list[str]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     axes[0].set_ylabel("held-out greedy accuracy")
-    fig.suptitle("H6: lines = in-run eval (32 prompts) per seed; markers = final weights on 200 ID prompts, "
+    fig.suptitle(f"{name}: lines = in-run eval (32 prompts) per seed; markers = final weights on 200 ID prompts, "
                  "mean ± SE over seeds", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -94,13 +104,13 @@ def plot(batch_dir: Path, out: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=Path("docs/runs/h6"), help="publish.py's DEST for h6")
-    ap.add_argument("--batch", default="h6")
+    ap.add_argument("--batch", default="h6", choices=sorted(BATCHES))
     ap.add_argument("--out", type=Path, default=Path("docs/img/h6-heldout-own-tokens.png"))
     args = ap.parse_args(argv)
     batch_dir = args.runs / args.batch
     if not seeds(batch_dir):
         ap.error(f"{batch_dir}: no seed directories (sN) to plot")
-    for line in plot(batch_dir, args.out):
+    for line in plot(batch_dir, args.out, args.batch):
         print(line)
     print(f"wrote {args.out}")
     return 0
