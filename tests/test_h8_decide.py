@@ -103,6 +103,15 @@ def test_comparisons_kl_and_guard_are_reported(tmp_path):
     assert "* nois-0 (base) s1: guard level 2 in rounds 3" in h8_decide.guard_lines(recv)
 
 
+def test_each_node_row_reads_its_arms_evals_and_own_tokens(tmp_path):
+    _seed(tmp_path, 0, (12, 14), (10, 16))
+    (tmp_path / "h8" / "s0" / "nois-3" / "eval-ood.json").unlink()        # an eval not made yet
+    rows = h8_decide.node_lines(analyze.load_all(tmp_path)["h8"])
+    assert len(rows) == 2 + 4
+    assert rows[2] == "| s0 | 0 base | 0.600 / 0.350 | 0.500 / 0.350 | 0.500 / 0.250 | 0.1 / 0.1 / 0.4 |"
+    assert rows[5] == "| s0 | 3 expert | 0.700 / 0.350 | 0.600 / – | 0.800 / 0.250 | 0.1 / 0.1 / 0.4 |"
+
+
 def test_the_sweep_reads_only_the_seeds_every_sweep_arm_ran(tmp_path):
     _seed(tmp_path, 0, (12, 12), (12, 12), arms=("ftis", "nois", "g0.05", "g0.5"))
     _seed(tmp_path, 1, (14, 14), (12, 12))

@@ -94,6 +94,22 @@ def comparisons(recv: dict) -> list[str]:
     return lines
 
 
+def node_lines(recv: dict, arms=("ftis", "nois", "alone")) -> list[str]:
+    """One row per node and seed: each arm's final ID / OOD accuracy and its own tokens (thousands)."""
+    lines = [f"| seed | node | {' | '.join(f'{a} ID / OOD' for a in arms)} | own tokens (k) {' / '.join(arms)} |",
+             "|---|---|" + "---|" * (len(arms) + 1)]
+    seeds = sorted({s for a in arms for i in range(4) for s in recv.get(f"{a}-{i}", {})})
+    fmt = lambda x: "–" if x is None else f"{x:.3f}"   # noqa: E731
+    for seed in seeds:
+        for i in range(4):
+            runs = [recv.get(f"{a}-{i}", {}).get(seed) for a in arms]
+            accs = ["–" if r is None else f"{fmt(_acc(r, 'id'))} / {fmt(_acc(r, 'ood'))}" for r in runs]
+            toks = ["–" if r is None else f"{sum(x.get('gen/tokens') or 0 for x in r['rounds']) / 1000:.1f}"
+                    for r in runs]
+            lines.append(f"| s{seed} | {i} {kind_of(i)} | {' | '.join(accs)} | {' / '.join(toks)} |")
+    return lines
+
+
 def kl_by_kind(recv: dict, arm: str) -> dict[tuple[str, str], dict]:
     """{(learner kind, sender kind): {"edges", "counts", "kl_sum", "samples"}} summed over seeds and
     nodes of ARM, from each run's last round's cumulative peer book (``peers.*.kl_hist``)."""
@@ -188,7 +204,8 @@ def main() -> int:
     lines, holds = claim(recv)
     print("\n".join(lines))
     print(verdict_line(holds))
-    for title, part in (("Each arm per kind (SE over seeds)", comparisons(recv)),
+    for title, part in (("Each node (final weights, 200 + 200 greedy prompts)", node_lines(recv)),
+                        ("Each arm per kind (SE over seeds)", comparisons(recv)),
                         ("Per-sample KL, arm ftis", kl_lines(recv, "ftis")),
                         ("Per-sample KL, arm nois", kl_lines(recv, "nois")),
                         ("The g sweep", sweep_lines(recv)),
