@@ -307,8 +307,8 @@ class DashboardApp(App[int]):
     def watch_view(self, view: View | None) -> None:
         main = getattr(self, "main_screen", None)       # the help box may be on top of it
         tables = main.query(PeersTable) if main is not None else []
-        if view is None or not tables:
-            return             # a last tick while the app closes: the widgets are gone
+        if view is None or not tables or not main.query("#diverging") or not main.query("#log"):
+            return             # a tick while the app opens or closes: its widgets come and go one by one
         st = view.state
         node, model = st.identity("node_id"), st.identity("model")
         self.title = "ftis-edge" + (f" · {fmt.text(node, 32)}" if node else "")
