@@ -2,10 +2,10 @@
 
     .venv/bin/python -m experiments.gym_run docs/runs/gym/smollm2-gym [--plot docs/img/gym-reward.png]
 
-Reads RUN/metrics.jsonl (or its .gz, as docs/runs keeps it) and the before/after evals RUN/eval-base.json and RUN/eval-trained.json
-(`ftis-edge eval --json`, same held-out prompts, greedy), prints the per-round table, the
-first-5 vs last-5 reward means and the evals with their 95% Wilson intervals, and draws the
-reward curve beside the eval bars. Every number comes from those files.
+Reads RUN/metrics.jsonl (or its .gz, as docs/runs keeps it) and the before/after evals
+RUN/eval-base.json and RUN/eval-trained.json (`ftis-edge eval --json`, same held-out prompts,
+greedy), prints the per-round table, the first-5 vs last-5 reward means and the evals with their
+95% Wilson intervals, and draws the reward curve beside the eval bars. Every number comes from those files.
 """
 from __future__ import annotations
 

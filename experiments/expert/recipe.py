@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments.repro import records
 from ftis_edge import config as cfgmod
 from ftis_edge.metrics import read_rounds
 from ftis_edge.atomic import sha256_of
@@ -348,7 +349,6 @@ def publish(record: dict, run_dir: Path, path: Path) -> None:
     """The record, and beside it the evals, the run's metrics (gzip-compressed: docs/ has a size
     limit) and config (text, no weights); paths under the repository are written relative to its
     root (the same on every checkout)."""
-    from experiments.repro import records
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(relative_paths(json.dumps(record, indent=1) + "\n"))
     for name in ("eval-base.json", "eval-trained.json", "metrics.jsonl", "config.toml"):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from experiments.repro.analyze import load_all
+from experiments.repro.analyze import load_all, total
 from experiments.repro.h6_decide import _acc, mcnemar, pairs, token_ratio
 from experiments.repro.h7_decide import _signed, guard_said
 from ftis_edge.stats import mean_se
@@ -104,8 +104,7 @@ def node_lines(recv: dict, arms=("ftis", "nois", "alone")) -> list[str]:
         for i in range(4):
             runs = [recv.get(f"{a}-{i}", {}).get(seed) for a in arms]
             accs = ["–" if r is None else f"{fmt(_acc(r, 'id'))} / {fmt(_acc(r, 'ood'))}" for r in runs]
-            toks = ["–" if r is None else f"{sum(x.get('gen/tokens') or 0 for x in r['rounds']) / 1000:.1f}"
-                    for r in runs]
+            toks = ["–" if r is None else f"{total([r], 'gen/tokens') / 1000:.1f}" for r in runs]
             lines.append(f"| s{seed} | {i} {kind_of(i)} | {' | '.join(accs)} | {' / '.join(toks)} |")
     return lines
 
