@@ -35,6 +35,7 @@ Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import math
@@ -114,10 +115,7 @@ KL_EDGES = (0.0, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
 
 def kl_bin(kl: float) -> int:
     """The KL_EDGES bin of one sample's k3 KL (k3 is >= 0; a rounding below 0 counts in bin 0)."""
-    k = 0
-    while k + 1 < len(KL_EDGES) and kl >= KL_EDGES[k + 1]:
-        k += 1
-    return k
+    return max(0, bisect.bisect_right(KL_EDGES, kl) - 1)
 
 
 @dataclass

@@ -185,8 +185,8 @@ def test_peer_usage_adds_up_per_peer_in_batch_order():
 
 
 def test_kl_bins_put_each_threshold_in_the_bin_it_opens():
-    assert [kl_bin(x) for x in (-1e-9, 0.0, 5e-5, 1e-4, 0.049, 0.05, 0.5, 4.99, 5.0, 10.0, 1e9)] == \
-        [0, 0, 0, 1, 3, 4, 6, 7, 8, 9, 9]
+    assert [kl_bin(x) for x in (-1e-9, 0.0, 5e-5, 1e-4, 0.049, 0.05, 0.5, 4.99, 5.0, 10.0, 1e9, math.inf)] == \
+        [0, 0, 0, 1, 3, 4, 6, 7, 8, 9, 9, 9]
     assert len(KL_EDGES) == 10 and {0.05, 0.5, 5.0} <= set(KL_EDGES)
     stale = PeerStats(node_id="x")
     stale.restore_use({"samples_used": 4, "kl_mean": 1.0, "kl_hist": {"edges": [0.0, 1.0], "counts": [4, 0]}})
