@@ -32,9 +32,15 @@ def _node(run_dir: Path, rounds: int, stop: str | None = None) -> None:
 
 
 def _sleeper() -> subprocess.Popen:
-    """A process in its own session that exits on SIGINT, as a node does after its round."""
-    return subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"],
+    """A process in its own session that exits on SIGINT, as a node does after its round. It sets its
+    SIGINT handler itself, as the node does: a Python started with SIGINT ignored (pytest under
+    `nohup ... &`) keeps ignoring it."""
+    code = ("import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "print('ready', flush=True)\nwhile True: time.sleep(0.1)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             start_new_session=True, stderr=subprocess.DEVNULL)
+    assert proc.stdout.readline() == "ready\n"      # a SIGINT before its handler was set would be lost
+    return proc
 
 
 def test_the_round_r_checkpoint_outlives_the_nodes_rotation(tmp_path):
