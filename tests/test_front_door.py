@@ -1,5 +1,5 @@
 """The README is the front door: short, its test command is what CI runs, every link it makes
-resolves (the facts it left behind live in the docs it links)."""
+resolves, to a heading where it names one (the facts it left behind live in the docs it links)."""
 from __future__ import annotations
 
 import re
@@ -26,12 +26,54 @@ def test_ci_runs_exactly_the_readmes_test_command_then_the_slow_tier():
     assert "slow:" in (ROOT / "pyproject.toml").read_text()          # a registered marker, not a typo
 
 
+LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)]*))?\)")       # [text](path#anchor): path, anchor
+
+
+def local_links(docs):
+    """(doc, path, anchor) of every link in DOCS that stays in the repository."""
+    for doc in docs:
+        for path, anchor in LINK.findall(doc.read_text(encoding="utf-8")):
+            if "://" not in path and not path.startswith("mailto:"):
+                yield doc, path, anchor
+
+
 def test_every_local_link_in_the_readme_and_docs_resolves():
-    broken = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text(encoding="utf-8")):
-            if "://" in target or target.startswith("mailto:"):
-                continue
-            if not (doc.parent / target).exists():
-                broken.append(f"{doc.relative_to(ROOT)} -> {target}")
+    broken = [f"{doc.relative_to(ROOT)} -> {path}"
+              for doc, path, _ in local_links([ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+              if path and not (doc.parent / path).exists()]
     assert not broken, broken
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def headings(md: Path) -> set[str]:
+    found, fenced = set(), False
+    for line in md.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,6} ", line):
+            found.add(slug(line.lstrip("#")))
+    return found
+
+
+def test_every_heading_link_in_our_docs_lands_on_a_heading():
+    """A renamed heading silently breaks every link to it (GitHub just opens the top of the page),
+    and results.md is linked from the README by its long section titles."""
+    links = [(doc, (doc.parent / path).resolve() if path else doc, anchor)
+             for doc, path, anchor in local_links([ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+             if anchor]
+    links = [(doc, target, anchor) for doc, target, anchor in links if target.suffix == ".md" and target.is_file()]
+    assert len(links) >= 20          # the README and results.md link by section; a parse that finds none proves nothing
+    known = {target: headings(target) for _, target, _ in links}      # results.md is read once, not per link
+    broken = [f"{doc.relative_to(ROOT)}: {target.relative_to(ROOT)}#{anchor}" for doc, target, anchor in links
+              if anchor not in known[target]]
+    assert not broken, "links to headings that do not exist:\n" + "\n".join(broken)
+
+
+def test_the_slug_is_githubs():
+    assert slug(" H8, the decision") == "h8-the-decision"
+    assert slug("Span level (different tokenizers; the default)") == "span-level-different-tokenizers-the-default"
+    assert slug("H4, run 2026-12-01 23:24 – 2026-12-02 00:29 UTC") == "h4-run-2026-12-01-2324--2026-12-02-0029-utc"

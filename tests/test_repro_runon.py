@@ -37,7 +37,7 @@ def _sleeper() -> subprocess.Popen:
     `nohup ... &`) keeps ignoring it."""
     code = ("import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "print('ready', flush=True)\nwhile True: time.sleep(0.1)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdout=subprocess.PIPE, text=True,
                             start_new_session=True, stderr=subprocess.DEVNULL)
     assert proc.stdout.readline() == "ready\n"      # a SIGINT before its handler was set would be lost
     return proc
