@@ -41,7 +41,7 @@ ROUND = 3                      # the measured round's prompts (any fixed round)
 def build_node(run_dir: Path):
     """An alone node with the fill experiments' settings (experiments/repro/batches.py: VALUE)."""
     from ftis_edge.config import from_dict
-    from ftis_edge.node import Node
+    from ftis_edge.run.node import Node
     cfg = from_dict({
         "node": {"id": "node-0", "run_dir": str(run_dir), "seed": 0, "rounds": 1000},
         "model": {"spec": "smollm2-135m", "backend": "llamacpp", "precision": "f16", "threads": 1,
@@ -58,7 +58,7 @@ def build_node(run_dir: Path):
 
 def fixed_batch(node):
     """Training samples from one generated round (with at least one informative group)."""
-    from ftis_edge.batch import build_batch
+    from ftis_edge.learn.batch import build_batch
     for r in range(1, 20):
         node.round = r
         own, _, _ = (rnd := node.new_round()).generate(rnd.prompts())

@@ -71,7 +71,7 @@ def run_node(folder: Path, arm: str, rounds: int) -> dict:
 
 def summarize(run_dir: Path, arm: str) -> dict:
     """One arm's training round, one eval, and the share of an H6 run, from its records."""
-    from ftis_edge.metrics import read_rounds
+    from ftis_edge.metrics.records import read_rounds
     recs = read_rounds(run_dir)
     evals = [r for r in recs if r.get("eval/wall_s") is not None]
     walls = [recs[0]["eval/base_wall_s"]] + [r["eval/wall_s"] for r in evals]

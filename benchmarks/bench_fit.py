@@ -25,8 +25,9 @@ from pathlib import Path
 from dataclasses import replace
 
 from benchmarks.harness import ROOT, parser, write_json
-from ftis_edge import config, fit
-from ftis_edge.metrics import read_rounds
+from ftis_edge import config
+from ftis_edge.learn import fit
+from ftis_edge.metrics.records import read_rounds
 
 CASES = {
     "smollm2-135m lora llamacpp": {"model": {"spec": "smollm2-135m"}},
@@ -38,8 +39,8 @@ CASES = {
 PUBLISHED = {"SmolLM2-135M": 134.5e6, "Gemma-3-270M": 268.1e6, "Qwen2.5-0.5B": 494e6, "Llama-3.2-1B": 1.24e9,
              "Qwen2.5-1.5B": 1.54e9, "Llama-3.2-3B": 3.21e9, "Qwen2.5-3B": 3.09e9}
 IMPORTS = ("import torch, transformers, peft, llama_cpp, zmq, numpy; "
-           "import ftis_edge.node, ftis_edge.learner, ftis_edge.generate.llamacpp, ftis_edge.tasks.grader; "
-           "from ftis_edge.models import resolve_model; resolve_model('smollm2-135m').tokenizer()")
+           "import ftis_edge.run.node, ftis_edge.learn.learner, ftis_edge.generate.llamacpp, ftis_edge.tasks.grader; "
+           "from ftis_edge.models.resolve import resolve_model; resolve_model('smollm2-135m').tokenizer()")
 
 
 def peak_rss(argv: list[str]) -> tuple[int, int]:
@@ -66,8 +67,8 @@ def measure_case(name: str, sections: dict, work: Path, rounds: int) -> dict:
     cfg = config.from_dict(data)
     path = work / f"{cfg.node.id}.toml"
     path.write_text(config.to_toml(cfg, comments=False))
-    from ftis_edge.models import resolve_model
-    from ftis_edge.preflight import longest_first_prompt
+    from ftis_edge.models.resolve import resolve_model
+    from ftis_edge.run.preflight import longest_first_prompt
     from ftis_edge.tasks import get_task
     bundle = resolve_model(cfg.model.spec)
     task = get_task(cfg.task.name, few_shot=cfg.task.few_shot, reward=cfg.task.reward)
@@ -85,7 +86,7 @@ def exit_note(m: dict) -> str:
 def estimates(m: dict) -> tuple[fit.Estimate, fit.Estimate]:
     """fit.py's estimate for a measured case: at the configured lengths (what the node's preflight
     says, compared with the measurement) and at the mean length its completions really had."""
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     cfg = config.from_dict(m["sections"])
     setup = fit.Setup.from_config(cfg, device="cpu", prompt_tokens=m["prompt"])
     shape = fit.shape_of(resolve_model(cfg.model.spec))

@@ -94,7 +94,7 @@ def main():
     from ftis_edge.generate.base import SamplerSettings
     from ftis_edge.generate.hf import HFGenerator
     from ftis_edge.generate.llamacpp import LlamaCppGenerator
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
 
     t_start = time.time()
     load_before = os.getloadavg()[0]

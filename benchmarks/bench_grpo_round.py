@@ -52,7 +52,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")          # TRL and transformers mus
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from benchmarks.harness import parser, write_json  # noqa: E402
-from ftis_edge import install_hint  # noqa: E402
+from ftis_edge.common import install_hint  # noqa: E402
 
 PROMPTS, G = 4, 8
 LORA = dict(r=8, alpha=16.0, targets=["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -65,7 +65,7 @@ def build_ftis(run_dir: Path, threads: int, max_new_tokens: int, train_all: bool
                share_prompts: bool = True):
     """A real alone-mode node, built and synced as ``Node.run()`` does before its first round."""
     from ftis_edge.config import from_dict
-    from ftis_edge.node import Node
+    from ftis_edge.run.node import Node
     cfg = from_dict({
         "node": {"id": "bench", "run_dir": str(run_dir), "seed": SEED, "rounds": 1000},
         "model": {"spec": "smollm2-135m", "threads": threads, "device": "cpu"},
@@ -89,7 +89,7 @@ def build_ftis(run_dir: Path, threads: int, max_new_tokens: int, train_all: bool
 def _train_every_group():
     """--train-all: every completion goes into the step, as in TRL (a group whose rewards are all
     equal gets advantage 0 instead of being skipped: forwarded and back-propagated, no gradient)."""
-    from ftis_edge import batch
+    from ftis_edge.learn import batch
     rule = batch.advantages
     batch.advantages = lambda rewards, scale: rule(rewards, scale) or [0.0] * len(rewards)
 

@@ -30,7 +30,7 @@ TRAINING_KEYS = ("reward", "loss", "grad_norm", "gen/tokens", "version")
 
 def run_node(folder: Path, name: str, rounds: int, every: int, threads: int) -> dict:
     from ftis_edge import config
-    from ftis_edge.metrics import read_rounds
+    from ftis_edge.metrics.records import read_rounds
     cfg = {"node": {"id": "bench", "run_dir": str(folder / name), "rounds": rounds, "checkpoint_every": rounds},
            "model": {"threads": threads}, "eval": {"every": every}}
     path = folder / f"{name}.toml"

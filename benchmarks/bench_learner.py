@@ -59,7 +59,7 @@ MM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"
 
 def load_samples(lengths: str, groups: int, length: int):
     """TrainSamples from the committed rollouts: real lengths, or every completion cycled to ``length``."""
-    from ftis_edge.samples import TrainSample
+    from ftis_edge.rollout.samples import TrainSample
     data = json.loads(ROLLOUTS.read_text())
     out = []
     for g in data["groups"][:groups]:
@@ -125,7 +125,7 @@ def matmul_rate(products: Counter, reps: int = 3, dtype=None) -> tuple[float, fl
 
 def padded_tokens(learner, samples) -> tuple[int, int]:
     """(completion tokens the plan computes incl. padding, real completion tokens)."""
-    from ftis_edge.shared_prompt import length_buckets, plan_micro_batches
+    from ftis_edge.learn.shared_prompt import length_buckets, plan_micro_batches
     lens = [len(s.completion_ids) for s in samples]
     computed = 0
     for idx in plan_micro_batches([s.prompt_ids for s in samples], lens, learner.micro_batch):
@@ -150,8 +150,8 @@ def logprob_contract(learner, samples) -> dict:
 def compare_bucket_overheads(learner, samples, overheads, reps: int) -> dict:
     """Median step CPU seconds per ``length_buckets`` overhead, the values interleaved in each repetition."""
     import functools
-    import ftis_edge.learner as learner_module
-    from ftis_edge.shared_prompt import length_buckets
+    import ftis_edge.learn.learner as learner_module
+    from ftis_edge.learn.shared_prompt import length_buckets
     cpu = {o: [] for o in overheads}
     try:
         for _ in range(reps):
@@ -172,7 +172,7 @@ def checkpointed_head(learner):
     import torch
     import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint
-    from ftis_edge.fit import LOGIT_CHUNK_ROWS
+    from ftis_edge.learn.fit import LOGIT_CHUNK_ROWS
 
     def token_logprobs(hidden, targets, entropy=False):
         head = learner._hf_model.get_output_embeddings()
@@ -322,8 +322,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from ftis_edge.learner import Learner
-    from ftis_edge.models import resolve_model
+    from ftis_edge.learn.learner import Learner
+    from ftis_edge.models.resolve import resolve_model
     result = {"torch": torch.__version__, "cases": []}
     print(f"{'model':<14}{'mode':<6}{'prec':<6}{'lengths':<8}{'thr':>4}{'mb':>4}{'T':>6}{'step s':>8}{'learner':>9}{'matmul':>8}"
           f"{'ratio':>7}{'cpu':>6}  (GFLOP/s per wall second; ratio: per wall second, cpu: per CPU second; "

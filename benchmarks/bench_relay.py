@@ -24,9 +24,9 @@ import zmq
 
 from benchmarks.bench_wire import fixture_rollouts
 from benchmarks.harness import ROOT, parser, write_json
-from ftis_edge.ports import free_port
-from ftis_edge import wire
-from ftis_edge.swarm import SwarmClient
+from ftis_edge.common.ports import free_port
+from ftis_edge.rollout import wire
+from ftis_edge.peers.swarm import SwarmClient
 from relay import protocol as P
 from relay.cli import query_stats
 

@@ -38,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def build_node(run_dir: Path, threads: int):
     """The default node (every setting at its default), alone, on the CPU."""
     from ftis_edge.config import from_dict
-    from ftis_edge.node import Node
+    from ftis_edge.run.node import Node
     cfg = from_dict({"node": {"id": "bench", "run_dir": str(run_dir), "seed": 0, "rounds": 1000},
                      "model": {"threads": threads, "device": "cpu"}})
     node = Node(cfg, console_log=False)
@@ -50,8 +50,8 @@ def build_node(run_dir: Path, threads: int):
 def all_completions(node, round_no: int):
     """Every completion of the round's own groups as a TrainSample (each one back-propagated)."""
     import torch
-    from ftis_edge.learner import TrainSample
-    from ftis_edge.objective import group_advantages
+    from ftis_edge.learn.learner import TrainSample
+    from ftis_edge.learn.objective import group_advantages
     node.round = round_no
     own, _, _ = (rnd := node.new_round()).generate(rnd.prompts())
     samples = []

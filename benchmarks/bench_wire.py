@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness import parser, write_json
-from ftis_edge import wire
+from ftis_edge.rollout import wire
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "real_rollouts.json"
 
@@ -36,7 +36,7 @@ def fixture_rollouts(path: Path = FIXTURE, with_prompt_ids: bool = False,
             node_id="node-7f3a2c", swarm="gsm8k-smollm2", task=g["task"], prompt_id=g["prompt_id"],
             completions=comps, group_id=uuid.uuid4().hex, round=123, adapter_version=122,
             prompt_ids=g["prompt_ids"] if with_prompt_ids else None,
-            model_fp=hashlib.sha256(b"model").hexdigest()[:16],       # as ftis_edge.models
+            model_fp=hashlib.sha256(b"model").hexdigest()[:16],       # as ftis_edge.models.resolve
             tokenizer_fp=hashlib.sha256(b"tok").hexdigest()[:16], model_name=fx["model_name"],
             vocab_size=fx["vocab_size"], temperature=fx["temperature"], top_k=fx["top_k"],
             top_p=fx["top_p"]))

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from benchmarks.harness import parser
-from ftis_edge.align import TokenBytes, shared_spans, span_sums
+from ftis_edge.rollout.align import TokenBytes, shared_spans, span_sums
 from ftis_edge.generate.base import GeneratorOptions, SamplerSettings
 from ftis_edge.generate.registry import create_generator
-from ftis_edge.learner import Learner, TrainSample
-from ftis_edge.models import resolve_model
-from ftis_edge.objective import ess_fraction, ftis_loss, group_advantages
+from ftis_edge.learn.learner import Learner, TrainSample
+from ftis_edge.models.resolve import resolve_model
+from ftis_edge.learn.objective import ess_fraction, ftis_loss, group_advantages
 from ftis_edge.tasks import get_task
 
 C, KL_G = 2.0, 5.0

@@ -34,8 +34,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from benchmarks.harness import ROOT, parser, write_json
-from ftis_edge.learner import Learner, TrainSample
-from ftis_edge.plausibility import PlausibilityConfig, RepeatMemory
+from ftis_edge.learn.learner import Learner, TrainSample
+from ftis_edge.peers.plausibility import PlausibilityConfig, RepeatMemory
 
 OWN = ROOT / "tests" / "data" / "real_rollouts.json"
 FIXTURE = ROOT / "tests" / "data" / "gemma_rollouts.json"
@@ -54,8 +54,8 @@ def node_messages(smol, own: dict) -> list[list[dict]]:
 def make_fixture(messages: list[list[dict]], per_prompt: int) -> dict:
     """Gemma 3 270M rollouts as a Gemma node publishes them (node._publish: token byte lengths)."""
     from benchmarks.plausibility_fp import sample
-    from ftis_edge.align import TokenBytes
-    from ftis_edge.models import resolve_model
+    from ftis_edge.rollout.align import TokenBytes
+    from ftis_edge.models.resolve import resolve_model
     gemma = resolve_model("gemma3-270m")
     t0 = time.time()
     groups = sample("llamacpp", gemma, [gemma.encode(gemma.render_prompt(m)) for m in messages], per_prompt, 1.0,
@@ -72,10 +72,10 @@ def make_fixture(messages: list[list[dict]], per_prompt: int) -> dict:
 
 def received(smol, fixture: dict) -> list[list[TrainSample]]:
     """Per Gemma group, its samples as a SmolLM2 node receives them (advantage +1 each)."""
-    from ftis_edge.align import TokenBytes
-    from ftis_edge.batch import LocalTokenizer, peer_samples
-    from ftis_edge.intake import PeerGroup
-    from ftis_edge.wire import WireCompletion
+    from ftis_edge.rollout.align import TokenBytes
+    from ftis_edge.learn.batch import LocalTokenizer, peer_samples
+    from ftis_edge.peers.intake import PeerGroup
+    from ftis_edge.rollout.wire import WireCompletion
     local = LocalTokenizer.of_bundle(smol, lambda msgs: smol.encode(smol.render_prompt(msgs)),
                                      max_completion_length=MAX_NEW, token_bytes=TokenBytes(smol.tokenizer()))
     out = []
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     ap.add_argument("--make-fixture", action="store_true", help=f"generate {FIXTURE.name} first")
     ap.add_argument("--per-prompt", type=int, default=8, help="Gemma rollouts per question (--make-fixture)")
     args = ap.parse_args(argv)
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     smol = resolve_model("smollm2-135m")
     own_fx = json.loads(OWN.read_text())
     if args.make_fixture:

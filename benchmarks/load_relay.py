@@ -9,7 +9,7 @@ heartbeat_s = 1 s, as a node sends), spread over several processes. --clients ba
 each node as a bare DEALER socket speaking the relay protocol (HELLO, SUB, PUB with retries,
 a PING every 5 s), several hundred per process in one poll loop: cheaper for the harness, but
 it under-states the keep-alive traffic a relay sees from real nodes.
-Payloads are real encoded rollouts (ftis_edge.wire, 8 completions x 128 tokens from the
+Payloads are real encoded rollouts (ftis_edge.rollout.wire, 8 completions x 128 tokens from the
 SmolLM2 fixture, ~4 KB), each with a fresh rollout id that carries its publish time.
 
 Each node publishes one group every --period s (random phase) and subscribes with budget K per
@@ -38,7 +38,7 @@ import orjson
 import zmq
 
 from benchmarks.harness import ROOT, parser, vm_bytes, write_json
-from ftis_edge.ports import free_port
+from ftis_edge.common.ports import free_port
 from relay import protocol as P
 from relay.cli import query_stats
 
@@ -48,7 +48,7 @@ _TS = struct.Struct("<d")
 def templates() -> list[bytes]:
     """Real encoded groups (the codec's own output) to patch fresh ids into."""
     from benchmarks.bench_wire import fixture_rollouts
-    from ftis_edge import wire
+    from ftis_edge.rollout import wire
     out = []
     for r in fixture_rollouts():
         r.rollout_id = os.urandom(16).hex()        # a 32-char hex id: 16 raw bytes in the prefix
@@ -178,7 +178,7 @@ def run_nodes(addresses: list[str], names: list[str], k: int, period: float, sec
 def run_swarm_clients(addresses: list[str], names: list[str], k: int, period: float, seconds: float,
                       publish: bool, go, out) -> None:
     """One harness process: real SwarmClients (their own I/O threads and keep-alive)."""
-    from ftis_edge.swarm import SwarmClient
+    from ftis_edge.peers.swarm import SwarmClient
     tpl = templates()
     clients = [SwarmClient(addresses[i % len(addresses)], swarm="swarm", node_id=name, decode=False,
                            budget_k=k, budget_window_s=period, warn_every_s=1e9).start()

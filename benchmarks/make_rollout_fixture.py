@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness import ROOT, parser
-from ftis_edge import install_hint
+from ftis_edge.common import install_hint
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 

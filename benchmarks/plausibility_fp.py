@@ -37,8 +37,8 @@ from types import SimpleNamespace
 import torch
 
 from benchmarks.harness import ROOT, parser, write_json
-from ftis_edge.learner import Learner, TrainSample
-from ftis_edge.plausibility import PlausibilityConfig, RepeatMemory
+from ftis_edge.learn.learner import Learner, TrainSample
+from ftis_edge.peers.plausibility import PlausibilityConfig, RepeatMemory
 
 FIXTURE = ROOT / "tests" / "data" / "real_rollouts.json"
 FULL_FT = ROOT / "runs" / "fill-pilot" / "fill-hetero" / "s0" / "ftis-2" / "export" / "model-f16.gguf"
@@ -66,11 +66,11 @@ def token_samples(prompts, groups, source: str) -> list[TrainSample]:
 def gemma_samples(smol, messages: list[list[dict]], n: int) -> list[TrainSample]:
     """Gemma 3 270M rollouts as a Gemma node publishes them (its prompt format, token byte
     lengths), received as a SmolLM2 node does (``batch.peer_samples``: re-tokenized, span level)."""
-    from ftis_edge.align import TokenBytes
-    from ftis_edge.batch import LocalTokenizer, peer_samples
-    from ftis_edge.intake import PeerGroup
-    from ftis_edge.models import resolve_model
-    from ftis_edge.wire import WireCompletion
+    from ftis_edge.rollout.align import TokenBytes
+    from ftis_edge.learn.batch import LocalTokenizer, peer_samples
+    from ftis_edge.peers.intake import PeerGroup
+    from ftis_edge.models.resolve import resolve_model
+    from ftis_edge.rollout.wire import WireCompletion
     gemma = resolve_model("gemma3-270m")
     groups = sample("llamacpp", gemma, [gemma.encode(gemma.render_prompt(m)) for m in messages], n, 1.0)
     g_bytes = TokenBytes(gemma.tokenizer())                         # node._publish
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrations", type=int, default=5, help="own groups that take a turn as calibration")
     ap.add_argument("--temperature", type=float, default=0.7)
     args = ap.parse_args(argv)
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     smol = resolve_model("smollm2-135m")
     fx = json.loads(FIXTURE.read_text())
     prompts = [g["prompt_ids"] for g in fx["groups"]]

@@ -25,10 +25,10 @@ import torch
 from benchmarks.harness import parser
 from ftis_edge.generate.base import SamplerSettings
 from ftis_edge.generate.llamacpp import LlamaCppGenerator
-from ftis_edge.learner import Learner, TrainSample
-from ftis_edge.gguf_io import arch_layout
-from ftis_edge.models import ModelError, resolve_model
-from ftis_edge.sync import export_merged_gguf, write_gguf_lora
+from ftis_edge.learn.learner import Learner, TrainSample
+from ftis_edge.models.gguf_io import arch_layout
+from ftis_edge.models.resolve import ModelError, resolve_model
+from ftis_edge.run.sync import export_merged_gguf, write_gguf_lora
 
 PROMPTS = ["Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:",
            "Question: A shop sells pens at 2 dollars each. How much do 7 pens cost?\nAnswer:"]

@@ -116,18 +116,18 @@ def fresh(args) -> dict:
     import torch
 
     from ftis_edge import config as config_mod
-    from ftis_edge.align import TokenBytes
-    from ftis_edge.batch import LocalTokenizer, SampleRules, build_batch
+    from ftis_edge.rollout.align import TokenBytes
+    from ftis_edge.learn.batch import LocalTokenizer, SampleRules, build_batch
     from ftis_edge.generate.base import GeneratorOptions, SamplerSettings
     from ftis_edge.generate.registry import create_generator
-    from ftis_edge.heldout import HeldOut
-    from ftis_edge.stats import paired_change
-    from ftis_edge.intake import PeerGroup
-    from ftis_edge.learner import Learner
-    from ftis_edge.models import resolve_model
+    from ftis_edge.run.heldout import HeldOut
+    from ftis_edge.metrics.stats import paired_change
+    from ftis_edge.peers.intake import PeerGroup
+    from ftis_edge.learn.learner import Learner
+    from ftis_edge.models.resolve import resolve_model
     from ftis_edge.tasks.base import Prompt
     from ftis_edge.tasks.registry import task_from_config
-    from ftis_edge.wire import Rollout, WireCompletion
+    from ftis_edge.rollout.wire import Rollout, WireCompletion
 
     torch.set_num_threads(args.threads)
     t0 = time.time()

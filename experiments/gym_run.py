@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from experiments.repro import records
-from ftis_edge.stats import mcnemar_two_sided, mean_se
+from ftis_edge.metrics.stats import mcnemar_two_sided, mean_se
 
 WINDOW = 5
 EVALS = (("base", "eval-base.json"), ("trained", "eval-trained.json"))
@@ -48,7 +48,7 @@ def report(rounds: list[dict], evals: dict) -> list[str]:
             (m1, s1), (m2, s2) = mean_se(xs[:WINDOW]), mean_se(xs[-WINDOW:])
             lines.append(f"\n{key}: rounds 1-{WINDOW} {m1:.3f} ± {s1:.3f} (SE), "
                          f"rounds {len(xs) - WINDOW + 1}-{len(xs)} {m2:.3f} ± {s2:.3f} (SE)")
-    from ftis_edge.stats import wilson_interval
+    from ftis_edge.metrics.stats import wilson_interval
     lines.append("\n| model | n | accuracy | 95% CI | format ok | per dataset (correct/n) |\n|---|---|---|---|---|---|")
     for label, ev in evals.items():
         lo, hi = ev["accuracy_ci95"]
@@ -75,7 +75,7 @@ def paired(before: dict, after: dict) -> str:
 
 
 def plot(rounds: list[dict], evals: dict, path: Path) -> None:
-    from ftis_edge.install_hint import require      # the bench extra: say how to install it
+    from ftis_edge.common.install_hint import require      # the bench extra: say how to install it
     matplotlib = require("matplotlib", "the gym_run plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -8,8 +8,8 @@ import argparse
 import math
 from pathlib import Path
 
-from ftis_edge.metrics import read_metrics, read_rounds
-from ftis_edge.stats import mean_se
+from ftis_edge.metrics.records import read_metrics, read_rounds
+from ftis_edge.metrics.stats import mean_se
 
 
 def summarize(run_dir: Path, window: int) -> None:

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from . import __version__
-from . import rundir
+from .store import rundir
 
 
 def _die(msg: str, code: int = 2) -> int:
@@ -47,7 +47,7 @@ def _add_start(sub) -> None:
 def _run_start(args) -> int:
     from .config import ConfigError, load, resolve_relay
     from .errors import FtisError
-    from .metrics import METRICS_FILE
+    from .metrics.records import METRICS_FILE
 
     overrides = {}
     if args.relay is not None:
@@ -72,7 +72,7 @@ def _run_start(args) -> int:
     run_dir = cfg.run_path
     if args.overwrite and resume:
         return _die("--overwrite deletes the run that --resume would continue: pick one")
-    from . import runlock
+    from .store import runlock
     try:        # one live node per run directory: held until this process ends (a dashboard hands it on)
         runlock.acquire(run_dir, rundir.command_name())
     except FtisError as e:
@@ -84,7 +84,7 @@ def _run_start(args) -> int:
         rundir.reset(run_dir)
     notes: list[str] = []
     if resume:
-        from . import resume_check
+        from .store import resume_check
         try:      # checked here too, so that the dashboard never opens on nothing to resume
             if rundir.check_resumable(run_dir, fresh_if_missing=args.resume_or_fresh):
                 # before anything loads: a setting the checkpoint needs that changed is refused
@@ -93,7 +93,7 @@ def _run_start(args) -> int:
             return _die(str(e))
 
     if args.headless or not sys.stdout.isatty():
-        from .logs import quiet_third_party
+        from .run.logs import quiet_third_party
         quiet_third_party()        # before torch is imported: it imports tqdm
         return _run_node(cfg, resume=resume, fresh_if_missing=args.resume_or_fresh,
                          console_log=not args.log_file_only, notes=notes)
@@ -102,7 +102,7 @@ def _run_start(args) -> int:
     # it, so drawing never slows training. The node takes the run directory's lock itself.
     runlock.release()
     run_dir.mkdir(parents=True, exist_ok=True)
-    from .child import python_command
+    from .common.child import python_command
     cmd = python_command("-m", "ftis_edge.cli", "start", "--headless")
     if args.config:
         cmd.append(args.config)
@@ -185,10 +185,10 @@ def _stop_node_on_hangup(proc) -> None:
 def _run_node(cfg, *, resume: bool, fresh_if_missing: bool = False, console_log: bool = True,
               notes: list[str] = ()) -> int:
     from .errors import FtisError, one_line
-    from .metrics import LOG_FILE
-    from .node import Node
+    from .metrics.records import LOG_FILE
+    from .run.node import Node
     from relay.keys import KeyFileError
-    from .checkpoint import CheckpointError
+    from .store.checkpoint import CheckpointError
     say_resume = True
     try:
         node = Node(cfg, resume=resume, fresh_if_missing=fresh_if_missing, console_log=console_log)
@@ -269,7 +269,7 @@ def _run_init(args) -> int:
             return _die(f"--task: {e}")
     path.write_text(to_toml(cfg), encoding="utf-8")
     print(f"wrote {path} — edit it, then: {rundir.command_name()} start {path}")
-    from .fit import summary
+    from .learn.fit import summary
     print(summary(cfg))          # will the file's model fit on this machine?
     return 0
 

@@ -181,7 +181,7 @@ class SwarmSection:
                            "CPU-seconds, no loss of reward)", lo=0, hi=1024)
     fill_by_worth: bool = _opt(False, "take each kind of peer (same model, same tokenizer, other tokenizer) only while "
                                "its groups are worth an own group: its success against yours x what its trained "
-                               "samples count (ftis_edge/worth.py); a kind not worth it leaves its slots to your own "
+                               "samples count (ftis_edge/peers/worth.py); a kind not worth it leaves its slots to your own "
                                "generation and is not trained on. Off by default: in H7 (5 seeds, with prompt_choice "
                                "= \"outcomes\"; docs/results.md) it lifted a Gemma node among SmolLM2 peers by "
                                "+0.10 +- 0.06 ID over plain F-TIS (under the registered 2 SE), but that node still ended "
@@ -192,7 +192,7 @@ class SwarmSection:
     worth_window: int = _opt(8, "fill_by_worth: rounds of evidence kept per kind of peer", lo=1, hi=1000)
     prompt_choice: str = _opt("stream", "own prompts: stream (the task's, a pure function of seed and round) or "
                               "outcomes (prefer prompts peers of any model answered where your group is likelier "
-                              "to carry signal, ftis_edge/outcomes.py; vertical swarms; H7 tested it only together with "
+                              "to carry signal, ftis_edge/peers/outcomes.py; vertical swarms; H7 tested it only together with "
                               "fill_by_worth, and neither became the default)", choices=("stream", "outcomes"))
     delivery_budget: int = _opt(0, "peer groups the relay sends this node per 10 s (0 = max_peer_groups, -1 = all)", lo=-1)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
@@ -206,14 +206,14 @@ class SwarmSection:
 @dataclass
 class EvalSection:
     every: int = _opt(10, "held-out eval every N rounds, plus round 0 (the base model) and the last round "
-                      "(0 = off); greedy, on the generator already loaded (ftis_edge/heldout.py)", lo=0,
+                      "(0 = off); greedy, on the generator already loaded (ftis_edge/run/heldout.py)", lo=0,
                       trl="eval_steps")
     prompts: int = _opt(32, "held-out prompts per eval: the first N of the task's eval split, the same ones "
                         "every time (compared prompt by prompt)", lo=1, hi=10000)
     guard: bool = _opt(True, "swarm nodes: take less from the swarm (first generate every group here, then drop "
                        "other tokenizers, then other base models, "
                        "then all peers) while held-out accuracy is significantly below its best, return when "
-                       "it recovers (ftis_edge/guard.py; a node alone is never touched)")
+                       "it recovers (ftis_edge/run/guard.py; a node alone is never touched)")
     guard_alpha: float = _opt(0.05, "the guard's significance level (one-sided exact McNemar test on the "
                               "same prompts)", lo=0.0001, hi=0.5)
 

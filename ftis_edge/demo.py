@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import checkpoint, rundir
-from .child import python_command, python_env
+from .store import checkpoint, rundir
+from .common.child import python_command, python_env
 from .config import from_dict, to_toml
-from .metrics import read_metrics, round_records, write_control
-from .ports import free_port
+from .metrics.records import read_metrics, round_records, write_control
+from .common.ports import free_port
 
 SMALL = {"task": {"prompts_per_round": 2, "num_generations": 4, "max_completion_length": 48, "reward": "shaped"},
          "node": {"checkpoint_every": 5}}
@@ -72,7 +72,7 @@ def missing_model(node: DemoNode) -> str | None:
     if not node.needs:
         return None
     from .errors import FtisError
-    from .models import resolve_model
+    from .models.resolve import resolve_model
     try:
         resolve_model(node.settings["model"]["spec"])
     except FtisError as exc:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import FtisError
 from .generate.registry import BACKENDS
-from .stats import wilson_interval
+from .metrics.stats import wilson_interval
 from .tasks import TASK_NAMES, name_problem
 
 PRECISIONS = ("f16", "quantized")
@@ -240,7 +240,7 @@ def _build_generator(spec: EvalSpec, bundle, longest_prompt: int, batch: int, sh
 def _run_dir_weights(spec: EvalSpec) -> EvalSpec:
     """``--model RUN_DIR``: the spec of the run's newest weights (its adapter on the base model,
     or its merged model as written); any other model spec is returned as it is."""
-    from . import rundir
+    from .store import rundir
     if not (spec.model and rundir.is_run_dir(spec.model)):
         return spec
     if spec.adapter:
@@ -290,7 +290,7 @@ def evaluate(spec: EvalSpec | argparse.Namespace, console=None) -> dict:
 def _load_model(spec: EvalSpec, task, prompts):
     """The model, every prompt's token ids, and a generator sized for them (how many decode
     together, the prefix they share); a model that cannot be had is an ``EvalError``."""
-    from .models import ModelError, resolve_model
+    from .models.resolve import ModelError, resolve_model
     try:
         bundle = resolve_model(spec.model)
         all_ids = [bundle.encode(bundle.render_prompt(task.messages(p.question))) for p in prompts]
@@ -439,7 +439,7 @@ def run(args) -> int:
         return 2
     except FtisError as e:        # a run directory's checkpoint, model or config: one line, no traceback
         from .errors import one_line
-        from .text_safety import terminal_safe
+        from .common.text_safety import terminal_safe
         print(f"ftis-edge eval: error: {terminal_safe(one_line(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import rundir
+from .store import rundir
 from .errors import FtisError
-from .best import BASE_ROUND
-from .turns import PLAIN_TURN_STOP
+from .metrics.best import BASE_ROUND
+from .common.turns import PLAIN_TURN_STOP
 
 QUANTS = ("f16", "q8_0", "q4_k_m")
 LOG_NAME = "export.log"       # llama.cpp's loader and quantizer output, warnings
@@ -44,7 +44,7 @@ def _span(first: int, last: int) -> str:
 
 def _reward_curve(run_dir: Path, points: int = 10) -> list[dict]:
     """Mean reward of own groups over ~``points`` equal spans of rounds (from metrics.jsonl)."""
-    from .metrics import read_metrics
+    from .metrics.records import read_metrics
     rows = [(rec["round"], rec["reward/own"]) for rec in read_metrics(run_dir)
             if "round" in rec and rec.get("reward/own") is not None]
     if not rows:
@@ -105,7 +105,7 @@ def modelfile(gguf_name: str, bundle, context: list[dict], temperature: float) -
 
 def _latest_state(run_dir: Path) -> dict:
     """The run's newest verified checkpoint (read before any model loads: a bad one fails fast)."""
-    from . import checkpoint
+    from .store import checkpoint
     state = checkpoint.load_latest(run_dir)
     if state is None:
         raise ExportError(f"{run_dir} has no checkpoint yet (the node writes one every "
@@ -114,8 +114,8 @@ def _latest_state(run_dir: Path) -> dict:
 
 
 def _learner_from_checkpoint(state: dict, cfg, bundle, run_dir: Path):
-    from . import checkpoint
-    from .learner import Learner
+    from .store import checkpoint
+    from .learn.learner import Learner
 
     learner = Learner(bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
                       lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
@@ -188,7 +188,7 @@ class _Steps:
         self.noise, self.log = noise, log
 
     def __call__(self, title: str, fn, *args):
-        from .logs import output_to
+        from .run.logs import output_to
         t0 = time.time()
         with output_to(self.noise):
             result = fn(*args)
@@ -198,7 +198,7 @@ class _Steps:
 
 def _own_format(learner, bundle, out: Path, files: dict) -> None:
     """The trainer's own format: PEFT + GGUF LoRA adapter, or the full HF model (+ tokenizer)."""
-    from .gguf_io import write_gguf_lora
+    from .models.gguf_io import write_gguf_lora
     if learner.trainable == "lora":
         learner.model.save_pretrained(out / "peft")
         files["peft"] = "peft/"
@@ -211,14 +211,14 @@ def _own_format(learner, bundle, out: Path, files: dict) -> None:
 
 
 def _merged_f16(learner, base: Path, out: Path) -> str:
-    from .gguf_io import export_merged_gguf
+    from .models.gguf_io import export_merged_gguf
     return export_merged_gguf(learner.model, base, out / "model-f16.gguf", dtype="f16").name
 
 
 def _quantized(learner, base: Path, out: Path, quant: str) -> str:
     """model-<quant>.gguf, quantized from an F32 export: one full fine-tuning step is often below
     F16's resolution (docs/bridge.md)."""
-    from .gguf_io import export_merged_gguf, quantize_gguf
+    from .models.gguf_io import export_merged_gguf, quantize_gguf
     f32 = export_merged_gguf(learner.model, base, out / ".model-f32.gguf", dtype="f32")
     try:
         return quantize_gguf(f32, out / f"model-{quant}.gguf", quant).name
@@ -260,8 +260,8 @@ def _use_weights(learner, weights: dict) -> None:
 
 def _held_out_history(run_dir: Path) -> dict:
     """Base, best and latest held-out evals as metrics.jsonl recorded them ({} for a run without)."""
-    from .best import from_records
-    from .metrics import read_metrics, round_records
+    from .metrics.best import from_records
+    from .metrics.records import read_metrics, round_records
     records = read_metrics(run_dir)
     evals = [r for r in round_records(records) if _fraction(r.get("eval/accuracy"))]
     base = next((r for r in records if _fraction(r.get("eval/base_accuracy"))), None)
@@ -302,9 +302,9 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     newest checkpoint's with ``latest`` (or when the run kept none: eval off, an older run).
     ``log`` gets one line per step; what llama.cpp and the libraries print goes to
     ``export.log`` in the output directory."""
-    from . import checkpoint
-    from .gguf_io import GGUFError
-    from .models import ModelError, resolve_model
+    from .store import checkpoint
+    from .models.gguf_io import GGUFError
+    from .models.resolve import ModelError, resolve_model
 
     if quant not in QUANTS:
         raise ExportError(f"--quant must be one of {', '.join(QUANTS)}, got {quant!r}")
@@ -312,7 +312,7 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     if not rundir.is_run_dir(run_dir):
         raise ExportError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
     cfg = rundir.load_config(run_dir)
-    from .resume_check import checkpoint_changes
+    from .store.resume_check import checkpoint_changes
     changed = checkpoint_changes(run_dir, cfg)
     if changed:
         raise ExportError(f"{(run_dir / rundir.CONFIG_FILE).resolve()} differs from the settings the run's "
@@ -524,7 +524,7 @@ def _traceback_kept(exc: Exception, args) -> str:
     import tempfile
     import traceback
     from .errors import one_line
-    from .text_safety import terminal_safe
+    from .common.text_safety import terminal_safe
     text = "".join(traceback.format_exception(exc))
     try:
         folder = Path(args.to).expanduser() if args.to else Path(args.run_dir).expanduser() / "export"
@@ -545,7 +545,7 @@ def run(args) -> int:
         info = export_run(args.run_dir, args.to, quant=args.quant, eval_limit=args.eval_limit, threads=args.threads,
                           latest=args.latest)
     except FtisError as e:        # ExportError, CheckpointError, ConfigError ...
-        from .text_safety import terminal_safe
+        from .common.text_safety import terminal_safe
         print(f"ftis-edge export: error: {terminal_safe(one_line(e))}", file=sys.stderr)
         return 2
     except Exception as e:        # noqa: BLE001 - a bug or a run directory nobody foresaw: one line, never a raw traceback

@@ -34,7 +34,7 @@ def relay():
 @pytest.fixture(scope="session")
 def smol():
     """The default model's bundle (SmolLM2-135M), its tokenizer loaded: one per session."""
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     bundle = resolve_model("smollm2-135m")
     bundle.tokenizer()
     return bundle

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 from textual.widgets import Static
 
-from ftis_edge.metrics import read_metrics, round_records
+from ftis_edge.metrics.records import read_metrics, round_records
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed
 

@@ -12,8 +12,8 @@ import numpy as np
 import orjson
 import zmq
 
-from ftis_edge import wire
-from ftis_edge.wire import Rollout, WireCompletion
+from ftis_edge.rollout import wire
+from ftis_edge.rollout.wire import Rollout, WireCompletion
 from relay import protocol as P
 from relay.keys import ClientKeys
 
@@ -34,7 +34,7 @@ def real_rollouts(with_prompt_ids: bool = False, with_token_bytes: bool = True) 
             node_id="node-7f3a2c", swarm="gsm8k-smollm2", task=g["task"], prompt_id=g["prompt_id"],
             completions=comps, group_id=uuid.uuid4().hex, round=123, adapter_version=122,
             prompt_ids=g["prompt_ids"] if with_prompt_ids else None,
-            model_fp="9372c470eeadd5ec",              # sha256[:16], as ftis_edge.models
+            model_fp="9372c470eeadd5ec",              # sha256[:16], as ftis_edge.models.resolve
             tokenizer_fp="1a7674eb4ee78df7",
             model_name=fx["model_name"], vocab_size=fx["vocab_size"], temperature=1.0))
     return out

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ftis_edge.intake import Intake, PeerBook, ids_decoder
-from ftis_edge.swarm import Received
-from ftis_edge.wire import Rollout, WireCompletion, decode, encode
+from ftis_edge.peers.intake import Intake, PeerBook, ids_decoder
+from ftis_edge.peers.swarm import Received
+from ftis_edge.rollout.wire import Rollout, WireCompletion, decode, encode
 
 
 def completion(smol, text, *, ids=None, finish="stop", claimed=0.0):

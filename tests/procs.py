@@ -11,8 +11,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ftis_edge.metrics import read_rounds as rounds_of  # noqa: F401  (the tests take these from here)
-from ftis_edge.ports import free_port  # noqa: F401
+from ftis_edge.metrics.records import read_rounds as rounds_of  # noqa: F401  (the tests take these from here)
+from ftis_edge.common.ports import free_port  # noqa: F401
 from relay.cli import query_stats
 from relay.keys import ClientKeys
 
@@ -41,7 +41,7 @@ def fence(publisher, *receivers, timeout_s: float = 10.0, **tags) -> list[list]:
     marker has arrived by then (the event a fixed sleep before "nothing more arrives" stood for).
     Returns what each receiver polled before the marker. ``tags``: the marker's task/tok (to
     pass the receivers' filters). Not for budgeted subscriptions (they choose, not in order)."""
-    from ftis_edge.swarm import SwarmClient
+    from ftis_edge.peers.swarm import SwarmClient
     from messages import make_rollout, raw_rollout
     rid = f"fence-{os.urandom(6).hex()}"
     if isinstance(publisher, SwarmClient):
@@ -236,7 +236,7 @@ def run_dir_command(command: str, run: Path) -> tuple[str, ...]:
 def run_node_watching(cfg: Path, run_dir: Path, timeout: float = 900) -> tuple[str, list[str]]:
     """Run a node to its end while reading its ``progress.json`` every 20 ms: (its output, the
     phases it announced, in order, each once per stretch)."""
-    from ftis_edge import progress
+    from ftis_edge.store import progress
     proc = start_node(cfg)
     seen: list[str] = []
     with running(proc):

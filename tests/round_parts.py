@@ -11,15 +11,16 @@ import dataclasses
 import random
 from types import SimpleNamespace
 
-from ftis_edge import config, wire
-from ftis_edge.batch import LocalTokenizer, SampleRules
-from ftis_edge.compute import ComputeTotals
-from ftis_edge.divergence import DivergenceWatch
+from ftis_edge import config
+from ftis_edge.rollout import wire
+from ftis_edge.learn.batch import LocalTokenizer, SampleRules
+from ftis_edge.metrics.compute import ComputeTotals
+from ftis_edge.run.divergence import DivergenceWatch
 from ftis_edge.generate.base import Completion
-from ftis_edge.guard import SwarmGuard
-from ftis_edge.intake import PeerBook, PeerGroup
-from ftis_edge.progress import ProgressReport
-from ftis_edge.rounds import Parts
+from ftis_edge.run.guard import SwarmGuard
+from ftis_edge.peers.intake import PeerBook, PeerGroup
+from ftis_edge.store.progress import ProgressReport
+from ftis_edge.run.rounds import Parts
 from ftis_edge.tasks.base import Prompt
 from messages import real_rollouts
 

@@ -1,7 +1,7 @@
 """align.py: shared byte boundaries of two tokenizations (hand cases) and real tokenizers' bytes."""
 import pytest
 
-from ftis_edge.align import AlignError, TokenBytes, shared_spans, span_alignment, span_sums
+from ftis_edge.rollout.align import AlignError, TokenBytes, shared_spans, span_alignment, span_sums
 
 
 def test_hand_example_word_and_digit_boundaries():
@@ -75,7 +75,7 @@ TEXTS = ["Hello world 123 ü 🙂\n\n<answer>42</answer>", " leading  spaces\tan
 
 @pytest.mark.parametrize("spec", ["smollm2-135m", "gemma3-270m"])     # tokenizers only: no model mark
 def test_real_tokenizer_bytes_spell_the_text(spec):
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     bundle = resolve_model(spec)
     tok = bundle.tokenizer()
     tb = TokenBytes(tok)
@@ -92,7 +92,7 @@ def test_real_tokenizer_bytes_spell_the_text(spec):
 
 
 def test_smollm2_and_gemma_share_word_boundaries():
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     text = "Natalia sold 48 clips in April, so 48 / 2 = 24 in May.\n<answer>72</answer>"
     lens = []
     for spec in ("smollm2-135m", "gemma3-270m"):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_edge.gguf_io import (GGUFError, arch_layout, convert_hf_to_gguf, converter_dir, export_merged_gguf,
+from ftis_edge.models.gguf_io import (GGUFError, arch_layout, convert_hf_to_gguf, converter_dir, export_merged_gguf,
                                gguf_arch_of, lora_targets_for, read_gguf_metadata, write_gguf_lora)
 from scoring import cpp_scores, hf_scores, mean_abs
 
@@ -54,7 +54,7 @@ RESULTS: dict[str, dict] = {}
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     return resolve_model("smollm2-135m").tokenizer()
 
 
@@ -116,7 +116,7 @@ def _build(case: str, tokenizer, root):
 
 
 def _step(learner, samples):
-    from ftis_edge.samples import TrainSample
+    from ftis_edge.rollout.samples import TrainSample
     batch = [TrainSample(s.prompt_ids, s.completion_ids, s.gen_logprobs, None, 1.0 if i % 2 == 0 else -1.0)
              for i, s in enumerate(samples)]
     stats = learner.step(batch)
@@ -136,7 +136,7 @@ def test_architecture_round_trip(case, tokenizer, tmp_path):
     from ftis_edge.generate.base import SamplerSettings
     from ftis_edge.generate.hf import HFGenerator
     from ftis_edge.generate.llamacpp import LlamaCppGenerator
-    from ftis_edge.learner import Learner, TrainSample
+    from ftis_edge.learn.learner import Learner, TrainSample
 
     torch.set_num_threads(1)
     hf_dir, tokenizer = _build(case, tokenizer, tmp_path)
@@ -204,7 +204,7 @@ def test_architecture_round_trip(case, tokenizer, tmp_path):
     # GGUF -> PyTorch: what bundle.hf_dir() loads (transformers' GGUF loader + our fixes), F16 weights
     from transformers import AutoModelForCausalLM
 
-    from ftis_edge.models import gguf_to_pytorch
+    from ftis_edge.models.resolve import gguf_to_pytorch
     back = gguf_to_pytorch(gguf_path)
     orig = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     ids = torch.tensor([samples[0].prompt_ids + samples[0].completion_ids])

@@ -1,9 +1,10 @@
-"""Write-temp-then-rename (ftis_edge.atomic): the old version or the new one, never half."""
+"""Write-temp-then-rename (ftis_edge.common.atomic): the old version or the new one, never half."""
 from __future__ import annotations
 
 import pytest
 
-from ftis_edge import atomic, checkpoint
+from ftis_edge.common import atomic
+from ftis_edge.store import checkpoint
 
 
 def leftovers(folder):

@@ -1,4 +1,4 @@
-"""Batch building (ftis_edge.batch) on hand-made groups: no model, a tiny real tokenizer class."""
+"""Batch building (ftis_edge.learn.batch) on hand-made groups: no model, a tiny real tokenizer class."""
 from __future__ import annotations
 
 import json
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_edge.align import TokenBytes
-from ftis_edge.batch import LocalTokenizer, OwnGroup, advantages, build_batch, peer_usage
-from ftis_edge.samples import OWN
+from ftis_edge.rollout.align import TokenBytes
+from ftis_edge.learn.batch import LocalTokenizer, OwnGroup, advantages, build_batch, peer_usage
+from ftis_edge.rollout.samples import OWN
 from ftis_edge.generate.base import Completion
-from ftis_edge.intake import KL_EDGES, PeerGroup, PeerStats, kl_bin
-from ftis_edge.objective import group_advantages
+from ftis_edge.peers.intake import KL_EDGES, PeerGroup, PeerStats, kl_bin
+from ftis_edge.learn.objective import group_advantages
 from ftis_edge.tasks.base import Prompt
-from ftis_edge.wire import Rollout, WireCompletion
+from ftis_edge.rollout.wire import Rollout, WireCompletion
 
 EOS = 2
 

@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from ftis_edge import checkpoint, rundir
-from ftis_edge.checkpoint import CheckpointError
+from ftis_edge.store import checkpoint, rundir
+from ftis_edge.store.checkpoint import CheckpointError
 from ftis_edge.errors import FtisError
 
 
@@ -51,7 +51,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_older_one_with_a_warning(
     else:                                    # a checkpoint from before manifests: the load test sees it
         (newest / "manifest.json").unlink()
         (newest / checkpoint.STATE).write_bytes(data[: len(data) // 2])
-    with caplog.at_level(logging.WARNING, logger="ftis_edge.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="ftis_edge.store.checkpoint"):
         state = checkpoint.load_latest(tmp_path)
     assert state["round"] == 4
     text = caplog.text

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.attacks import cwd_code
-from ftis_edge import child
+from ftis_edge.common import child
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Compute accounting (ftis_edge/compute.py): process CPU by phase, totals that survive a
+"""Compute accounting (ftis_edge/metrics/compute.py): process CPU by phase, totals that survive a
 checkpoint, the share peers supplied, and the phrase the headless line shows."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 import pytest
 
 from ftis_edge import config
-from ftis_edge.compute import ComputeTotals, CpuClock, round_compute, saved_phrase
-from ftis_edge.logs import round_line
+from ftis_edge.metrics.compute import ComputeTotals, CpuClock, round_compute, saved_phrase
+from ftis_edge.run.logs import round_line
 
 
 def _spin(cpu_s: float) -> None:

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from ftis_edge import checkpoint, rundir
-from ftis_edge.metrics import read_control, read_metrics
-from ftis_edge.progress import GENERATING, read_progress
+from ftis_edge.store import checkpoint, rundir
+from ftis_edge.metrics.records import read_control, read_metrics
+from ftis_edge.store.progress import GENERATING, read_progress
 from ftis_edge.tui import DashboardApp
 from dashboard import wait_for as settle
 from procs import ROOT, rounds_of, wait_for, write_config

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from ftis_edge import checkpoint, config, demo
-from ftis_edge.metrics import read_metrics, round_records
+from ftis_edge.store import checkpoint
+from ftis_edge import config, demo
+from ftis_edge.metrics.records import read_metrics, round_records
 from dashboard import wait_for as settle
 from procs import ROOT
 

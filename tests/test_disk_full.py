@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from ftis_edge import diskspace
+from ftis_edge.store import diskspace
 from procs import cli, write_config
 
 

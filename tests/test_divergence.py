@@ -10,8 +10,8 @@ import pytest
 from textual.widgets import Static
 
 from ftis_edge import config
-from ftis_edge.divergence import DivergenceWatch, learning_rate_note
-from ftis_edge.metrics import read_rounds
+from ftis_edge.run.divergence import DivergenceWatch, learning_rate_note
+from ftis_edge.metrics.records import read_rounds
 from ftis_edge.tui import DashboardApp
 from procs import ROOT, finish, rounds_of, start_node, write_config
 from dashboard import FAST, append, cell, live_copy, plain, wait_for

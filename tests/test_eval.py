@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from ftis_edge import evaluate, stats
-from ftis_edge.paths import PROJECT_ROOT, shared_data_dir
+from ftis_edge import evaluate
+from ftis_edge.metrics import stats
+from ftis_edge.common.paths import PROJECT_ROOT, shared_data_dir
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -112,7 +113,7 @@ def test_pool_plan_counts_the_shared_prefix_once():
     stores it once), so more slots fit than at (whole prompt + max new) per slot; --batch stays
     the upper bound, and one prompt at a time shares nothing."""
     from ftis_edge.generate.loop import shared_prefix_len
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     from ftis_edge.tasks import get_task
     bundle = resolve_model("smollm2-135m")
     task = get_task("arith")

@@ -52,7 +52,7 @@ def test_modelfile_chat_formats():
         .replace("{{ .Prompt }}", "Q").replace("{{ .Response }}", "") == "System: S\n\nUser: Q\n\nAssistant:"
     # ... and it ends where the node's generator stops and the reward rule strips the marker
     # (three modules spell it: export and the pure reward rule keep models' heavy imports out)
-    from ftis_edge.models import PLAIN_TURN_STOP
+    from ftis_edge.models.resolve import PLAIN_TURN_STOP
     from ftis_edge.tasks.rewards import END_TOKENS
     assert _TEMPLATES["plain"][1] == [PLAIN_TURN_STOP] and PLAIN_TURN_STOP in END_TOKENS
 
@@ -68,8 +68,8 @@ def _run(tmp_path: Path, node_id: str, **sections) -> Path:
 def _trained_learner(run: Path):
     """(the run's learner as its newest checkpoint left it, a fixed batch, the model bundle)."""
     from ftis_edge.export import _latest_state, _learner_from_checkpoint
-    from ftis_edge.models import resolve_model
-    from ftis_edge.rundir import load_config as load_run_config
+    from ftis_edge.models.resolve import resolve_model
+    from ftis_edge.store.rundir import load_config as load_run_config
 
     cfg = load_run_config(run)
     bundle = resolve_model(cfg.model.spec)
@@ -79,7 +79,7 @@ def _trained_learner(run: Path):
 
 def _batch(bundle):
     """A fixed batch: two prompts with fixed completions."""
-    from ftis_edge.learner import TrainSample
+    from ftis_edge.learn.learner import TrainSample
     out = []
     for q, a in (("What is 3 + 4?", "<answer>7</answer>"), ("What is 12 - 5?", "The answer is <answer>7</answer>")):
         ids = bundle.encode(bundle.render_prompt([{"role": "user", "content": q}]))
@@ -110,7 +110,7 @@ def test_export_of_a_llamacpp_lora_run(tmp_path, lora_run):
 
     from ftis_edge import evaluate
     from ftis_edge.export import export_run
-    from ftis_edge.rundir import load_config as load_run_config
+    from ftis_edge.store.rundir import load_config as load_run_config
     from ftis_edge.tasks import get_task
 
     run = lora_run

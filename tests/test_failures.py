@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from ftis_edge import rundir
-from ftis_edge.metrics import read_metrics
+from ftis_edge.store import rundir
+from ftis_edge.metrics.records import read_metrics
 from ftis_edge.tui import DashboardApp
 from dashboard import wait_for as settle
 from procs import ROOT

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from ftis_edge import fit
-from ftis_edge.fit import GB, Machine, Setup, check, estimate, shape_from_hf_config
+from ftis_edge.learn import fit
+from ftis_edge.learn.fit import GB, Machine, Setup, check, estimate, shape_from_hf_config
 from procs import ROOT as _ROOT
 
 ROOT = Path(_ROOT)
@@ -30,7 +30,7 @@ def test_parameter_counts_from_the_published_shapes_match_the_model_cards(name):
 
 def test_the_gguf_header_gives_the_same_shape_as_the_config(tmp_path):
     """SmolLM2's shipped GGUF, read straight from its header (no weights), against its config.json shape."""
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     from_gguf = fit.shape_of(resolve_model("smollm2-135m"))
     from_cfg = shape_from_hf_config(fit.KNOWN_SHAPES["SmolLM2-135M"])
     for field in ("n_params", "hidden", "ffn", "n_layer", "n_head", "n_head_kv", "head_dim", "vocab"):
@@ -39,8 +39,8 @@ def test_the_gguf_header_gives_the_same_shape_as_the_config(tmp_path):
 
 
 def test_a_truncated_gguf_header_is_a_clear_error(tmp_path):
-    from ftis_edge.gguf_io import GGUFError, read_gguf_header
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.gguf_io import GGUFError, read_gguf_header
+    from ftis_edge.models.resolve import resolve_model
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(resolve_model("smollm2-135m").gguf_path.read_bytes()[:5000])
     with pytest.raises(GGUFError, match="ends early"):

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_edge.batch import (LocalTokenizer, OwnGroup, SampleRules, build_batch, success_rate,
+from ftis_edge.learn.batch import (LocalTokenizer, OwnGroup, SampleRules, build_batch, success_rate,
                              success_weights)
 from ftis_edge.generate.base import Completion
-from ftis_edge.intake import PeerGroup
-from ftis_edge.samples import OWN, TrainSample
+from ftis_edge.peers.intake import PeerGroup
+from ftis_edge.rollout.samples import OWN, TrainSample
 from ftis_edge.tasks.base import Prompt
-from ftis_edge.wire import Rollout, WireCompletion
+from ftis_edge.rollout.wire import Rollout, WireCompletion
 
 EOS = 2
 ROLLOUTS = Path(__file__).parent / "data" / "real_rollouts.json"
@@ -151,7 +151,7 @@ def _real_peer(node, g, comps, rewards, *, same_tokenizer, model_fp):
 
 @pytest.mark.model
 def test_real_smollm2_text_for_gemma_is_refused_by_its_length_in_gemma_tokens():
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     gemma = resolve_model("gemma3-270m")
     tok = gemma.tokenizer()
     data, groups = _real_groups()
@@ -182,8 +182,8 @@ def test_real_learner_imitating_another_models_text_keeps_its_weight_at_the_cap(
     """A real SmolLM2 learner trains on real SmolLM2 rollouts sent by a peer with other base weights
     (same tokenizer: token level). After steps on the positive samples it finds them likelier than
     their generator did: the plain weight rises above 1 (toward C), the foreign cap holds it at 1."""
-    from ftis_edge.learner import Learner
-    from ftis_edge.models import resolve_model
+    from ftis_edge.learn.learner import Learner
+    from ftis_edge.models.resolve import resolve_model
     smol = resolve_model("smollm2-135m")
     _, groups = _real_groups()
     g, comps, rewards = groups[0]

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from ftis_edge.batch import SampleRules
-from ftis_edge.worth import SAME_TOKENIZER, peer_kind
+from ftis_edge.learn.batch import SampleRules
+from ftis_edge.peers.worth import SAME_TOKENIZER, peer_kind
 
 
 @pytest.mark.model
@@ -16,8 +16,8 @@ from ftis_edge.worth import SAME_TOKENIZER, peer_kind
 @pytest.mark.timeout(3600)
 def test_a_node_starts_from_its_merged_export_as_same_tokenizer_another_base_model(tmp_path, lora_run):
     from ftis_edge.export import export_run
-    from ftis_edge.metrics import read_metrics, round_records
-    from ftis_edge.models import resolve_model
+    from ftis_edge.metrics.records import read_metrics, round_records
+    from ftis_edge.models.resolve import resolve_model
     from procs import run_node, write_config
 
     export_run(lora_run, tmp_path / "out", quant="f16", eval_limit=4, threads=1, log=lambda *_: None, latest=True)

@@ -187,7 +187,7 @@ def test_the_tiny_hf_generator_instance_has_every_protocol_attribute():
 
 @pytest.fixture(scope="module")
 def bundle():
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     return resolve_model("smollm2-135m")
 
 
@@ -382,7 +382,7 @@ def test_gemma3_both_backends_agree():
     """A second architecture and tokenizer (262k vocab, <bos>, plain prompt format, sliding window)."""
     from ftis_edge.generate.hf import HFGenerator
     from ftis_edge.generate.llamacpp import LlamaCppGenerator
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     gemma = resolve_model("gemma3-270m")
     ids = gemma.encode(gemma.render_prompt([{"role": "user", "content": QUESTION}]))
     assert ids[0] == 2
@@ -625,7 +625,7 @@ def test_gemma3_stops_at_its_next_plain_format_turn():
     and the reward rule reads the answer in front of the marker."""
     from ftis_edge.generate.registry import create_generator
     from ftis_edge.generate.base import GeneratorOptions
-    from ftis_edge.models import PLAIN_TURN_STOP, resolve_model
+    from ftis_edge.models.resolve import PLAIN_TURN_STOP, resolve_model
     from ftis_edge.tasks import get_task
     from ftis_edge.tasks.rewards import check_format
     gemma = resolve_model("gemma3-270m")

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ftis_edge.intake import grading_tier
-from ftis_edge.swarm import Received
+from ftis_edge.peers.intake import grading_tier
+from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import warm_up
 from peers import intake_for, rollout
 

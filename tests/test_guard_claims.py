@@ -3,8 +3,8 @@ peer claiming our tokenizer and base model stays admitted at levels 1-2 (not ver
 can compute the public base model's log-probs); it is excluded at the last level. What the guard
 fixes: claims are believed once per id — a peer dropped for its model that then claims ours
 stays dropped (before: admitted again at once), also across a resume."""
-from ftis_edge.guard import ALONE, SwarmGuard
-from ftis_edge.heldout import EvalResult
+from ftis_edge.run.guard import ALONE, SwarmGuard
+from ftis_edge.run.heldout import EvalResult
 
 ME_TOK, ME_MODEL = "tok-smol", "smol"
 N = 32

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftis_edge.metric_keys import unregistered
-from ftis_edge.metrics import read_metrics
+from ftis_edge.metrics.metric_keys import unregistered
+from ftis_edge.metrics.records import read_metrics
 from procs import finish, start_node, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]

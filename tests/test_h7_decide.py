@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments.repro import analyze, h7_decide, runon
-from ftis_edge.stats import t_sf, t_test_greater
+from ftis_edge.metrics.stats import t_sf, t_test_greater
 from procs import ROOT
 
 R = 4

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ftis_edge.head_logprob import head_logprob
+from ftis_edge.learn.head_logprob import head_logprob
 
 
 @pytest.mark.parametrize("softcap", [None, 5.0])

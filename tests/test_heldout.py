@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from ftis_edge import checkpoint, config
-from ftis_edge.guard import ALONE, SwarmGuard
-from ftis_edge.heldout import EvalResult, HeldOut, eval_line
-from ftis_edge.stats import mcnemar_two_sided, mcnemar_worse, paired_change
-from ftis_edge.metric_keys import unregistered
-from ftis_edge.metrics import read_rounds
+from ftis_edge.store import checkpoint
+from ftis_edge import config
+from ftis_edge.run.guard import ALONE, SwarmGuard
+from ftis_edge.run.heldout import EvalResult, HeldOut, eval_line
+from ftis_edge.metrics.stats import mcnemar_two_sided, mcnemar_worse, paired_change
+from ftis_edge.metrics.metric_keys import unregistered
+from ftis_edge.metrics.records import read_rounds
 from ftis_edge.tasks import Task
 from procs import ROOT, run_node, write_config
 
@@ -89,7 +90,7 @@ def test_a_task_without_an_eval_split_says_so_once(caplog):
     class NoEval(Task):
         name = "noeval"
 
-    with caplog.at_level(logging.WARNING, logger="ftis_edge.heldout"):
+    with caplog.at_level(logging.WARNING, logger="ftis_edge.run.heldout"):
         h = HeldOut(NoEval(), None, None, every=5, prompts=32, max_new_tokens=8)
     assert not h.active and not h.due(0, last=True) and not h.due(5, last=False)
     said = [r for r in caplog.records if "no eval split" in r.getMessage()]
@@ -262,8 +263,8 @@ def test_the_guard_on_real_evals_gates_a_rounds_peers(tmp_path):
     model, no relay): at each level the round keeps only the peer groups the guard admits (real
     rollouts of another tokenizer / base model); alone, the round takes no peer group and does not
     wait; back at the base, it returns. The real node runs the same round (test_node.py)."""
-    from ftis_edge.guard import LEVELS
-    from ftis_edge.rounds import Round
+    from ftis_edge.run.guard import LEVELS
+    from ftis_edge.run.rounds import Round
     from round_parts import RELAY, Swarm, make_cfg, make_parts, peer_groups
 
     parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 0, "max_wait_s": 3.0}), swarm=Swarm(),
@@ -316,14 +317,14 @@ def test_every_task_kind_with_an_eval_split_takes_part(name, task, tmp_path, mon
     """The node's held-out set is the first eval.prompts of the task's eval split, each rendered
     with the model's chat template, and not one of them can be trained on — except on math500,
     whose one split is both (said once in the log)."""
-    from ftis_edge.models import resolve_model
-    from ftis_edge.paths import shared_data_dir
+    from ftis_edge.models.resolve import resolve_model
+    from ftis_edge.common.paths import shared_data_dir
     if name in ("gsm8k", "math500") and shared_data_dir() is None:
         pytest.skip("no data folder (set $FTIS_SHARED as CI does, or run ./install.sh --data)")
     monkeypatch.syspath_prepend(str(Path(ROOT) / "tests" / "data"))     # the user's own task class
     t = _task(name, tmp_path, **task)
     bundle = resolve_model("smollm2-135m")
-    with caplog.at_level(logging.WARNING, logger="ftis_edge.heldout"):
+    with caplog.at_level(logging.WARNING, logger="ftis_edge.run.heldout"):
         h = HeldOut(t, bundle, None, every=10, prompts=4, max_new_tokens=16)
     assert h.active and 1 <= len(h.prompts) <= 4
     assert [p.id for p in h.prompts] == [p.id for p in t.eval_prompts(4)]

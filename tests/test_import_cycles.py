@@ -119,7 +119,7 @@ def test_the_finder_sees_a_cycle_and_a_function_level_import():
     assert cycles(g) == [["a", "b", "c"]]
     graph = import_graph()
     assert "ftis_edge.evaluate" in graph["ftis_edge.cli"]          # imported inside _add_eval
-    assert "ftis_edge.checkpoint" in graph["ftis_edge.rundir"]
+    assert "ftis_edge.store.checkpoint" in graph["ftis_edge.store.rundir"]
     assert "relay.keys" in graph["relay.client"] or "relay.keys" in graph["relay.server"]
 
 
@@ -139,9 +139,9 @@ def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 
 
 # The training core: what a sample is, the objective, the batch, the learner, and intake's checks.
-CORE = ("ftis_edge.samples", "ftis_edge.objective", "ftis_edge.batch", "ftis_edge.learner", "ftis_edge.intake")
+CORE = ("ftis_edge.rollout.samples", "ftis_edge.learn.objective", "ftis_edge.learn.batch", "ftis_edge.learn.learner", "ftis_edge.peers.intake")
 # What assembles a node from its settings: the core must never reach it.
-ABOVE = ("ftis_edge.config", "ftis_edge.node", "ftis_edge.cli", "ftis_edge.swarm", "ftis_edge.rundir",
+ABOVE = ("ftis_edge.config", "ftis_edge.run.node", "ftis_edge.cli", "ftis_edge.peers.swarm", "ftis_edge.store.rundir",
          "ftis_edge.export", "ftis_edge.tui")
 
 
@@ -150,15 +150,15 @@ def test_the_training_core_sits_below_config():
     for m in CORE:
         above = {a for a in reaches(graph, m) if a.startswith(ABOVE)}
         assert not above, f"{m} imports {sorted(above)}"
-    assert "ftis_edge.learner" not in reaches(graph, "ftis_edge.batch")     # batch: the sample types only
-    assert "ftis_edge.batch" not in reaches(graph, "ftis_edge.intake")
-    assert "ftis_edge.config" not in reaches(graph, "ftis_edge.metric_keys")   # the docs generator joins them
+    assert "ftis_edge.learn.learner" not in reaches(graph, "ftis_edge.learn.batch")     # batch: the sample types only
+    assert "ftis_edge.learn.batch" not in reaches(graph, "ftis_edge.peers.intake")
+    assert "ftis_edge.config" not in reaches(graph, "ftis_edge.metrics.metric_keys")   # the docs generator joins them
 
 
 # Modules with no tensor in them: importing one must not load torch (seconds, and a GPU driver),
 # so intake's checks, the wire format and the relay's socket-free parts stay cheap to run and test.
-NO_TORCH = ("ftis_edge.samples", "ftis_edge.intake", "ftis_edge.wire", "ftis_edge.metric_keys", "ftis_edge.fit",
-            "ftis_edge.config", "ftis_edge.checkpoint", "relay.protocol", "relay.topic", "relay.budget",
+NO_TORCH = ("ftis_edge.rollout.samples", "ftis_edge.peers.intake", "ftis_edge.rollout.wire", "ftis_edge.metrics.metric_keys", "ftis_edge.learn.fit",
+            "ftis_edge.config", "ftis_edge.store.checkpoint", "relay.protocol", "relay.topic", "relay.budget",
             "relay.limits", "relay.auth", "relay.frames", "relay.server", "relay.client")
 HEAVY = ("torch", "transformers", "peft", "llama_cpp")
 
@@ -173,7 +173,7 @@ def test_modules_without_tensors_import_no_torch():
         loaded = set(out.split())
         assert not loaded & set(HEAVY), f"importing {m} loads {sorted(loaded & set(HEAVY))}"
     # the probe can fail: the learner does load torch
-    out = subprocess.run([sys.executable, "-c", probe, "ftis_edge.learner"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", probe, "ftis_edge.learn.learner"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120).stdout
     assert "torch" in out.split()
 

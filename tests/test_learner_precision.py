@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from ftis_edge.learner import Learner, LearnerError, TrainSample
+from ftis_edge.learn.learner import Learner, LearnerError, TrainSample
 
 VOCAB = 101
 
@@ -55,7 +55,7 @@ def test_an_unknown_precision_is_refused(tiny_dir):
 
 
 def test_the_setting_and_the_cpu_check(tmp_path, monkeypatch):
-    from ftis_edge import machine
+    from ftis_edge.run import machine
     from ftis_edge.config import ConfigError, load as load_config
     good = tmp_path / "good.toml"
     good.write_text('[train]\nprecision = "bf16"\n')

@@ -7,7 +7,7 @@ import logging
 import zmq
 
 from relay import client
-from ftis_edge.logs import round_line, setup_logging
+from ftis_edge.run.logs import round_line, setup_logging
 from relay.waker import Waker
 
 
@@ -25,8 +25,8 @@ def test_module_loggers_reach_node_log_and_tracebacks_stay_out_of_the_console(tm
         try:
             raise RuntimeError("boom")
         except RuntimeError:
-            logging.getLogger("ftis_edge.node").error("failed: boom", exc_info=True)
-        logging.getLogger("ftis_edge.node").error("file only", extra={"console": False})
+            logging.getLogger("ftis_edge.run.node").error("failed: boom", exc_info=True)
+        logging.getLogger("ftis_edge.run.node").error("file only", extra={"console": False})
         _flush()
         log = (tmp_path / "node.log").read_text()
         assert "relay restarted (epoch abc)" in log

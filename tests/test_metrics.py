@@ -1,7 +1,7 @@
 """The run directory's metrics file: append, follow across torn lines, control file."""
 import math
 
-from ftis_edge import metrics as m
+from ftis_edge.metrics import records as m
 
 
 def test_follow_sees_only_complete_lines(tmp_path):
@@ -47,7 +47,7 @@ def test_nested_non_finite_values_become_null(tmp_path):
     assert rec["peers"]["a"]["kl_mean"] is None and rec["peers"]["a"]["x"] == [1.0, None]
 
 
-# ---- the metric registry (ftis_edge/metric_keys.py) -------------------------------------------
+# ---- the metric registry (ftis_edge/metrics/metric_keys.py) -------------------------------------------
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -55,8 +55,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from ftis_edge import metric_keys as mk  # noqa: E402
-from ftis_edge.objective import ftis_loss  # noqa: E402
+from ftis_edge.metrics import metric_keys as mk  # noqa: E402
+from ftis_edge.learn.objective import ftis_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "recorded_run"
@@ -126,7 +126,7 @@ def test_the_recorded_fixture_uses_only_registered_keys():
 
 
 def test_every_peer_book_field_is_documented():
-    from ftis_edge.intake import PeerBook
+    from ftis_edge.peers.intake import PeerBook
     book = PeerBook(quarantine_after=5)
     book.get("alice")
     assert set(book.snapshot()["alice"]) == set(mk.PEER_FIELDS)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ftis_edge.rundir import load_config
+from ftis_edge.store.rundir import load_config
 from ftis_edge.tasks import task_from_config
 from procs import ROOT
 

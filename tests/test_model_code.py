@@ -16,10 +16,11 @@ import sys
 
 import pytest
 
-from ftis_edge import checkpoint, config
-from ftis_edge.gguf_io import GGUFError, convert_hf_to_gguf, converter_dir
-from ftis_edge.model_code import TRUST_MODEL_CODE_ENV, code_in_model_dir
-from ftis_edge.models import ModelError, resolve_model
+from ftis_edge.store import checkpoint
+from ftis_edge import config
+from ftis_edge.models.gguf_io import GGUFError, convert_hf_to_gguf, converter_dir
+from ftis_edge.models.model_code import TRUST_MODEL_CODE_ENV, code_in_model_dir
+from ftis_edge.models.resolve import ModelError, resolve_model
 from procs import ROOT, RUN_DIR_COMMANDS, cli, run_dir_command
 
 
@@ -121,7 +122,7 @@ def test_commands_on_a_shared_run_run_no_model_code(tmp_path, command):
 
 
 def test_a_run_choosing_a_model_outside_itself_says_so(tmp_path):
-    from ftis_edge import rundir
+    from ftis_edge.store import rundir
     outside = model_folder(tmp_path / "elsewhere", tmp_path / "x", arch="Qwen2ForCausalLM", tokenizer_code=False)
     run = tmp_path / "run"
     run.mkdir()
@@ -139,7 +140,7 @@ def test_the_opt_in_names_a_folder_by_its_absolute_path_not_the_spec_string(tmp_
     """Before: FTIS_TRUST_MODEL_CODE=./model matched the spec string, so it trusted every run
     directory whose config said ./model (whatever folder that was). Now a relative entry names
     nothing; an absolute one trusts that folder only; a hub id still matches by name."""
-    from ftis_edge.model_code import trusted
+    from ftis_edge.models.model_code import trusted
     run = tmp_path / "someone-elses-run"
     evil = model_folder(run / "model", tmp_path / "PWNED")
     monkeypatch.chdir(run)

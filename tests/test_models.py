@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ftis_edge.models import ModelError, resolve_model, tokenizer_fingerprint_of
+from ftis_edge.models.resolve import ModelError, resolve_model, tokenizer_fingerprint_of
 
 THREADS = int(os.environ.get("FTIS_TEST_THREADS", "1"))
 

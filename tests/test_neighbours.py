@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ftis_edge.neighbours import Neighbour, _node_config, other_nodes, threads_for
+from ftis_edge.run.neighbours import Neighbour, _node_config, other_nodes, threads_for
 
 SLEEPER = "import time; time.sleep(60)"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftis_edge import checkpoint
-from ftis_edge.metric_keys import unregistered
-from ftis_edge.metrics import read_metrics
+from ftis_edge.store import checkpoint
+from ftis_edge.metrics.metric_keys import unregistered
+from ftis_edge.metrics.records import read_metrics
 from procs import RelayProc, finish, finish_all, free_port, rounds_of, running, start_node, wait_for, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]

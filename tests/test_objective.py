@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from ftis_edge.errors import FtisError
-from ftis_edge.objective import (METHODS, ObjectiveError, ess_fraction, filter_dropped, ftis_loss,
+from ftis_edge.learn.objective import (METHODS, ObjectiveError, ess_fraction, filter_dropped, ftis_loss,
                                  group_advantages, kl_k3)
 
 torch.set_num_threads(1)

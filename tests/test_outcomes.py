@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from ftis_edge.outcomes import OutcomeBook, signal_chance
+from ftis_edge.peers.outcomes import OutcomeBook, signal_chance
 from ftis_edge.tasks.arith import ArithTask
-from ftis_edge.worth import OTHER_TOKENIZER, SAME_MODEL
+from ftis_edge.peers.worth import OTHER_TOKENIZER, SAME_MODEL
 
 H6 = Path(__file__).resolve().parents[1] / "docs" / "runs" / "h6" / "h6"
 
@@ -54,7 +54,7 @@ def test_the_book_is_bounded():
 
 
 def test_the_book_survives_a_checkpoint_by_prompt_id(tmp_path):
-    from ftis_edge import statefile
+    from ftis_edge.store import statefile
     task = ArithTask(level=[1, 2])
     stream = [p for _, p in zip(range(4), task.prompts(seed=1))]
     book = OutcomeBook()

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from ftis_edge.objective import ObjectiveError, ftis_loss
-from ftis_edge.plausibility import (PlausibilityConfig, calibrate, excess_logp, plausible_weight,
+from ftis_edge.learn.objective import ObjectiveError, ftis_loss
+from ftis_edge.peers.plausibility import (PlausibilityConfig, calibrate, excess_logp, plausible_weight,
                                     worst_window)
 
 
@@ -102,7 +102,7 @@ def test_a_token_of_weight_zero_gets_no_gradient_at_any_level(method, level):
 
 
 def test_repeat_memory_masks_an_unlikely_ngram_the_second_time_only():
-    from ftis_edge.plausibility import RepeatMemory
+    from ftis_edge.peers.plausibility import RepeatMemory
     mem = RepeatMemory(capacity=100)
     phrase, lp = [7, 8, 9, 10], [-5.0, -4.0, -4.0, -3.0]          # sum -16 < -12: unlikely
     first = mem.judge([1, 2] + phrase + [3], [-0.1, -0.1] + lp + [-0.1], n=4, threshold=-12.0, prompt_ids=[50])
@@ -116,7 +116,7 @@ def test_repeat_memory_masks_an_unlikely_ngram_the_second_time_only():
 
 
 def test_repeat_memory_is_bounded_and_forgets_the_oldest():
-    from ftis_edge.plausibility import RepeatMemory
+    from ftis_edge.peers.plausibility import RepeatMemory
     mem = RepeatMemory(capacity=3)
     for k in range(5):
         mem.judge([100 + k, 1, 2, 3], [-4.0] * 4, n=4, threshold=-12.0)
@@ -126,14 +126,14 @@ def test_repeat_memory_is_bounded_and_forgets_the_oldest():
 
 
 def test_short_gaps_between_masked_tokens_are_masked_too():
-    from ftis_edge.plausibility import close_gaps
+    from ftis_edge.peers.plausibility import close_gaps
     m = [True, False, False, True, False, False, False, False, False, True]
     assert close_gaps(m, 4) == [True] * 4 + [False] * 5 + [True]
     assert close_gaps([False, True, False], 4) == [False, True, False]      # no masked token after
 
 
 def test_ngrams_the_answer_copies_from_its_prompt_are_never_masked():
-    from ftis_edge.plausibility import RepeatMemory
+    from ftis_edge.peers.plausibility import RepeatMemory
     mem = RepeatMemory()
     quoted, lp = [7, 8, 9, 10], [-3.5] * 4                  # -14 in all; with the token before: -10.6
     for _ in range(3):
@@ -144,7 +144,7 @@ def test_ngrams_the_answer_copies_from_its_prompt_are_never_masked():
 # --- another tokenizer's text trains at a bounded weight (issue 51 item 3) ------------------
 
 def test_claimed_foreign_samples_share_a_bounded_weight_however_many_ids_send_them():
-    from ftis_edge.plausibility import PlausibilityConfig, foreign_factors
+    from ftis_edge.peers.plausibility import PlausibilityConfig, foreign_factors
     cfg = PlausibilityConfig(foreign_sample_weight=0.125, foreign_step_weight=0.25)
     assert foreign_factors([False, True], cfg) == [1.0, 0.125]              # one sample: its own cap
     assert foreign_factors([False] + [True] * 4, cfg) == [1.0] + [0.0625] * 4   # four share the step's
@@ -154,9 +154,9 @@ def test_claimed_foreign_samples_share_a_bounded_weight_however_many_ids_send_th
 
 
 def test_the_learner_bounds_only_peer_samples_that_claim_another_tokenizer():
-    from ftis_edge.learner import _bound_foreign
-    from ftis_edge.plausibility import PlausibilityConfig
-    from ftis_edge.samples import TrainSample
+    from ftis_edge.learn.learner import _bound_foreign
+    from ftis_edge.peers.plausibility import PlausibilityConfig
+    from ftis_edge.rollout.samples import TrainSample
     own = TrainSample([1], [2], [-1.0], None, 1.0)
     same = TrainSample([1], [2], [-1.0], None, 1.0, source="bob")
     other = TrainSample([1], [2], None, -1.0, 1.0, sequence_level=True, source="eve", foreign=True, weight=0.5)

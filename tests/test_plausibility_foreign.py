@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftis_edge.batch import build_batch, is_our_encoding
-from ftis_edge.plausibility import PlausibilityConfig, RepeatMemory
-from ftis_edge.samples import TrainSample
+from ftis_edge.learn.batch import build_batch, is_our_encoding
+from ftis_edge.peers.plausibility import PlausibilityConfig, RepeatMemory
+from ftis_edge.rollout.samples import TrainSample
 from test_batch import EOS, LOCAL, TOK, peer_group
 
 FIXTURE = Path(__file__).parent / "data" / "real_rollouts.json"
@@ -39,7 +39,7 @@ def test_a_claim_of_another_tokenizer_in_our_token_ids_is_judged_as_ours():
 
 @pytest.fixture(scope="module")
 def judge(smol):
-    from ftis_edge.learner import Learner
+    from ftis_edge.learn.learner import Learner
     learner = Learner(smol.hf_dir(), trainable="lora", lr=1e-4, seed=0, micro_batch=8)
     tok = smol.tokenizer()
     fx = json.loads(FIXTURE.read_text())
@@ -101,7 +101,7 @@ def test_by_default_honest_foreign_text_keeps_every_token_at_the_bounded_weight(
     ("<answer>…</answer>\n\nUser:"): the 3-gram / 8-gram memories (``judge_foreign=True,
     foreign_memories=True``, the default until issue 51 item 3 was decided) mask it after the first
     answer; the default keeps every token and sample, and the weight bound applies."""
-    from ftis_edge.learner import _bound_foreign
+    from ftis_edge.learn.learner import _bound_foreign
     learner, ids, fx = judge
     gemma = json.loads((FIXTURE.parent / "gemma_rollouts.json").read_text())
     group = [_claimed(learner, fx["groups"][0]["prompt_ids"], ids(c["text"]), source="gemma")

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from ftis_edge import preflight
+from ftis_edge.run import preflight
 from ftis_edge.config import ConfigError, from_dict
-from ftis_edge.models import resolve_model
+from ftis_edge.models.resolve import resolve_model
 from ftis_edge.tasks import get_task
 from procs import ROOT
 
@@ -80,7 +80,7 @@ def test_a_bad_hub_id_and_a_bad_setting_fail_the_cli_in_one_line(tmp_path):
 
 
 def test_auto_engines_on_this_machine():
-    from ftis_edge import devices
+    from ftis_edge.run import devices
     import torch
     device = devices.pick_device("auto")
     assert device == ("cuda" if torch.cuda.is_available() else "cpu") or device == "mps"
@@ -99,9 +99,9 @@ def test_the_memory_estimate_is_said_at_start_up_with_the_real_prompt_length(smo
     """preflight.check_fit: the first round's real prompt length goes into fit.py's estimate, said in one line."""
     import logging
 
-    from ftis_edge import fit
+    from ftis_edge.learn import fit
     cfg = from_dict({"train": {"trainable": "full"}})
-    with caplog.at_level(logging.INFO, logger="ftis_edge.preflight"):
+    with caplog.at_level(logging.INFO, logger="ftis_edge.run.preflight"):
         ok, line = preflight.check_fit(cfg, smol, arith)
     assert [r.getMessage() for r in caplog.records] == [f"memory: {line}"] and "\n" not in line
     prompt = preflight.longest_first_prompt(cfg, smol, arith)

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftis_edge import checkpoint, config, rundir
-from ftis_edge.metrics import read_metrics
+from ftis_edge.store import checkpoint, rundir
+from ftis_edge import config
+from ftis_edge.metrics.records import read_metrics
 from benchmarks.attacks.best_state import ESCAPES, GOOD, make_huge, model_shapes, run_with_best
 from procs import cli, run_node, write_config
 

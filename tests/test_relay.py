@@ -14,8 +14,8 @@ import orjson
 import pytest
 import zmq
 
-from ftis_edge import wire
-from ftis_edge.swarm import SwarmClient
+from ftis_edge.rollout import wire
+from ftis_edge.peers.swarm import SwarmClient
 from relay import protocol as P
 from relay.cli import query_stats
 from relay.keys import ClientKeys

@@ -214,7 +214,7 @@ def test_the_curve_recipe_in_docs_works_as_written(tmp_path, monkeypatch):
     assert relay_proc is not None
     try:
         from ftis_edge import config
-        from ftis_edge.swarm import ClientKeys, SwarmClient
+        from ftis_edge.peers.swarm import ClientKeys, SwarmClient
         (tmp_path / "alice.toml").write_text(_doc_block("curve-node").replace(
             "tcp://relay.example:5555", f"tcp://127.0.0.1:{port}"))
         cfg = config.load(tmp_path / "alice.toml")

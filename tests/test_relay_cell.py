@@ -8,7 +8,7 @@ import time
 import orjson
 import pytest
 
-from ftis_edge.progress import PROGRESS_FILE, read_progress
+from ftis_edge.store.progress import PROGRESS_FILE, read_progress
 from ftis_edge.tui import DashboardApp
 from procs import rounds_of, start_node, wait_for, write_config
 from dashboard import FAST, cell, live_copy

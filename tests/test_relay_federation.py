@@ -10,8 +10,8 @@ import time
 import orjson
 import pytest
 
-from ftis_edge import wire
-from ftis_edge.swarm import SwarmClient
+from ftis_edge.rollout import wire
+from ftis_edge.peers.swarm import SwarmClient
 from relay import protocol as P
 from messages import dealer, hello, make_rollout
 from procs import ROOT, RelayProc, settled, wait_for

@@ -14,9 +14,9 @@ import pytest
 import torch
 import zmq
 
-from ftis_edge import wire
-from ftis_edge.samples import OWN, TrainSample
-from ftis_edge.rounds import useful_peers
+from ftis_edge.rollout import wire
+from ftis_edge.rollout.samples import OWN, TrainSample
+from ftis_edge.run.rounds import useful_peers
 from relay import protocol as P
 from relay.client import USEFUL_MEMORY, RelayClient
 from messages import dealer, hello, join, make_rollout, raw_rollout, replies, subscribe

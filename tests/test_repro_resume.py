@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftis_edge import checkpoint, machine
-from ftis_edge.metrics import read_metrics, read_rounds
+from ftis_edge.store import checkpoint
+from ftis_edge.run import machine
+from ftis_edge.metrics.records import read_metrics, read_rounds
 from procs import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from experiments.repro import batches, run, runon
-from ftis_edge import checkpoint
+from ftis_edge.store import checkpoint
 from procs import wait_for
 
 R = 3

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftis_edge import checkpoint
-from ftis_edge.metrics import read_metrics
+from ftis_edge.store import checkpoint
+from ftis_edge.metrics.records import read_metrics
 from procs import cli, finish, start_node, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]

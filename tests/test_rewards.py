@@ -222,14 +222,14 @@ def test_first_reward_in_a_fresh_process_waits_for_the_cold_start():
 
 def test_a_round_counts_and_logs_own_answers_that_ran_out_of_grading_time(caplog):
     """A grading timeout scores 0 and so changes the reward; the round record says how many."""
-    from ftis_edge.batch import OwnGroup
-    from ftis_edge.rounds import own_grading_stats
+    from ftis_edge.learn.batch import OwnGroup
+    from ftis_edge.run.rounds import own_grading_stats
     raw = RewardSettings(prefilter=False, timeout_s=0.3)
     texts = ["<answer>9^{9^{9^{9^{9}}}}</answer>", "<answer>4</answer>", "no tags"]
     graded = score_many(texts, ["4"] * 3, raw)
     group = OwnGroup(prompt=None, prompt_ids=[], completions=[], group_id="g",
                      rewards=[v for v, _ in graded], breakdowns=[b for _, b in graded])
-    with caplog.at_level("WARNING", logger="ftis_edge.node"):
+    with caplog.at_level("WARNING", logger="ftis_edge.run.node"):
         stats = own_grading_stats([group])
     assert stats["reward/timed_out"] == 1, graded
     assert stats["accuracy/own"] == pytest.approx(1 / 3) and stats["format/own"] == pytest.approx(2 / 3)
@@ -240,8 +240,8 @@ def test_a_round_counts_and_logs_own_answers_that_ran_out_of_grading_time(caplog
 
 def test_a_round_counts_own_answers_the_rules_refused():
     """A learner that finds a way around the grader shows as reward/refused climbing."""
-    from ftis_edge.batch import OwnGroup
-    from ftis_edge.rounds import own_grading_stats
+    from ftis_edge.learn.batch import OwnGroup
+    from ftis_edge.run.rounds import own_grading_stats
     texts = ["<answer>9 - 4</answer>", "<answer>5</answer>", "<answer>6</answer>"]
     graded = score_many(texts, ["5"] * 3, RewardSettings())
     group = OwnGroup(prompt=None, prompt_ids=[], completions=[], group_id="g",

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from ftis_edge.guard import ALONE
-from ftis_edge.metric_keys import unregistered
-from ftis_edge.outcomes import OutcomeBook
+from ftis_edge.run.guard import ALONE
+from ftis_edge.metrics.metric_keys import unregistered
+from ftis_edge.peers.outcomes import OutcomeBook
 from ftis_edge.tasks.base import Prompt
-from ftis_edge.worth import OTHER_TOKENIZER, SAME_MODEL, SAME_TOKENIZER, WorthBook
-from ftis_edge.rounds import IntakeOrder, Round, derive_seed, fill_slots
+from ftis_edge.peers.worth import OTHER_TOKENIZER, SAME_MODEL, SAME_TOKENIZER, WorthBook
+from ftis_edge.run.rounds import IntakeOrder, Round, derive_seed, fill_slots
 from round_parts import RELAY, Swarm, make_cfg, make_parts, peer_groups
 
 # an alone round's record, in order (metrics.jsonl keeps this order); Learner.step's stats after micro_batch

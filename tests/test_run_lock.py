@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from ftis_edge import runlock
-from ftis_edge.metrics import read_metrics
+from ftis_edge.store import runlock
+from ftis_edge.metrics.records import read_metrics
 from procs import ROOT, start_dashboard, start_node, wait_for, write_config
 
 FLAGS = [(), ("--resume",), ("--resume-or-fresh",), ("--overwrite",)]
@@ -57,7 +57,7 @@ def test_a_live_run_refuses_a_second_node_and_overwrite_deletes_nothing(tmp_path
 
 
 def test_overwrite_of_a_stopped_run_keeps_no_file_of_it_but_the_lock(tmp_path):
-    from ftis_edge import rundir
+    from ftis_edge.store import rundir
     run = tmp_path / "r"
     (run / "checkpoints" / "000001").mkdir(parents=True)
     (run / "metrics.jsonl").write_text("{}\n")
@@ -86,7 +86,7 @@ def test_a_node_started_from_python_holds_the_run_directory(tmp_path, monkeypatc
     a live node elsewhere refuses it before anything of the run is written."""
     from ftis_edge import config
     from ftis_edge.errors import FtisError
-    from ftis_edge.node import Node
+    from ftis_edge.run.node import Node
     cfg = config.load(write_config(tmp_path, "py", eval={"every": 0}))
     run = cfg.run_path
     seen = []

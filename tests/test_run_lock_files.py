@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ftis_edge import runlock
+from ftis_edge.store import runlock
 from procs import ROOT, write_config
 
 USER_TEXT = "my thesis, chapter 1\n"

@@ -72,7 +72,8 @@ def test_the_reason_collectors_find_what_they_should():
 
 
 def test_every_refusal_reason_the_intake_gives_is_listed():
-    from ftis_edge import intake, wire
+    from ftis_edge.peers import intake
+    from ftis_edge.rollout import wire
     listed = set(intake.REASONS) | set(wire.REASONS)
     assert intake_reasons() - listed == set(), "add these to intake.REASONS"
     assert wire_error_reasons() - set(wire.REASONS) == set(), "add these to wire.REASONS"
@@ -80,7 +81,8 @@ def test_every_refusal_reason_the_intake_gives_is_listed():
 
 def test_a_new_unlisted_reason_is_caught(tmp_path):
     """The check fails for a reason added in code but not in the lists (what it exists for)."""
-    from ftis_edge import intake, wire
+    from ftis_edge.peers import intake
+    from ftis_edge.rollout import wire
     src = (PKG / "intake.py").read_text().replace('self._refuse(sender, "quarantined")',
                                                   'self._refuse(sender, "brand_new_reason")', 1)
     (tmp_path / "intake.py").write_text(src)
@@ -96,7 +98,8 @@ def _choices(section, name: str):
 def test_config_choices_are_those_of_the_modules_that_define_them():
     """The node file offers exactly what the objective, the learner, the tasks and the generators take.
     (config.py stays light: it cannot import torch to read objective.py, so this test holds them together.)"""
-    from ftis_edge import config, objective, tasks
+    from ftis_edge import config, tasks
+    from ftis_edge.learn import objective
     from ftis_edge.generate.registry import BACKENDS
     from ftis_edge.tasks.rewards import REWARD_MODES
     assert tuple(_choices(config.TrainSection, "method")) == objective.METHODS
@@ -112,7 +115,7 @@ def test_config_choices_are_those_of_the_modules_that_define_them():
 
 def test_config_trainable_choices_are_what_the_learner_accepts():
     from ftis_edge import config
-    from ftis_edge.learner import TRAINABLE, Learner, LearnerError
+    from ftis_edge.learn.learner import TRAINABLE, Learner, LearnerError
     assert tuple(_choices(config.TrainSection, "trainable")) == TRAINABLE
     with pytest.raises(LearnerError, match="trainable"):
         Learner(None, trainable="half")             # refused before anything loads
@@ -123,7 +126,7 @@ def test_config_trainable_choices_are_what_the_learner_accepts():
 def test_end_of_turn_texts_are_spelled_once():
     """turns.py holds them; no other module of the package spells the plain format's stop or
     repeats the list of end-of-turn tokens."""
-    from ftis_edge import turns
+    from ftis_edge.common import turns
     for path in PKG.rglob("*.py"):
         if path.name == "turns.py":
             continue
@@ -136,7 +139,8 @@ def test_end_of_turn_texts_are_spelled_once():
 
 
 def test_the_reward_rule_and_the_generator_stop_at_the_same_markers():
-    from ftis_edge import gguf_io, models, turns
+    from ftis_edge.models import gguf_io, resolve as models
+    from ftis_edge.common import turns
     from ftis_edge.export import _TEMPLATES
     from ftis_edge.tasks.rewards import END_TOKENS, check_format
     assert set(END_TOKENS) == set(turns.END_OF_TURN_TEXTS) | {turns.PLAIN_TURN_STOP}

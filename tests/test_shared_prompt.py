@@ -1,4 +1,4 @@
-"""The prompt once per group (ftis_edge.shared_prompt): exactly the unshared learner's log-probs and gradients.
+"""The prompt once per group (ftis_edge.learn.shared_prompt): exactly the unshared learner's log-probs and gradients.
 
 Fast: tiny random-weight models built from transformers configs (a llama, and a gemma3 with sliding-window
 layers and logit soft-capping), saved to a temp dir and loaded by the real ``Learner``.
@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from ftis_edge.learner import Learner, TrainSample
-from ftis_edge.shared_prompt import plan_micro_batches, prompt_key
+from ftis_edge.learn.learner import Learner, TrainSample
+from ftis_edge.learn.shared_prompt import plan_micro_batches, prompt_key
 
 torch.set_num_threads(2)
 VOCAB = 101
@@ -158,7 +158,7 @@ def test_gradient_checkpointing_falls_back_to_the_unshared_path(tiny_dir):
 
 
 def test_length_buckets_split_where_padding_costs_more_than_a_forward():
-    from ftis_edge.shared_prompt import length_buckets
+    from ftis_edge.learn.shared_prompt import length_buckets
     assert length_buckets([5, 5, 6, 6], overhead=8) == [[0, 1, 2, 3]]          # near-equal: one forward
     assert length_buckets([3, 4, 5, 120, 128], overhead=8) == [[0, 1, 2], [3, 4]]
     assert length_buckets([7]) == [[0]] and length_buckets([]) == []

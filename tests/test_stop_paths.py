@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from ftis_edge import checkpoint
-from ftis_edge.metrics import read_metrics, write_control
+from ftis_edge.store import checkpoint
+from ftis_edge.metrics.records import read_metrics, write_control
 from procs import finish, rounds_of, start_dashboard, start_node, wait_for, write_config
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -11,8 +11,8 @@ from ftis_edge.tasks.rewards import check_format
 
 @pytest.fixture(scope="module")
 def smol():
-    from ftis_edge.align import TokenBytes
-    from ftis_edge.models import resolve_model
+    from ftis_edge.rollout.align import TokenBytes
+    from ftis_edge.models.resolve import resolve_model
     bundle = resolve_model("smollm2-135m")
     tok = bundle.tokenizer()
     return tok, TokenBytes(tok), bundle.eos_token_ids

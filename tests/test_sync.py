@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_edge.learner import Learner, TrainSample
-from ftis_edge.sync import SyncError, WeightSync, export_merged_gguf, permute_rows, write_gguf_lora
+from ftis_edge.learn.learner import Learner, TrainSample
+from ftis_edge.run.sync import SyncError, WeightSync, export_merged_gguf, permute_rows, write_gguf_lora
 from scoring import cpp_scores, hf_scores, mean_abs
 
 torch.set_num_threads(2)
@@ -118,7 +118,7 @@ def smol():
     """A LoRA learner after a real F-TIS step, its GGUF adapters, the completions and both engines' scores."""
     from ftis_edge.generate.base import SamplerSettings
     from ftis_edge.generate.llamacpp import LlamaCppGenerator
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
 
     bundle = resolve_model("smollm2-135m")
     learner = Learner(bundle.hf_dir(), trainable="lora", lr=1e-3, seed=0)
@@ -261,7 +261,7 @@ def test_merged_export_after_a_full_fine_tuning_step_agrees(smol, tmp_path):
 @pytest.mark.model
 def test_gemma3_adapter_and_merged_export_round_trip(tmp_path):
     from ftis_edge.generate.llamacpp import LlamaCppGenerator
-    from ftis_edge.models import resolve_model
+    from ftis_edge.models.resolve import resolve_model
 
     bundle = resolve_model("gemma3-270m")
     learner = Learner(bundle.hf_dir(), trainable="lora", seed=0)

@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 import sympy
 
-from ftis_edge.paths import shared_data_dir
+from ftis_edge.common.paths import shared_data_dir
 from ftis_edge.tasks import TASK_NAMES, Prompt, TaskError, get_task, warm_up
 from ftis_edge.tasks.arith import LEVELS, make_problem, parse_levels
 from ftis_edge.tasks.datasets import gsm8k_reference

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ftis_edge.batch import LocalTokenizer, UntokenizableText, build_batch, guarded
-from ftis_edge.intake import PeerGroup
+from ftis_edge.learn.batch import LocalTokenizer, UntokenizableText, build_batch, guarded
+from ftis_edge.peers.intake import PeerGroup
 from ftis_edge.tasks.base import Prompt
-from ftis_edge.wire import Rollout, WireCompletion
+from ftis_edge.rollout.wire import Rollout, WireCompletion
 
 CATASTROPHIC = "((a+)+)+c"
 PEER_TEXT = "a" * 24
@@ -68,7 +68,7 @@ def test_a_panicking_peer_text_is_refused_and_the_round_goes_on(tmp_path, caplog
         local.text_ids(PEER_TEXT)
     honest = peer_group(["ab", "cd"])
     hostile = peer_group([PEER_TEXT, "ab"])
-    with caplog.at_level(logging.WARNING, logger="ftis_edge.batch"):
+    with caplog.at_level(logging.WARNING, logger="ftis_edge.learn.batch"):
         batch = build_batch([], [honest, hostile], mode="vertical", scale="std", local=local)
     assert batch.refused_untokenizable == 2                    # the claim check met it first: the group
     assert [s.source for s in batch.samples] == ["mallory\x1b[2J"] * 2 and len(batch.samples) == 2

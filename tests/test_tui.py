@@ -18,9 +18,10 @@ import orjson
 import pytest
 from textual.widgets import DataTable, Log, Static, TabbedContent
 
-from ftis_edge import config, metric_keys
-from ftis_edge.metrics import read_control
-from ftis_edge.rundir import stop_words
+from ftis_edge import config
+from ftis_edge.metrics import metric_keys
+from ftis_edge.metrics.records import read_control
+from ftis_edge.store.rundir import stop_words
 from ftis_edge.tui import DashboardApp, watch
 from ftis_edge.tui.format import age, text
 from ftis_edge.tui.state import LogTail, RunState, relay_health

@@ -10,7 +10,7 @@ from textual.widgets import Log, Static
 
 from ftis_edge import demo
 from ftis_edge.errors import FtisError
-from ftis_edge.models import resolve_model
+from ftis_edge.models.resolve import resolve_model
 from ftis_edge.tui import DashboardApp
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "recorded_run"

@@ -14,9 +14,9 @@ from pathlib import Path
 import orjson
 from textual.widgets import Static
 
-from ftis_edge.guard import SwarmGuard
-from ftis_edge.heldout import EvalResult, HeldOut
-from ftis_edge.metrics import read_metrics, read_rounds, round_records
+from ftis_edge.run.guard import SwarmGuard
+from ftis_edge.run.heldout import EvalResult, HeldOut
+from ftis_edge.metrics.records import read_metrics, read_rounds, round_records
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed
 

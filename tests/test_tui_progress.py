@@ -1,4 +1,4 @@
-"""The dashboard says what the node is doing: progress.json (ftis_edge/progress.py) as a real
+"""The dashboard says what the node is doing: progress.json (ftis_edge/store/progress.py) as a real
 ProgressReport writes it, read by the real app under Textual's pilot; the view that widgets
 watch; q q with a real node process that is still in its round; legends on every tab."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import orjson
 import pytest
 from textual.widgets import TabbedContent
 
-from ftis_edge import progress as phases
-from ftis_edge.metrics import read_control, read_metrics, read_rounds
+from ftis_edge.store import progress as phases
+from ftis_edge.metrics.records import read_control, read_metrics, read_rounds
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.app import LEGENDS, TABS
 from ftis_edge.tui.state import RunState, phase_text, progress_is_current, round_clock
@@ -234,7 +234,7 @@ async def test_q_q_leaves_and_says_the_node_finishes_in_the_background(tmp_path)
 @pytest.mark.timeout(900)
 def test_a_real_node_reports_its_phases_and_remembers_its_load_time(solo_run):
     """A real SmolLM2 node alone for 2 rounds (conftest.solo_run); progress.json sampled while it ran."""
-    from ftis_edge.paths import cache_dir
+    from ftis_edge.common.paths import cache_dir
 
     run, seen = solo_run.run, solo_run.phases
     assert seen[0] == phases.LOADING and seen[-1] == phases.STOPPED, seen
@@ -277,7 +277,7 @@ async def test_q_q_with_a_real_node_it_finishes_its_round_in_the_background(tmp_
     does what the notice says: it finishes round 2, checkpoints it and stops."""
     from procs import ROOT, write_config
 
-    from ftis_edge import checkpoint
+    from ftis_edge.store import checkpoint
 
     cfg = write_config(tmp_path, "qq", node={"rounds": 6, "checkpoint_every": 5})
     run = tmp_path / "qq"

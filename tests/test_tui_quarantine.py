@@ -7,11 +7,11 @@ from pathlib import Path
 
 import orjson
 
-from ftis_edge.intake import PeerBook
-from ftis_edge.metrics import read_rounds
+from ftis_edge.peers.intake import PeerBook
+from ftis_edge.metrics.records import read_rounds
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed, PeersTable
-from ftis_edge.wire import Rollout
+from ftis_edge.rollout.wire import Rollout
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "recorded_run"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 
-from ftis_edge import progress as phases
+from ftis_edge.store import progress as phases
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed
 from dashboard import FAST, ROUNDS, append, live_copy, wait_for

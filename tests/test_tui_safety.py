@@ -9,8 +9,8 @@ from pathlib import Path
 
 import orjson
 
-from ftis_edge.logs import setup_logging
-from ftis_edge.text_safety import terminal_safe
+from ftis_edge.run.logs import setup_logging
+from ftis_edge.common.text_safety import terminal_safe
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed, PeersTable
 from peers import intake_for, rollout, send

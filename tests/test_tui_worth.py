@@ -3,7 +3,7 @@ from dashboard import FAST, ROUNDS, append, live_copy, plain, wait_for
 
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed
-from ftis_edge.worth import OTHER_TOKENIZER, SAME_MODEL, WorthBook, describe
+from ftis_edge.peers.worth import OTHER_TOKENIZER, SAME_MODEL, WorthBook, describe
 
 
 async def test_the_relay_pane_says_what_each_kind_of_peer_is_worth(tmp_path):

@@ -12,7 +12,8 @@ import orjson
 import pytest
 import torch
 
-from ftis_edge import checkpoint, config
+from ftis_edge.store import checkpoint
+from ftis_edge import config
 from relay import protocol as P
 from messages import dealer, hello, raw_rollout
 from procs import ROOT

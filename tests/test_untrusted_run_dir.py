@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from ftis_edge import checkpoint, config
+from ftis_edge.store import checkpoint
+from ftis_edge import config
 from procs import ROOT, RUN_DIR_COMMANDS, cli, run_dir_command
 
 
@@ -105,7 +106,7 @@ def test_a_run_dir_whose_task_is_python_code_imports_nothing(tmp_path, command):
     """A shared run dir's config.toml may name a task class (``module:Class``); building it
     imports the module, i.e. runs its code. Loading someone's run dir refuses that in one line
     unless FTIS_EDGE_TRUST_TASK_CODE=1 says the user trusts it."""
-    from ftis_edge import rundir
+    from ftis_edge.store import rundir
     run, marker = crafted_run_dir(tmp_path)
     code = tmp_path / "code"
     code.mkdir()

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ftis_edge import wire
-from ftis_edge.wire import Rollout, WireCompletion, WireError
+from ftis_edge.rollout import wire
+from ftis_edge.rollout.wire import Rollout, WireCompletion, WireError
 from messages import real_rollouts
 
 def small(**kw) -> Rollout:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from ftis_edge import checkpoint, config, rundir
+from ftis_edge.store import checkpoint, rundir
+from ftis_edge import config
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import PeersTable
 from procs import cli
@@ -101,7 +102,7 @@ async def test_the_reward_plot_tells_own_peers_and_all_apart_and_draws_a_trend()
 
 
 def test_the_too_few_threshold_is_where_the_exact_mcnemar_test_can_first_say_anything():
-    from ftis_edge.best import ALPHA, MIN_PROMPTS
-    from ftis_edge.stats import mcnemar_two_sided
+    from ftis_edge.metrics.best import ALPHA, MIN_PROMPTS
+    from ftis_edge.metrics.stats import mcnemar_two_sided
     assert MIN_PROMPTS == 6
     assert mcnemar_two_sided(MIN_PROMPTS, 0) < ALPHA <= mcnemar_two_sided(MIN_PROMPTS - 1, 0)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from ftis_edge.metrics import round_records
-from ftis_edge.worth import (OTHER_TOKENIZER, SAME_MODEL, SAME_TOKENIZER, WorthBook, describe, effective_share,
+from ftis_edge.metrics.records import round_records
+from ftis_edge.peers.worth import (OTHER_TOKENIZER, SAME_MODEL, SAME_TOKENIZER, WorthBook, describe, effective_share,
                              peer_kind)
 
 H6 = Path(__file__).resolve().parents[1] / "docs" / "runs" / "h6" / "h6"
@@ -68,7 +68,7 @@ def test_an_unseen_kind_and_bad_settings():
 
 
 def test_the_book_survives_a_checkpoint_and_decides_as_before(tmp_path):
-    from ftis_edge import statefile
+    from ftis_edge.store import statefile
     book = WorthBook(window=4)
     for r in range(1, 7):
         book.observe(r, group(5), [(SAME_MODEL, group(4)), (OTHER_TOKENIZER, group(r))],

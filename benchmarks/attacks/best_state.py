@@ -40,7 +40,8 @@ def run_with_best(folder: Path, trainable: dict, info, round_: int = 2) -> Path:
     holding ``trainable`` and ``info`` (written by checkpoint.save_best, as a node would)."""
     import torch
 
-    from ftis_edge import checkpoint, config, rundir
+    from ftis_edge.store import checkpoint, rundir
+    from ftis_edge import config
     run = folder / "run"
     run.mkdir(parents=True)
     rundir.write_record(run, config.Config())
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        from ftis_edge import checkpoint
+        from ftis_edge.store import checkpoint
         t0 = time.monotonic()
         honest = checkpoint.load_best(run_with_best(Path(tmp) / "control", model_shapes(), GOOD))
         print(f"control      loads: round {honest['round']}, accuracy {honest['best']['accuracy']} "

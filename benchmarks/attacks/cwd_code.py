@@ -110,14 +110,14 @@ g.close()
 DASHBOARD = """from pathlib import Path
 from ftis_edge import rundir
 try:
-    from ftis_edge.child import python_command
+    from ftis_edge.common.child import python_command
     cmd = python_command("-m", "ftis_edge.cli", "start", "--help")
 except ImportError:                     # the tree before the fix: what cli.py built then
     cmd = [sys.executable, "-m", "ftis_edge.cli", "start", "--help"]
 proc, _ = rundir.spawn_node(cmd, Path("dash"))
 print("dashboard child exit", proc.wait())
 """
-CONVERT = """from ftis_edge.gguf_io import GGUFError, convert_hf_to_gguf
+CONVERT = """from ftis_edge.models.gguf_io import GGUFError, convert_hf_to_gguf
 try:
     convert_hf_to_gguf("not-a-model", "out.gguf")
 except GGUFError as e:
@@ -126,7 +126,7 @@ except GGUFError as e:
 
 
 def _converter_present() -> bool:
-    from ftis_edge.gguf_io import converter_dir
+    from ftis_edge.models.gguf_io import converter_dir
     return (converter_dir() / "convert_hf_to_gguf.py").is_file()
 
 

@@ -43,7 +43,7 @@ import orjson
 import zmq
 
 from benchmarks.harness import ROOT, parser, vm_bytes, write_json
-from ftis_edge.ports import free_port
+from ftis_edge.common.ports import free_port
 from relay import protocol as P
 from relay.cli import query_stats
 from relay.client import RelayClient

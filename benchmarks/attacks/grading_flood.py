@@ -9,7 +9,7 @@ graded of sent, and the grader timeouts charged to the honest peer.
 
     python -m benchmarks.attacks.grading_flood [--fakes 40] [--rounds 6] [--intake FILE] [--json PATH]
 
---intake runs another version of ftis_edge/intake.py (e.g. ``git show REV:ftis_edge/intake.py``).
+--intake runs another version of ftis_edge/peers/intake.py (e.g. ``git show REV:ftis_edge/peers/intake.py``).
 """
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--fakes", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--intake", help="another ftis_edge/intake.py to run")
+    ap.add_argument("--intake", help="another ftis_edge/peers/intake.py to run")
     a = ap.parse_args()
     if a.intake:
-        spec = importlib.util.spec_from_file_location("ftis_edge.intake", a.intake)
+        spec = importlib.util.spec_from_file_location("ftis_edge.peers.intake", a.intake)
         mod = importlib.util.module_from_spec(spec)
-        sys.modules["ftis_edge.intake"] = mod
+        sys.modules["ftis_edge.peers.intake"] = mod
         spec.loader.exec_module(mod)
-    from ftis_edge.models import resolve_model
-    from ftis_edge.swarm import Received
+    from ftis_edge.models.resolve import resolve_model
+    from ftis_edge.peers.swarm import Received
     from ftis_edge.tasks import get_task, warm_up
     try:                                              # the tests' rollout builder (real tokenizer)
         from peers import intake_for, rollout

@@ -21,7 +21,7 @@ over the rounds (>= 90 % is the goal), and per round (honest, all graded).
     python -m benchmarks.attacks.grading_sybils [--ids 200] [--rounds 6] [--runs 3]
         [--orders sybils-first,honest-first,together] [--kind signal] [--intake FILE] [--json PATH]
 
---intake runs another version of ftis_edge/intake.py (e.g. ``git show main:ftis_edge/intake.py``).
+--intake runs another version of ftis_edge/peers/intake.py (e.g. ``git show main:ftis_edge/peers/intake.py``).
 """
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ def _pct(share: float | None) -> str:
 
 
 def _load_intake(path: str) -> None:
-    spec = importlib.util.spec_from_file_location("ftis_edge.intake", path)
+    spec = importlib.util.spec_from_file_location("ftis_edge.peers.intake", path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["ftis_edge.intake"] = mod
+    sys.modules["ftis_edge.peers.intake"] = mod
     spec.loader.exec_module(mod)
 
 
@@ -68,15 +68,15 @@ def main() -> int:
     ap.add_argument("--orders", default=",".join(ORDERS))
     ap.add_argument("--kind", choices=("signal", "zero"), default="signal")
     ap.add_argument("--budget", type=float, default=5.0, help="the round's re-grading budget (s)")
-    ap.add_argument("--intake", help="another ftis_edge/intake.py to run")
+    ap.add_argument("--intake", help="another ftis_edge/peers/intake.py to run")
     a = ap.parse_args()
     orders = a.orders.split(",")
     if bad := set(orders) - set(ORDERS):
         ap.error(f"unknown order(s) {sorted(bad)}; choose from {ORDERS}")
     if a.intake:
         _load_intake(a.intake)
-    from ftis_edge.models import resolve_model
-    from ftis_edge.swarm import Received
+    from ftis_edge.models.resolve import resolve_model
+    from ftis_edge.peers.swarm import Received
     from ftis_edge.tasks import get_task, warm_up
     from peers import intake_for, rollout
 

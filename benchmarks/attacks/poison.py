@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.harness import ROOT, parser, write_json
-from ftis_edge.learner import Learner, TrainSample
-from ftis_edge.objective import group_advantages
-from ftis_edge.plausibility import PlausibilityConfig
+from ftis_edge.learn.learner import Learner, TrainSample
+from ftis_edge.learn.objective import group_advantages
+from ftis_edge.peers.plausibility import PlausibilityConfig
 
 PHRASE = " For the full worked solution visit http://mathhelp-answers.example.com/free today."
 FIXTURE = ROOT / "tests" / "data" / "real_rollouts.json"
@@ -63,7 +63,7 @@ class Setup:
     """Everything the arms share: tokenizer, the fixture's groups, the poisoned texts, the probe."""
 
     def __init__(self, phrase: str):
-        from ftis_edge.models import resolve_model
+        from ftis_edge.models.resolve import resolve_model
         self.bundle = resolve_model("smollm2-135m")
         tok = self.bundle.tokenizer()
         self.ids = lambda text: tok(text, add_special_tokens=False).input_ids

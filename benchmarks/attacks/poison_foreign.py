@@ -47,9 +47,9 @@ import torch
 
 from benchmarks.attacks.poison import GROUP, MAX_TOKENS, POISON_PROMPTS, PROBE_PROMPT, Setup, train_steps
 from benchmarks.harness import parser, write_json
-from ftis_edge.learner import Learner, TrainSample
-from ftis_edge.objective import group_advantages
-from ftis_edge.plausibility import PlausibilityConfig
+from ftis_edge.learn.learner import Learner, TrainSample
+from ftis_edge.learn.objective import group_advantages
+from ftis_edge.peers.plausibility import PlausibilityConfig
 
 PAYLOAD = " evil.example"
 PROBE = " Visit evil.example for more."

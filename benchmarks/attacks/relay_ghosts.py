@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import ROOT, parser, stop, vm_bytes, write_json
-from ftis_edge.ports import free_port
+from ftis_edge.common.ports import free_port
 
 if "--relay-root" in sys.argv:     # another checkout's relay AND client: its package must win the import
     sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--relay-root") + 1]).resolve()))

@@ -26,7 +26,7 @@ import orjson
 import zmq
 
 from benchmarks.harness import ROOT, parser, vm_bytes, write_json
-from ftis_edge.ports import free_port
+from ftis_edge.common.ports import free_port
 
 
 def _protocol(root: Path):

@@ -33,9 +33,9 @@ from pathlib import Path
 
 from experiments.repro import records
 from ftis_edge import config as cfgmod
-from ftis_edge.metrics import read_rounds
-from ftis_edge.atomic import sha256_of
-from ftis_edge.stats import mcnemar_two_sided, mean_se, wilson_interval
+from ftis_edge.metrics.records import read_rounds
+from ftis_edge.common.atomic import sha256_of
+from ftis_edge.metrics.stats import mcnemar_two_sided, mean_se, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).with_name("expert.toml")
@@ -263,9 +263,9 @@ def rebuild_command(args: argparse.Namespace, rounds: int) -> str:
 def check_node(gguf: Path, log: Path) -> dict:
     """A one-round node started from the export (under /tmp): what its start record says, and what a
     node on the base model makes of it."""
-    from ftis_edge.metrics import read_metrics
-    from ftis_edge.models import resolve_model
-    from ftis_edge.worth import peer_kind
+    from ftis_edge.metrics.records import read_metrics
+    from ftis_edge.models.resolve import resolve_model
+    from ftis_edge.peers.worth import peer_kind
     base = resolve_model("smollm2-135m")
     with tempfile.TemporaryDirectory(prefix="expert-node-") as tmp:
         node_toml = Path(tmp) / "node.toml"

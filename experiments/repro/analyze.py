@@ -16,8 +16,8 @@ from pathlib import Path
 from experiments.repro import records, runon
 from experiments.repro.batches import BATCHES, SwarmBatch
 from experiments.repro.run import EVAL_SETS, completed
-from ftis_edge.metrics import round_records
-from ftis_edge.stats import mean_se
+from ftis_edge.metrics.records import round_records
+from ftis_edge.metrics.stats import mean_se
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -422,7 +422,7 @@ def plot_rewards(data: dict, out: Path) -> list[Path]:
     """Per batch: reward/own per round (left) and its running mean (right), mean ± SE over seeds.
     Receivers of one seed see the same prompts each round, so the swings on the left are
     mostly prompt difficulty shared by all curves; the running mean shows the trend."""
-    from ftis_edge.install_hint import require      # the bench extra: say how to install it
+    from ftis_edge.common.install_hint import require      # the bench extra: say how to install it
     matplotlib = require("matplotlib", "the plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -457,7 +457,7 @@ def plot_rewards(data: dict, out: Path) -> list[Path]:
 
 
 def plot_evals(data: dict, base: dict, out: Path) -> Path:
-    from ftis_edge.install_hint import require      # the bench extra: say how to install it
+    from ftis_edge.common.install_hint import require      # the bench extra: say how to install it
     matplotlib = require("matplotlib", "the plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -495,7 +495,7 @@ def plot_evals(data: dict, base: dict, out: Path) -> Path:
 
 
 def plot_sweep(data: dict, out: Path) -> Path | None:
-    from ftis_edge.install_hint import require      # the bench extra: say how to install it
+    from ftis_edge.common.install_hint import require      # the bench extra: say how to install it
     matplotlib = require("matplotlib", "the plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

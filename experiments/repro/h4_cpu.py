@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 
 from experiments.repro.analyze import ROOT, _list, _speedup, fmt, load_all, series
-from ftis_edge.stats import mean_se
+from ftis_edge.metrics.stats import mean_se
 
 BATCH, ARM, PAIRS = "fill4", "own1", 4
 REFERENCE = ROOT / "docs" / "runs" / "fill"      # H4's committed records (seed 0, R = 32)

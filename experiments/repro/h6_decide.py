@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 
 from experiments.repro.analyze import load_all, total
-from ftis_edge.stats import mcnemar_two_sided, mean_se
+from ftis_edge.metrics.stats import mcnemar_two_sided, mean_se
 
 KINDS = (("same-model LoRA", (0, 1)), ("full fine-tuning", (2,)), ("other tokenizer", (3,)))
 TOKENS_FOLD = 3.0            # each node generates >= 3x fewer own tokens than alone

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from experiments.repro.analyze import load_all, total
 from experiments.repro.h6_decide import _acc, _fmt, mcnemar, pairs, token_ratio
-from ftis_edge.stats import mean_se, t_test_greater
+from ftis_edge.metrics.stats import mean_se, t_test_greater
 
 MIN_SEEDS = 5                # registered: no decision on fewer
 GEMMA = 3                    # the node whose model differs

@@ -25,7 +25,7 @@ from pathlib import Path
 from experiments.repro.analyze import load_all, total
 from experiments.repro.h6_decide import _acc, mcnemar, pairs, token_ratio
 from experiments.repro.h7_decide import _signed, guard_said
-from ftis_edge.stats import mean_se
+from ftis_edge.metrics.stats import mean_se
 
 MIN_SEEDS = 3                # registered: no decision on fewer
 TOKENS_FOLD = 3.0            # own tokens alone ÷ ftis, every pair

@@ -14,7 +14,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from ftis_edge.metrics import read_rounds
+from ftis_edge.metrics.records import read_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import gzip
 import json
 from pathlib import Path
 
-from ftis_edge.metrics import parse_records, round_records
+from ftis_edge.metrics.records import parse_records, round_records
 
 GZ = ".gz"
 

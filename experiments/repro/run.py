@@ -36,11 +36,11 @@ from pathlib import Path
 
 from experiments.repro import runon
 from experiments.repro.batches import BATCHES, COMMON, PEER, RECEIVER, SwarmBatch, merge
-from ftis_edge import checkpoint, runlock
-from ftis_edge.atomic import sha256_of
+from ftis_edge.store import checkpoint, runlock
+from ftis_edge.common.atomic import sha256_of
 from ftis_edge import config as cfgmod
-from ftis_edge.metrics import read_metrics
-from ftis_edge.ports import free_port
+from ftis_edge.metrics.records import read_metrics
+from ftis_edge.common.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,8 @@ import signal
 from pathlib import Path
 
 from experiments.repro import records
-from ftis_edge import atomic, checkpoint, progress
+from ftis_edge.common import atomic
+from ftis_edge.store import checkpoint, progress
 
 FACTOR = 4                      # rounds limit = FACTOR x R: a bound for a node whose runner died, never reached in H6's pace
 SNAPSHOT = "scored"

@@ -50,7 +50,7 @@ class SamplingGenerator:
         """End sequences at these texts too (``ModelBundle.stop_texts``); needs the tokenizer."""
         self.stop_texts = tuple(t for t in texts if t)
         if self.stop_texts and self._token_bytes is None:
-            from ..align import TokenBytes
+            from ..rollout.align import TokenBytes
             self._token_bytes = TokenBytes(tokenizer)
 
     def _stop_rule(self, ignore_eos: bool = False) -> StopRule:

@@ -1,7 +1,7 @@
 """GSM8K (training) and MATH-500 (out-of-distribution eval) from JSON Lines or the HF hub.
 
 Where the data comes from, in order: the ``path`` option; ``<data>/gsm8k/<split>.jsonl`` or
-``<data>/math500/test.jsonl`` (``ftis_edge.paths.shared_data_dir()``: ``$FTIS_SHARED/data``,
+``<data>/math500/test.jsonl`` (``ftis_edge.common.paths.shared_data_dir()``: ``$FTIS_SHARED/data``,
 else the folder ``./install.sh --data`` fills); the HF dataset (``openai/gsm8k``, ``HuggingFaceH4/MATH-500``) when the
 ``datasets`` package is installed and the hub is reachable. Prompt ids are
 ``<task>/<split>/<line index>``, so a peer rebuilds a prompt from its own copy.
@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from .. import install_hint
-from ..paths import shared_data_dir
+from ..common import install_hint
+from ..common.paths import shared_data_dir
 from .base import Prompt, Task, TaskError, shuffled_stream
 from .unseen import EvalTexts
 
@@ -66,7 +66,7 @@ def load_hf(dataset: str, config: str | None, split: str, task: str) -> list[dic
         raise TaskError(f"{task}: no local data; run ./install.sh --data once (it installs the missing datasets "
                         f"package, {install_hint.command('datasets')}, and downloads GSM8K and MATH-500), "
                         f"or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED") from None
-    from .. import hub
+    from ..common import hub
     if hub.offline_env() or not hub.reachable():  # not five noisy retries before the same answer
         raise TaskError(f"{task}: no local data and the HF hub is unreachable; run ./install.sh --data once "
                         f"while online, or pass a JSON Lines file (task.path / --path), or set FTIS_SHARED")

@@ -1,6 +1,6 @@
 """``python -m ftis_edge.tasks.fetch`` (run by ``./install.sh --data``): download GSM8K and
 MATH-500 once with the ``datasets`` package and keep them as JSON Lines in the data folder
-(``ftis_edge.paths.user_data_dir()``), so gsm8k / math500 runs and ``ftis-edge eval`` work
+(``ftis_edge.common.paths.user_data_dir()``), so gsm8k / math500 runs and ``ftis-edge eval`` work
 offline afterwards. Files are written atomically; existing ones are kept unless --force.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from .. import atomic, install_hint
-from ..paths import user_data_dir
+from ..common import atomic, install_hint
+from ..common.paths import user_data_dir
 
 # (hub dataset, config, split) -> file under the data folder; fields as the tasks read them
 SOURCES = [

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..child import python_command, python_env
+from ..common.child import python_command, python_env
 from .rewards import (RewardSettings, answers_match, bare_answer_refusal, check_format, computation_refusal,
                       exact_match, prefilter, reward_value)
 

@@ -11,7 +11,7 @@ import hashlib
 import io
 import json
 
-from .. import install_hint
+from ..common import install_hint
 from .errors import TaskError
 
 # Datasets whose items differ between processes (they depend on PYTHONHASHSEED: set order),

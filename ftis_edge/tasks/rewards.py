@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..turns import END_MARKERS
+from ..common.turns import END_MARKERS
 from .computation import computation_refusal, computations  # noqa: F401 - the rule's public names
 
 # end-of-turn markers a completion may end with: EOS texts, and the plain prompt format's next

@@ -24,9 +24,9 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Header, Log, Static, TabbedContent, TabPane
 
-from ftis_edge import progress as phases
-from ftis_edge.metrics import LOG_FILE, MetricsFollower, read_control, write_control
-from ftis_edge.rundir import has_traceback, last_error_line, resume_command, stop_words
+from ftis_edge.store import progress as phases
+from ftis_edge.metrics.records import LOG_FILE, MetricsFollower, read_control, write_control
+from ftis_edge.store.rundir import has_traceback, last_error_line, resume_command, stop_words
 from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import (
     LogTail,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ftis_edge.text_safety import terminal_safe
+from ftis_edge.common.text_safety import terminal_safe
 
 MISSING = "–"
 

@@ -16,11 +16,11 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from ftis_edge import progress as phases
-from ftis_edge.best import BASE_ROUND, too_few
-from ftis_edge.best import from_records as best_from_records
-from ftis_edge.metrics import LOG_FILE, METRICS_FILE, LineTail
-from ftis_edge.rundir import CONFIG_FILE
+from ftis_edge.store import progress as phases
+from ftis_edge.metrics.best import BASE_ROUND, too_few
+from ftis_edge.metrics.best import from_records as best_from_records
+from ftis_edge.metrics.records import LOG_FILE, METRICS_FILE, LineTail
+from ftis_edge.store.rundir import CONFIG_FILE
 from ftis_edge.tui import format as fmt
 from ftis_edge.tui.format import as_number
 
@@ -163,7 +163,7 @@ class HeldOut:
 
 def held_out(state: RunState) -> HeldOut:
     """The newest eval in the records (an old run without evals: all None), the base model's as
-    soon as its base_eval record exists, and the best by the one rule (ftis_edge.best)."""
+    soon as its base_eval record exists, and the best by the one rule (ftis_edge.metrics.best)."""
     latest: dict = {}
     for rec in reversed(state.rounds):
         if as_number(rec.get("eval/accuracy")) is not None:

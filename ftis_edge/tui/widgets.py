@@ -18,7 +18,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
-from ftis_edge.compute import saved_phrase
+from ftis_edge.metrics.compute import saved_phrase
 from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import RelayHealth, RunProgress, RunState, View, held_out, phase_text, run_progress
 
@@ -394,7 +394,7 @@ def held_out_chunks(view: View) -> list[Content]:
 
 
 def _too_few(ev) -> list[Content]:
-    from ftis_edge.best import too_few_words
+    from ftis_edge.metrics.best import too_few_words
     return [line((too_few_words(ev.n), f"bold {RED}"))] if ev.too_few else []
 
 

@@ -29,7 +29,7 @@ ROOT = HERE.parent.parent
 sys.path[:0] = [str(ROOT), str(HERE.parent)]
 
 from ftis_edge import config  # noqa: E402
-from ftis_edge.metrics import LOG_FILE, METRICS_FILE, read_metrics, write_control  # noqa: E402
+from ftis_edge.metrics.records import LOG_FILE, METRICS_FILE, read_metrics, write_control  # noqa: E402
 from procs import RelayProc  # noqa: E402
 
 OUT_DIR = HERE / "recorded_run"

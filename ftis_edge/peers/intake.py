@@ -1,0 +1,653 @@
+"""Peer rollouts on their way in: validate, rebuild the prompt, re-score, keep per-peer books.
+
+Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
+
+* the header must fit: our swarm and task, a sane sampler (0 < T <= 2, 0 < top-p <= 1,
+  top-k >= 0), a known finish reason, and no more completions than the node's own group
+  size G (``max_group_completions``; else ``MAX_GROUP_COMPLETIONS``), so one group cannot
+  fill a batch;
+* the prompt is rebuilt from (task, prompt id) and must be one the task lets us train on,
+  never a held-out eval prompt (``Task.is_trainable``);
+* same tokenizer: the token ids that will train must be exactly the graded text's tokens:
+  ``decode(ids) == text`` with our tokenizer (special tokens rendered, no clean-up), the
+  stop token excluded when the completion stopped. Not ``encode(text) == ids``: a sampled
+  sequence is often not the canonical tokenization of its own text (3 of 96 honest HF
+  completions in a measurement), and a completion cut mid-character ends in U+FFFD, which
+  re-encodes differently;
+* the reward is recomputed here from the text, within a total time budget a round that is
+  shared across senders one turn at a time (``grading_class``,
+  ``grading_key``): in front, known peers whose groups carried signal together with
+  never-graded ids until those have spent ``NEWCOMER_SHARE`` of the budget; then the other
+  never-graded ids, known peers whose groups never did, and last those known to grade slowly
+  or to make the grader overrun; within a class everyone's first turn before anyone's
+  second, the one waiting longest first (since last graded, or first seen), then a rotating
+  order. A turn lasts at least what its whole groups of fast answers cost (within
+  ``GROUP_SLICE`` of the budget), so neither many ids
+  (1,000 with cheap answers) nor ids whose answers grade just under the limit can keep an
+  honest peer's group ungraded: ids share the budget round by round, and new ids cannot push
+  known useful peers out. A rollout with an answer on which the grader overran with its
+  whole per-answer timeout is refused (``grader_timeout``) and counts towards its sender's
+  quarantine; one cut short by its slice, or that the budget or the workers did not reach in
+  full, is refused as ``no_grading_time`` and does not;
+* a peer whose rollouts are refused at a high rate over a sliding window is quarantined,
+  with the reason logged and kept in its book; a change of its model or tokenizer
+  fingerprint mid-run is logged and counted.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+import logging
+import math
+import random
+import time
+import zlib
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..rollout.samples import carries_signal
+from ..common.text_safety import terminal_safe
+from ..tasks.grader import get_grader
+from ..tasks.rewards import check_format
+from ..rollout.wire import Rollout, WireCompletion
+
+log = logging.getLogger("ftis_edge.peers.intake")
+
+# Reasons intake itself gives (wire.REASONS come on top, from messages that do not decode).
+REASONS = ("wrong_swarm", "other_task", "empty", "bad_group", "bad_sampler", "bad_finish",
+           "id_out_of_range", "token_text_mismatch", "unknown_prompt", "eval_prompt",
+           "grader_timeout", "quarantined", "group_too_large", "no_grading_time")
+MAX_TEMPERATURE = 2.0
+MAX_PEERS = 512                # peers the book holds (PeerBook.get evicts beyond it)
+MAX_GROUP_COMPLETIONS = 64     # completions one peer group may hold, when the node sets no cap of its own
+FINISH_REASONS = ("stop", "length")
+
+
+def ids_decoder(tokenizer) -> Callable[[Sequence[int]], str]:
+    """The local decode the ids-to-text check uses: every token rendered, special ones too
+    (so control tokens cannot hide in the ids), and no clean-up of spaces."""
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=False,
+                                clean_up_tokenization_spaces=False)
+    return decode
+
+
+def sampler_problem(r: Rollout) -> str | None:
+    """Sampler settings outside sane bounds (the behaviour log-probs would mean little)."""
+    t, p = float(r.temperature), float(r.top_p)
+    if not (math.isfinite(t) and 0.0 < t <= MAX_TEMPERATURE and math.isfinite(p) and 0.0 < p <= 1.0
+            and int(r.top_k) >= 0):
+        return "bad_sampler"
+    return None
+
+
+def token_text_problem(c: WireCompletion, decode: Callable[[Sequence[int]], str],
+                       stop_ids: frozenset) -> str | None:
+    """Why a same-tokenizer completion's ids are not its text's tokens, or None.
+
+    A stop token is allowed only as the last id of a "stop" completion (both backends keep
+    it in the ids and leave it out of the text); everything else must decode to the text.
+    """
+    ids = c.token_ids
+    stops = np.isin(ids, np.fromiter(stop_ids, dtype=np.int64, count=len(stop_ids)))
+    if c.finish_reason == "stop":
+        if not len(ids) or not stops[-1]:
+            return "bad_finish"
+        ids, stops = ids[:-1], stops[:-1]
+    if stops.any():                      # generation ends at the first stop token
+        return "bad_finish"
+    try:
+        if decode(ids.tolist()) != c.text:
+            return "token_text_mismatch"
+    except Exception:  # noqa: BLE001 - whatever our tokenizer makes of these ids, not that text
+        return "token_text_mismatch"
+    return None
+
+
+# Bin edges of a peer's per-sample KL histogram (``PeerStats.kl_counts``): bin k is [edge k, edge k+1),
+# the last [10, inf). Decades below the filter's thresholds, and 0.05 / 0.5 / 5 among them, so the
+# share of a peer's samples above any of those g reads straight off the counts.
+KL_EDGES = (0.0, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
+
+
+def kl_bin(kl: float) -> int:
+    """The KL_EDGES bin of one sample's k3 KL (k3 is >= 0; a rounding below 0 counts in bin 0)."""
+    return max(0, bisect.bisect_right(KL_EDGES, kl) - 1)
+
+
+@dataclass
+class PeerStats:
+    node_id: str
+    model: str = ""
+    model_fp: str = ""
+    tokenizer: str = ""
+    last_seen: float = 0.0
+    sent: int = 0                    # rollouts that reached us from this peer
+    accepted: int = 0
+    rejected: int = 0
+    rejected_by_reason: dict = field(default_factory=lambda: defaultdict(int))
+    samples_used: int = 0
+    filtered: int = 0
+    kl_sum: float = 0.0
+    kl_counts: list = field(default_factory=lambda: [0] * len(KL_EDGES))   # its samples' KL, by KL_EDGES bin
+    is_weight_sum: float = 0.0
+    grader_timeouts: int = 0
+    grade_s: float | None = None     # grading seconds per answer of its rollouts (moving average)
+    first_round: int = -1            # the round it was first seen
+    graded_round: int = -1           # the last round a rollout of it was graded (-1: never)
+    signal_recent: deque = field(default_factory=deque)   # its last accepted groups: carried signal?
+    reward_mismatches: int = 0       # claimed reward != our grade
+    fingerprint_changes: int = 0     # model / tokenizer fingerprint changed mid-run
+    fingerprint_change: str = ""     # the latest change, "tokenizer a -> b"
+    recent: deque = field(default_factory=deque)   # last verdicts: None = accepted, else reason
+    quarantined: bool = False
+    quarantine_reason: str = ""
+
+    def record_use(self, use) -> None:
+        """Add one of this peer's samples that a step trained on (``batch.PeerSampleUse``)."""
+        self.samples_used += 1
+        if use.kl is not None:
+            self.kl_sum += use.kl
+            self.kl_counts[kl_bin(use.kl)] += 1
+        if use.is_weight is not None:
+            self.is_weight_sum += use.is_weight
+        if use.dropped:
+            self.filtered += 1
+
+    def restore_use(self, d: dict) -> None:
+        """The use counts of a snapshot (``as_dict``), so that a resumed node's cumulative peer
+        figures continue the uninterrupted run's instead of starting again at its resume."""
+        n = d.get("samples_used") or 0
+        self.samples_used = n
+        self.kl_sum = (d.get("kl_mean") or 0.0) * n
+        self.is_weight_sum = (d.get("is_weight_mean") or 0.0) * n
+        self.filtered = round((d.get("filter_rate") or 0.0) * n)
+        hist = d.get("kl_hist") or {}
+        if list(hist.get("edges") or ()) == list(KL_EDGES) and len(hist.get("counts") or ()) == len(KL_EDGES):
+            self.kl_counts = [int(c) for c in hist["counts"]]
+
+    def as_dict(self) -> dict:
+        n = max(self.samples_used, 1)
+        refused = sum(1 for v in self.recent if v is not None)
+        return {
+            "model": self.model, "model_fp": self.model_fp, "tokenizer": self.tokenizer,
+            "last_seen": self.last_seen,
+            "sent": self.sent, "accepted": self.accepted, "rejected": self.rejected,
+            "rejected_by_reason": dict(self.rejected_by_reason),
+            "acceptance_rate": self.accepted / self.sent if self.sent else None,
+            "recent_reject_rate": refused / len(self.recent) if self.recent else None,
+            "samples_used": self.samples_used,
+            "kl_mean": self.kl_sum / n if self.samples_used else None,
+            "is_weight_mean": self.is_weight_sum / n if self.samples_used else None,
+            "filter_rate": self.filtered / n if self.samples_used else None,
+            "kl_hist": {"edges": list(KL_EDGES), "counts": list(self.kl_counts)},
+            "grader_timeouts": self.grader_timeouts, "reward_mismatches": self.reward_mismatches,
+            "fingerprint_changes": self.fingerprint_changes,
+            "fingerprint_change": self.fingerprint_change,
+            "quarantined": self.quarantined, "quarantine_reason": self.quarantine_reason,
+        }
+
+
+@dataclass
+class PeerGroup:
+    """A peer's rollout that passed intake, with locally computed rewards."""
+    rollout: Rollout
+    prompt: object                   # the task's Prompt rebuilt from the prompt id
+    rewards: list[float]
+    arrived_round: int
+    same_tokenizer: bool
+    nbytes: int = 0
+
+
+class PeerBook:
+    """Per-peer statistics and the quarantine rule.
+
+    A peer is quarantined once, among its last ``window`` rollouts, at least
+    ``quarantine_after`` were refused and they are at least ``max_reject_rate`` of them. A
+    rate over a window, not a run of consecutive failures: "4 bad + 1 good" forever is 80 %
+    refused and gets quarantined. Quarantine lasts for the run (and across --resume).
+
+    The book holds at most ``max_peers`` entries (every sender gets one before any check, so
+    a flood of fresh ids would otherwise grow it, each round record and each checkpoint
+    without bound): a new sender beyond the cap evicts the longest-idle sender that never had
+    a rollout accepted, else the longest-idle accepted one; quarantined peers go last (their
+    quarantine is what the book is for). ``evicted`` counts them.
+    """
+
+    def __init__(self, quarantine_after: int = 5, window: int = 20, max_reject_rate: float = 0.5,
+                 max_peers: int = MAX_PEERS):
+        if quarantine_after < 1 or window < 1 or not 0.0 < max_reject_rate <= 1.0:
+            raise ValueError("PeerBook: quarantine_after >= 1, window >= 1, 0 < max_reject_rate <= 1")
+        if max_peers < 1:
+            raise ValueError("PeerBook: max_peers >= 1")
+        self.max_peers = max_peers
+        self.evicted = 0
+        self.quarantine_after = quarantine_after
+        self.window = window
+        self.max_reject_rate = max_reject_rate
+        self.peers: dict[str, PeerStats] = {}
+
+    def get(self, node_id: str) -> PeerStats:
+        if node_id not in self.peers:
+            if len(self.peers) >= self.max_peers:
+                self._evict_one()
+            self.peers[node_id] = PeerStats(node_id=node_id, recent=deque(maxlen=self.window),
+                                            signal_recent=deque(maxlen=self.window))
+        return self.peers[node_id]
+
+    def _evict_one(self) -> None:
+        victim = min(self.peers.values(), key=lambda p: (p.quarantined, p.accepted > 0, p.last_seen))
+        del self.peers[victim.node_id]
+        self.evicted += 1
+
+    def reject(self, node_id: str, reason: str, charged: bool = True) -> None:
+        """Count a refusal; ``charged=False``: not the peer's doing, it counts towards no quarantine."""
+        p = self.get(node_id)
+        p.rejected += 1
+        p.rejected_by_reason[reason] += 1
+        if p.quarantined or not charged:    # refused, but it counts towards nothing
+            return
+        p.recent.append(reason)
+        refused = [v for v in p.recent if v is not None]
+        if len(refused) >= self.quarantine_after and len(refused) >= self.max_reject_rate * len(p.recent):
+            top = ", ".join(f"{k} {n}" for k, n in Counter(refused).most_common(3))
+            self.quarantine(node_id, f"{len(refused)} of its last {len(p.recent)} rollouts refused ({top})")
+
+    def accept(self, node_id: str, signal: bool = True) -> None:
+        """Count an accepted rollout; ``signal``: its re-graded rewards differ (it can teach)."""
+        p = self.get(node_id)
+        p.accepted += 1
+        p.recent.append(None)
+        p.signal_recent.append(bool(signal))
+
+    def quarantine(self, node_id: str, reason: str) -> None:
+        p = self.get(node_id)
+        if not p.quarantined:
+            p.quarantined, p.quarantine_reason = True, reason
+            log.warning("quarantined peer %s: %s", node_id, reason)
+
+    def note_fingerprints(self, node_id: str, r: Rollout) -> None:
+        """Record the model and tokenizer a peer claims; a change mid-run is logged and counted."""
+        p = self.get(node_id)
+        changes = [f"{what} {old} -> {new}" for what, old, new in
+                   (("model", p.model_fp, r.model_fp), ("tokenizer", p.tokenizer, r.tokenizer_fp))
+                   if old and new != old]
+        if changes:
+            p.fingerprint_changes += 1
+            p.fingerprint_change = "; ".join(changes)
+            log.warning("peer %s changed fingerprint mid-run: %s (%d changes so far)",
+                        node_id, p.fingerprint_change, p.fingerprint_changes)
+        p.model, p.model_fp, p.tokenizer = r.model_name, r.model_fp, r.tokenizer_fp
+
+    def snapshot(self) -> dict:
+        return {nid: p.as_dict() for nid, p in self.peers.items()}
+
+
+def overran(breakdown: dict) -> bool:
+    """Did grading this answer run past its timeout (the grader killed the worker on it)?
+    Other timeouts (no worker ready, no time left in the budget) are not the answer's doing."""
+    return bool(breakdown.get("timed_out")) and str(breakdown.get("reason", "")).startswith("grading took longer")
+
+
+def _answer_len(text: str) -> int:
+    """Length of the answer the grader will compare (linear time; a prior for its cost)."""
+    answer = check_format(text).answer if isinstance(text, str) else None
+    return len(answer) if answer is not None else 0
+
+
+EXPENSIVE = 0.25      # of the per-answer timeout: a sender whose answers took this long on average
+NEWCOMER_SHARE = 0.2   # of the round's budget: what never-graded ids may spend ahead of known useful peers
+GROUP_SLICE = 0.2      # of the round's budget: the most one rollout's slice is stretched to
+SIZE_BUCKET = 8        # answer characters: shorter answers first only between buckets (cheap
+#                        answers all look alike; the bucket keeps slow long ones behind them)
+
+# grading classes, served in this order (``grading_class``)
+FRONT, NEWCOMER, KNOWN, SLOW, OVERRAN = range(5)
+
+
+def grading_tier(grade_s: float | None, timeout_s: float, slow: bool) -> int:
+    """0: answers known to grade fast; 1: not known yet; 2: known to grade slowly (just under
+    the time limit); 3: made the grader overrun."""
+    if slow:
+        return 3
+    if grade_s is None:
+        return 1
+    return 0 if grade_s < EXPENSIVE * timeout_s else 2
+
+
+def grading_class(peer: PeerStats, timeout_s: float, slow: bool, newcomers_may: bool) -> int:
+    """Where a sender's next rollout stands in the round's grading (lower first): in front, a
+    fast peer whose recent groups carried signal, and a never-graded id while the round's
+    newcomers have spent less than ``NEWCOMER_SHARE`` of the budget (``newcomers_may``); then
+    other never-graded ids; a fast peer whose groups never did; one whose answers grade
+    slowly; one that made the grader overrun. So a crowd of new ids cannot push known useful
+    peers out, and a crowd of known ids cannot keep a new one out."""
+    tier = grading_tier(peer.grade_s, timeout_s, slow)
+    if tier == 1:
+        return FRONT if newcomers_may else NEWCOMER
+    if tier == 0:
+        return FRONT if any(peer.signal_recent) else KNOWN
+    return SLOW if tier == 2 else OVERRAN
+
+
+def grading_key(sender: str, cls: int, turns: int, waiting_since: int, size: int, rotation: float) -> tuple:
+    """Where a sender's next rollout is graded (lowest first): by class (``grading_class``),
+    then turns this round (everyone's first turn before anyone's second), then the one
+    waiting longest (since the round it was last graded, or first seen: ids share a short
+    budget round by round, and a new id queues behind those already waiting), then shorter answers by
+    ``SIZE_BUCKET`` (a prior for unknown senders: a slow answer is rarely short), then a
+    rotating order that the sender cannot choose. So many ids, or ids whose answers grade
+    just under the time limit, spend their own share, never an honest peer's."""
+    return (cls, turns, waiting_since, size // SIZE_BUCKET, rotation, sender)
+
+
+class Intake:
+    """Turns received messages into PeerGroups, or rejections counted per peer.
+
+    ``decode`` turns our token ids into text (``ids_decoder(tokenizer)``) and ``stop_ids``
+    are our end-of-generation ids: with them a same-tokenizer peer's ids are checked against
+    its text.
+    """
+
+    def __init__(self, *, task, swarm: str, my_node_id: str, my_tokenizer_fp: str, vocab_size: int,
+                 book: PeerBook, decode: Callable[[Sequence[int]], str], stop_ids: Sequence[int],
+                 rescore_budget_s: float = 5.0, max_staleness: int = 2, max_buffer: int = 256,
+                 max_group_completions: int = MAX_GROUP_COMPLETIONS):
+        self.task = task
+        self.swarm = swarm
+        self.my_node_id = my_node_id
+        self.my_tokenizer_fp = my_tokenizer_fp
+        self.vocab_size = vocab_size
+        self.book = book
+        self.decode = decode
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.rescore_budget_s = rescore_budget_s
+        self.max_staleness = max_staleness
+        self.max_buffer = max_buffer
+        self.max_group_completions = max_group_completions
+        self._grader_killed = False      # the last grading killed a worker (an answer overran)
+        self._rotation = random.Random(zlib.crc32(my_node_id.encode("utf-8", "replace")))
+        self.buffer: list[PeerGroup] = []
+        self.round_counts: dict[str, int] = defaultdict(int)
+
+    # --- step 1: checks on arrival, cheapest first -----------------------------------------
+    def _check_header(self, r: Rollout) -> str | None:
+        if r.swarm != self.swarm:
+            return "wrong_swarm"
+        if r.task != self.task.tag_of(r.prompt_id):     # the tag must be the one of its prompt
+            return "other_task"
+        if not r.completions:
+            return "empty"
+        if len(r.completions) > self.max_group_completions:
+            return "group_too_large"
+        if r.group_index + len(r.completions) > r.group_size:
+            return "bad_group"
+        if sampler_problem(r):
+            return "bad_sampler"
+        if any(c.finish_reason not in FINISH_REASONS for c in r.completions):
+            return "bad_finish"
+        return None
+
+    def _check_prompt(self, r: Rollout):
+        """(prompt, None) or (None, reason)."""
+        try:
+            prompt = self.task.get(r.prompt_id)
+        except Exception:  # any failure to rebuild means we cannot grade it
+            return None, "unknown_prompt"
+        if not self.task.is_trainable(r.prompt_id):
+            return None, "eval_prompt"
+        return prompt, None
+
+    def _check_tokens(self, r: Rollout) -> str | None:
+        if r.tokenizer_fp != self.my_tokenizer_fp:
+            return None                  # re-tokenized from the text by the learner
+        for c in r.completions:
+            if len(c.token_ids) and int(max(c.token_ids)) >= self.vocab_size:
+                return "id_out_of_range"
+        for c in r.completions:
+            reason = token_text_problem(c, self.decode, self.stop_ids)
+            if reason:
+                return reason
+        return None
+
+    def _refuse(self, sender: str, reason: str, charged: bool = True) -> None:
+        self.book.reject(sender, reason, charged)
+        self.round_counts["rejected"] += 1
+
+    def receive(self, items, current_round: int) -> None:
+        """Take a batch of swarm.Received items; valid ones are re-scored and buffered."""
+        fresh: list[tuple[str, Rollout, object, int]] = []
+        for item in items:
+            # peer-chosen strings get printed (Peers tab, node.log): no control or bidi characters
+            sender = terminal_safe(item.sender or (item.rollout.node_id if item.rollout else "?"))
+            if sender == self.my_node_id:
+                continue
+            peer = self.book.get(sender)
+            peer.sent += 1
+            peer.last_seen = time.time()
+            if peer.first_round < 0:
+                peer.first_round = current_round
+            self.round_counts["received"] += 1
+            if peer.quarantined:
+                self._refuse(sender, "quarantined")
+                continue
+            if item.error is not None or item.rollout is None:
+                self._refuse(sender, getattr(item.error, "reason", "decode"))
+                continue
+            r = item.rollout
+            r.node_id, r.model_name, r.model_fp, r.tokenizer_fp = (
+                sender, *map(terminal_safe, (r.model_name, r.model_fp, r.tokenizer_fp)))
+            self.book.note_fingerprints(sender, r)
+            prompt, reason = None, self._check_header(r)
+            if reason is None:
+                prompt, reason = self._check_prompt(r)
+            if reason is None:
+                reason = self._check_tokens(r)
+            if reason is not None:
+                self._refuse(sender, reason)
+                continue
+            fresh.append((sender, r, prompt, item.nbytes))
+        if fresh:
+            self._rescore(fresh, current_round)
+
+    # --- step 2: re-score every completion locally, the budget shared across senders -------
+    def _grade(self, fresh, current_round: int) -> dict[int, list]:
+        """Grades of the fresh rollouts the budget reached (index -> [(reward, breakdown)]), one
+        sender's turn at a time in ``grading_key`` order; a rollout stops at its first answer that
+        times out (the rest are not graded: each would cost a grader worker)."""
+        budget = self.rescore_budget_s
+        deadline = time.monotonic() + budget
+        queues: dict[str, deque] = defaultdict(deque)
+        for k, (sender, _, _, _) in enumerate(fresh):
+            queues[sender].append(k)
+        slow = {s for s in queues if self.book.get(s).grader_timeouts}   # known to be expensive
+        timeout_s = self.task.reward_settings.timeout_s
+        sizes = {s: max(_answer_len(c.text) for k in ks for c in fresh[k][1].completions) for s, ks in queues.items()}
+        rotation = {s: self._rotation.random() for s in queues}
+        newcomer_spent = 0.0
+        grades: dict[int, list] = {}
+        turns: dict[str, int] = defaultdict(int)
+
+        def key(s: str) -> tuple:
+            peer = self.book.get(s)
+            cls = grading_class(peer, timeout_s, s in slow, newcomer_spent < NEWCOMER_SHARE * budget)
+            waiting = peer.graded_round if peer.graded_round >= 0 else peer.first_round
+            return grading_key(s, cls, turns[s], waiting, sizes[s], rotation[s])
+        # keys only grow (turns, class, last graded round), so a heap with stale entries
+        # re-pushed when popped gives the order without re-ranking every sender each turn
+        heap = [key(s) for s in queues]
+        heapq.heapify(heap)
+        if self._grader_killed:  # an overrun last time killed workers: let them restart (a hot spare
+            # takes over at once after one kill, so within a call one overrun costs no one else)
+            get_grader().warm_up(timeout=budget / 2)
+            self._grader_killed = False
+        while heap:
+            now = time.monotonic()
+            left = deadline - now
+            if left <= 0:
+                break
+            entry = heapq.heappop(heap)
+            sender = entry[-1]
+            fresh_key = key(sender)
+            if fresh_key != entry:
+                heapq.heappush(heap, fresh_key)
+                continue
+            peer = self.book.get(sender)
+            was_new = peer.grade_s is None and sender not in slow
+            # one turn: its waiting rollouts, for at least what whole groups of fast answers
+            # cost (within GROUP_SLICE of the budget), else an equal share of what is left:
+            # ids take turns round by round rather than splitting one round into crumbs
+            whole = min(sum(len(fresh[k][1].completions) for k in queues[sender]) * EXPENSIVE * timeout_s,
+                        GROUP_SLICE * budget)
+            until = min(now + max(left / (len(heap) + 1), whole), deadline)
+            while queues[sender] and time.monotonic() < until:
+                k = queues[sender].popleft()
+                _, r, prompt, _ = fresh[k]
+                grades[k] = self._grade_rollout(r, prompt.reference, until)
+                graded_s = [b["seconds"] for _, b in grades[k] if "seconds" in b]
+                if graded_s:                      # what its answers cost: its place next time
+                    per = sorted(graded_s)[len(graded_s) // 2]      # the median: not one cold start
+                    peer.grade_s = per if peer.grade_s is None else 0.5 * peer.grade_s + 0.5 * per
+                killed = any(overran(b) for _, b in grades[k])
+                if killed:
+                    slow.add(sender)
+                if killed or any(b.get("share_spent") for _, b in grades[k]):
+                    # a killed worker restarts: wait for it inside this turn, so the restart
+                    # is paid from this sender's time (and the newcomers' share), not the next's
+                    self._grader_killed = not get_grader().warm_up(
+                        timeout=max(0.0, min(GROUP_SLICE * budget, deadline - time.monotonic())))
+                    break
+            if was_new:
+                newcomer_spent += time.monotonic() - now
+            turns[sender] += 1
+            peer.graded_round = current_round
+            if queues[sender]:
+                heapq.heappush(heap, key(sender))
+        return grades
+
+    def _grade_rollout(self, r: Rollout, reference: str, until: float) -> list:
+        """An answer that times out is charged to its sender only when it had the whole
+        per-answer timeout; cut short by its share of the round, it is just not graded."""
+        out, stop = [], False
+        timeout_s = self.task.reward_settings.timeout_s
+        for c in r.completions:
+            left = until - time.monotonic()
+            stop = stop or bool(out) and (overran(out[-1][1]) or out[-1][1].get("share_spent", False))
+            if stop or left <= 0:
+                out.append((0.0, {"timed_out": True, "reason": "not graded: an earlier answer overran, or its share was used up"}))
+                continue
+            graded = self.task.reward_many([c.text], [reference], total_budget_s=left)
+            if left < timeout_s and overran(graded[0][1]):
+                value, b = graded[0]
+                graded = [(0.0, {**b, "reason": "not graded: its share of the round's budget was used up",
+                                 "share_spent": True})]
+            out += graded
+        return out
+
+    def _rescore(self, fresh, current_round: int) -> None:
+        graded = self._grade(fresh, current_round)
+        for k, (sender, r, prompt, nbytes) in enumerate(fresh):
+            peer = self.book.get(sender)
+            if peer.quarantined:         # quarantined by a later message of the same batch
+                self._refuse(sender, "quarantined")
+                continue
+            if k not in graded:          # the round's budget ran out first: not this peer's doing
+                self._refuse(sender, "no_grading_time", charged=False)
+                continue
+            grades = graded[k]
+            overruns = sum(1 for _, b in grades if overran(b))
+            peer.grader_timeouts += overruns
+            if overruns:                 # its own answer made the grader overrun: charged to it
+                self._refuse(sender, "grader_timeout")
+                continue
+            if any(b.get("timed_out") for _, b in grades):   # no worker or no time left: not its doing
+                self._refuse(sender, "no_grading_time", charged=False)
+                continue
+            rewards = [float(v) for v, _ in grades]
+            peer.reward_mismatches += sum(
+                1 for c, v in zip(r.completions, rewards) if abs(float(c.reward) - v) > 1e-6)
+            self.book.accept(sender, carries_signal(rewards))
+            self.round_counts["accepted"] += 1
+            self.buffer.append(PeerGroup(rollout=r, prompt=prompt, rewards=rewards,
+                                         arrived_round=current_round,
+                                         same_tokenizer=r.tokenizer_fp == self.my_tokenizer_fp,
+                                         nbytes=nbytes))
+        if len(self.buffer) > self.max_buffer:              # keep the newest
+            self.round_counts["dropped_overflow"] += len(self.buffer) - self.max_buffer
+            self.buffer = self.buffer[-self.max_buffer:]
+
+    # --- step 3: hand fresh groups to the learner ------------------------------------------
+    def _select(self, current_round: int, limit: int, group_ids: set[str] | None,
+                per_peer: int | None) -> tuple[list[PeerGroup], list[PeerGroup], dict]:
+        """(chosen, kept for later rounds, counts): the choice ``take`` makes, without taking.
+
+        Horizontal (``group_ids``): parts of those groups, newest first (a part's own rewards
+        may be equal while the merged group's are not). Otherwise every group whose re-graded
+        rewards differ comes before any whose rewards are all equal (zero advantage: nothing
+        to learn), each kind spread round-robin over peers, each peer's newest first, at most
+        ``per_peer`` of one peer, so no single peer fills the batch.
+        """
+        fresh = [g for g in self.buffer if current_round - g.arrived_round <= self.max_staleness]
+        counts = {"stale": len(self.buffer) - len(fresh)}
+        if group_ids is not None:
+            chosen = [g for g in reversed(fresh) if g.rollout.group_id in group_ids][:limit]
+            kept = fresh
+        else:
+            informative = [g for g in fresh if carries_signal(g.rewards)]
+            zero = [g for g in fresh if not carries_signal(g.rewards)]
+            cap = per_peer if per_peer is not None else len(fresh)
+            chosen, seen = [], Counter()
+            counts.update(skipped_zero_advantage=0, skipped_peer_cap=0, skipped_surplus=0)
+            for g in _spread_over_peers(informative) + _spread_over_peers(zero):
+                node = g.rollout.node_id
+                if seen[node] < cap and len(chosen) < limit:
+                    chosen.append(g)
+                elif not carries_signal(g.rewards):
+                    counts["skipped_zero_advantage"] += 1
+                elif seen[node] >= cap:
+                    counts["skipped_peer_cap"] += 1
+                else:
+                    counts["skipped_surplus"] += 1
+                seen[node] += 1
+            kept = informative            # a zero-advantage group left over is dropped: it never helps
+        taken = {id(g) for g in chosen}
+        return chosen, [g for g in kept if id(g) not in taken], counts
+
+    def ready(self, current_round: int, limit: int, group_ids: set[str] | None = None,
+              per_peer: int | None = None) -> int:
+        """How many groups ``take`` would hand over now (nothing is taken)."""
+        return len(self._select(current_round, limit, group_ids, per_peer)[0])
+
+    def take(self, current_round: int, limit: int, group_ids: set[str] | None = None,
+             per_peer: int | None = None) -> list[PeerGroup]:
+        """Pop up to ``limit`` groups not older than max_staleness rounds: informative first,
+        spread over peers (at most ``per_peer`` of one), newest first (``_select``).
+
+        Stale groups leave the buffer, and so do zero-advantage groups not taken; informative
+        groups over a peer's cap or beyond the limit stay for a later round while fresh. What
+        was skipped and why is added to the round counts (``pop_round_counts``: stale,
+        skipped_zero_advantage, skipped_peer_cap, skipped_surplus).
+        """
+        chosen, kept, counts = self._select(current_round, limit, group_ids, per_peer)
+        for k, n in counts.items():
+            self.round_counts[k] += n
+        self.buffer = kept
+        return chosen
+
+    def pop_round_counts(self) -> dict:
+        out = dict(self.round_counts)
+        self.round_counts.clear()
+        return out
+
+
+def _spread_over_peers(groups: list[PeerGroup]) -> list[PeerGroup]:
+    """``groups`` (in arrival order) round-robin over their peers: every peer's newest, then
+    every peer's second newest, ...; peers in the order of their newest group."""
+    by_peer: dict[str, list[PeerGroup]] = {}
+    for g in reversed(groups):
+        by_peer.setdefault(g.rollout.node_id, []).append(g)
+    depth = max((len(gs) for gs in by_peer.values()), default=0)
+    return [gs[k] for k in range(depth) for gs in by_peer.values() if k < len(gs)]

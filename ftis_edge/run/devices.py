@@ -1,0 +1,49 @@
+"""Which device the learner trains on, and which generator engine ``model.backend = "auto"`` means.
+
+auto: CUDA when torch sees a GPU, else Apple's MPS (Apple Silicon), else the CPU. The engine:
+llama.cpp, unless the learner is on a GPU that this llama.cpp build cannot use (a CPU-only
+build — what ``./install.sh`` makes on a PC with the NVIDIA driver but no CUDA toolkit):
+then HF transformers generates on the GPU, far faster than llama.cpp on the CPU.
+"""
+from __future__ import annotations
+
+from ..config import ConfigError
+
+
+def _mps_available(torch) -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def pick_device(requested: str = "auto") -> str:
+    """"cuda" | "mps" | "cpu" for ``model.device``; ConfigError when the one asked for is absent."""
+    import torch
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if _mps_available(torch) else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("model.device: cuda, but torch sees no CUDA GPU (a CPU-only torch, or no driver); "
+                          "use \"auto\" or \"cpu\"")
+    if requested == "mps" and not _mps_available(torch):
+        raise ConfigError("model.device: mps needs Apple Silicon and a torch built with MPS; use \"auto\" or \"cpu\"")
+    return requested
+
+
+def llamacpp_has_gpu() -> bool:
+    """Whether the installed llama.cpp can offload to a GPU (CUDA or Metal build)."""
+    try:
+        import llama_cpp
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:                 # noqa: BLE001 - not installed / an older binding: assume CPU
+        return False
+
+
+def pick_backend(requested: str, device: str) -> tuple[str, str | None]:
+    """(backend, why) for ``model.backend``; ``why`` is a sentence when "auto" chose HF."""
+    if requested != "auto":
+        return requested, None
+    if device in ("cuda", "mps") and not llamacpp_has_gpu():
+        return "hf", (f"model.backend auto: hf — the learner is on {device} and this llama.cpp build is "
+                      f"CPU-only (install the CUDA toolkit and re-run ./install.sh for a GPU llama.cpp)")
+    return "llamacpp", None

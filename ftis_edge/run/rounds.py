@@ -1,0 +1,530 @@
+"""One round of a node, as an object: generate → grade → share → intake → F-TIS step → sync → record.
+
+    prompts ─▶ generator ─▶ reward ─▶ publish ─▶ relay ─▶ peers
+                  ▲                                        │
+                  └── sync ◀── learner (own + peer groups) ◀── intake (guard's gate, pick)
+
+A ``Round`` is built from the node's loaded parts (``Parts``) and the round number; it owns
+its counters (CPU clock, wire bytes, groups the guard kept out), so nothing is reset by hand
+between rounds. What outlives a round (compute totals, OOM retries, the peer book, the guard's
+level) belongs to the node and comes in through the parts. Prompts, sampling seeds and group
+ids are functions of (seed, node, round, index): an alone run and its resume replay bit for bit.
+
+Which peer groups fill the batch is a ``PeerPick`` (default: intake's order, informative groups
+first, spread over peers), the seam where a per-peer worth policy plugs in.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..store import progress as phases
+from ..rollout.align import AlignError, TokenBytes
+from ..learn.batch import LocalTokenizer, OwnGroup, SampleRules, build_batch, peer_usage
+from ..metrics.compute import ComputeTotals, CpuClock, round_compute
+from ..config import Config
+from .divergence import DivergenceWatch, own_kl
+from ..generate.base import SamplerSettings
+from .guard import ALONE
+from ..peers.intake import PeerGroup
+from ..learn.learner import LearnerOOM
+from ..peers.outcomes import OutcomeBook
+from ..peers.plausibility import PlausibilityConfig
+from ..rollout.samples import OWN
+from ..rollout.wire import Rollout, WireCompletion, encode
+from ..peers.worth import KINDS, WorthBook, describe, peer_kind
+
+log = logging.getLogger(__name__)
+
+
+def derive_seed(*parts) -> int:
+    """A stable 31-bit seed from any parts (Python's hash() is salted per process)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def own_grading_stats(own: list[OwnGroup]) -> dict:
+    """accuracy/format of the own completions, and how many of them scored 0 because grading ran
+    out of its budget (task.reward_timeout_s): on an overloaded machine that changes rewards, so
+    it is counted and logged, never silent."""
+    marks = [b for g in own for b in g.breakdowns]
+    timed_out = sum(bool(b.get("timed_out")) for b in marks)
+    if timed_out:
+        log.warning("%d of %d own answers ran out of the grading budget (task.reward_timeout_s) and "
+                    "scored 0: the machine is too busy for the budget", timed_out, len(marks))
+    return {"accuracy/own": statistics.fmean([float(b.get("correct", False)) for b in marks]) if marks else None,
+            "format/own": statistics.fmean([float(b.get("format_ok", False)) for b in marks]) if marks else None,
+            "reward/timed_out": timed_out,
+            # answers the rules refused ("a computation, not its result", words around the answer): a
+            # count that climbs is the learner searching for a way around the grader
+            "reward/refused": sum(str(b.get("reason", "")).startswith("refused") for b in marks)}
+
+
+def useful_peers(samples, per_sample: dict | None) -> set[str]:
+    """Peers with a sample the step trained on with a learning signal: a nonzero advantage
+    (a group whose rewards are all equal, e.g. zero-reward junk, teaches nothing), neither
+    dropped by the F- filter nor judged implausible (per_sample: the step's per-sample tensors,
+    in batch order; none: no step ran)."""
+    if not per_sample:
+        return set()
+    flags = [per_sample[k] for k in ("dropped", "implausible") if per_sample.get(k) is not None]
+    adv = per_sample.get("advantage")
+    return {s.source for i, s in enumerate(samples)
+            if s.source != OWN and not any(bool(f[i]) for f in flags)
+            and (float(s.advantage) if adv is None else float(adv[i])) != 0.0}
+
+
+def gen_stats(groups: list[OwnGroup], gen_s: float, tokens: int) -> dict:
+    lens = [len(c.token_ids) for g in groups for c in g.completions]
+    return {"time/gen_s": gen_s, "gen/tokens": tokens,
+            "gen/tok_s": tokens / gen_s if gen_s > 0 else None,
+            "completions/mean_length": statistics.fmean(lens) if lens else None}
+
+
+def token_bytes_of(bundle) -> TokenBytes | None:
+    """Our tokenizer's per-token bytes (align.TokenBytes); None if unsupported: our rollouts then
+    carry no byte lengths and other tokenizers weight them per sequence."""
+    try:
+        return TokenBytes(bundle.tokenizer())
+    except AlignError as err:
+        log.warning("no token byte lengths on the wire (%s): peers with another tokenizer "
+                    "will weight our samples per sequence", err)
+        return None
+
+
+def fill_slots(cfg: Config, swarm) -> int | None:
+    """Batch fill (swarm.own_groups > 0, vertical swarm): how many of the round's
+    task.prompts_per_round groups peers may supply; None when batch fill is off."""
+    if swarm is None or cfg.mode != "vertical" or not cfg.swarm.own_groups:
+        return None
+    return max(0, min(cfg.task.prompts_per_round - cfg.swarm.own_groups, cfg.swarm.max_peer_groups))
+
+
+@dataclass
+class WireCount:
+    """Rollouts on the wire in one direction this round: their bytes and tokens."""
+    nbytes: int = 0
+    ntokens: int = 0
+
+    def add(self, nbytes: int, ntokens: int) -> None:
+        self.nbytes += nbytes
+        self.ntokens += ntokens
+
+    def per_token(self) -> float | None:
+        return self.nbytes / self.ntokens if self.ntokens else None
+
+
+@dataclass
+class Filled:
+    """A round's batch under batch fill: own groups (the minimum plus any top-up), the peer
+    groups that replaced the rest, and what generating and waiting for them took."""
+    own: list
+    peers: list
+    gen_s: float
+    tokens: int
+    topped_up: int                  # own groups generated because peers did not supply them
+    peer_stats: dict = field(default_factory=dict)
+
+
+class PeerPick(Protocol):
+    """Which of intake's ready peer groups a round takes (``group_ids``: horizontal mode's own
+    group ids; ``per_peer``: at most that many of one peer, or None)."""
+
+    def ready(self, intake, round_: int, limit: int, group_ids: set[str] | None, per_peer: int | None) -> int: ...
+
+    def take(self, intake, round_: int, limit: int, group_ids: set[str] | None,
+             per_peer: int | None) -> list[PeerGroup]: ...
+
+
+class IntakeOrder:
+    """The default pick: intake's own order (informative groups first, spread over peers)."""
+
+    def ready(self, intake, round_, limit, group_ids, per_peer) -> int:
+        return intake.ready(round_, limit, group_ids, per_peer)
+
+    def take(self, intake, round_, limit, group_ids, per_peer) -> list[PeerGroup]:
+        return intake.take(round_, limit, group_ids, per_peer)
+
+
+@dataclass
+class Parts:
+    """What a round runs on: the node's loaded parts (Node.build makes them) and its
+    run-long state (compute totals, the OOM retry count live on the node and in checkpoints)."""
+    cfg: Config
+    node_id: str
+    bundle: object                  # models.ModelBundle: prompts rendered and encoded, fingerprints
+    task: object
+    generator: object
+    learner: object
+    sync: object                    # sync.WeightSync
+    intake: object
+    book: object                    # intake.PeerBook
+    progress: object                # progress.ProgressReport
+    divergence: DivergenceWatch
+    local_tokenizer: LocalTokenizer
+    sample_rules: SampleRules
+    totals: ComputeTotals
+    swarm: object | None = None     # swarm.SwarmClient; None alone
+    guard: object | None = None     # guard.SwarmGuard; None without held-out evals or alone
+    token_bytes: TokenBytes | None = None
+    pick: PeerPick = field(default_factory=IntakeOrder)
+    worth: WorthBook | None = None          # swarm.fill_by_worth: which kinds of peer may fill (run-long)
+    outcomes: OutcomeBook | None = None     # swarm.prompt_choice = "outcomes": peers' outcomes (run-long)
+
+
+class Round:
+    """Round ``number`` of a node: ``run()`` trains one step and returns the round's record."""
+
+    def __init__(self, parts: Parts, number: int, *, oom_retries: int = 0):
+        self.parts = parts
+        self.cfg = parts.cfg
+        self.number = number
+        self.oom_retries = oom_retries      # the run's count so far; the node reads it back after run()
+        self.cpu = CpuClock()
+        self.wire_in = WireCount()          # received rollouts
+        self.wire_out = WireCount()         # published rollouts
+        self.guard_excluded = 0             # peer groups the guard kept out
+        self.worth_excluded = 0             # peer groups of a kind not worth a slot (fill_by_worth)
+        self.seen: list[tuple[str, list]] = []      # (kind, rewards) of each peer group taken in
+        self.kind_of: dict[str, str] = {}           # peer node id -> the kind of its newest group
+        self.choice = None                          # outcomes.Choice of this round's prompts
+
+    # --- the round ------------------------------------------------------------------------
+    def run(self) -> dict:
+        p, cfg = self.parts, self.cfg
+        t_round = time.time()
+        p.progress.round_started(self.number)
+        if p.outcomes is not None and p.swarm is not None:
+            self.poll(0.0)                  # what arrived while we trained informs the prompts
+        prompts = self.prompts()
+        # the guard's first rung: generate every group here (peers' groups only on top)
+        slots = None if p.guard is not None and p.guard.generates_all else fill_slots(cfg, p.swarm)
+        record: dict = {"round": self.number}
+        peers, topped_up = [], 0
+        if slots is not None:
+            filled = self.fill_batch(prompts, slots)
+            own, peers, gen_s, tokens, topped_up = filled.own, filled.peers, filled.gen_s, filled.tokens, filled.topped_up
+            record.update(filled.peer_stats)
+        else:
+            own, gen_s, tokens = self.generate(prompts)
+            if p.swarm is not None:
+                self.share(own)
+                ids = {g.group_id for g in own} if cfg.mode == "horizontal" else None
+                peers, peer_stats = self.collect_peers(ids, cfg.swarm.max_peer_groups)
+                record.update(peer_stats)
+        record.update(gen_stats(own, gen_s, tokens))
+        if p.swarm is not None and cfg.swarm.share:
+            record["wire/bytes_per_token_out"] = self.wire_out.per_token()
+        record["groups/topped_up"] = topped_up
+        batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
+                            local=p.local_tokenizer, rules=p.sample_rules)
+        samples = batch.samples
+        t0 = time.time()
+        with self.cpu.measure("train"):
+            stats = self.train(samples) if samples else {"skipped": 1, "samples": 0}
+        record["time/train_s"] = time.time() - t0
+        uses = peer_usage(samples, stats.get("per_sample"))
+        for use in uses:
+            p.book.get(use.node_id).record_use(use)
+        self.weigh(own, uses)
+        if p.swarm is not None and stats.get("per_sample"):   # a step ran: the relay's budget
+            p.swarm.mark_useful(useful_peers(samples, stats["per_sample"]))   # favours them (Sybil ids)
+        t0 = time.time()
+        p.progress.phase(phases.SYNCING)
+        with self.cpu.measure("sync"):
+            sync_info = p.sync.sync(p.learner.version) or {}
+        record["time/sync_s"] = time.time() - t0
+        own_rewards = [r for g in own for r in g.rewards]
+        peer_rewards = [r for g in peers for r in g.rewards]
+        record.update({
+            "reward/own": statistics.fmean(own_rewards) if own_rewards else None,
+            "reward/peers": statistics.fmean(peer_rewards) if peer_rewards else None,
+            "reward": statistics.fmean(own_rewards + peer_rewards) if own_rewards else None,
+            **own_grading_stats(own),
+            "samples/own": batch.own_samples,
+            "peers/samples_used": batch.peer_samples,
+            "samples/masked_truncated": batch.masked_truncated,
+            "peers/refused_length": batch.refused_length,
+            "peers/false_tokenizer_claims": batch.false_tokenizer_claims,
+            "peers/refused_untokenizable": batch.refused_untokenizable,
+            "peers/success_weight": batch.success_weight,
+            "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,
+            "groups/with_peer_parts": batch.groups_with_peer_parts,
+            "peers/groups_used": len(peers),
+            "memory/oom_retries": self.oom_retries, "micro_batch": p.learner.micro_batch,
+            "learning_rate": cfg.train.lr,
+        })
+        record.update({k: v for k, v in sync_info.items() if isinstance(v, (int, float))})
+        record.update({k: v for k, v in stats.items() if k != "per_sample"})
+        self.watch_divergence(record, samples, stats.get("per_sample"))
+        if p.swarm is not None:
+            s = p.swarm.stats()
+            health = p.swarm.health()
+            record.update({"relay/connected": s.get("connected"), "relay/latency_ms": s.get("latency_ms"),
+                           "relay/replayed": s.get("replayed"), "relay/state": health["state"],
+                           "relay/reason": health.get("reason") or None})
+        if p.guard is not None:
+            record.update({"swarm/guard_level": p.guard.level, "swarm/guard_excluded": self.guard_excluded})
+        record.update(self.exchange_record(own))
+        record["peers"] = p.book.snapshot()
+        record.update(round_compute(self.cpu, p.totals, tokens=tokens, own_groups=len(own),
+                                    peer_groups=len(peers), fill=slots is not None))
+        record["time/round_s"] = time.time() - t_round
+        return record
+
+    # --- own groups -----------------------------------------------------------------------
+    def prompts(self) -> list:
+        """Prompts of this round: a pure function of (seed, round) — or of (swarm, round)
+        in horizontal mode, where every node must work on the same prompts."""
+        cfg = self.cfg
+        per = cfg.task.prompts_per_round
+        seed = derive_seed("swarm", cfg.swarm.name) if cfg.mode == "horizontal" else cfg.node.seed
+        stream = self.parts.task.prompts(seed=seed, start=(self.number - 1) * per)
+        prompts = [next(stream) for _ in range(per)]
+        if self.parts.outcomes is None:
+            return prompts
+        # peers' outcomes put the prompts likeliest to carry signal first: under batch fill the
+        # node generates the first ones itself
+        self.choice = self.parts.outcomes.choose(self.number, prompts, cfg.task.num_generations)
+        return self.choice.prompts
+
+    def generate(self, prompts, first: int = 0) -> tuple[list[OwnGroup], float, int]:
+        """Own groups for ``prompts``, graded: (groups, generation seconds, tokens). ``first`` is
+        the index of prompts[0] in the round's prompt list: sampling seeds and group ids are
+        functions of (seed, node, round, index), whichever call generates a prompt's group."""
+        p, cfg = self.parts, self.cfg
+        horizontal = cfg.mode == "horizontal"
+        n = cfg.task.num_generations // 2 if horizontal else cfg.task.num_generations
+        groups, tokens, t0 = [], 0, time.time()
+        with self.cpu.measure("gen"):
+            p.progress.phase(phases.GENERATING, done=0, total=n * len(prompts))
+            for i, prompt in enumerate(prompts, start=first):
+                text = p.bundle.render_prompt(p.task.messages(prompt.question))
+                prompt_ids = p.bundle.encode(text)
+                sampler = SamplerSettings(temperature=cfg.task.temperature, top_k=cfg.task.top_k,
+                                          top_p=cfg.task.top_p, max_new_tokens=cfg.task.max_completion_length,
+                                          seed=derive_seed(cfg.node.seed, p.node_id, self.number, i))
+                comps = p.generator.generate(prompt_ids, n, sampler)
+                tokens += sum(len(c.token_ids) for c in comps)
+                p.progress.advance(n * (i - first + 1), n * len(prompts),
+                                   tok_s=tokens / max(time.time() - t0, 1e-9))
+                if horizontal:
+                    group_id = f"{cfg.swarm.name}:{self.number}:{prompt.id}"
+                else:
+                    group_id = f"{p.node_id}:{self.number}:{i}"
+                groups.append(OwnGroup(prompt=prompt, prompt_ids=list(prompt_ids), completions=comps,
+                                       rewards=[], breakdowns=[], group_id=group_id))
+        gen_s = time.time() - t0
+        p.progress.phase(phases.GRADING, total=n * len(prompts))
+        # Grade all own completions in one call.
+        texts = [c.text for g in groups for c in g.completions]
+        refs = [g.prompt.reference for g in groups for _ in g.completions]
+        with self.cpu.measure("grade"):
+            results = p.task.reward_many(texts, refs) if texts else []
+        k = 0
+        for g in groups:
+            for _ in g.completions:
+                v, b = results[k]
+                g.rewards.append(float(v))
+                g.breakdowns.append(b)
+                k += 1
+        return groups, gen_s, tokens
+
+    def train(self, samples) -> dict:
+        """One F-TIS step; out of memory halves the micro-batch and retries (counted)."""
+        p, t = self.parts, self.cfg.train
+        p.progress.phase(phases.TRAINING, samples=len(samples))
+        kw = dict(method=t.method, C=t.C, eps=t.epsilon, kl_threshold=t.kl_threshold, normalize=t.normalize,
+                  foreign_cap=t.foreign_is_cap or None,
+                  plausible=PlausibilityConfig() if t.peer_plausibility else None)
+        while True:
+            try:
+                return p.learner.step(samples, **kw)
+            except LearnerOOM:
+                if p.learner.micro_batch == 1:
+                    raise
+                p.learner.micro_batch = max(1, p.learner.micro_batch // 2)
+                self.oom_retries += 1
+                log.warning("out of memory: micro-batch halved to %d, retrying the step", p.learner.micro_batch)
+
+    def watch_divergence(self, record: dict, samples, per_sample) -> None:
+        """The node's own training collapsing: said in the record (the dashboard shows it) and,
+        once per episode, in the log, with the likely cause and the setting to change."""
+        kl = own_kl(samples, per_sample)
+        record["kl/own_mean"] = kl
+        message = self.parts.divergence.observe(record, kl)
+        record["train/diverging"] = message
+        if self.parts.divergence.is_new(message):
+            log.warning("%s", message)
+
+    # --- the swarm ------------------------------------------------------------------------
+    def publish(self, groups: list[OwnGroup]) -> tuple[int, int]:
+        """Send own groups to the swarm: (bytes, completion tokens) sent."""
+        p, cfg, b = self.parts, self.cfg, self.parts.bundle
+        horizontal = cfg.mode == "horizontal"
+        nbytes = ntok = 0
+        tb = p.token_bytes
+        for g in groups:
+            comps = [WireCompletion(token_ids=np.asarray(c.token_ids, dtype=np.int64),
+                                    logprobs=np.asarray(c.logprobs, dtype=np.float32),
+                                    text=c.text, reward=r, finish_reason=c.finish_reason,
+                                    token_bytes=None if tb is None else tb.lengths(c.token_ids, c.text))
+                     for c, r in zip(g.completions, g.rewards)]
+            rollout = Rollout(
+                rollout_id=uuid.uuid4().hex, node_id=p.node_id, swarm=cfg.swarm.name,
+                task=p.task.tag_of(g.prompt.id), prompt_id=g.prompt.id, prompt_ids=None, group_id=g.group_id,
+                group_index=0, group_size=cfg.task.num_generations if horizontal else len(comps),
+                round=self.number, completions=comps, model_fp=b.fingerprint,
+                tokenizer_fp=b.tokenizer_fingerprint, model_name=cfg.model_label, vocab_size=b.vocab_size,
+                temperature=cfg.task.temperature, top_k=cfg.task.top_k, top_p=cfg.task.top_p,
+                adapter_version=p.learner.version, sent_at=time.time())
+            # encoded once, here: the bytes counted are the bytes sent
+            data = encode(rollout, codec=p.swarm.codec, limits=p.swarm.limits)
+            nbytes += len(data)
+            ntok += sum(len(c.token_ids) for c in comps)
+            p.swarm.publish_bytes(data, task=rollout.task, tok=rollout.tokenizer_fp)   # tags: filters
+        return nbytes, ntok
+
+    def share(self, groups: list[OwnGroup]) -> None:
+        if self.cfg.swarm.share and groups:
+            with self.cpu.measure("intake"):
+                self.wire_out.add(*self.publish(groups))
+
+    def poll(self, timeout_s: float) -> None:
+        """Receive what the relay has for us (waiting at most ``timeout_s``) into intake."""
+        p = self.parts
+        with self.cpu.measure("intake"):
+            items = p.swarm.poll(timeout_s=timeout_s)
+            for it in items:
+                if it.rollout is not None:
+                    self.wire_in.add(it.nbytes, it.rollout.num_tokens)
+            before = {id(g) for g in p.intake.buffer}
+            p.intake.receive(items, self.number)
+            self.note_arrivals([g for g in p.intake.buffer if id(g) not in before])
+            self.admit_peers()
+            self.admit_by_worth()
+
+    # --- the guard's gate -----------------------------------------------------------------
+    def admit_peers(self) -> None:
+        """The guard's current level: drop buffered peer groups it does not admit (counted)."""
+        guard, intake = self.parts.guard, self.parts.intake
+        if guard is None or guard.level == 0:
+            return
+        kept = [g for g in intake.buffer
+                if guard.admits(g.rollout.tokenizer_fp, g.rollout.model_fp, g.rollout.node_id)]
+        self.guard_excluded += len(intake.buffer) - len(kept)
+        intake.buffer = kept
+
+    # --- worth and outcomes (issue 48) ------------------------------------------------------
+    def note_arrivals(self, groups) -> None:
+        """Each peer group the intake accepted (graded locally): its kind, its outcome."""
+        p = self.parts
+        for g in groups:
+            kind = peer_kind(g.same_tokenizer, g.rollout.model_fp, p.bundle.fingerprint)
+            self.kind_of[g.rollout.node_id] = kind
+            self.seen.append((kind, list(g.rewards)))
+            if p.outcomes is not None:
+                p.outcomes.add_peer(self.number, g.prompt, kind, g.rewards)
+
+    def admit_by_worth(self) -> None:
+        """fill_by_worth: drop buffered groups of a kind not worth an own group (counted); their
+        slots go to own generation, their outcomes were kept."""
+        worth, intake = self.parts.worth, self.parts.intake
+        if worth is None:
+            return
+        fp = self.parts.bundle.fingerprint
+        allowed = {kind for kind in KINDS if worth.allows(kind)}    # decided once a round, in observe()
+        kept = [g for g in intake.buffer if peer_kind(g.same_tokenizer, g.rollout.model_fp, fp) in allowed]
+        self.worth_excluded += len(intake.buffer) - len(kept)
+        intake.buffer = kept
+
+    def weigh(self, own, uses) -> None:
+        """After the step: the round's evidence to the worth and outcome books."""
+        p = self.parts
+        own_rewards = [r for g in own for r in g.rewards]
+        if p.outcomes is not None:
+            p.outcomes.add_own(own_rewards)
+        if p.worth is not None:
+            # a dropped sample counts 0; one trained without an IS weight (nois) counts as ours
+            trained = [(self.kind_of.get(u.node_id, "other tokenizer"),
+                        0.0 if u.dropped else 1.0 if u.is_weight is None else u.is_weight) for u in uses]
+            p.worth.observe(self.number, own_rewards, self.seen, trained)
+
+    def exchange_record(self, own) -> dict:
+        """The round record's worth/… and prompts/… keys (docs/metrics.md)."""
+        p = self.parts
+        signal = [len(set(g.rewards)) > 1 for g in own]
+        out = {"groups/own_signal_frac": statistics.fmean(signal) if signal else None}
+        if p.worth is not None:
+            out.update(p.worth.metrics())
+            out["worth/excluded"] = self.worth_excluded
+            out["worth/said"] = [describe(p.worth.worth(k), own_groups=len(own), batch=self.cfg.task.prompts_per_round)
+                                 for k in KINDS if p.worth.seen[k]]
+        if p.outcomes is not None:
+            out["prompts/from_outcomes"] = self.choice.from_outcomes if self.choice else 0
+            out["prompts/predicted_signal"] = self.choice.predicted_signal if self.choice else None
+        return out
+
+    def peer_limit(self, limit: int) -> int:
+        """Peer groups the round may take: none while the guard has the node training alone."""
+        guard = self.parts.guard
+        return 0 if guard is not None and guard.level >= ALONE else limit
+
+    # --- peers' groups --------------------------------------------------------------------
+    def collect_peers(self, own_group_ids: set[str] | None, limit: int) -> tuple[list[PeerGroup], dict]:
+        """Wait (bounded by swarm.max_wait_s) until ``limit`` peer groups are ready, then take
+        them; a slow or absent peer never stalls the node. Vertical: at most
+        swarm.max_groups_per_peer of one peer; which ones: the parts' ``pick``."""
+        p, cfg = self.parts, self.cfg
+        limit = self.peer_limit(limit)
+        t0 = time.time()
+        deadline = t0 + (cfg.swarm.max_wait_s if limit else 0.0)
+        per_peer = cfg.swarm.max_groups_per_peer if own_group_ids is None else None
+        p.progress.phase(phases.WAITING, deadline=deadline, done=0, total=limit)
+        while True:
+            self.poll(min(0.2, max(0.0, deadline - time.time())))
+            ready = p.pick.ready(p.intake, self.number, limit, own_group_ids, per_peer)
+            p.progress.advance(min(ready, limit), limit)
+            if ready >= limit or time.time() >= deadline:
+                break
+        with self.cpu.measure("intake"):
+            taken = p.pick.take(p.intake, self.number, limit, own_group_ids, per_peer)
+        counts = p.intake.pop_round_counts()
+        return taken, {"time/peer_wait_s": time.time() - t0,
+                       "wire/bytes_per_token_in": self.wire_in.per_token(),
+                       "peers/groups_received": counts.get("received", 0),
+                       "peers/rejected": counts.get("rejected", 0),
+                       "peers/stale": counts.get("stale", 0),
+                       **{f"peers/{k}": counts.get(k, 0)
+                          for k in ("skipped_zero_advantage", "skipped_peer_cap", "skipped_surplus")}}
+
+    def fill_batch(self, prompts, slots: int) -> Filled:
+        """Batch fill: peers' groups replace part of the own generation, the batch stays B groups.
+
+        1. take in what arrived while we trained (no wait); 2. generate and publish the own
+        minimum (the round's first prompts); 3. wait at most swarm.max_wait_s for ``slots``
+        fresh informative peer groups; 4. generate the shortfall from the round's next prompts.
+        Prompts and seeds are the ones an isolated node uses for the same indices, so a node
+        the swarm gives nothing trains on exactly its isolated batch.
+        """
+        self.poll(0.0)
+        worth = self.parts.worth
+        if worth is not None and not worth.fills() and not self.parts.intake.buffer:
+            slots = 0       # no kind seen in the swarm is worth a slot: one generation, no wait for groups we would drop
+        keep = len(prompts) - slots
+        own, gen_s, tokens = self.generate(prompts[:keep])
+        self.share(own)
+        peers, peer_stats = self.collect_peers(None, slots)
+        short = slots - len(peers)
+        if short:
+            more, more_s, more_tokens = self.generate(prompts[keep:keep + short], first=keep)
+            self.share(more)
+            own, gen_s, tokens = own + more, gen_s + more_s, tokens + more_tokens
+        return Filled(own, peers, gen_s, tokens, topped_up=short, peer_stats=peer_stats)
