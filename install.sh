@@ -188,7 +188,7 @@ else
   echo "$WHEELS" > "$VENV/.ftis-llama-flavour"
 fi
 
-# --- llama.cpp's HF -> GGUF converter (ftis_edge.gguf_io.converter_dir) ------------------
+# --- llama.cpp's HF -> GGUF converter (ftis_edge.models.gguf_io.converter_dir) ------------------
 CONVERTER="$CACHE/llama.cpp-convert-$LLAMA_VERSION"
 if [ -f "$CONVERTER/convert_hf_to_gguf.py" ]; then
   say "llama.cpp converter already in $CONVERTER"

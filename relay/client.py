@@ -3,7 +3,7 @@ heartbeats, recovery from a relay restart, back-off on `busy` / `rate_limited`, 
 state that says when the relay is unreachable or refuses us (docs/relay.md).
 
 It depends on `relay.protocol` only, so federation bridges and load tools run it without the
-node. The node's `ftis_edge.swarm.SwarmClient` adds the codec on top.
+node. The node's `ftis_edge.peers.swarm.SwarmClient` adds the codec on top.
 
 All network I/O happens on one background thread that owns the ZeroMQ socket; callers only
 touch thread-safe queues, so a training loop never blocks on the network.
@@ -35,7 +35,7 @@ from relay.keys import ClientKeys
 from relay.waker import Waker
 
 USEFUL_MEMORY = 4            # mark_useful() steps a publisher stays named useful without a new mark
-log = logging.getLogger(__name__)       # relay.client: a node routes it into node.log (ftis_edge.logs)
+log = logging.getLogger(__name__)       # relay.client: a node routes it into node.log (ftis_edge.run.logs)
 
 _first = itemgetter(0)
 CONNECTING, CONNECTED, UNREACHABLE, REFUSED = "connecting", "connected", "unreachable", "refused"

@@ -1,9 +1,9 @@
 """What the relay and its clients share, and nothing else (docs/relay.md, "Protocol").
 
 Like the ZeroMQ guide's Majordomo, the broker (`relay.server`) and the clients (`relay.client`,
-and the node's `ftis_edge.swarm` on top of it) depend on this module only: the relay runs with
+and the node's `ftis_edge.peers.swarm` on top of it) depend on this module only: the relay runs with
 pyzmq + orjson and never imports the node, its codec or torch. The one thing the relay reads
-from a rollout, its uncompressed prefix, is defined here; `ftis_edge.wire` writes it and
+from a rollout, its uncompressed prefix, is defined here; `ftis_edge.rollout.wire` writes it and
 imports the layout from here.
 
 Every message is a ZeroMQ multipart message; the first frame names its type. Clients use a
@@ -62,7 +62,7 @@ REFUSED_AT_HELLO = frozenset({IDENTITY, "too_many_peers", "bad_version", "bad_he
 
 
 # ---------------------------------------------------------------- the rollout prefix
-# Written by ftis_edge.wire.encode, read by the relay without decompressing anything:
+# Written by ftis_edge.rollout.wire.encode, read by the relay without decompressing anything:
 #   b"FTR" | u8 protocol | u8 codec | task | tokenizer | rollout id | u32 body length
 # where task, tokenizer and id are each (u8 kind, u8 length, bytes): kind 1 = lowercase hex
 # packed two chars per byte, kind 0 = the string's bytes (printable ASCII for the id, printable

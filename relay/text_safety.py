@@ -1,5 +1,5 @@
 """Strings from other machines, made safe to print on a terminal (the relay's copy of the rule
-the node uses: ``ftis_edge.text_safety`` re-exports it, so there is one rule; the relay imports
+the node uses: ``ftis_edge.common.text_safety`` re-exports it, so there is one rule; the relay imports
 nothing of the node).
 
 A peer picks its own node id, topic and key name; printed raw, an ESC sequence in one of them
