@@ -21,6 +21,20 @@ def test_every_module_has_a_row_in_the_architecture_doc():
             if f"`{path.name}`" not in table and f"`{pkg}/{path.name}`" not in table:
                 missing.append(f"{pkg}/{path.name}")
         for sub in sorted(p for p in (ROOT / pkg).iterdir() if (p / "__init__.py").exists()):
-            if f"`{pkg}/{sub.name}/`" not in table:
+            row = next((line for line in table.splitlines() if line.startswith(f"| `{pkg}/{sub.name}/` |")), None)
+            if row is None:
                 missing.append(f"{pkg}/{sub.name}/")
+                continue
+            # a folder's row names each of its modules (the row is the folder's map)
+            missing += [f"{pkg}/{sub.name}/{m.name}" for m in sorted(sub.glob("*.py"))
+                        if m.name != "__init__.py" and f"`{m.name}`" not in row]
     assert not missing, f"modules docs/architecture.md does not name: {missing}"
+
+
+def test_the_top_of_the_package_is_the_commands_and_every_other_module_sits_in_a_folder():
+    """Shape IV: a newcomer sees the flow in the folders; the top keeps the commands, the node file
+    and the error base (at most 15 modules)."""
+    top = sorted(p.name for p in (ROOT / "ftis_edge").glob("*.py"))
+    assert len(top) <= 15, top
+    folders = [p for p in (ROOT / "ftis_edge").iterdir() if (p / "__init__.py").exists()]
+    assert len(folders) >= 8, folders
