@@ -21,7 +21,8 @@ from pathlib import Path
 from .errors import FtisError
 from .generate.registry import BACKENDS
 from .metrics.stats import wilson_interval
-from .tasks import TASK_NAMES, name_problem
+from .common.task_names import BUILTIN as TASK_NAMES
+from .common.task_names import name_problem
 
 PRECISIONS = ("f16", "quantized")
 

@@ -97,3 +97,18 @@ def test_reference_table_lists_every_key():
     for section, values in c.Config().to_dict().items():
         for key in values:
             assert f"`{section}.{key}`" in table
+
+
+def test_validation_checks_task_names_without_loading_the_task_package():
+    """A config is read (and its task name checked) without importing ftis_edge.tasks: that
+    package pulls in the grader. Probed in a fresh interpreter, as test_import_cycles' NO_TORCH."""
+    import subprocess
+    import sys
+    probe = ("import sys; from ftis_edge import config; config.from_dict({'task': {'name': 'gsm8k'}}); "
+             "print(' '.join(m for m in sys.modules if m.startswith('ftis_edge.tasks')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == []          # neither ftis_edge.tasks nor ftis_edge.tasks.grader
+    with pytest.raises(c.ConfigError, match=r"task.name: unknown task 'gsm9k'; choose one of arith, gsm8k"):
+        c.from_dict({"task": {"name": "gsm9k"}})
+    from ftis_edge import tasks
+    assert tasks.TASK_NAMES == tasks.registry.BUILTIN        # one list: the light module's

@@ -10,19 +10,19 @@ A task name is one of
   * a JSON object ``{"name": …, "options": {…}}`` (``task_spec``: how export hands a node's
     whole task section to ``ftis-edge eval``).
 Only the node's own config or command line names a task; a peer only ever sends prompt ids.
+Whether a string can name a task is ``common/task_names.py`` (config validation asks it without
+importing the task package and its grader).
 """
 from __future__ import annotations
 
 import importlib
 import json
-import re
-from importlib.metadata import entry_points
 
+from ..common.task_names import BUILTIN, DOTTED, ENTRY_POINT_GROUP, entry_point, name_problem
 from .base import Task, TaskError
 
-BUILTIN = ("arith", "gsm8k", "math500", "reasoning_gym", "jsonl")
-ENTRY_POINT_GROUP = "ftis_edge.tasks"
-_DOTTED = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "get_task", "name_problem", "task_class", "task_from_config",
+           "task_options", "task_spec"]
 
 
 def _builtin(name: str) -> type:
@@ -42,22 +42,6 @@ def _builtin(name: str) -> type:
     return JsonlTask
 
 
-def _entry_point(name: str):
-    return next(iter(entry_points(group=ENTRY_POINT_GROUP, name=name)), None)
-
-
-def name_problem(name) -> str | None:
-    """Why ``name`` cannot name a task (syntax only: nothing is imported), or None."""
-    if not isinstance(name, str) or not name:
-        return "task name must be a non-empty string"
-    if name in BUILTIN or name.startswith("reasoning_gym:") or name.startswith("{") or _DOTTED.fullmatch(name):
-        return None
-    if _entry_point(name) is not None:
-        return None
-    return (f"unknown task {name!r}; choose one of {', '.join(BUILTIN)}, "
-            f"reasoning_gym:<dataset>,…, a class path module:Class, or an installed '{ENTRY_POINT_GROUP}' entry point")
-
-
 def task_class(name: str) -> type:
     """The Task subclass ``name`` means (imports a dotted path or an entry point)."""
     problem = name_problem(name)
@@ -65,7 +49,7 @@ def task_class(name: str) -> type:
         raise TaskError(problem)
     if name in BUILTIN:
         return _builtin(name)
-    ep = None if _DOTTED.fullmatch(name) else _entry_point(name)
+    ep = None if DOTTED.fullmatch(name) else entry_point(name)
     try:
         if ep is not None:
             cls = ep.load()
