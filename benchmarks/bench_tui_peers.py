@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 
 from benchmarks.harness import parser
-from ftis_edge.peers.intake import PeerBook
+from ftis_edge.peers.book import PeerBook
 from ftis_edge.metrics.records import read_metrics, round_records
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import PeersTable

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ftis_edge.peers.intake import Intake, PeerBook, ids_decoder
+from ftis_edge.peers.book import PeerBook
+from ftis_edge.peers.intake import Intake, ids_decoder
 from ftis_edge.peers.swarm import Received
 from ftis_edge.rollout.wire import Rollout, WireCompletion, decode, encode
 

@@ -18,7 +18,8 @@ from ftis_edge.metrics.compute import ComputeTotals
 from ftis_edge.run.divergence import DivergenceWatch
 from ftis_edge.generate.base import Completion
 from ftis_edge.run.guard import SwarmGuard
-from ftis_edge.peers.intake import PeerBook, PeerGroup
+from ftis_edge.peers.book import PeerBook
+from ftis_edge.peers.intake import PeerGroup
 from ftis_edge.store.progress import ProgressReport
 from ftis_edge.run.rounds import Parts
 from ftis_edge.tasks.base import Prompt

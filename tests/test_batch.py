@@ -12,7 +12,8 @@ from ftis_edge.rollout.align import TokenBytes
 from ftis_edge.learn.batch import LocalTokenizer, OwnGroup, advantages, build_batch, peer_usage
 from ftis_edge.rollout.samples import OWN
 from ftis_edge.generate.base import Completion
-from ftis_edge.peers.intake import KL_EDGES, PeerGroup, PeerStats, kl_bin
+from ftis_edge.peers.book import KL_EDGES, PeerStats, kl_bin
+from ftis_edge.peers.intake import PeerGroup
 from ftis_edge.learn.objective import group_advantages
 from ftis_edge.tasks.base import Prompt
 from ftis_edge.rollout.wire import Rollout, WireCompletion

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ftis_edge.peers.intake import grading_tier
+from ftis_edge.peers.grading import grading_tier
 from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import warm_up
 from peers import intake_for, rollout

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftis_edge.peers.intake import FRONT, KNOWN, NEWCOMER, OVERRAN, SLOW, PeerStats, grading_class, grading_key
+from ftis_edge.peers.book import PeerStats
+from ftis_edge.peers.grading import FRONT, KNOWN, NEWCOMER, OVERRAN, SLOW, grading_class, grading_key
 from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import warm_up
 from peers import intake_for, rollout

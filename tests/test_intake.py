@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ftis_edge.peers.intake import PeerBook
+from ftis_edge.peers.book import PeerBook
 from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import get_task
 from ftis_edge.tasks.grader import score

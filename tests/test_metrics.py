@@ -126,7 +126,7 @@ def test_the_recorded_fixture_uses_only_registered_keys():
 
 
 def test_every_peer_book_field_is_documented():
-    from ftis_edge.peers.intake import PeerBook
+    from ftis_edge.peers.book import PeerBook
     book = PeerBook(quarantine_after=5)
     book.get("alice")
     assert set(book.snapshot()["alice"]) == set(mk.PEER_FIELDS)

@@ -8,7 +8,8 @@ import pytest
 
 from ftis_edge.rollout.samples import carries_signal
 from ftis_edge.generate.base import SamplerSettings
-from ftis_edge.peers.intake import Intake, PeerBook, ids_decoder
+from ftis_edge.peers.book import PeerBook
+from ftis_edge.peers.intake import Intake, ids_decoder
 from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import get_task
 from ftis_edge.rollout.wire import Rollout, WireCompletion, decode, encode

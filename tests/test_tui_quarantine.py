@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from ftis_edge.peers.intake import PeerBook
+from ftis_edge.peers.book import PeerBook
 from ftis_edge.metrics.records import read_rounds
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed, PeersTable

@@ -256,7 +256,7 @@ METRICS: dict[str, Metric] = {m.name: m for ms in SECTIONS.values() for m in ms}
 # Keys every record has (written by MetricsWriter), not metrics.
 RECORD_KEYS = ("type", "time")
 
-# Fields of each entry of a round record's ``peers`` (intake.PeerStats.as_dict).
+# Fields of each entry of a round record's ``peers`` (peers.book.PeerStats.as_dict).
 PEER_FIELDS = {
     "model": "the peer's model name", "tokenizer": "its tokenizer fingerprint",
     "last_seen": "unix time of its latest rollout", "sent": "rollouts that reached us",
@@ -264,7 +264,7 @@ PEER_FIELDS = {
     "rejected_by_reason": "`{reason: count}`", "acceptance_rate": "`accepted` ÷ `sent`",
     "samples_used": "its samples we trained on", "kl_mean": "mean k3 KL of those samples",
     "is_weight_mean": "mean IS weight of those samples", "filter_rate": "fraction of them the filter dropped",
-    "kl_hist": "`{edges, counts}`: their per-sample k3 KL by bin [edge k, edge k+1), the last open (intake.KL_EDGES)",
+    "kl_hist": "`{edges, counts}`: their per-sample k3 KL by bin [edge k, edge k+1), the last open (peers.book.KL_EDGES)",
     "grader_timeouts": "completions our grader timed out on", "reward_mismatches": "claimed reward ≠ our grade",
     "recent_reject_rate": "refused fraction of its last `swarm.quarantine_window` rollouts",
     "model_fp": "its model fingerprint", "fingerprint_changes": "times its model / tokenizer fingerprint changed",

@@ -35,7 +35,6 @@ Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
 """
 from __future__ import annotations
 
-import bisect
 import heapq
 import logging
 import math
@@ -43,7 +42,7 @@ import random
 import time
 import zlib
 from collections import Counter, defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -53,6 +52,8 @@ from ..common.text_safety import terminal_safe
 from ..tasks.grader import get_grader
 from ..tasks.rewards import check_format
 from ..rollout.wire import Rollout, WireCompletion
+from .book import PeerBook
+from .grading import EXPENSIVE, GROUP_SLICE, NEWCOMER_SHARE, grading_class, grading_key
 
 log = logging.getLogger("ftis_edge.peers.intake")
 
@@ -61,7 +62,6 @@ REASONS = ("wrong_swarm", "other_task", "empty", "bad_group", "bad_sampler", "ba
            "id_out_of_range", "token_text_mismatch", "unknown_prompt", "eval_prompt",
            "grader_timeout", "quarantined", "group_too_large", "no_grading_time")
 MAX_TEMPERATURE = 2.0
-MAX_PEERS = 512                # peers the book holds (PeerBook.get evicts beyond it)
 MAX_GROUP_COMPLETIONS = 64     # completions one peer group may hold, when the node sets no cap of its own
 FINISH_REASONS = ("stop", "length")
 
@@ -107,90 +107,6 @@ def token_text_problem(c: WireCompletion, decode: Callable[[Sequence[int]], str]
     return None
 
 
-# Bin edges of a peer's per-sample KL histogram (``PeerStats.kl_counts``): bin k is [edge k, edge k+1),
-# the last [10, inf). Decades below the filter's thresholds, and 0.05 / 0.5 / 5 among them, so the
-# share of a peer's samples above any of those g reads straight off the counts.
-KL_EDGES = (0.0, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
-
-
-def kl_bin(kl: float) -> int:
-    """The KL_EDGES bin of one sample's k3 KL (k3 is >= 0; a rounding below 0 counts in bin 0)."""
-    return max(0, bisect.bisect_right(KL_EDGES, kl) - 1)
-
-
-@dataclass
-class PeerStats:
-    node_id: str
-    model: str = ""
-    model_fp: str = ""
-    tokenizer: str = ""
-    last_seen: float = 0.0
-    sent: int = 0                    # rollouts that reached us from this peer
-    accepted: int = 0
-    rejected: int = 0
-    rejected_by_reason: dict = field(default_factory=lambda: defaultdict(int))
-    samples_used: int = 0
-    filtered: int = 0
-    kl_sum: float = 0.0
-    kl_counts: list = field(default_factory=lambda: [0] * len(KL_EDGES))   # its samples' KL, by KL_EDGES bin
-    is_weight_sum: float = 0.0
-    grader_timeouts: int = 0
-    grade_s: float | None = None     # grading seconds per answer of its rollouts (moving average)
-    first_round: int = -1            # the round it was first seen
-    graded_round: int = -1           # the last round a rollout of it was graded (-1: never)
-    signal_recent: deque = field(default_factory=deque)   # its last accepted groups: carried signal?
-    reward_mismatches: int = 0       # claimed reward != our grade
-    fingerprint_changes: int = 0     # model / tokenizer fingerprint changed mid-run
-    fingerprint_change: str = ""     # the latest change, "tokenizer a -> b"
-    recent: deque = field(default_factory=deque)   # last verdicts: None = accepted, else reason
-    quarantined: bool = False
-    quarantine_reason: str = ""
-
-    def record_use(self, use) -> None:
-        """Add one of this peer's samples that a step trained on (``batch.PeerSampleUse``)."""
-        self.samples_used += 1
-        if use.kl is not None:
-            self.kl_sum += use.kl
-            self.kl_counts[kl_bin(use.kl)] += 1
-        if use.is_weight is not None:
-            self.is_weight_sum += use.is_weight
-        if use.dropped:
-            self.filtered += 1
-
-    def restore_use(self, d: dict) -> None:
-        """The use counts of a snapshot (``as_dict``), so that a resumed node's cumulative peer
-        figures continue the uninterrupted run's instead of starting again at its resume."""
-        n = d.get("samples_used") or 0
-        self.samples_used = n
-        self.kl_sum = (d.get("kl_mean") or 0.0) * n
-        self.is_weight_sum = (d.get("is_weight_mean") or 0.0) * n
-        self.filtered = round((d.get("filter_rate") or 0.0) * n)
-        hist = d.get("kl_hist") or {}
-        if list(hist.get("edges") or ()) == list(KL_EDGES) and len(hist.get("counts") or ()) == len(KL_EDGES):
-            self.kl_counts = [int(c) for c in hist["counts"]]
-
-    def as_dict(self) -> dict:
-        n = max(self.samples_used, 1)
-        refused = sum(1 for v in self.recent if v is not None)
-        return {
-            "model": self.model, "model_fp": self.model_fp, "tokenizer": self.tokenizer,
-            "last_seen": self.last_seen,
-            "sent": self.sent, "accepted": self.accepted, "rejected": self.rejected,
-            "rejected_by_reason": dict(self.rejected_by_reason),
-            "acceptance_rate": self.accepted / self.sent if self.sent else None,
-            "recent_reject_rate": refused / len(self.recent) if self.recent else None,
-            "samples_used": self.samples_used,
-            "kl_mean": self.kl_sum / n if self.samples_used else None,
-            "is_weight_mean": self.is_weight_sum / n if self.samples_used else None,
-            "filter_rate": self.filtered / n if self.samples_used else None,
-            "kl_hist": {"edges": list(KL_EDGES), "counts": list(self.kl_counts)},
-            "grader_timeouts": self.grader_timeouts, "reward_mismatches": self.reward_mismatches,
-            "fingerprint_changes": self.fingerprint_changes,
-            "fingerprint_change": self.fingerprint_change,
-            "quarantined": self.quarantined, "quarantine_reason": self.quarantine_reason,
-        }
-
-
 @dataclass
 class PeerGroup:
     """A peer's rollout that passed intake, with locally computed rewards."""
@@ -200,90 +116,6 @@ class PeerGroup:
     arrived_round: int
     same_tokenizer: bool
     nbytes: int = 0
-
-
-class PeerBook:
-    """Per-peer statistics and the quarantine rule.
-
-    A peer is quarantined once, among its last ``window`` rollouts, at least
-    ``quarantine_after`` were refused and they are at least ``max_reject_rate`` of them. A
-    rate over a window, not a run of consecutive failures: "4 bad + 1 good" forever is 80 %
-    refused and gets quarantined. Quarantine lasts for the run (and across --resume).
-
-    The book holds at most ``max_peers`` entries (every sender gets one before any check, so
-    a flood of fresh ids would otherwise grow it, each round record and each checkpoint
-    without bound): a new sender beyond the cap evicts the longest-idle sender that never had
-    a rollout accepted, else the longest-idle accepted one; quarantined peers go last (their
-    quarantine is what the book is for). ``evicted`` counts them.
-    """
-
-    def __init__(self, quarantine_after: int = 5, window: int = 20, max_reject_rate: float = 0.5,
-                 max_peers: int = MAX_PEERS):
-        if quarantine_after < 1 or window < 1 or not 0.0 < max_reject_rate <= 1.0:
-            raise ValueError("PeerBook: quarantine_after >= 1, window >= 1, 0 < max_reject_rate <= 1")
-        if max_peers < 1:
-            raise ValueError("PeerBook: max_peers >= 1")
-        self.max_peers = max_peers
-        self.evicted = 0
-        self.quarantine_after = quarantine_after
-        self.window = window
-        self.max_reject_rate = max_reject_rate
-        self.peers: dict[str, PeerStats] = {}
-
-    def get(self, node_id: str) -> PeerStats:
-        if node_id not in self.peers:
-            if len(self.peers) >= self.max_peers:
-                self._evict_one()
-            self.peers[node_id] = PeerStats(node_id=node_id, recent=deque(maxlen=self.window),
-                                            signal_recent=deque(maxlen=self.window))
-        return self.peers[node_id]
-
-    def _evict_one(self) -> None:
-        victim = min(self.peers.values(), key=lambda p: (p.quarantined, p.accepted > 0, p.last_seen))
-        del self.peers[victim.node_id]
-        self.evicted += 1
-
-    def reject(self, node_id: str, reason: str, charged: bool = True) -> None:
-        """Count a refusal; ``charged=False``: not the peer's doing, it counts towards no quarantine."""
-        p = self.get(node_id)
-        p.rejected += 1
-        p.rejected_by_reason[reason] += 1
-        if p.quarantined or not charged:    # refused, but it counts towards nothing
-            return
-        p.recent.append(reason)
-        refused = [v for v in p.recent if v is not None]
-        if len(refused) >= self.quarantine_after and len(refused) >= self.max_reject_rate * len(p.recent):
-            top = ", ".join(f"{k} {n}" for k, n in Counter(refused).most_common(3))
-            self.quarantine(node_id, f"{len(refused)} of its last {len(p.recent)} rollouts refused ({top})")
-
-    def accept(self, node_id: str, signal: bool = True) -> None:
-        """Count an accepted rollout; ``signal``: its re-graded rewards differ (it can teach)."""
-        p = self.get(node_id)
-        p.accepted += 1
-        p.recent.append(None)
-        p.signal_recent.append(bool(signal))
-
-    def quarantine(self, node_id: str, reason: str) -> None:
-        p = self.get(node_id)
-        if not p.quarantined:
-            p.quarantined, p.quarantine_reason = True, reason
-            log.warning("quarantined peer %s: %s", node_id, reason)
-
-    def note_fingerprints(self, node_id: str, r: Rollout) -> None:
-        """Record the model and tokenizer a peer claims; a change mid-run is logged and counted."""
-        p = self.get(node_id)
-        changes = [f"{what} {old} -> {new}" for what, old, new in
-                   (("model", p.model_fp, r.model_fp), ("tokenizer", p.tokenizer, r.tokenizer_fp))
-                   if old and new != old]
-        if changes:
-            p.fingerprint_changes += 1
-            p.fingerprint_change = "; ".join(changes)
-            log.warning("peer %s changed fingerprint mid-run: %s (%d changes so far)",
-                        node_id, p.fingerprint_change, p.fingerprint_changes)
-        p.model, p.model_fp, p.tokenizer = r.model_name, r.model_fp, r.tokenizer_fp
-
-    def snapshot(self) -> dict:
-        return {nid: p.as_dict() for nid, p in self.peers.items()}
 
 
 def overran(breakdown: dict) -> bool:
@@ -296,52 +128,6 @@ def _answer_len(text: str) -> int:
     """Length of the answer the grader will compare (linear time; a prior for its cost)."""
     answer = check_format(text).answer if isinstance(text, str) else None
     return len(answer) if answer is not None else 0
-
-
-EXPENSIVE = 0.25      # of the per-answer timeout: a sender whose answers took this long on average
-NEWCOMER_SHARE = 0.2   # of the round's budget: what never-graded ids may spend ahead of known useful peers
-GROUP_SLICE = 0.2      # of the round's budget: the most one rollout's slice is stretched to
-SIZE_BUCKET = 8        # answer characters: shorter answers first only between buckets (cheap
-#                        answers all look alike; the bucket keeps slow long ones behind them)
-
-# grading classes, served in this order (``grading_class``)
-FRONT, NEWCOMER, KNOWN, SLOW, OVERRAN = range(5)
-
-
-def grading_tier(grade_s: float | None, timeout_s: float, slow: bool) -> int:
-    """0: answers known to grade fast; 1: not known yet; 2: known to grade slowly (just under
-    the time limit); 3: made the grader overrun."""
-    if slow:
-        return 3
-    if grade_s is None:
-        return 1
-    return 0 if grade_s < EXPENSIVE * timeout_s else 2
-
-
-def grading_class(peer: PeerStats, timeout_s: float, slow: bool, newcomers_may: bool) -> int:
-    """Where a sender's next rollout stands in the round's grading (lower first): in front, a
-    fast peer whose recent groups carried signal, and a never-graded id while the round's
-    newcomers have spent less than ``NEWCOMER_SHARE`` of the budget (``newcomers_may``); then
-    other never-graded ids; a fast peer whose groups never did; one whose answers grade
-    slowly; one that made the grader overrun. So a crowd of new ids cannot push known useful
-    peers out, and a crowd of known ids cannot keep a new one out."""
-    tier = grading_tier(peer.grade_s, timeout_s, slow)
-    if tier == 1:
-        return FRONT if newcomers_may else NEWCOMER
-    if tier == 0:
-        return FRONT if any(peer.signal_recent) else KNOWN
-    return SLOW if tier == 2 else OVERRAN
-
-
-def grading_key(sender: str, cls: int, turns: int, waiting_since: int, size: int, rotation: float) -> tuple:
-    """Where a sender's next rollout is graded (lowest first): by class (``grading_class``),
-    then turns this round (everyone's first turn before anyone's second), then the one
-    waiting longest (since the round it was last graded, or first seen: ids share a short
-    budget round by round, and a new id queues behind those already waiting), then shorter answers by
-    ``SIZE_BUCKET`` (a prior for unknown senders: a slow answer is rarely short), then a
-    rotating order that the sender cannot choose. So many ids, or ids whose answers grade
-    just under the time limit, spend their own share, never an honest peer's."""
-    return (cls, turns, waiting_since, size // SIZE_BUCKET, rotation, sender)
 
 
 class Intake:

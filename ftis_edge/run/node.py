@@ -38,7 +38,8 @@ from ..generate.base import GeneratorOptions
 from ..generate.registry import create_generator
 from .guard import LEVELS, SwarmGuard
 from .heldout import HeldOut, eval_line
-from ..peers.intake import Intake, PeerBook, ids_decoder
+from ..peers.book import PeerBook
+from ..peers.intake import Intake, ids_decoder
 from ..learn.learner import Learner
 from .logs import quiet_third_party, round_line, setup_logging
 from ..metrics.records import MetricsWriter, read_control, write_control

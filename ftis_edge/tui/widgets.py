@@ -568,7 +568,7 @@ def peer_detail(node: str | None, peer: dict | None) -> list[Content]:
               field("timeouts", fmt.integer(peer.get("grader_timeouts"))),
               field("IS w", fmt.num(peer.get("is_weight_mean"))),
               field("filtered", fmt.pct(peer.get("filter_rate")))]
-    # why intake stopped trusting it (intake.PeerBook), and a model / tokenizer swap mid-run
+    # why intake stopped trusting it (peers.book.PeerBook), and a model / tokenizer swap mid-run
     if peer.get("quarantined") is True:
         chunks.append(line(("quarantined: ", "bold " + RED), fmt.text(peer.get("quarantine_reason") or "yes", 80)))
     if fmt.as_number(peer.get("fingerprint_changes")):
