@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .logit_chunks import LOGIT_CHUNK_ROWS, LOGIT_COPIES
+from .precision import activation_bytes
 
 GB = 1024 ** 3
 RUNTIME_BYTES = int(0.45 * GB)     # a node process before any model: its imports + tokenizer (bench_fit.py: 0.41)
@@ -99,6 +100,7 @@ class Setup:
     trainable: str = "lora"
     backend: str = "llamacpp"          # generator: llamacpp (RAM) or hf (the learner's device)
     device: str = "cpu"                # learner: cpu, cuda, mps
+    train_precision: str = "auto"      # learner: train.precision (precision.py decides the dtype)
     precision: str = "f16"             # llama.cpp weights: f16 re-export or the quantized GGUF
     micro_batch: int = 8
     group: int = 8                     # G: sequences the generator decodes together
@@ -112,7 +114,8 @@ class Setup:
                     prompt_tokens: int | None = None) -> "Setup":
         dev = device or (cfg.model.device if cfg.model.device != "auto" else "cpu")
         be = backend or (cfg.model.backend if cfg.model.backend != "auto" else "llamacpp")
-        return cls(trainable=cfg.train.trainable, backend=be, device=dev, precision=cfg.model.precision,
+        return cls(trainable=cfg.train.trainable, backend=be, device=dev, train_precision=cfg.train.precision,
+                   precision=cfg.model.precision,
                    micro_batch=cfg.train.micro_batch, group=cfg.task.num_generations,
                    prompt_tokens=prompt_tokens or DEFAULT_PROMPT_TOKENS,
                    completion_tokens=cfg.task.max_completion_length, lora_r=cfg.train.lora_r,
@@ -182,8 +185,8 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
     # a micro-batch runs each distinct prompt once (learner.share_prompts) and its completions on top
     prompts = max(1, -(-setup.micro_batch // max(setup.group, 1)))
     rows = prompts * setup.prompt_tokens + setup.micro_batch * setup.completion_tokens
-    act_bytes = 2 if setup.device == "cuda" else 4          # the learner autocasts to bf16 on CUDA
-    learner["activations"] = act_bytes * rows * s.n_layer * _activation_floats_per_token(s, setup.trainable)
+    per_value = activation_bytes(setup.device, setup.train_precision)     # the learner's rule (precision.py)
+    learner["activations"] = per_value * rows * s.n_layer * _activation_floats_per_token(s, setup.trainable)
     learner["logits"] = 4 * LOGIT_COPIES * min(LOGIT_CHUNK_ROWS, setup.micro_batch * setup.completion_tokens) * s.vocab
     kv_cells = setup.group * _round_up(seq, 64)
     generator: dict = {}

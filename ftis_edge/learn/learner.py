@@ -25,6 +25,7 @@ from ..errors import FtisError
 from .head_logprob import head_logprob
 from .logit_chunks import LOGIT_CHUNK_ROWS
 from .objective import LEVELS, ftis_loss
+from .precision import PRECISIONS, compute_dtype
 from ..rollout.samples import OWN, TrainSample
 from .shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
                             run_prompt)
@@ -62,9 +63,6 @@ def _resolve_hf_dir(bundle_or_hf_dir) -> Path:
 
 
 TRAINABLE = ("lora", "full")        # LoRA adapters only, or every weight
-# auto: bf16 autocast on CUDA, fp32 elsewhere; bf16: autocast on the CPU too (docs/benchmarks.md:
-# 0.75x the step's CPU seconds where the CPU has avx512_bf16, per-token log-probs ~0.01 nats off fp32)
-PRECISIONS = ("auto", "fp32", "bf16")
 
 
 class Learner:
@@ -95,9 +93,8 @@ class Learner:
         self.version = 0
         self.on_micro_batch = None     # called (done, total) after each micro-batch: progress only
         self.hf_dir = _resolve_hf_dir(bundle_or_hf_dir)
-        # bf16 autocast on CUDA by default; the CPU stays fp32 unless asked (bf16 matmuls are only fast
-        # with avx512_bf16 / AMX, and the log-probs move ~0.01 nats per token off the generator's).
-        bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
+        # the one precision rule (precision.py): bf16 autocast on CUDA by default, on the CPU when asked
+        bf16 = compute_dtype(self.device.type, precision) == "bf16"
         self.autocast_dtype = torch.bfloat16 if bf16 else None
 
         torch.manual_seed(seed)  # LoRA A init is random: same seed -> same adapter

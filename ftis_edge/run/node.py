@@ -41,6 +41,7 @@ from .heldout import HeldOut, eval_line
 from ..peers.book import PeerBook
 from ..peers.intake import Intake, ids_decoder
 from ..learn.learner import Learner
+from ..learn.precision import slow_note
 from .logs import quiet_third_party, round_line, setup_logging
 from ..metrics.records import MetricsWriter, read_control, write_control
 from ..models.resolve import resolve_model
@@ -125,9 +126,9 @@ class Node:
             lr=cfg.train.lr,
             grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed,
             precision=cfg.train.precision)
-        if cfg.train.precision == "bf16" and self.learner.device.type == "cpu" and machine.cpu_has_bf16() is False:
-            log.warning("train.precision = \"bf16\" on a CPU without avx512_bf16 / AMX: its bf16 matmuls are "
-                        "emulated and slower than fp32; set it to \"auto\"")
+        slow = slow_note(self.learner.device.type, cfg.train.precision, machine.cpu_has_bf16())
+        if slow:
+            log.warning("%s", slow)
         self.generator = create_generator(cfg.model.backend, self.bundle, GeneratorOptions(
             precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),
             policy=self.learner.model))
