@@ -3,12 +3,10 @@ asked a verifier that evaluates it for 8 GB), full-width identifiers (Python fol
 into the names the name check refuses), and file writes that open no file for writing."""
 from __future__ import annotations
 
-import json
 import dataclasses
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -118,18 +116,3 @@ def test_a_math_answer_is_the_result_not_the_computation(answer, reference):
                         ("2^{10}", "2^{10}"), ("x = -5", "-5"), ("\\sqrt{12}", "2\\sqrt{3}"), ("\\frac{3}{4}", "\\frac34"),
                         ("\\left( 3, \\frac{\\pi}{2} \\right)", "\\left( 3, \\frac{\\pi}{2} \\right)")):
         assert score(f"<answer>{honest}</answer>", ref, RewardSettings())[0] == 1.0, honest
-
-
-def test_no_correct_answer_in_the_committed_evals_is_refused_by_todays_rules():
-    """Every committed eval re-graded with the refusals (experiments/regrade_evals.py): the honest
-    answers the runs gave — SmolLM2, Gemma 3, full fine-tuning, GSM8K, MATH-500 — all still count."""
-    from experiments import regrade_evals
-    runs = Path(__file__).resolve().parents[1] / "docs" / "runs"
-    checked = 0
-    for path in regrade_evals.eval_files(runs):
-        evaluation = json.loads(regrade_evals.records.read_bytes(path))
-        if evaluation.get("task") in regrade_evals.MATH_TASKS and "h6-grader-hole" not in str(path):
-            r = regrade_evals.regrade(evaluation)
-            checked += round(r["accuracy_was"] * r["n"])
-            assert not r["refused"], (path, r["refused"][:3])
-    assert checked > 10_000

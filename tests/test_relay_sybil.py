@@ -5,8 +5,6 @@ queues for one subscriber is bounded in bytes."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import orjson
@@ -20,7 +18,7 @@ from ftis_edge.run.rounds import useful_peers
 from relay import protocol as P
 from relay.client import USEFUL_MEMORY, RelayClient
 from messages import dealer, hello, join, make_rollout, raw_rollout, replies, subscribe
-from procs import ROOT, subscribed, wait_connected
+from procs import subscribed, wait_connected
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -163,25 +161,6 @@ def test_a_hundred_fake_ids_that_came_first_do_not_keep_a_new_honest_publisher_w
             s.close(0)
         sub.close()
         honest.close()
-
-
-def test_forty_fake_ids_cannot_starve_a_publisher_the_subscriber_found_useful(tmp_path):
-    """benchmarks/attacks/flood.py --scenario sybil-budget: 40 fake ids at 5 rollouts/s tagged with
-    the subscriber's task, an honest publisher at 2/s, K = 8 per 2 s. A subscriber that told the
-    relay the honest one was useful (as a node does after training on its groups) gets >= 90% of
-    its fair share (all it publishes: 4 a window <= K - probation), and the fake ids get at most
-    the probation slice (1 a window); one that named nobody shows the attack (the old relay:
-    the honest publisher got nearly nothing)."""
-    out = subprocess.run([sys.executable, "-m", "benchmarks.attacks.flood", "--scenario", "sybil-budget",
-                          "--seconds", "8", "--json", str(tmp_path / "sybil.json")], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode in (0, 1), out.stderr[-2000:]
-    res = orjson.loads((tmp_path / "sybil.json").read_bytes())
-    assert res["honest_fair_share"] >= 14 and res["sybil_acked"] >= 1000, res
-    assert res["marks_honest_share"] >= 0.9, res
-    assert res["marks_sybil"] <= 8 / 2 + 2, res                     # the probation slice, per window
-    assert res["plain_honest_share"] < 0.5, res                     # the attack, where nobody was named
-    assert out.returncode == 0
 
 
 def test_queued_bytes_per_subscriber_are_bounded(relay):
