@@ -3,10 +3,9 @@ grade just under the time limit (real math-verify on a 26-fold factorial of x, `
 a symbolic answer with no operation on numbers, so the computation rule does not refuse it unread:
 ``\\binom{x}{60}``, used before, is refused unread since binomials count as computations),
 ahead of an honest peer. Every honest group is graded every round, the honest peer is never
-charged a ``grader_timeout``, and the fakes end up graded after it (their cost is known)."""
+charged a ``grader_timeout``, and the fakes end up graded after it (their cost is known). That the
+round keeps to its budget is tests/test_grading.py's, on a made-up clock."""
 from __future__ import annotations
-
-import time
 
 import pytest
 
@@ -42,9 +41,7 @@ def test_forty_ids_just_under_the_time_limit_cannot_keep_an_honest_group_ungrade
         honest = [Received(rollout=rollout(smol, task, node="alice", prompt=prompt,
                                            texts=[f"<answer>{prompt.reference}</answer>", "<answer>1</answer>"] * 2)[0],
                            sender="alice", nbytes=100) for _ in range(2)]
-        t0 = time.monotonic()
         intake.receive(fakes + honest, current_round=rnd)         # the fakes arrive first
-        assert time.monotonic() - t0 < 5.0 + 3.0
         groups = [g for g in intake.take(rnd, limit=256) if g.rollout.node_id == "alice"]
         assert len(groups) == 2 and all(g.rewards == [1.0, 0.0, 1.0, 0.0] for g in groups), f"round {rnd}"
     book = intake.book.snapshot()

@@ -7,27 +7,19 @@ from __future__ import annotations
 
 import pytest
 
-from ftis_edge.peers.book import PeerStats
-from ftis_edge.peers.grading import FRONT, KNOWN, NEWCOMER, OVERRAN, SLOW, grading_class, grading_key
+from ftis_edge.peers.grading import FRONT, KNOWN, NEWCOMER, OVERRAN, SLOW, Standing, grading_class, grading_key
 from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import warm_up
 from peers import intake_for, rollout
 
 
-def _peer(grade_s=None, signal=()):
-    p = PeerStats(node_id="p")
-    p.grade_s = grade_s
-    p.signal_recent.extend(signal)
-    return p
-
-
 def test_the_classes_put_useful_peers_and_a_share_of_newcomers_in_front():
-    assert grading_class(_peer(0.01, [False, True]), 0.5, False, True) == FRONT
-    assert grading_class(_peer(None), 0.5, False, True) == FRONT          # within the newcomers' share
-    assert grading_class(_peer(None), 0.5, False, False) == NEWCOMER      # share spent
-    assert grading_class(_peer(0.01, [False, False]), 0.5, False, True) == KNOWN
-    assert grading_class(_peer(0.3, [True]), 0.5, False, True) == SLOW
-    assert grading_class(_peer(0.01, [True]), 0.5, True, True) == OVERRAN
+    assert grading_class(Standing(0.01, useful=True), 0.5, True) == FRONT
+    assert grading_class(Standing(None), 0.5, True) == FRONT             # within the newcomers' share
+    assert grading_class(Standing(None), 0.5, False) == NEWCOMER         # share spent
+    assert grading_class(Standing(0.01, useful=False), 0.5, True) == KNOWN
+    assert grading_class(Standing(0.3, useful=True), 0.5, True) == SLOW
+    assert grading_class(Standing(0.01, useful=True, slow=True), 0.5, True) == OVERRAN
 
 
 def test_within_a_class_the_longest_waiting_goes_first_whatever_its_answers_length():

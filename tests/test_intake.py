@@ -275,8 +275,8 @@ def test_a_flood_of_slow_answers_cannot_starve_an_honest_peer_of_grading(smol, t
     """Issue 25, hole 3: the re-grading budget was first come, first served. A flooder sends
     10 groups a round whose answers take the real grader past its timeout, ahead of an honest
     peer's 3 groups: every honest group is still graded every round, the timeouts are charged
-    to the flooder, and the flooder ends up quarantined."""
-    import time
+    to the flooder, and the flooder ends up quarantined (the round's time bound is
+    tests/test_grading.py's, on a made-up clock)."""
     from ftis_edge.tasks import warm_up
     prompt = next(task.prompts(seed=3))
     intake = intake_for(smol, task, rescore_budget_s=4.0)
@@ -292,10 +292,8 @@ def test_a_flood_of_slow_answers_cannot_starve_an_honest_peer_of_grading(smol, t
         honest = [rollout(smol, task, node="alice", prompt=prompt,
                           texts=[f"<answer>{prompt.reference}</answer>", "<answer>1</answer>"] * 2)[0]
                   for _ in range(3)]
-        t0 = time.monotonic()
         intake.receive([Received(rollout=r, sender="mallory", nbytes=100) for r in slow]
                        + [Received(rollout=r, sender="alice", nbytes=100) for r in honest], current_round=rnd)
-        assert time.monotonic() - t0 < 4.0 + 2.0                 # the budget, plus one answer's overrun
         groups = intake.take(rnd, limit=64)
         assert [g.rollout.node_id for g in groups] == ["alice"] * 3, f"round {rnd}"
         assert all(g.rewards == [1.0, 0.0, 1.0, 0.0] for g in groups)

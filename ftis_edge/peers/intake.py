@@ -14,19 +14,12 @@ Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
   sequence is often not the canonical tokenization of its own text (3 of 96 honest HF
   completions in a measurement), and a completion cut mid-character ends in U+FFFD, which
   re-encodes differently;
-* the reward is recomputed here from the text, within a total time budget a round that is
-  shared across senders one turn at a time (``grading_class``,
-  ``grading_key``): in front, known peers whose groups carried signal together with
-  never-graded ids until those have spent ``NEWCOMER_SHARE`` of the budget; then the other
-  never-graded ids, known peers whose groups never did, and last those known to grade slowly
-  or to make the grader overrun; within a class everyone's first turn before anyone's
-  second, the one waiting longest first (since last graded, or first seen), then a rotating
-  order. A turn lasts at least what its whole groups of fast answers cost (within
-  ``GROUP_SLICE`` of the budget), so neither many ids
-  (1,000 with cheap answers) nor ids whose answers grade just under the limit can keep an
-  honest peer's group ungraded: ids share the budget round by round, and new ids cannot push
-  known useful peers out. A rollout with an answer on which the grader overran with its
-  whole per-answer timeout is refused (``grader_timeout``) and counts towards its sender's
+* the reward is recomputed here from the text, within a total time budget a round shared
+  across senders one turn at a time in the order ``grading.GradingRound`` gives (classes by
+  what the node knows of a sender, then turns, then waiting time), so neither many ids nor ids
+  whose answers grade just under the limit can keep an honest peer's group ungraded, and new ids
+  cannot push known useful peers out. A rollout with an answer on which the grader overran
+  with its whole per-answer timeout is refused (``grader_timeout``) and counts towards its sender's
   quarantine; one cut short by its slice, or that the budget or the workers did not reach in
   full, is refused as ``no_grading_time`` and does not;
 * a peer whose rollouts are refused at a high rate over a sliding window is quarantined,
@@ -35,13 +28,12 @@ Nothing a peer claims is trusted (docs/relay.md, "Threat model"):
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import random
 import time
 import zlib
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -53,7 +45,7 @@ from ..tasks.grader import get_grader
 from ..tasks.rewards import check_format
 from ..rollout.wire import Rollout, WireCompletion
 from .book import PeerBook
-from .grading import EXPENSIVE, GROUP_SLICE, NEWCOMER_SHARE, grading_class, grading_key
+from .grading import GROUP_SLICE, GradingRound, Standing
 
 log = logging.getLogger("ftis_edge.peers.intake")
 
@@ -242,76 +234,47 @@ class Intake:
     # --- step 2: re-score every completion locally, the budget shared across senders -------
     def _grade(self, fresh, current_round: int) -> dict[int, list]:
         """Grades of the fresh rollouts the budget reached (index -> [(reward, breakdown)]), one
-        sender's turn at a time in ``grading_key`` order; a rollout stops at its first answer that
-        times out (the rest are not graded: each would cost a grader worker)."""
+        sender's turn at a time as ``grading.GradingRound`` orders them; a rollout stops at its
+        first answer that times out (the rest are not graded: each would cost a grader worker)."""
         budget = self.rescore_budget_s
-        deadline = time.monotonic() + budget
-        queues: dict[str, deque] = defaultdict(deque)
+        turns = GradingRound(budget, self.task.reward_settings.timeout_s, time.monotonic(),
+                             current_round, self._rotation)
+        queues: dict[str, list[int]] = defaultdict(list)
         for k, (sender, _, _, _) in enumerate(fresh):
             queues[sender].append(k)
-        slow = {s for s in queues if self.book.get(s).grader_timeouts}   # known to be expensive
-        timeout_s = self.task.reward_settings.timeout_s
-        sizes = {s: max(_answer_len(c.text) for k in ks for c in fresh[k][1].completions) for s, ks in queues.items()}
-        rotation = {s: self._rotation.random() for s in queues}
-        newcomer_spent = 0.0
-        grades: dict[int, list] = {}
-        turns: dict[str, int] = defaultdict(int)
-
-        def key(s: str) -> tuple:
+        for s, ks in queues.items():
             peer = self.book.get(s)
-            cls = grading_class(peer, timeout_s, s in slow, newcomer_spent < NEWCOMER_SHARE * budget)
-            waiting = peer.graded_round if peer.graded_round >= 0 else peer.first_round
-            return grading_key(s, cls, turns[s], waiting, sizes[s], rotation[s])
-        # keys only grow (turns, class, last graded round), so a heap with stale entries
-        # re-pushed when popped gives the order without re-ranking every sender each turn
-        heap = [key(s) for s in queues]
-        heapq.heapify(heap)
+            turns.add(s, Standing(peer.grade_s, any(peer.signal_recent), peer.grader_timeouts > 0,
+                                  peer.graded_round if peer.graded_round >= 0 else peer.first_round),
+                      ks, [len(fresh[k][1].completions) for k in ks],
+                      max(_answer_len(c.text) for k in ks for c in fresh[k][1].completions))
         if self._grader_killed:  # an overrun last time killed workers: let them restart (a hot spare
             # takes over at once after one kill, so within a call one overrun costs no one else)
             get_grader().warm_up(timeout=budget / 2)
             self._grader_killed = False
-        while heap:
-            now = time.monotonic()
-            left = deadline - now
-            if left <= 0:
-                break
-            entry = heapq.heappop(heap)
-            sender = entry[-1]
-            fresh_key = key(sender)
-            if fresh_key != entry:
-                heapq.heappush(heap, fresh_key)
-                continue
-            peer = self.book.get(sender)
-            was_new = peer.grade_s is None and sender not in slow
-            # one turn: its waiting rollouts, for at least what whole groups of fast answers
-            # cost (within GROUP_SLICE of the budget), else an equal share of what is left:
-            # ids take turns round by round rather than splitting one round into crumbs
-            whole = min(sum(len(fresh[k][1].completions) for k in queues[sender]) * EXPENSIVE * timeout_s,
-                        GROUP_SLICE * budget)
-            until = min(now + max(left / (len(heap) + 1), whole), deadline)
-            while queues[sender] and time.monotonic() < until:
-                k = queues[sender].popleft()
+        grades: dict[int, list] = {}
+        while (turn := turns.next(time.monotonic())) is not None:
+            peer = self.book.get(turn.sender)
+            used, killed = 0, False
+            for k in turn.items:
+                if time.monotonic() >= turn.until:
+                    break
                 _, r, prompt, _ = fresh[k]
-                grades[k] = self._grade_rollout(r, prompt.reference, until)
+                grades[k] = self._grade_rollout(r, prompt.reference, turn.until)
+                used += 1
                 graded_s = [b["seconds"] for _, b in grades[k] if "seconds" in b]
                 if graded_s:                      # what its answers cost: its place next time
                     per = sorted(graded_s)[len(graded_s) // 2]      # the median: not one cold start
                     peer.grade_s = per if peer.grade_s is None else 0.5 * peer.grade_s + 0.5 * per
                 killed = any(overran(b) for _, b in grades[k])
-                if killed:
-                    slow.add(sender)
                 if killed or any(b.get("share_spent") for _, b in grades[k]):
                     # a killed worker restarts: wait for it inside this turn, so the restart
                     # is paid from this sender's time (and the newcomers' share), not the next's
                     self._grader_killed = not get_grader().warm_up(
-                        timeout=max(0.0, min(GROUP_SLICE * budget, deadline - time.monotonic())))
+                        timeout=max(0.0, min(GROUP_SLICE * budget, turns.deadline - time.monotonic())))
                     break
-            if was_new:
-                newcomer_spent += time.monotonic() - now
-            turns[sender] += 1
             peer.graded_round = current_round
-            if queues[sender]:
-                heapq.heappush(heap, key(sender))
+            turns.done(turn, time.monotonic(), used, peer.grade_s, killed)
         return grades
 
     def _grade_rollout(self, r: Rollout, reference: str, until: float) -> list:
