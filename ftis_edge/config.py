@@ -117,6 +117,13 @@ class TrainSection:
                                         "round relative to ours, min(1, rate_peer / rate_own), never below this "
                                         "floor (rates: mean reward clipped to [0, 1], one success and one "
                                         "failure added; 1 = off, the default, H6)", lo=0.0, hi=1.0)
+    other_tokenizer: bool = _opt(False, "train on text from peers with another tokenizer (re-tokenized, at the bound "
+                                 "of peer_plausibility). Off by default: in H6 (3 seeds) a Gemma node among SmolLM2 "
+                                 "peers learned like its twin alone at equal own tokens, and in H7 (5 seeds) it ended "
+                                 "-18.0 +- 4.2 ID points below its twin on F-TIS, its held-out accuracy following its "
+                                 "own tokens only (docs/results.md); no judge checks such text, so off also closes "
+                                 "that poisoning route. Off, such groups are still graded, counted (worth, outcomes), "
+                                 "relayed and reported (peers/skipped_other_tokenizer); they fill no slot")
     mask_truncated_completions: bool = _opt(False, "completions cut at the length limit (own and peers') count "
                                             "in their group's advantages but are not trained on",
                                             trl="mask_truncated_completions")
@@ -188,9 +195,22 @@ class SwarmSection:
                                "+0.10 +- 0.06 ID over plain F-TIS (under the registered 2 SE), but that node still ended "
                                "0.08 below its twin alone with only 1.26x fewer own tokens, and same-model LoRA nodes "
                                "saved under 3x in 2 pairs of 10")
+    fill: str = _opt("any", "batch fill: which peers' groups may take own slots. any: every peer's (with "
+                     "fill_by_worth: per kind of peer); kin: only peers whose samples weigh near-full in your step "
+                     "(kin_share) and who succeed at least kin_capability as often as you, and at most B*k/(k+1) "
+                     "of the task.prompts_per_round groups for k such peers (one: half; three: three quarters); "
+                     "without kin a node generates its whole batch (ftis_edge/peers/kin.py). \"any\" stays the "
+                     "default until H9 (docs/results.md) decides: kin is the candidate default",
+                     choices=("any", "kin"))
+    kin_share: float = _opt(0.9, "fill = \"kin\": what a peer's samples must weigh in your step against yours "
+                            "(truncated IS weight capped at 1 x the learner's bounds, averaged over worth_window rounds)",
+                            lo=0.0, hi=1.0)
+    kin_capability: float = _opt(0.9, "fill = \"kin\": a peer's success rate over yours (Laplace-smoothed, over "
+                                 "worth_window rounds) must reach this; below it the gate closes", lo=0.0, hi=1.0)
     worth_threshold: float = _opt(0.5, "fill_by_worth: the worth a kind of peer needs to fill a slot (an own group = 1)",
                                   lo=0.0, hi=1.0)
-    worth_window: int = _opt(8, "fill_by_worth: rounds of evidence kept per kind of peer", lo=1, hi=1000)
+    worth_window: int = _opt(8, "fill_by_worth and fill = \"kin\": rounds of evidence kept per kind of peer "
+                             "(per peer)", lo=1, hi=1000)
     prompt_choice: str = _opt("stream", "own prompts: stream (the task's, a pure function of seed and round) or "
                               "outcomes (prefer prompts peers of any model answered where your group is likelier "
                               "to carry signal, ftis_edge/peers/outcomes.py; vertical swarms; H7 tested it only together with "

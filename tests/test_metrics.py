@@ -111,7 +111,10 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
                              "kl/own_mean", "train/diverging",
                              # issue 48: what the swarm is worth (worth.py, outcomes.py)
                              "groups/own_signal_frac", "prompts/from_outcomes", "prompts/predicted_signal",
-                             *(k for k in mk.METRICS if k.startswith("worth/"))}
+                             *(k for k in mk.METRICS if k.startswith("worth/")),
+                             # issue 65: kin, not crowds (kin.py), the real saving, another tokenizer skipped
+                             *(k for k in mk.METRICS if k.startswith("kin/")), "peers/saved_groups",
+                             "peers/skipped_other_tokenizer"}
 
 
 def test_the_recorded_fixture_uses_only_registered_keys():

@@ -20,12 +20,13 @@ from round_parts import RELAY, Swarm, make_cfg, make_parts, peer_groups
 ALONE_KEYS = ["round", "time/gen_s", "gen/tokens", "gen/tok_s", "completions/mean_length", "groups/topped_up",
               "time/train_s", "time/sync_s", "reward/own", "reward/peers", "reward", "accuracy/own", "format/own",
               "reward/timed_out", "reward/refused", "samples/own", "peers/samples_used", "samples/masked_truncated",
-              "peers/refused_length", "peers/false_tokenizer_claims", "peers/refused_untokenizable", "peers/success_weight",
+              "peers/refused_length", "peers/false_tokenizer_claims", "peers/refused_untokenizable",
+              "peers/skipped_other_tokenizer", "peers/success_weight",
               "frac_reward_zero_std",
               "groups/with_peer_parts", "peers/groups_used", "memory/oom_retries", "micro_batch", "learning_rate",
               "loss", "samples", "version", "kl/own_mean", "train/diverging", "groups/own_signal_frac", "peers",
               "cpu/gen_s", "cpu/grade_s", "cpu/intake_s", "cpu/train_s", "cpu/sync_s", "cpu/round_s", "cpu/total_s",
-              "gen/tokens_total", "groups/own", "peers/share", "peers/saved_frac", "time/round_s"]
+              "gen/tokens_total", "groups/own", "peers/share", "peers/saved_groups", "peers/saved_frac", "time/round_s"]
 PEER_KEYS = ["time/peer_wait_s", "wire/bytes_per_token_in", "peers/groups_received", "peers/rejected",
              "peers/stale", "peers/skipped_zero_advantage", "peers/skipped_peer_cap", "peers/skipped_surplus"]
 
@@ -84,7 +85,10 @@ def test_batch_fill_takes_peers_groups_instead_of_generating_them(tmp_path):
                        swarm=Swarm(arrivals=[[], peer_groups()]))
     rec = Round(parts, 1).run()
     assert rec["groups/own"] == 1 and rec["groups/topped_up"] == 0 and rec["peers/groups_used"] == 3
-    assert rec["peers/saved_frac"] == pytest.approx(3 / 4) and rec["time/peer_wait_s"] < 5.0   # no wait once ready
+    # saved: each group at what it weighed in the step; the other tokenizer's 8 samples share the
+    # learner's bound of 1/8 a step (plausibility.FOREIGN_STEP_WEIGHT), so that group saved 1/64
+    assert rec["peers/saved_groups"] == pytest.approx(2 + 1 / 64)
+    assert rec["peers/saved_frac"] == pytest.approx((2 + 1 / 64) / 4) and rec["time/peer_wait_s"] < 5.0   # no wait once ready
     assert parts.generator.seeds == [derive_seed(5, "me", 1, 0)]     # the own minimum: prompt 0 only
     assert list(rec)[1:1 + len(PEER_KEYS)] == PEER_KEYS
     # every peer whose samples trained with a learning signal is marked useful for the relay's budget
@@ -134,8 +138,10 @@ def test_fill_by_worth_keeps_out_a_kind_not_worth_a_slot_and_generates_its_slot(
     """Another tokenizer's samples counted 0.05 of ours: its group does not fill a slot (the node
     generates it), same-tokenizer peers still do; the record says so per kind."""
     worth = WorthBook()
-    worth.observe(0, [1.0, 0.0, 0.0, 0.0], [(OTHER_TOKENIZER, [1.0, 0.0, 0.0, 0.0])], [(OTHER_TOKENIZER, 0.05)] * 8)
-    assert not worth.allows(OTHER_TOKENIZER) and worth.allows(SAME_MODEL)
+    worth.observe(0, [1.0, 0.0, 0.0, 0.0], [(OTHER_TOKENIZER, [1.0, 0.0, 0.0, 0.0]), (SAME_MODEL, [1.0, 0.0, 0.0, 0.0]),
+                                           (SAME_TOKENIZER, [1.0, 0.0, 0.0, 0.0])],
+                  [(OTHER_TOKENIZER, 0.05)] * 8 + [(SAME_MODEL, 1.0)] * 8 + [(SAME_TOKENIZER, 0.9)] * 8)
+    assert not worth.allows(OTHER_TOKENIZER) and worth.allows(SAME_MODEL) and worth.allows(SAME_TOKENIZER)
     parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 1, "max_wait_s": 0.0, "fill_by_worth": True}),
                        swarm=Swarm(arrivals=[peer_groups()]))
     parts.worth = worth
@@ -151,7 +157,7 @@ def test_when_no_kind_in_the_swarm_is_worth_a_slot_the_node_generates_its_batch_
     not wait swarm.max_wait_s each round for groups it would drop; it generates all B groups."""
     worth = WorthBook()
     worth.observe(0, [1.0, 0.0, 0.0, 0.0], [(OTHER_TOKENIZER, [1.0, 0.0, 0.0, 0.0])], [(OTHER_TOKENIZER, 0.05)] * 8)
-    assert not worth.fills() and WorthBook().fills()
+    assert not worth.fills() and not WorthBook().fills()       # nothing measured yet: no slot on a guess
     parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 1, "max_wait_s": 30.0, "fill_by_worth": True}),
                        swarm=Swarm())
     parts.worth = worth

@@ -36,27 +36,50 @@ def test_a_copy_of_our_model_fills_and_text_the_filter_half_drops_does_not():
     assert book.metrics()["worth/other_tokenizer/used"] == 0 and book.metrics()["worth/same_model/used"] == 1
 
 
-def test_a_kind_is_tried_on_its_prior_and_judged_by_what_its_samples_did():
-    book = WorthBook(window=4)
-    book.observe(1, group(2), [(OTHER_TOKENIZER, group(5))], [])
-    assert book.allows(OTHER_TOKENIZER)                     # succeeds more often than we do: tried
-    book.observe(2, group(2), [(OTHER_TOKENIZER, group(5))], [(OTHER_TOKENIZER, 0.1)] * 8)
-    assert not book.allows(OTHER_TOKENIZER)                 # its samples weighed 0.1 each
-    assert book.worth(OTHER_TOKENIZER).unused_since == 3
+def test_an_unmeasured_kind_starts_below_the_threshold_and_is_judged_by_what_its_samples_weighed():
+    book = WorthBook(window=4, other_bound=0.0625)
+    book.observe(1, group(2), [(OTHER_TOKENIZER, group(5)), (SAME_MODEL, group(2))], [])
+    other, same = book.worth(OTHER_TOKENIZER), book.worth(SAME_MODEL)
+    # succeeds more often than we do, but never measured: no slot on a guess (issue 65.1)
+    assert not other.used and not other.share_measured and other.share == 0.0625     # another tokenizer: its bound
+    assert not same.used and same.share == 0.25 < book.threshold                     # ours: half the threshold
+    book.observe(2, group(2), [(OTHER_TOKENIZER, group(5)), (SAME_MODEL, group(2))],
+                 [(OTHER_TOKENIZER, 0.1)] * 8 + [(SAME_MODEL, 0.97)] * 8)
+    assert not book.allows(OTHER_TOKENIZER) and book.allows(SAME_MODEL)      # measured: 0.1 and 0.97
+    assert book.worth(OTHER_TOKENIZER).unused_since == 2
 
 
-def test_a_peer_far_behind_us_is_not_worth_a_slot_even_of_our_model():
-    book = WorthBook()
-    for r in range(1, 9):
-        book.observe(r, group(7), [(SAME_MODEL, group(1))], [(SAME_MODEL, 1.0)] * 8)
+def test_a_measured_kind_never_returns_to_its_prior():
+    """H7's Gemma node: after 8 rounds without a foreign sample the window emptied and the kind
+    was used again on its prior (rounds 1, 10, 19, 28); now the last measured share stands."""
+    book = WorthBook(window=8, other_bound=0.0625)
+    book.observe(1, group(4), [(OTHER_TOKENIZER, group(6))], [(OTHER_TOKENIZER, 0.005)] * 8)
+    for r in range(2, 40):
+        book.observe(r, group(4), [(OTHER_TOKENIZER, group(6))], [])       # seen, never trained again
+        w = book.worth(OTHER_TOKENIZER)
+        assert not w.used and w.share_measured and w.share == pytest.approx(0.005), r
+
+
+@pytest.mark.parametrize("sybils", ["all wrong", "all right"])
+def test_sybil_ids_claiming_a_kind_do_not_move_it(sybils):
+    """Issue 62.6: ids claiming our model with all-wrong (or all-right) groups flipped honest twins
+    from 30/30 rounds used to 1/30. Their groups carry no signal, so none weighs anything in our
+    step: they have no standing, and the kind is judged by the twin that does."""
+    book, used = WorthBook(), 0
+    bad = group(0) if sybils == "all wrong" else group(8)
+    for r in range(1, 31):
+        groups = [(SAME_MODEL, group(4), "twin")] + [(SAME_MODEL, bad, f"sybil-{i}") for i in range(2000)]
+        book.observe(r, group(4), groups, [(SAME_MODEL, 0.98, "twin")] * 8)
+        used += book.allows(SAME_MODEL)
+    assert used == 30
     w = book.worth(SAME_MODEL)
-    assert w.capability < 0.5 and not w.used
-    assert "your success 86% > theirs 14%" in describe(w, own_groups=4, batch=4)
+    assert w.capability == pytest.approx(1.0) and w.share == pytest.approx(0.98)
+    assert all(len(rd.peer[SAME_MODEL]) <= 257 for rd in book.rounds)        # the ids' memory is bounded
 
 
 def test_an_unseen_kind_and_bad_settings():
     book = WorthBook()
-    assert book.allows(SAME_TOKENIZER) and book.worth(SAME_TOKENIZER).value is None
+    assert not book.allows(SAME_TOKENIZER) and book.worth(SAME_TOKENIZER).value is None
     assert effective_share([2.0, 0.0]) == 0.5
     with pytest.raises(ValueError, match="window"):
         WorthBook(window=0)
@@ -84,7 +107,10 @@ def test_the_book_survives_a_checkpoint_and_decides_as_before(tmp_path):
     other.load_state(book.state())
     assert not other.rounds
     with pytest.raises(ValueError, match="worth book in the checkpoint does not read"):
-        WorthBook(window=4).load_state({"window": 4, "rounds": [{"own": "x"}]})
+        WorthBook(window=4).load_state({"version": 2, "window": 4, "rounds": [{"own": "x"}]})
+    old = WorthBook(window=4)                             # a book from before step weights: starts over
+    old.load_state({"window": 4, "rounds": [{"own": [1.0], "peer": {}, "weights": {}, "groups": {}}]})
+    assert not old.rounds
 
 def rounds(folder: Path) -> dict:
     with gzip.open(folder / "metrics.jsonl.gz", "rt") as fh:
@@ -127,6 +153,7 @@ def test_h6_replayed_same_model_peers_keep_filling_and_smollm2_text_stops_fillin
         used[me] = {k: v / len(runs[me]) for k, v in count.items()}
     # the LoRA nodes take their twins' groups every round, as in H4/H6 (the 3x saving stays); the
     # full fine-tuning node, far ahead of its LoRA peers late in some seeds, in most rounds
-    assert used[0][SAME_MODEL] == used[1][SAME_MODEL] == 1.0, used
+    # (all but round 1: a kind is measured before it fills a slot)
+    assert used[0][SAME_MODEL] >= 1 - 1.5 / len(runs[0]) and used[1][SAME_MODEL] >= 1 - 1.5 / len(runs[1]), used
     assert used[2][SAME_MODEL] >= 0.65, used
     assert used[3][OTHER_TOKENIZER] <= 0.1, used               # the Gemma node generates its own

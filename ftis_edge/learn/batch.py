@@ -119,6 +119,7 @@ class SampleRules:
     foreign_length_rule: str = "truncate"  # "refuse": drop a foreign sample over our budget or cut
     foreign_success_floor: float = 1.0    # peer weight = clamp(success_peer / success_own, floor, 1); 1 = off
     mask_truncated_completions: bool = False   # any sample cut at its length limit: weight 0
+    other_tokenizer: bool = True          # train another tokenizer's text (a node: train.other_tokenizer, off)
 
     def __post_init__(self):
         if self.foreign_length_rule not in LENGTH_RULES:
@@ -157,6 +158,8 @@ class Batch:
     masked_truncated: int = 0             # samples cut at their length limit, given weight 0
     false_tokenizer_claims: int = 0       # peer groups claiming another tokenizer in our token ids
     refused_untokenizable: int = 0        # peer samples whose text our tokenizer failed on (UntokenizableText)
+    skipped_other_tokenizer: int = 0      # peer groups (horizontal: parts) of another tokenizer not trained
+    peer_group_of: list = field(default_factory=list)   # per sample: index of its peer group in ``peers`` (None: own)
     peer_weights: dict[str, float] = field(default_factory=dict)   # foreign peer -> success weight
 
     @property
@@ -217,6 +220,12 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer, rules: SampleRu
         return []
     if same_tokenizer and not p.same_tokenizer and batch is not None:
         batch.false_tokenizer_claims += 1
+    if not same_tokenizer and not rules.other_tokenizer:
+        # graded, counted and relayed, not trained: H6/H7 found another tokenizer's text worth
+        # nothing measurable to a node, and it is the one route no judge checks (docs/config.md)
+        if batch is not None:
+            batch.skipped_other_tokenizer += 1
+        return []
     foreign = not same_tokenizer or bool(rules.model_fp and p.rollout.model_fp != rules.model_fp)
     peer_weight = batch.peer_weights.get(node, 1.0) if (batch is not None and foreign) else 1.0
     out = []
@@ -302,13 +311,17 @@ def build_batch(own: Sequence[OwnGroup], peers: Sequence, *, mode: str, scale: s
     else:
         groups += [(g.rewards, lambda adv, g=g: own_samples(g, adv, rules, batch)) for g in own]
         groups += [(p.rewards, lambda adv, p=p: peer_samples(p, adv, local, rules, batch)) for p in peers]
-    for rewards, make in groups:
+    for i, (rewards, make) in enumerate(groups):
         batch.groups += 1
         adv = advantages(rewards, scale)
         if adv is None:
             batch.groups_zero_std += 1
         else:
-            batch.samples += make(adv)
+            made = make(adv)
+            batch.samples += made
+            # vertical: which peer group each sample came from (the saving counts what it weighed)
+            j = i - len(own) if mode != "horizontal" and i >= len(own) else None
+            batch.peer_group_of += [j] * len(made)
     return batch
 
 
@@ -330,17 +343,55 @@ class PeerSampleUse:
     kl: float | None
     is_weight: float | None
     dropped: bool
+    step_weight: float = 1.0       # what it weighed in the step against an own sample (see peer_usage)
+    index: int = -1                # its place in the batch
 
 
-def peer_usage(samples: Sequence[TrainSample], per_sample: dict | None) -> list[PeerSampleUse]:
-    """One entry per peer sample, in batch order: its KL, IS weight and whether the filter
-    dropped it. ``per_sample`` is the step's per-sample tensors (``Learner.step``
-    stats["per_sample"]); without it (no step ran) no sample was used."""
+def learner_factors(samples: Sequence[TrainSample], plausible) -> list[float]:
+    """Per sample: the factor the learner multiplies its weight by before the step (the bound on
+    samples claiming another tokenizer, ``plausibility.foreign_factors``; the learner's
+    ``_bound_foreign`` takes the same rule); all 1 without the plausibility defence."""
+    if plausible is None:
+        return [1.0] * len(samples)
+    from ..peers.plausibility import foreign_factors       # torch-only module, loaded with the learner
+    return foreign_factors([s.source != OWN and s.level != "token" for s in samples], plausible)
+
+
+def peer_usage(samples: Sequence[TrainSample], per_sample: dict | None, plausible=None,
+               weights: Sequence[float] | None = None) -> list[PeerSampleUse]:
+    """One entry per peer sample, in batch order: its KL, IS weight, whether the filter dropped
+    it, and its *step weight*: what it weighed in the step against an own sample, its truncated
+    IS weight capped at 1 (no IS weight: 1) times its sample weight times the learner's factors
+    (``plausible``: the step's PlausibilityConfig), 0 when dropped or judged implausible (issue 65:
+    worth and the saving count this, not the bare IS weight). ``weights``: the sample weights to
+    count instead of the samples' own (samples measured at weight 0: what they would weigh).
+    ``per_sample`` is the step's per-sample tensors (``Learner.step`` stats["per_sample"]);
+    without it (no step ran) no sample was used."""
     if not per_sample:
         return []
     kl, w, dropped = per_sample.get("kl"), per_sample.get("is_weight"), per_sample.get("dropped")
-    return [PeerSampleUse(node_id=s.source,
-                          kl=None if kl is None else float(kl[i]),
-                          is_weight=None if w is None else float(w[i]),
-                          dropped=dropped is not None and bool(dropped[i]))
-            for i, s in enumerate(samples) if s.source != OWN]
+    refused = per_sample.get("implausible")
+    factors = learner_factors(samples, plausible)
+    out = []
+    for i, s in enumerate(samples):
+        if s.source == OWN:
+            continue
+        is_w = None if w is None else float(w[i])
+        gone = (dropped is not None and bool(dropped[i])) or (refused is not None and bool(refused[i]))
+        base = 1.0 if is_w is None else min(max(is_w, 0.0), 1.0)
+        weight = s.weight if weights is None else float(weights[i])
+        out.append(PeerSampleUse(node_id=s.source, kl=None if kl is None else float(kl[i]), is_weight=is_w,
+                                 dropped=dropped is not None and bool(dropped[i]),
+                                 step_weight=0.0 if gone else base * weight * factors[i], index=i))
+    return out
+
+
+def group_weights(batch: Batch, uses: Sequence[PeerSampleUse], n_groups: int) -> list[float]:
+    """Per peer group of a vertical batch: the mean step weight of its samples (0 for a group with
+    none in the step: no signal, or every sample refused), what it stood in for an own group with."""
+    per: dict[int, list[float]] = {}
+    for u in uses:
+        j = batch.peer_group_of[u.index] if 0 <= u.index < len(batch.peer_group_of) else None
+        if j is not None:
+            per.setdefault(j, []).append(u.step_weight)
+    return [min(1.0, sum(per[j]) / len(per[j])) if j in per else 0.0 for j in range(n_groups)]

@@ -44,7 +44,8 @@ class ComputeTotals:
     tokens: int = 0             # own completion tokens generated
     cpu_s: float = 0.0          # process CPU-seconds
     groups: int = 0             # groups trained on (own + peers')
-    replaced: int = 0           # of those, peer groups that stood in for own generation (batch fill)
+    replaced: float = 0         # of those, peer groups that stood in for own generation (batch fill),
+    #                             each counted at what it weighed in the step (issue 65: 0 for none)
 
     def state(self) -> dict:
         return asdict(self)
@@ -56,23 +57,28 @@ class ComputeTotals:
 
 
 def round_compute(clock: CpuClock, totals: ComputeTotals, *, tokens: int, own_groups: int,
-                  peer_groups: int, fill: bool) -> dict:
+                  peer_groups: int, fill: bool, saved: float | None = None) -> dict:
     """The round's accounting keys; adds the round to ``totals``.
 
     With batch fill on (``fill``), every peer group in the batch stood in for a group this
     node would otherwise have generated; with peers' groups on top of a full own batch, none did.
+    ``saved``: how many own groups they were worth, each peer group at the mean weight its
+    samples carried in the step (``batch.group_weights``): a group the bound let weigh 1/16, or
+    one with no signal, saved (almost) nothing. None: every peer group counts whole.
     """
     cpu = clock.round_s()
     groups = own_groups + peer_groups
+    saved = (peer_groups if saved is None else min(float(saved), peer_groups)) if fill else 0
     totals.tokens += tokens
     totals.cpu_s += cpu
     totals.groups += groups
-    totals.replaced += peer_groups if fill else 0
+    totals.replaced += saved
     record = {f"cpu/{p}_s": s for p, s in clock.seconds.items()}
     record.update({
         "cpu/round_s": cpu, "cpu/total_s": totals.cpu_s, "gen/tokens_total": totals.tokens,
         "groups/own": own_groups,
         "peers/share": peer_groups / groups if groups else None,
+        "peers/saved_groups": saved if fill else None,
         "peers/saved_frac": totals.replaced / totals.groups if fill and totals.groups else None,
     })
     return record
@@ -80,13 +86,21 @@ def round_compute(clock: CpuClock, totals: ComputeTotals, *, tokens: int, own_gr
 
 def saved_phrase(record: dict) -> str | None:
     """The round's swarm contribution in words, for the headless line and the dashboard:
-    "swarm supplied 3 of 4 groups; 58% of your generation saved so far" (batch fill), or
-    "swarm added 12 groups to your 4" (peers on top); None when there is nothing to say."""
+    "swarm supplied 3 of 4 groups; 58% of your generation saved so far" (batch fill), "swarm
+    supplied 3 of 4 groups, worth 0.2 of yours; ..." when they weighed less than own groups in
+    the step, "no peer of your kind: you generate 4 of 4 groups" (swarm.fill = "kin" without
+    kin), or "swarm added 12 groups to your 4" (peers on top); None when there is nothing to say."""
     own, peers = record.get("groups/own"), record.get("peers/groups_used")
     if not isinstance(own, int) or not isinstance(peers, int):
         return None
+    kin = record.get("kin/said")
+    if isinstance(kin, str) and not record.get("kin/peers"):
+        return kin
     saved = record.get("peers/saved_frac")
     if isinstance(saved, (int, float)):
-        return (f"swarm supplied {peers} of {own + peers} groups; "
+        worth = record.get("peers/saved_groups")
+        counted = (f", worth {worth:.1f} of yours" if isinstance(worth, (int, float)) and peers
+                   and worth < peers - 0.05 else "")
+        return (f"swarm supplied {peers} of {own + peers} groups{counted}; "
                 f"{100 * saved:.0f}% of your generation saved so far")
     return f"swarm added {peers} groups to your {own}"

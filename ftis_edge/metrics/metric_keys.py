@@ -84,6 +84,8 @@ SECTIONS: dict[str, list[Metric]] = {
            ROUND),
         _m("peers/refused_untokenizable", "peer samples refused because our tokenizer failed on their text (a group whose "
            "tokenizer claim could not be checked is refused whole)", ROUND),
+        _m("peers/skipped_other_tokenizer", "peer groups of another tokenizer graded and counted but not trained "
+           "(`train.other_tokenizer` off, the default): they took no slot", ROUND),
         _m("peers/success_weight", "mean weight of another model's samples from their peer's success relative "
            "to ours (`train.foreign_success_floor`; 1 = full weight; null when none)", ROUND),
     ],
@@ -172,8 +174,12 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("groups/own", "own groups generated this round (batch fill: the minimum + any top-up)", ROUND),
         _m("groups/topped_up", "own groups generated because the swarm supplied fewer than the batch's "
            "peer slots within `swarm.max_wait_s` (batch fill; else 0)", ROUND),
+        _m("peers/saved_groups", "own groups the peers' groups in this round's batch were worth: each counted at "
+           "the mean weight its samples carried in the step (1 = an own group's; a group with no signal, or one "
+           "the learner bounded to 1/16, saves that much; batch fill; null when it is off)", ROUND),
         _m("peers/saved_frac", "cumulative: share of all groups trained on so far that peers supplied in "
-           "place of own generation (batch fill; null when it is off)", ROUND),
+           "place of own generation, each counted as `peers/saved_groups` counts it (batch fill; null when it is off)",
+           ROUND),
         _m("gen/tokens_total", "cumulative own completion tokens generated (survives --resume)", ROUND),
         _m("cpu/gen_s", "process CPU-seconds (all threads) generating own completions", ROUND),
         _m("cpu/grade_s", "process CPU-seconds grading own completions (the grader worker process "
@@ -239,6 +245,15 @@ SECTIONS: dict[str, list[Metric]] = {
            ROUND),
         _m("worth/said", "the dashboard's sentence per kind of peer seen, e.g. \"other tokenizer peers: not used since "
            "round 17 — your success 62% > theirs 48%; you generated 4 of 4 groups this round\"", ROUND),
+        _m("kin/peers", "swarm.fill = \"kin\": peers of your kind next round (samples weigh ≥ swarm.kin_share "
+           "in your step, success ≥ swarm.kin_capability of yours); k of them may fill B·k/(k+1) own slots", ROUND),
+        _m("kin/share", "the lowest share (step weight against an own sample) among those kin peers", ROUND),
+        _m("kin/known", "peers the kin book remembers (bounded)", ROUND),
+        _m("kin/excluded", "peer groups this round from peers not of your kind (their outcomes were kept)", ROUND),
+        _m("kin/said", "the round in words, e.g. \"no peer of your kind: you generate 4 of 4 groups\" (also in "
+           "node.log when it changes)", ROUND),
+        _m("kin/measured", "peer groups of peers never measured, put in the step at weight 0 to measure what their "
+           "samples weigh (fill_by_worth, swarm.fill = \"kin\")", ROUND),
         _m("prompts/from_outcomes", "own prompts this round chosen from peers' outcomes (swarm.prompt_choice)", ROUND),
         _m("prompts/predicted_signal", "their mean predicted chance of carrying a signal", ROUND),
     ],

@@ -47,10 +47,11 @@ from ..metrics.records import MetricsWriter, read_control, write_control
 from ..models.resolve import resolve_model
 from ..peers.outcomes import OutcomeBook
 from ..common.paths import cache_dir
-from .rounds import Parts, Round, token_bytes_of
+from .rounds import Parts, Round, other_tokenizer_bound, token_bytes_of
 from ..peers.swarm import ClientKeys, SwarmClient
 from .sync import WeightSync
 from ..tasks import task_from_config, warm_up
+from ..peers.kin import KinBook
 from ..peers.worth import WorthBook
 
 log = logging.getLogger("ftis_edge.run.node")
@@ -90,6 +91,7 @@ class Node:
         self.divergence: DivergenceWatch | None = None
         self.worth: WorthBook | None = None            # swarm.fill_by_worth (a swarm node)
         self.outcomes: OutcomeBook | None = None       # swarm.prompt_choice = "outcomes" (a swarm node)
+        self.kin: KinBook | None = None                # swarm.fill = "kin" (a swarm node)
         self._relay_watch = threading.Event()          # set: the relay-health thread stops
         self._base_record: dict = {}          # the base model's eval, for round 1's record
         self._disk_need: int | None = None    # bytes a checkpoint and the weights need (known after build)
@@ -160,7 +162,11 @@ class Node:
             self.swarm.start()
             self._watch_relay()
             if cfg.swarm.fill_by_worth:
-                self.worth = WorthBook(window=cfg.swarm.worth_window, threshold=cfg.swarm.worth_threshold)
+                self.worth = WorthBook(window=cfg.swarm.worth_window, threshold=cfg.swarm.worth_threshold,
+                                       other_bound=other_tokenizer_bound(cfg))
+            if cfg.swarm.fill == "kin":
+                self.kin = KinBook(window=cfg.swarm.worth_window, share_min=cfg.swarm.kin_share,
+                                   capability_min=cfg.swarm.kin_capability)
             if cfg.swarm.prompt_choice == "outcomes":
                 self.outcomes = OutcomeBook()
             # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
@@ -240,6 +246,8 @@ class Node:
         try:
             if self.worth is not None:
                 self.worth.load_state(state.get("worth"))
+            if self.kin is not None:
+                self.kin.load_state(state.get("kin"))
             if self.outcomes is not None:
                 dropped = self.outcomes.load_state(state.get("outcomes"), self.task.get)
                 if dropped:
@@ -261,6 +269,7 @@ class Node:
             **({"heldout": self.heldout.state()} if self.heldout.active else {}),
             **({"guard": self.guard.state()} if self.guard is not None else {}),
             **({"worth": self.worth.state()} if self.worth is not None else {}),
+            **({"kin": self.kin.state()} if self.kin is not None else {}),
             **({"outcomes": self.outcomes.state()} if self.outcomes is not None else {}),
         }
         self._room_for_checkpoint(diskspace.tensor_bytes(state))
@@ -351,7 +360,8 @@ class Node:
         t = self.cfg.train
         return SampleRules(model_fp=self.bundle.fingerprint, foreign_length_rule=t.foreign_length_rule,
                            foreign_success_floor=t.foreign_success_floor,
-                           mask_truncated_completions=t.mask_truncated_completions)
+                           mask_truncated_completions=t.mask_truncated_completions,
+                           other_tokenizer=t.other_tokenizer)
 
     # --- one round --------------------------------------------------------------------
     def new_round(self) -> Round:
@@ -361,7 +371,7 @@ class Node:
                            book=self.book, progress=self.progress, divergence=self.divergence,
                            local_tokenizer=self.local_tokenizer, sample_rules=self.sample_rules,
                            totals=self.totals, swarm=self.swarm, guard=self.guard, token_bytes=self.token_bytes,
-                           worth=self.worth, outcomes=self.outcomes),
+                           worth=self.worth, outcomes=self.outcomes, kin=self.kin),
                      self.round, oom_retries=self.oom_retries)
 
     def run_round(self) -> dict:

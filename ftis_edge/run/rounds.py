@@ -20,6 +20,7 @@ import logging
 import statistics
 import time
 import uuid
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from ..store import progress as phases
 from ..rollout.align import AlignError, TokenBytes
-from ..learn.batch import LocalTokenizer, OwnGroup, SampleRules, build_batch, peer_usage
+from ..learn.batch import LocalTokenizer, OwnGroup, SampleRules, build_batch, group_weights, peer_usage
 from ..metrics.compute import ComputeTotals, CpuClock, round_compute
 from ..config import Config
 from .divergence import DivergenceWatch, own_kl
@@ -36,7 +37,8 @@ from .guard import ALONE
 from ..peers.intake import PeerGroup
 from ..learn.learner import LearnerOOM
 from ..peers.outcomes import OutcomeBook
-from ..peers.plausibility import PlausibilityConfig
+from ..peers.kin import MAX_MEASURED, KinBook
+from ..peers.plausibility import FOREIGN_SAMPLE_WEIGHT, PlausibilityConfig
 from ..rollout.samples import OWN
 from ..rollout.wire import Rollout, WireCompletion, encode
 from ..peers.worth import KINDS, WorthBook, describe, peer_kind
@@ -99,12 +101,22 @@ def token_bytes_of(bundle) -> TokenBytes | None:
         return None
 
 
-def fill_slots(cfg: Config, swarm) -> int | None:
+def fill_slots(cfg: Config, swarm, kin: KinBook | None = None) -> int | None:
     """Batch fill (swarm.own_groups > 0, vertical swarm): how many of the round's
-    task.prompts_per_round groups peers may supply; None when batch fill is off."""
+    task.prompts_per_round groups peers may supply; None when batch fill is off. With
+    swarm.fill = "kin" (``kin``), no more than its kin allow (kin.KinBook.slots: none without kin)."""
     if swarm is None or cfg.mode != "vertical" or not cfg.swarm.own_groups:
         return None
-    return max(0, min(cfg.task.prompts_per_round - cfg.swarm.own_groups, cfg.swarm.max_peer_groups))
+    slots = max(0, min(cfg.task.prompts_per_round - cfg.swarm.own_groups, cfg.swarm.max_peer_groups))
+    return min(slots, kin.slots(cfg.task.prompts_per_round)) if kin is not None else slots
+
+
+def other_tokenizer_bound(cfg: Config) -> float:
+    """What one sample of another tokenizer can weigh in this node's step: 0 when such text is
+    not trained (train.other_tokenizer), the learner's bound under train.peer_plausibility, else 1."""
+    if not cfg.train.other_tokenizer:
+        return 0.0
+    return FOREIGN_SAMPLE_WEIGHT if cfg.train.peer_plausibility else 1.0
 
 
 @dataclass
@@ -177,6 +189,7 @@ class Parts:
     pick: PeerPick = field(default_factory=IntakeOrder)
     worth: WorthBook | None = None          # swarm.fill_by_worth: which kinds of peer may fill (run-long)
     outcomes: OutcomeBook | None = None     # swarm.prompt_choice = "outcomes": peers' outcomes (run-long)
+    kin: KinBook | None = None              # swarm.fill = "kin": which peers may fill own slots (run-long)
 
 
 class Round:
@@ -192,7 +205,11 @@ class Round:
         self.wire_out = WireCount()         # published rollouts
         self.guard_excluded = 0             # peer groups the guard kept out
         self.worth_excluded = 0             # peer groups of a kind not worth a slot (fill_by_worth)
-        self.seen: list[tuple[str, list]] = []      # (kind, rewards) of each peer group taken in
+        self.seen: list[tuple[str, list, str]] = []     # (kind, rewards, peer id) of each peer group taken in
+        self.other_skipped = 0              # peer groups of another tokenizer kept out (train.other_tokenizer off)
+        self.kin_excluded = 0               # peer groups of peers not kin (swarm.fill = "kin")
+        self.to_measure: list[PeerGroup] = []   # groups of unmeasured peers: in the step at weight 0
+        self.measured_groups = 0
         self.kind_of: dict[str, str] = {}           # peer node id -> the kind of its newest group
         self.choice = None                          # outcomes.Choice of this round's prompts
 
@@ -205,7 +222,7 @@ class Round:
             self.poll(0.0)                  # what arrived while we trained informs the prompts
         prompts = self.prompts()
         # the guard's first rung: generate every group here (peers' groups only on top)
-        slots = None if p.guard is not None and p.guard.generates_all else fill_slots(cfg, p.swarm)
+        slots = None if p.guard is not None and p.guard.generates_all else fill_slots(cfg, p.swarm, p.kin)
         record: dict = {"round": self.number}
         peers, topped_up = [], 0
         if slots is not None:
@@ -223,19 +240,24 @@ class Round:
         if p.swarm is not None and cfg.swarm.share:
             record["wire/bytes_per_token_out"] = self.wire_out.per_token()
         record["groups/topped_up"] = topped_up
-        batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
+        measured = self.take_measured(slots)
+        batch = build_batch(own, peers + measured, mode=cfg.mode, scale=cfg.train.advantage_scale,
                             local=p.local_tokenizer, rules=p.sample_rules)
-        samples = batch.samples
+        nominal = [s.weight for s in batch.samples]     # what each would weigh: measured ones train at 0
+        samples = [dataclasses.replace(s, weight=0.0) if j is not None and j >= len(peers) else s
+                   for s, j in zip(batch.samples, batch.peer_group_of)]
         t0 = time.time()
         with self.cpu.measure("train"):
             stats = self.train(samples) if samples else {"skipped": 1, "samples": 0}
         record["time/train_s"] = time.time() - t0
-        uses = peer_usage(samples, stats.get("per_sample"))
+        uses = peer_usage(samples, stats.get("per_sample"), self.plausible(), weights=nominal)
         for use in uses:
             p.book.get(use.node_id).record_use(use)
         self.weigh(own, uses)
         if p.swarm is not None and stats.get("per_sample"):   # a step ran: the relay's budget
-            p.swarm.mark_useful(useful_peers(samples, stats["per_sample"]))   # favours them (Sybil ids)
+            measured_ids = {g.rollout.node_id for g in measured}         # measured, not trained
+            p.swarm.mark_useful(useful_peers(samples, stats["per_sample"]) - measured_ids)   # (Sybil ids)
+        saved = sum(group_weights(batch, uses, len(peers))) if slots is not None else None
         t0 = time.time()
         p.progress.phase(phases.SYNCING)
         with self.cpu.measure("sync"):
@@ -254,6 +276,7 @@ class Round:
             "peers/refused_length": batch.refused_length,
             "peers/false_tokenizer_claims": batch.false_tokenizer_claims,
             "peers/refused_untokenizable": batch.refused_untokenizable,
+            "peers/skipped_other_tokenizer": self.other_skipped + batch.skipped_other_tokenizer,
             "peers/success_weight": batch.success_weight,
             "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,
             "groups/with_peer_parts": batch.groups_with_peer_parts,
@@ -275,7 +298,7 @@ class Round:
         record.update(self.exchange_record(own))
         record["peers"] = p.book.snapshot()
         record.update(round_compute(self.cpu, p.totals, tokens=tokens, own_groups=len(own),
-                                    peer_groups=len(peers), fill=slots is not None))
+                                    peer_groups=len(peers), fill=slots is not None, saved=saved))
         record["time/round_s"] = time.time() - t_round
         return record
 
@@ -342,8 +365,7 @@ class Round:
         p, t = self.parts, self.cfg.train
         p.progress.phase(phases.TRAINING, samples=len(samples))
         kw = dict(method=t.method, C=t.C, eps=t.epsilon, kl_threshold=t.kl_threshold, normalize=t.normalize,
-                  foreign_cap=t.foreign_is_cap or None,
-                  plausible=PlausibilityConfig() if t.peer_plausibility else None)
+                  foreign_cap=t.foreign_is_cap or None, plausible=self.plausible())
         while True:
             try:
                 return p.learner.step(samples, **kw)
@@ -353,6 +375,10 @@ class Round:
                 p.learner.micro_batch = max(1, p.learner.micro_batch // 2)
                 self.oom_retries += 1
                 log.warning("out of memory: micro-batch halved to %d, retrying the step", p.learner.micro_batch)
+
+    def plausible(self) -> PlausibilityConfig | None:
+        """The learner's plausibility defence this round (train.peer_plausibility)."""
+        return PlausibilityConfig() if self.cfg.train.peer_plausibility else None
 
     def watch_divergence(self, record: dict, samples, per_sample) -> None:
         """The node's own training collapsing: said in the record (the dashboard shows it) and,
@@ -409,7 +435,9 @@ class Round:
             p.intake.receive(items, self.number)
             self.note_arrivals([g for g in p.intake.buffer if id(g) not in before])
             self.admit_peers()
+            self.admit_trainable()
             self.admit_by_worth()
+            self.admit_kin()
 
     # --- the guard's gate -----------------------------------------------------------------
     def admit_peers(self) -> None:
@@ -429,21 +457,66 @@ class Round:
         for g in groups:
             kind = peer_kind(g.same_tokenizer, g.rollout.model_fp, p.bundle.fingerprint)
             self.kind_of[g.rollout.node_id] = kind
-            self.seen.append((kind, list(g.rewards)))
+            self.seen.append((kind, list(g.rewards), g.rollout.node_id))
             if p.outcomes is not None:
                 p.outcomes.add_peer(self.number, g.prompt, kind, g.rewards)
 
+    def admit_trainable(self) -> None:
+        """train.other_tokenizer off: another tokenizer's groups fill no slot and are not trained
+        (counted; graded and counted for worth and outcomes already, relayed by the relay)."""
+        p = self.parts
+        if p.sample_rules.other_tokenizer:
+            return
+        kept = [g for g in p.intake.buffer if g.same_tokenizer]
+        self.other_skipped += len(p.intake.buffer) - len(kept)
+        p.intake.buffer = kept
+
+    def _measure_or_drop(self, g) -> bool:
+        """Set ``g`` aside to be measured at weight 0 (True), while this round has room for it."""
+        if len(self.to_measure) < MAX_MEASURED:
+            self.to_measure.append(g)
+            return True
+        return False
+
     def admit_by_worth(self) -> None:
         """fill_by_worth: drop buffered groups of a kind not worth an own group (counted); their
-        slots go to own generation, their outcomes were kept."""
+        slots go to own generation, their outcomes were kept. A kind never measured in a step has
+        a few groups measured at weight 0 instead (on top of a full own batch)."""
         worth, intake = self.parts.worth, self.parts.intake
         if worth is None:
             return
         fp = self.parts.bundle.fingerprint
         allowed = {kind for kind in KINDS if worth.allows(kind)}    # decided once a round, in observe()
-        kept = [g for g in intake.buffer if peer_kind(g.same_tokenizer, g.rollout.model_fp, fp) in allowed]
-        self.worth_excluded += len(intake.buffer) - len(kept)
+        kept = []
+        for g in intake.buffer:
+            kind = peer_kind(g.same_tokenizer, g.rollout.model_fp, fp)
+            if kind in allowed:
+                kept.append(g)
+            elif worth.measured(kind) or not self._measure_or_drop(g):
+                self.worth_excluded += 1
         intake.buffer = kept
+
+    def admit_kin(self) -> None:
+        """swarm.fill = "kin": only kin peers' groups may take own slots; groups of a peer never
+        measured are set aside to be measured at weight 0 (at most kin.MAX_MEASURED a round); the
+        rest are dropped (counted; their outcomes were kept)."""
+        kin, intake = self.parts.kin, self.parts.intake
+        if kin is None or self.cfg.swarm.fill != "kin":
+            return
+        kept = []
+        for g in intake.buffer:
+            node = g.rollout.node_id
+            if kin.is_kin(node):
+                kept.append(g)
+            elif not (kin.measuring(node) and self._measure_or_drop(g)):
+                self.kin_excluded += 1
+        intake.buffer = kept
+
+    def take_measured(self, slots: int | None) -> list[PeerGroup]:
+        """The groups set aside to be measured, under batch fill only (peers on top train anyway)."""
+        taken, self.to_measure = (self.to_measure if slots is not None else []), []
+        self.measured_groups = len(taken)
+        return taken
 
     def weigh(self, own, uses) -> None:
         """After the step: the round's evidence to the worth and outcome books."""
@@ -452,10 +525,12 @@ class Round:
         if p.outcomes is not None:
             p.outcomes.add_own(own_rewards)
         if p.worth is not None:
-            # a dropped sample counts 0; one trained without an IS weight (nois) counts as ours
-            trained = [(self.kind_of.get(u.node_id, "other tokenizer"),
-                        0.0 if u.dropped else 1.0 if u.is_weight is None else u.is_weight) for u in uses]
+            # what each sample weighed in the step (0 dropped or refused; the learner's bounds applied)
+            trained = [(self.kind_of.get(u.node_id, "other tokenizer"), u.step_weight, u.node_id) for u in uses]
             p.worth.observe(self.number, own_rewards, self.seen, trained)
+        if p.kin is not None:
+            p.kin.observe(self.number, own_rewards, [(node, rewards) for _, rewards, node in self.seen],
+                          [(u.node_id, u.step_weight) for u in uses])
 
     def exchange_record(self, own) -> dict:
         """The round record's worth/… and prompts/… keys (docs/metrics.md)."""
@@ -467,6 +542,16 @@ class Round:
             out["worth/excluded"] = self.worth_excluded
             out["worth/said"] = [describe(p.worth.worth(k), own_groups=len(own), batch=self.cfg.task.prompts_per_round)
                                  for k in KINDS if p.worth.seen[k]]
+        if p.worth is not None or p.kin is not None:
+            out["kin/measured"] = self.measured_groups
+        if p.kin is not None:
+            out.update(p.kin.metrics())
+            out["kin/excluded"] = self.kin_excluded
+            said = p.kin.said(len(own), self.cfg.task.prompts_per_round)
+            out["kin/said"] = said
+            if said != getattr(p.kin, "last_said", None):      # node.log: when it changes
+                log.info("%s", said)
+                p.kin.last_said = said
         if p.outcomes is not None:
             out["prompts/from_outcomes"] = self.choice.from_outcomes if self.choice else 0
             out["prompts/predicted_signal"] = self.choice.predicted_signal if self.choice else None
