@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.attacks import cwd_code
 from ftis_edge.common import child
+from testkit.hostile import CONSOLE_SCRIPT, plant
 
 
 @pytest.fixture
 def hostile(tmp_path):
     run, marker = tmp_path / "run", tmp_path / "marker"
     run.mkdir()
-    cwd_code.plant(run, marker)
+    plant(run, marker)
     return run, marker
 
 
@@ -65,7 +65,7 @@ def test_eval_in_hostile_run_dir(hostile, smol):
     run, marker = hostile
     script = run.parent / "bin" / "ftis-edge"
     script.parent.mkdir()
-    script.write_text(cwd_code.CONSOLE_SCRIPT)
+    script.write_text(CONSOLE_SCRIPT)
     r = subprocess.run([sys.executable, str(script), "eval", "--model", "smollm2-135m", "--task", "arith",
                         "--limit", "2", "--max-new-tokens", "16", "--quiet"], cwd=run, capture_output=True,
                        text=True, timeout=900)

@@ -19,7 +19,7 @@ import torch
 from ftis_edge.store import checkpoint, rundir
 from ftis_edge import config
 from ftis_edge.metrics.records import read_metrics
-from benchmarks.attacks.best_state import ESCAPES, GOOD, make_huge, model_shapes, run_with_best
+from testkit.hostile import ESCAPES, GOOD, make_huge, model_shapes, run_with_best
 from procs import cli, run_node, write_config
 
 # what a start may write even when it fails: diagnostics and live state, not the run's record
@@ -35,7 +35,7 @@ def snapshot(run: Path) -> dict[str, str]:
 # --- 51.8: a crafted best-weights state -------------------------------------------------------------
 
 def _run_with_best(tmp_path: Path, trainable: dict, info, round_: int = 2) -> Path:
-    return run_with_best(tmp_path, trainable, info, round_)      # the attack script's run directory
+    return run_with_best(tmp_path, trainable, info, round_)      # the attack script's run directory (testkit)
 
 
 def _export(run: Path):

@@ -25,43 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-GOOD = {"accuracy": 0.5, "n": 8, "interval": [0.2, 0.8], "base_accuracy": 0.25}
-ESCAPES = "\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J\x1b]8;;http://x\x07\u202e"
+from testkit.hostile import ESCAPES, GOOD, make_huge, model_shapes, run_with_best
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def model_shapes():
-    import torch
-    return {"a.lora_A": torch.zeros(4, 8), "a.lora_B": torch.zeros(8, 4)}
-
-
-def run_with_best(folder: Path, trainable: dict, info, round_: int = 2) -> Path:
-    """``folder/run``: a run directory as a node leaves it, with best weights of ``round_``
-    holding ``trainable`` and ``info`` (written by checkpoint.save_best, as a node would)."""
-    import torch
-
-    from ftis_edge.store import checkpoint, rundir
-    from ftis_edge import config
-    run = folder / "run"
-    run.mkdir(parents=True)
-    rundir.write_record(run, config.Config())
-    model = model_shapes()
-    moments = {"state": {i: {"exp_avg": torch.zeros_like(t), "exp_avg_sq": torch.zeros_like(t)}
-                         for i, t in enumerate(model.values())}}
-    checkpoint.save(run, 3, {"round": 3, "learner": {"mode": "lora", "trainable": model, "optimizer": moments,
-                                                     "version": 3}})
-    checkpoint.save_best(run, round_, trainable, info)
-    return run
-
-
-def make_huge(run: Path, gib: float) -> None:
-    """Grow the best state to ``gib`` GiB (sparse: no disk used) with a manifest to match."""
-    state = next((run / "checkpoints").glob("best-*")) / "state.safetensors"
-    size = int(gib * 2**30)
-    with open(state, "r+b") as fh:
-        fh.truncate(size)
-    manifest = state.parent / "manifest.json"
-    manifest.write_text(re.sub(r'"bytes": \d+', f'"bytes": {size}', manifest.read_text()))
 
 
 def export(run: Path) -> dict:

@@ -24,27 +24,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.harness import ROOT, parser, write_json
-
-NAMES = ("csv", "argparse", "json", "queue", "runpy", "logging", "threading", "pathlib", "random",
-         "fractions", "decimal", "signal", "typing")
-
-SHIM = '''import os, sys, importlib
-with open({marker!r}, "a") as _f:
-    _f.write(__name__ + "\\n")
-_here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-del sys.modules[__name__]
-_real = importlib.import_module(__name__)
-sys.modules[__name__] = _real
-globals().update(_real.__dict__)
-'''
-
-CONSOLE_SCRIPT = "import sys\nfrom ftis_edge.cli import main\nsys.exit(main())\n"
-
-
-def plant(run: Path, marker: Path) -> None:
-    for name in NAMES:
-        (run / f"{name}.py").write_text(SHIM.format(marker=str(marker)), encoding="utf-8")
+from testkit.hostile import CONSOLE_SCRIPT, plant
 
 
 def _ran(marker: Path) -> list[str]:

@@ -1,0 +1,5 @@
+"""Inputs that the product's tests (tests/) and the benchmarks (benchmarks/) both build.
+
+Neither may import the other (tests/test_tests_import_product.py), so what both need lives here:
+hostile run directories (``hostile``), built from the product alone. Not shipped with the package.
+"""
