@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import FtisError
-from .generate.registry import BACKENDS
+from .generate.registry import BACKENDS, DEFAULT
 from .metrics.stats import wilson_interval
 from .common.task_names import BUILTIN as TASK_NAMES
 from .common.task_names import name_problem
@@ -41,7 +41,7 @@ class EvalSpec:
     level: str | tuple[int, ...] | None = None      # arith: 2, "1,2,3" or (1, 2, 3)
     path: str | None = None
     limit: int | None = None
-    backend: str = "llamacpp"
+    backend: str = DEFAULT
     precision: str = "f16"
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", default=None, help="dataset JSONL file instead of the data folder (./install.sh --data)")
     parser.add_argument("--limit", type=int, default=None,
                         help="first N prompts of the eval set (default: all; arith: 50 per level)")
-    parser.add_argument("--backend", default=_D.backend, help=f"one of {', '.join(BACKENDS)} (default llamacpp)")
+    parser.add_argument("--backend", default=_D.backend, help=f"one of {', '.join(BACKENDS)} (default {DEFAULT})")
     parser.add_argument("--precision", default=_D.precision, help="llamacpp weights: f16 (default) or quantized")
     parser.add_argument("--max-new-tokens", type=int, default=_D.max_new_tokens,
                         help=f"completion length cap in tokens (default {_D.max_new_tokens})")
@@ -246,8 +246,10 @@ def _run_dir_weights(spec: EvalSpec) -> EvalSpec:
         return spec
     if spec.adapter:
         raise EvalError("--model RUN_DIR already names the run's adapter; drop --adapter")
-    if spec.backend != "llamacpp":
-        raise EvalError("--model RUN_DIR evaluates the run's GGUF weights on llamacpp; for --backend hf, "
+    from .generate.registry import backend_class
+    if not backend_class(spec.backend).gguf_weights:
+        gguf = " or ".join(n for n in BACKENDS if backend_class(n).gguf_weights)
+        raise EvalError(f"--model RUN_DIR evaluates the run's GGUF weights on {gguf}; for --backend {spec.backend}, "
                         "`ftis-edge export RUN_DIR` and pass --adapter RUN_DIR/export/peft")
     try:
         model, adapter = rundir.eval_weights(spec.model)

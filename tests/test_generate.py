@@ -164,7 +164,8 @@ def test_every_backend_has_what_the_generator_protocol_lists():
     from ftis_edge.generate.registry import BACKENDS, backend_class
     attrs, methods = _protocol_members(Generator)
     cls_attrs, cls_methods = _protocol_members(GeneratorBackend)
-    assert {"generate_many", "set_stop_texts", "sync_weights"} <= methods and {"create", "adapter_problem"} == cls_methods
+    assert {"generate_many", "set_stop_texts", "sync_weights"} <= methods
+    assert {"create", "adapter_problem", "model_problem", "lora_problem", "gpu_problem", "memory"} == cls_methods
     for name in BACKENDS:
         cls = backend_class(name)
         assigned = {m for k in cls.__mro__[:-1]

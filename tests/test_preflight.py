@@ -30,7 +30,7 @@ def test_smoke_the_default_node_passes_preflight_raising_nothing(smol, arith):  
 
 
 def test_max_completion_length_beyond_the_trained_context_names_the_key_and_the_room_left(smol, arith):
-    assert preflight.llamacpp_context() is None        # the node's llama.cpp context grows with the task
+    assert preflight.backend_of(from_dict({})).context_limit is None    # the node's llama.cpp context grows with the task
     cfg = from_dict({"task": {"max_completion_length": 9000}})
     with pytest.raises(ConfigError) as e:
         preflight.check(cfg, smol, arith)
@@ -85,9 +85,12 @@ def test_auto_engines_on_this_machine():
     device = devices.pick_device("auto")
     assert device == ("cuda" if torch.cuda.is_available() else "cpu") or device == "mps"
     # a GPU learner with a CPU-only llama.cpp generates with HF, and says why in one line
-    if not devices.llamacpp_has_gpu():
+    from ftis_edge.generate.llamacpp import LlamaCppGenerator
+    if not LlamaCppGenerator.has_gpu():
         backend, why = devices.pick_backend("auto", "cuda")
-        assert backend == "hf" and "CPU-only" in why and "\n" not in why
+        assert backend == "hf" and "\n" not in why
+        assert why == ("model.backend auto: hf — the learner is on cuda and this llama.cpp build is CPU-only "
+                       "(install the CUDA toolkit and re-run ./install.sh for a GPU llama.cpp)")
     assert devices.pick_backend("auto", "cpu") == ("llamacpp", None)
     assert devices.pick_backend("hf", "cpu") == ("hf", None)
     if not torch.cuda.is_available():

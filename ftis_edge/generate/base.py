@@ -109,10 +109,16 @@ class Generator(Protocol):
 
 
 class GeneratorBackend(Protocol):
-    """The class a registry entry names: how to build one, and which adapter paths it can load."""
+    """The class a registry entry names: how to build one, and the facts about it that the rest of
+    the package asks (preflight, fit, evaluate, the device pick) instead of comparing its name."""
 
     backend: str
     loads_weight_files: bool       # known before building one (sync.WeightSync.from_bundle asks)
+    gguf_weights: bool             # samples from GGUF files (a run directory's weights are its to evaluate)
+    lora_targets: tuple[str, ...] | None   # the only layers its LoRA adapters can hold (None: any)
+    weight_precisions: tuple[str, ...]     # the model.precision values it samples with
+    context_limit: int | None      # tokens per sequence a node's generator is held to (None: no fixed one)
+    memory_on_learner_device: bool     # its memory sits on the learner's device (else in RAM)
 
     def create(self, bundle, options: GeneratorOptions) -> Generator:
         """Build it on a ``models.ModelBundle`` (a classmethod)."""
@@ -120,4 +126,20 @@ class GeneratorBackend(Protocol):
 
     def adapter_problem(self, path) -> str | None:
         """Why ``path`` is not an adapter this backend can load, or None (a staticmethod)."""
+        ...
+
+    def model_problem(self, bundle) -> str | None:
+        """Why it cannot sample from ``bundle``, or None (a staticmethod)."""
+        ...
+
+    def lora_problem(self, targets) -> str | None:
+        """Why LoRA on ``targets`` cannot reach it, or None (a staticmethod)."""
+        ...
+
+    def gpu_problem(self, device: str) -> str | None:
+        """Why it cannot run where the learner runs (``device``), or None."""
+        ...
+
+    def memory(self, shape, setup, kv_cells: int) -> dict:
+        """learn/fit.py: bytes it holds at a node's peak, per part (a staticmethod)."""
         ...

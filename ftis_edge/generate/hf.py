@@ -35,6 +35,12 @@ class HFGenerator(SamplingGenerator):
     backend = "hf"
     precision = "f32"
     loads_weight_files = False     # samples from the learner's live model: sync writes no file
+    # facts callers ask before building one (base.GeneratorBackend)
+    gguf_weights = False           # transformers weights (a run's GGUF adapter is not its to load)
+    lora_targets = None            # peft adapters on any linear the model has
+    weight_precisions = ("f32",)
+    context_limit = None           # the model's own (max_position_embeddings)
+    memory_on_learner_device = True     # its KV cache sits beside the learner's weights
 
     def __init__(self, model, tokenizer, *, device=None, eos_token_ids: Sequence[int] | None = None,
                  batch_size: int | None = None, n_ctx: int | None = None, batch_rows: int = BATCH_ROWS):
@@ -101,6 +107,26 @@ class HFGenerator(SamplingGenerator):
         if not (path / "adapter_config.json").is_file():
             return "not a peft adapter directory (no adapter_config.json)"
         return None
+
+    @staticmethod
+    def model_problem(bundle) -> str | None:
+        """Why this backend cannot sample from ``bundle``, or None: any supported model converts."""
+        return None
+
+    @staticmethod
+    def lora_problem(targets) -> str | None:
+        """peft puts LoRA on any layer the model has (preflight checks the model's layers)."""
+        return None
+
+    @staticmethod
+    def gpu_problem(device: str) -> str | None:
+        """torch runs where the learner does."""
+        return None
+
+    @staticmethod
+    def memory(shape, setup, kv_cells: int) -> dict:
+        """fit.py: bytes it adds at a node's peak: its KV cache (the weights are the learner's)."""
+        return {"kv cache": 4 * 2 * shape.n_layer * shape.kv_dim * kv_cells}        # K and V, f32
 
     def set_adapter(self, path, version: int) -> None:
         """No-op apart from recording the version: this backend samples from the live weights."""

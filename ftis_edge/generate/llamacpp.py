@@ -26,6 +26,10 @@ from .loop import SamplingGenerator
 
 _BACKEND_READY = False
 GROWABLE_START = 512      # tokens per sequence a growable context starts with (prompt + completion)
+N_UBATCH = 512            # llama.cpp's n_ubatch (= n_batch by default): the rows of its compute buffer
+Q8_0_BYTES_PER_PARAM = 34 / 32     # Q8_0: 32 weights in 34 bytes (an HF model's "quantized" generator)
+# the decoder linears the GGUF LoRA writer (models/gguf_io.py) knows: the layers our adapters may hold
+LORA_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _llama():
@@ -54,6 +58,12 @@ class LlamaCppGenerator(SamplingGenerator):
     """
 
     backend = "llamacpp"
+    # facts callers ask before building one (base.GeneratorBackend)
+    gguf_weights = True                 # samples from GGUF files: the model's, a run's adapter
+    lora_targets = LORA_LAYERS
+    weight_precisions = ("f16", "quantized")
+    context_limit = None                # a node's context grows with the task (GROWABLE_START on)
+    memory_on_learner_device = False    # weights, KV cache and compute buffer live in RAM
 
     def __init__(self, gguf_path: str | os.PathLike, *, n_ctx: int | None = None, n_threads: int | None = None,
                  n_batch: int = 512, max_group: int = 16, n_shared: int = 0,
@@ -106,6 +116,53 @@ class LlamaCppGenerator(SamplingGenerator):
     def adapter_problem(path: Path) -> str | None:
         """Why ``path`` cannot be this backend's adapter, or None."""
         return None if path.is_file() else "no such file (llamacpp wants a GGUF LoRA file)"
+
+    @staticmethod
+    def model_problem(bundle) -> str | None:
+        """Why this backend cannot sample from ``bundle`` (models.ModelBundle), or None."""
+        if bundle.gguf_path is None:
+            return ("is an HF model without a GGUF file, which the llama.cpp backend needs; set model.backend = "
+                    "\"hf\" (or convert it with llama.cpp's convert_hf_to_gguf.py and point model.spec at the .gguf)")
+        return None
+
+    @staticmethod
+    def lora_problem(targets) -> str | None:
+        """Why LoRA on ``targets`` cannot reach this generator (its adapter format), or None."""
+        unknown = [t for t in targets if t not in LORA_LAYERS]
+        if unknown:
+            return (f"{', '.join(map(repr, unknown))} cannot be written as a llama.cpp LoRA adapter; "
+                    f"use {', '.join(LORA_LAYERS)}")
+        return None
+
+    @staticmethod
+    def has_gpu() -> bool:
+        """Whether the installed llama.cpp can offload to a GPU (CUDA or Metal build)."""
+        try:
+            import llama_cpp
+            return bool(llama_cpp.llama_supports_gpu_offload())
+        except Exception:                 # noqa: BLE001 - not installed / an older binding: assume CPU
+            return False
+
+    @classmethod
+    def gpu_problem(cls, device: str) -> str | None:
+        """Why it cannot run where the learner does (``device``), or None."""
+        if device == "cpu" or cls.has_gpu():
+            return None
+        return ("this llama.cpp build is CPU-only (install the CUDA toolkit and re-run ./install.sh for a GPU "
+                "llama.cpp)")
+
+    @staticmethod
+    def memory(shape, setup, kv_cells: int) -> dict:
+        """fit.py: bytes it holds at a node's peak, per part (``shape``: fit.ModelShape; ``setup``:
+        fit.Setup; ``kv_cells``: the cells a group of sequences needs)."""
+        if setup.precision == "quantized":     # the shipped GGUF, or the Q8_0 an HF model is quantized to
+            weights = shape.file_bytes or int(Q8_0_BYTES_PER_PARAM * shape.n_params)
+        else:
+            weights = 2 * shape.n_params        # the F16 re-export
+        return {"gen weights": weights,
+                "kv cache": 2 * 2 * shape.n_layer * shape.kv_dim * _round_up(kv_cells, 256),     # K and V, f16
+                # its compute buffer holds a batch's worth of logits (a scored or prefilled batch) and activations
+                "gen compute": 4 * N_UBATCH * (shape.vocab + shape.ffn + 4 * shape.hidden)}
 
     # ------------------------------------------------------------------ model / context lifetime
     def _load(self, path: Path) -> None:

@@ -8,9 +8,10 @@ The shape comes from the GGUF header (``gguf_io.read_gguf_header``, ~0.1 s, no w
   (12 B per parameter), LoRA only its adapters (16 B per adapter parameter); activations kept for
   the backward pass (a micro-batch's tokens: its prompts once, its completions, x layers x the
   tensors a decoder layer keeps) and one chunk of [rows, vocab] logits (LOGIT_CHUNK_ROWS);
-* generator: llama.cpp (always in RAM) holds its own weights (F16 re-export: 2 B per parameter;
-  "quantized": the shipped GGUF) and a KV cache for a group (G sequences of prompt + completion);
-  the hf backend samples from the learner's weights and adds only its KV cache.
+* generator: what its backend class says (``memory``, generate/): llama.cpp (always in RAM) holds
+  its own weights (F16 re-export: 2 B per parameter; "quantized": the shipped GGUF) and a KV cache
+  for a group (G sequences of prompt + completion); the hf backend samples from the learner's
+  weights and adds only its KV cache, on the learner's device.
 
 ``check`` compares the total with the machine (/proc/meminfo or sysconf; ``torch.cuda.mem_get_info``
 on CUDA) and says in one line what to change when it does not fit.
@@ -22,6 +23,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..generate.registry import BACKENDS, DEFAULT, backend_class, resolve
 from .logit_chunks import LOGIT_CHUNK_ROWS, LOGIT_COPIES
 from .precision import activation_bytes
 
@@ -29,9 +31,7 @@ GB = 1024 ** 3
 RUNTIME_BYTES = int(0.45 * GB)     # a node process before any model: its imports + tokenizer (bench_fit.py: 0.41)
 CUDA_CONTEXT_BYTES = int(0.5 * GB)  # the CUDA context and torch's allocator slack on a GPU
 DEFAULT_PROMPT_TOKENS = 256        # a prompt with the default 2 worked examples (arith on SmolLM2: 173)
-Q8_0_BYTES_PER_PARAM = 34 / 32     # Q8_0: 32 weights in 34 bytes (an HF model's "quantized" generator)
 HEADROOM = 0.9                     # use at most this share of what the machine has
-LLAMACPP_UBATCH = 512              # llama.cpp's n_ubatch in generate/llamacpp.py (its compute buffer)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def shape_of(bundle) -> ModelShape:
 class Setup:
     """The config choices memory depends on (``Setup.from_config``)."""
     trainable: str = "lora"
-    backend: str = "llamacpp"          # generator: llamacpp (RAM) or hf (the learner's device)
+    backend: str = DEFAULT             # generator (registry.BACKENDS); its class says where its memory sits
     device: str = "cpu"                # learner: cpu, cuda, mps
     train_precision: str = "auto"      # learner: train.precision (precision.py decides the dtype)
     precision: str = "f16"             # llama.cpp weights: f16 re-export or the quantized GGUF
@@ -113,7 +113,7 @@ class Setup:
     def from_config(cls, cfg, *, device: str | None = None, backend: str | None = None,
                     prompt_tokens: int | None = None) -> "Setup":
         dev = device or (cfg.model.device if cfg.model.device != "auto" else "cpu")
-        be = backend or (cfg.model.backend if cfg.model.backend != "auto" else "llamacpp")
+        be = backend or resolve(cfg.model.backend)
         return cls(trainable=cfg.train.trainable, backend=be, device=dev, train_precision=cfg.train.precision,
                    precision=cfg.model.precision,
                    micro_batch=cfg.train.micro_batch, group=cfg.task.num_generations,
@@ -188,27 +188,14 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
     per_value = activation_bytes(setup.device, setup.train_precision)     # the learner's rule (precision.py)
     learner["activations"] = per_value * rows * s.n_layer * _activation_floats_per_token(s, setup.trainable)
     learner["logits"] = 4 * LOGIT_COPIES * min(LOGIT_CHUNK_ROWS, setup.micro_batch * setup.completion_tokens) * s.vocab
-    kv_cells = setup.group * _round_up(seq, 64)
-    generator: dict = {}
-    if setup.backend == "llamacpp":
-        if setup.precision == "quantized":     # the shipped GGUF, or the Q8_0 an HF model is quantized to
-            generator["gen weights"] = s.file_bytes or int(Q8_0_BYTES_PER_PARAM * s.n_params)
-        else:
-            generator["gen weights"] = 2 * s.n_params
-        generator["kv cache"] = 2 * 2 * s.n_layer * s.kv_dim * _round_up(kv_cells, 256)     # K and V, f16
-        # its compute buffer holds a batch's worth of logits (a scored or prefilled batch) and activations
-        generator["gen compute"] = 4 * LLAMACPP_UBATCH * (s.vocab + s.ffn + 4 * s.hidden)
-    else:
-        generator["kv cache"] = 4 * 2 * s.n_layer * s.kv_dim * kv_cells                        # K and V, f32
+    gen = backend_class(setup.backend)
+    generator = gen.memory(s, setup, setup.group * _round_up(seq, 64))
     ram, vram = {"runtime": RUNTIME_BYTES}, {}
     on_gpu = setup.device in ("cuda", "mps")
     if on_gpu and setup.device == "cuda":
         vram["cuda context"] = CUDA_CONTEXT_BYTES
     (vram if on_gpu and setup.device == "cuda" else ram).update(learner)
-    if setup.backend == "llamacpp":
-        ram.update(generator)
-    else:
-        (vram if setup.device == "cuda" else ram).update(generator)
+    (vram if gen.memory_on_learner_device and setup.device == "cuda" else ram).update(generator)
     return Estimate(ram, vram)
 
 
@@ -267,7 +254,8 @@ def advice(shape: ModelShape, setup: Setup, limit_ram: float, limit_vram: float 
     while mb > 1:
         mb //= 2
         tries.append((f"train.micro_batch = {mb}", replace(setup, micro_batch=mb)))
-    if setup.backend == "llamacpp" and setup.precision == "f16":
+    quantizable = "quantized" in backend_class(setup.backend).weight_precisions
+    if quantizable and setup.precision == "f16":
         tries.append(("model.precision = \"quantized\"", replace(setup, precision="quantized")))
     for change, st in tries:
         if fits(st):
@@ -275,7 +263,7 @@ def advice(shape: ModelShape, setup: Setup, limit_ram: float, limit_vram: float 
     # then the lengths and the group (what a 2 TB need is usually made of), each halved with the
     # cheap changes above taken too, the fewest changes first
     cheap = replace(setup, trainable="lora", micro_batch=1,
-                    precision="quantized" if setup.backend == "llamacpp" else setup.precision)
+                    precision="quantized" if quantizable else setup.precision)
     length, group = setup.completion_tokens, setup.group
     while length > MIN_COMPLETION or group > MIN_GROUP:
         if length > MIN_COMPLETION:
@@ -391,13 +379,15 @@ def models_table(setup: Setup = Setup()) -> str:
     def smallest(need: int) -> str:
         return next((m for m, gb in MACHINES if need <= HEADROOM * 0.75 * gb * GB), "more than 64 GB")
 
+    # the GPU column: the backend that samples from the learner's own weights (no second copy)
+    live = next(n for n in BACKENDS if not backend_class(n).loads_weight_files)
     rows = ["| model | parameters | LoRA: RAM | full: RAM | LoRA runs on | full runs on | full on a GPU: VRAM |",
             "|---|---|---|---|---|---|---|"]
     for name, cfg in KNOWN_SHAPES.items():
         shape = shape_from_hf_config(cfg, name)
         lora = estimate(shape, replace(setup, trainable="lora")).ram_bytes
         full = estimate(shape, replace(setup, trainable="full")).ram_bytes
-        gpu = estimate(shape, replace(setup, trainable="full", device="cuda", backend="hf")).vram_bytes
+        gpu = estimate(shape, replace(setup, trainable="full", device="cuda", backend=live)).vram_bytes
         rows.append(f"| {name} | {shape.n_params / 1e9:.2f} B | {lora / GB:.1f} GB | {full / GB:.1f} GB | "
                     f"{smallest(lora)} | {smallest(full)} | {gpu / GB:.1f} GB |")
     return "\n".join(rows)

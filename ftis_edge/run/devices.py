@@ -8,6 +8,7 @@ then HF transformers generates on the GPU, far faster than llama.cpp on the CPU.
 from __future__ import annotations
 
 from ..config import ConfigError
+from ..generate.registry import pick_auto
 
 
 def _mps_available(torch) -> bool:
@@ -30,20 +31,9 @@ def pick_device(requested: str = "auto") -> str:
     return requested
 
 
-def llamacpp_has_gpu() -> bool:
-    """Whether the installed llama.cpp can offload to a GPU (CUDA or Metal build)."""
-    try:
-        import llama_cpp
-        return bool(llama_cpp.llama_supports_gpu_offload())
-    except Exception:                 # noqa: BLE001 - not installed / an older binding: assume CPU
-        return False
-
-
 def pick_backend(requested: str, device: str) -> tuple[str, str | None]:
-    """(backend, why) for ``model.backend``; ``why`` is a sentence when "auto" chose HF."""
+    """(backend, why) for ``model.backend``; ``why`` is a sentence when "auto" chose another engine
+    than the default (registry.pick_auto: each backend class says whether it can use the GPU)."""
     if requested != "auto":
         return requested, None
-    if device in ("cuda", "mps") and not llamacpp_has_gpu():
-        return "hf", (f"model.backend auto: hf — the learner is on {device} and this llama.cpp build is "
-                      f"CPU-only (install the CUDA toolkit and re-run ./install.sh for a GPU llama.cpp)")
-    return "llamacpp", None
+    return pick_auto(device)

@@ -2,15 +2,16 @@
 minutes of loading, not in round 1 (or in the GGUF writer after the first optimiser step).
 
 Each check raises ``ConfigError`` naming the key to change. ``model.backend`` is resolved
-before these run; an unresolved "auto" is treated as llama.cpp. They need only the model's
-metadata and its tokenizer (cached after the first load), never its weights.
+before these run; an unresolved "auto" is read as the registry's default. What a backend needs
+(a GGUF file, LoRA layers it can load, a context limit) its class says (generate/registry.py).
+They need only the model's metadata and its tokenizer (cached after the first load), never its weights.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 
 from ..config import Config, ConfigError
+from ..generate.registry import backend_class, resolve
 
 log = logging.getLogger("ftis_edge.run.preflight")
 
@@ -20,18 +21,15 @@ DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 KNOWN_ARCHS = ("llama", "gemma3", "gemma2", "gemma", "mistral", "qwen2", "qwen3")
 
 
-def llamacpp_context() -> int | None:
-    """Tokens per sequence of the llama.cpp generator (its constructor's ``n_ctx``); None: the node's
-    generator sizes its context by the task and grows it, so only the model's trained context limits."""
-    from ..generate.llamacpp import LlamaCppGenerator
-    return inspect.signature(LlamaCppGenerator.__init__).parameters["n_ctx"].default
+def backend_of(cfg: Config):
+    """The class of the configured generator backend (its facts: base.GeneratorBackend)."""
+    return backend_class(resolve(cfg.model.backend))
 
 
 def check_backend(cfg: Config, bundle) -> None:
-    if cfg.model.backend != "hf" and bundle.gguf_path is None:
-        raise ConfigError(f"model.backend: {cfg.model.spec!r} is an HF model without a GGUF file, which the "
-                          f"llama.cpp backend needs; set model.backend = \"hf\" (or convert it with llama.cpp's "
-                          f"convert_hf_to_gguf.py and point model.spec at the .gguf)")
+    problem = backend_of(cfg).model_problem(bundle)
+    if problem:
+        raise ConfigError(f"model.backend: {cfg.model.spec!r} {problem}")
 
 
 def check_lora_targets(cfg: Config, bundle) -> None:
@@ -43,9 +41,9 @@ def check_lora_targets(cfg: Config, bundle) -> None:
     unknown = [t for t in targets if t not in DECODER_LINEARS]
     if not unknown:
         return
-    if cfg.model.backend != "hf":
-        raise ConfigError(f"train.lora_targets: {', '.join(map(repr, unknown))} cannot be written as a llama.cpp "
-                          f"LoRA adapter; use {', '.join(DECODER_LINEARS)}")
+    problem = backend_of(cfg).lora_problem(targets)
+    if problem:
+        raise ConfigError(f"train.lora_targets: {problem}")
     if bundle.arch in KNOWN_ARCHS:
         raise ConfigError(f"train.lora_targets: {bundle.arch} has no {', '.join(map(repr, unknown))} layer; "
                           f"its decoder linears are {', '.join(DECODER_LINEARS)}")
@@ -61,8 +59,9 @@ def longest_first_prompt(cfg: Config, bundle, task) -> int:
 def check_lengths(cfg: Config, bundle, task) -> None:
     """The longest prompt of the first round + max_new_tokens must fit the generator's context."""
     limits = []
-    if cfg.model.backend != "hf" and llamacpp_context():
-        limits.append((llamacpp_context(), "the llama.cpp context"))
+    fixed = backend_of(cfg).context_limit
+    if fixed:
+        limits.append((fixed, f"the {resolve(cfg.model.backend)} context"))
     if bundle.n_ctx_train:
         limits.append((int(bundle.n_ctx_train), "the model's trained context"))
     if not limits:
