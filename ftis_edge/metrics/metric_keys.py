@@ -245,7 +245,7 @@ SECTIONS: dict[str, list[Metric]] = {
            ROUND),
         _m("worth/said", "the dashboard's sentence per kind of peer seen, e.g. \"other tokenizer peers: not used since "
            "round 17 — your success 62% > theirs 48%; you generated 4 of 4 groups this round\"", ROUND),
-        _m("kin/peers", "swarm.fill = \"kin\": peers of your kind next round (samples weigh ≥ swarm.kin_share "
+        _m("kin/peers", "swarm.fill = \"kin\": peers of your kind this round (samples weigh ≥ swarm.kin_share "
            "in your step, success ≥ swarm.kin_capability of yours); k of them may fill B·k/(k+1) own slots", ROUND),
         _m("kin/share", "the lowest share (step weight against an own sample) among those kin peers", ROUND),
         _m("kin/known", "peers the kin book remembers (bounded)", ROUND),

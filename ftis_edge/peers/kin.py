@@ -19,7 +19,7 @@ peer on evidence the node checks itself:
 
 Slots given up follow how much kin a node has: with k kin peers at most B·k/(k+1) of its B
 groups (one kin: half, three: three quarters); a node without kin generates its whole batch.
-Memory is bounded (``MAX_PEERS``, least recently seen forgotten) and a crowd of new ids is
+Memory is bounded (``MAX_PEERS``, the least recently seen unmeasured peer forgotten first) and a crowd of new ids is
 measured ``MAX_MEASURED`` groups a round at most, so Sybil ids cost the node a bounded forward
 pass and move no slot: an id becomes kin only by samples that carry weight in this node's step.
 """
@@ -88,8 +88,6 @@ class KinBook:
             p = self.peers.get(peer)
             if p is None:
                 p = self.peers[peer] = _Peer(rounds=deque(maxlen=self.window))
-                while len(self.peers) > MAX_PEERS:
-                    self.peers.popitem(last=False)
             self.peers.move_to_end(peer)
             p.rounds.append((round_no, rewards.get(peer, []), weights.get(peer, [])))
         oldest = round_no - self.window + 1
@@ -99,6 +97,17 @@ class KinBook:
             ws = [w for _, _, wr in p.rounds for w in wr]
             if ws:
                 p.share = effective_share(ws)
+        while len(self.peers) > MAX_PEERS:      # after the shares: this round's measured peers stay
+            self._forget_one()
+
+    def _forget_one(self) -> None:
+        """Forget the least recently seen peer never measured (a crowd of new ids cannot push a
+        measured peer out), else the least recently seen."""
+        victim = next((peer for peer, p in self.peers.items() if p.share is None), None)
+        if victim is None:
+            self.peers.popitem(last=False)
+        else:
+            del self.peers[victim]
 
     def own_success(self) -> float:
         own = [r for rd in self.own for r in rd]
@@ -132,12 +141,13 @@ class KinBook:
         k = len(self.kin())
         return batch * k // (k + 1)
 
-    def said(self, own_groups: int, batch: int) -> str:
-        """The round in words (node.log, the dashboard, the stop summary)."""
-        kin = self.kin()
-        if not kin:
+    def said(self, own_groups: int, batch: int, kin: int | None = None) -> str:
+        """The round in words (node.log, the dashboard, the stop summary); ``kin``: how many kin
+        peers the round had (default: the book's now)."""
+        k = len(self.kin()) if kin is None else kin
+        if not k:
             return f"no peer of your kind: you generate {own_groups} of {batch} groups"
-        return (f"{len(kin)} peer{'s' if len(kin) > 1 else ''} of your kind (samples weigh ≥ "
+        return (f"{k} peer{'s' if k > 1 else ''} of your kind (samples weigh ≥ "
                 f"{self.share_min:.0%} of yours, success ≥ {self.capability_min:.0%} of yours): "
                 f"you generate {own_groups} of {batch} groups")
 

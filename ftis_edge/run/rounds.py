@@ -210,6 +210,7 @@ class Round:
         self.kin_excluded = 0               # peer groups of peers not kin (swarm.fill = "kin")
         self.to_measure: list[PeerGroup] = []   # groups of unmeasured peers: in the step at weight 0
         self.measured_groups = 0
+        self.kin_now: tuple | None = None   # (kin peers, kin metrics) when the round decided its fill
         self.kind_of: dict[str, str] = {}           # peer node id -> the kind of its newest group
         self.choice = None                          # outcomes.Choice of this round's prompts
 
@@ -223,6 +224,7 @@ class Round:
         prompts = self.prompts()
         # the guard's first rung: generate every group here (peers' groups only on top)
         slots = None if p.guard is not None and p.guard.generates_all else fill_slots(cfg, p.swarm, p.kin)
+        self.kin_now = None if p.kin is None else (len(p.kin.kin()), p.kin.metrics())   # this round's kin
         record: dict = {"round": self.number}
         peers, topped_up = [], 0
         if slots is not None:
@@ -545,9 +547,10 @@ class Round:
         if p.worth is not None or p.kin is not None:
             out["kin/measured"] = self.measured_groups
         if p.kin is not None:
-            out.update(p.kin.metrics())
+            count, metrics = self.kin_now
+            out.update(metrics)
             out["kin/excluded"] = self.kin_excluded
-            said = p.kin.said(len(own), self.cfg.task.prompts_per_round)
+            said = p.kin.said(len(own), self.cfg.task.prompts_per_round, kin=count)
             out["kin/said"] = said
             if said != getattr(p.kin, "last_said", None):      # node.log: when it changes
                 log.info("%s", said)
