@@ -133,7 +133,8 @@ def test_smollm2_and_gemma3_nodes_take_the_cross_tokenizer_path(tmp_path):
                                               "max_completion_length": 24, "reward": "shaped"},
               # at 24 tokens most answers are cut: the default length rule would refuse them all
               # (tests/test_foreign.py covers it); here the span path must get samples
-              "train": {"foreign_length_rule": "truncate"}}
+              # another tokenizer's text is not trained unless train.other_tokenizer says so (issue 65)
+              "train": {"foreign_length_rule": "truncate", "other_tokenizer": True}}
     a = start_node(write_config(tmp_path, "smol", **common))
     b = start_node(write_config(tmp_path, "gemma", model={"spec": "gemma3-270m", "threads": 1}, **common))
     finish_all(a, b, relay=relay, timeout=800)
