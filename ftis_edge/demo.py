@@ -3,7 +3,8 @@ different nodes — with the dashboard on the first one (the others in its Peers
 
     lora-llama   SmolLM2-135M, LoRA, llama.cpp generator (the default node)
     full-hf      SmolLM2-135M, full fine-tuning, HF transformers generator
-    gemma        Gemma 3 270M: another tokenizer, so its groups cross at sequence level
+    gemma        Gemma 3 270M: another tokenizer; its groups are relayed and graded, not trained
+                 (train.other_tokenizer, off by default: issue 65)
 
 Rounds are small (2 prompts × 4 completions, ≤ 48 tokens) so something happens every few
 seconds. ``q`` stops every node after its round (each writes a checkpoint), then the relay.
