@@ -12,7 +12,7 @@ import pytest
 from ftis_edge.peers.grading import grading_tier
 from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import warm_up
-from peers import intake_for, rollout
+from testkit.peers import intake_for, rollout
 
 SLOW = "<answer>x" + "!" * 26 + "</answer>"
 

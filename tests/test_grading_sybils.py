@@ -10,7 +10,7 @@ import pytest
 from ftis_edge.peers.grading import FRONT, KNOWN, NEWCOMER, OVERRAN, SLOW, Standing, grading_class, grading_key
 from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import warm_up
-from peers import intake_for, rollout
+from testkit.peers import intake_for, rollout
 
 
 def test_the_classes_put_useful_peers_and_a_share_of_newcomers_in_front():

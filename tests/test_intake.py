@@ -15,7 +15,7 @@ from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import get_task
 from ftis_edge.tasks.grader import score
 from ftis_edge.rollout.wire import WireCompletion, WireError
-from peers import completion, intake_for, rollout, send
+from testkit.peers import completion, intake_for, rollout, send
 
 pytestmark = pytest.mark.timeout(120)
 FIXTURE = Path(__file__).parent / "data" / "real_rollouts.json"

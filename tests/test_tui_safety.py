@@ -13,7 +13,7 @@ from ftis_edge.run.logs import setup_logging
 from ftis_edge.common.text_safety import terminal_safe
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import Packed, PeersTable
-from peers import intake_for, rollout, send
+from testkit.peers import intake_for, rollout, send
 from dashboard import ROUNDS, append, live_copy, screen_text
 OSC52 = "\x1b]52;c;ZXZpbA==\x07"                       # write "evil" to the clipboard
 CSI = "\x1b[2J\x1b[H"                                  # clear the screen, cursor home

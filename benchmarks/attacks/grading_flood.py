@@ -16,12 +16,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from benchmarks.harness import ROOT, parser, write_json
+from benchmarks.harness import parser, write_json
 
 SLOW_ANSWER = "<answer>x" + "!" * 26 + "</answer>"   # symbolic: graded, slowly, not refused unread
-
-# the tests' rollout builder (real tokenizer) lives in tests/, which is not a package
-sys.path.append(str(ROOT / "tests"))
 
 
 def main() -> int:
@@ -38,10 +35,7 @@ def main() -> int:
     from ftis_edge.models.resolve import resolve_model
     from ftis_edge.peers.swarm import Received
     from ftis_edge.tasks import get_task, warm_up
-    try:                                              # the tests' rollout builder (real tokenizer)
-        from peers import intake_for, rollout
-    except ImportError:
-        from test_intake import intake_for, rollout
+    from testkit.peers import intake_for, rollout      # an honest peer's rollouts (real tokenizer)
 
     task, smol = get_task("arith"), resolve_model("smollm2-135m")
     smol.tokenizer()

@@ -29,9 +29,7 @@ import importlib.util
 import sys
 import time
 
-from benchmarks.harness import ROOT, parser, write_json
-
-sys.path.append(str(ROOT / "tests"))     # the tests' rollout builder (real tokenizer)
+from benchmarks.harness import parser, write_json
 
 ORDERS = ("sybils-first", "honest-first", "together")
 HONEST_GROUPS = 2
@@ -78,7 +76,7 @@ def main() -> int:
     from ftis_edge.models.resolve import resolve_model
     from ftis_edge.peers.swarm import Received
     from ftis_edge.tasks import get_task, warm_up
-    from peers import intake_for, rollout
+    from testkit.peers import intake_for, rollout
 
     task, smol = get_task("arith"), resolve_model("smollm2-135m")
     smol.tokenizer()

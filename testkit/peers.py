@@ -1,5 +1,6 @@
 """Peer rollouts as an honest SmolLM2 peer sends them (through the real wire), and an intake that
-receives them: the helpers of the intake tests and of the tests that feed a node's intake."""
+receives them: the helpers of the intake tests, of the tests that feed a node's intake and of
+the grading attacks (benchmarks/attacks/grading_sybils.py, grading_flood.py)."""
 from __future__ import annotations
 
 import numpy as np
