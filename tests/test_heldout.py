@@ -278,16 +278,16 @@ def test_the_guard_on_real_evals_gates_a_rounds_peers(tmp_path):
 
     def gate() -> list[str]:
         parts.intake.buffer = peer_groups()
-        rnd.admit_peers()
+        rnd.admit(only=("guard",))
         return [g.rollout.node_id for g in parts.intake.buffer]
 
-    assert guard.level == 0 and gate() == ["peer-0", "peer-1", "peer-2"] and rnd.guard_excluded == 0
+    assert guard.level == 0 and gate() == ["peer-0", "peer-1", "peer-2"] and rnd.excluded["guard"] == 0
     step = guard.observe(real_eval("ftis-3", 8), base, base, book.snapshot())
     assert guard.level == 2 and step.line.endswith(LEVELS[2]) and "McNemar p=" in step.line
-    assert gate() == ["peer-0", "peer-2"] and rnd.guard_excluded == 1       # another tokenizer out first
+    assert gate() == ["peer-0", "peer-2"] and rnd.excluded["guard"] == 1       # another tokenizer out first
     worse = real_eval("nois-3", 16)
     guard.observe(worse, base, base, book.snapshot())                        # still below: other base models go too
-    assert guard.level == 3 and gate() == ["peer-0"] and rnd.guard_excluded == 3
+    assert guard.level == 3 and gate() == ["peer-0"] and rnd.excluded["guard"] == 3
     guard.observe(worse, base, base, book.snapshot())                        # and then all peers: alone
     assert guard.level == ALONE and gate() == [] and rnd.peer_limit(8) == 0
     parts.intake.buffer = []

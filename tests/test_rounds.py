@@ -6,6 +6,8 @@ real model and a real relay stays the end-to-end check (test_node.py, test_fill.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ftis_edge.run.guard import ALONE
@@ -13,7 +15,7 @@ from ftis_edge.metrics.metric_keys import unregistered
 from ftis_edge.peers.outcomes import OutcomeBook
 from ftis_edge.tasks.base import Prompt
 from ftis_edge.peers.worth import OTHER_TOKENIZER, SAME_MODEL, SAME_TOKENIZER, WorthBook
-from ftis_edge.run.rounds import IntakeOrder, Round, derive_seed, fill_slots
+from ftis_edge.run.rounds import GATES, Round, derive_seed, fill_slots
 from round_parts import RELAY, Swarm, make_cfg, make_parts, peer_groups
 
 # an alone round's record, in order (metrics.jsonl keeps this order); Learner.step's stats after micro_batch
@@ -61,7 +63,7 @@ def test_a_round_owns_its_counters(tmp_path):
     assert rec["wire/bytes_per_token_in"] == pytest.approx(3000 / sum(len(c.token_ids) for g in peer_groups()
                                                                       for c in g.rollout.completions))
     second = Round(parts, 2)
-    assert (second.wire_in.nbytes, second.wire_out.nbytes, second.guard_excluded) == (0, 0, 0)
+    assert (second.wire_in.nbytes, second.wire_out.nbytes, second.excluded["guard"]) == (0, 0, 0)
     assert second.run()["wire/bytes_per_token_in"] is None         # nothing arrived in round 2
 
 
@@ -96,20 +98,31 @@ def test_batch_fill_takes_peers_groups_instead_of_generating_them(tmp_path):
     assert {n for n, s in rec["peers"].items() if s["samples_used"]} == {"peer-0", "peer-1", "peer-2"}
 
 
-class _Picky(IntakeOrder):
-    """A pick that takes only one peer's groups: the seam a per-peer worth policy plugs into."""
-
-    def take(self, intake, round_, limit, group_ids, per_peer):
-        return [g for g in intake.buffer if g.rollout.node_id == "peer-2"][:limit]
-
-
-def test_the_fill_takes_the_groups_its_pick_chooses(tmp_path):
+def test_the_gates_are_one_list_applied_in_order_and_each_drop_is_counted_once(tmp_path):
+    """The round's gates rewrite intake's buffer in one place, one gate after another: a group the
+    guard keeps out is not counted again by the later gate that would also have dropped it."""
     parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 1, "max_wait_s": 0.0}),
-                       swarm=Swarm(arrivals=[peer_groups()]))
-    parts.pick = _Picky()
-    rec = Round(parts, 1).run()
-    assert rec["peers/groups_used"] == 1 and rec["groups/topped_up"] == 2
-    assert {s.source for s in parts.learner.batches[0]} == {"own", "peer-2"}
+                       swarm=Swarm(arrivals=[peer_groups()]), guard=True)
+    parts.sample_rules = dataclasses.replace(parts.sample_rules, other_tokenizer=False)     # a node's default
+    rnd = Round(parts, 1)
+    assert [name for name, _ in rnd.gates()] == ["guard", "other_tokenizer"] and GATES[:2] == ("guard", "other_tokenizer")
+    parts.guard.level = 2                       # another tokenizer's peer (peer-1) is the guard's first to go
+    parts.intake.buffer = peer_groups()
+    rnd.admit()
+    assert [g.rollout.node_id for g in parts.intake.buffer] == ["peer-0", "peer-2"]
+    assert rnd.excluded == {"guard": 1, "other_tokenizer": 0, "worth": 0, "kin": 0}
+    parts.guard.level = 0                       # the guard open: the other-tokenizer gate drops peer-1
+    parts.intake.buffer = peer_groups()
+    rnd.admit(only=("guard",))
+    assert len(parts.intake.buffer) == 3 and rnd.excluded["other_tokenizer"] == 0      # only the guard asked
+    rnd.admit()
+    assert [g.rollout.node_id for g in parts.intake.buffer] == ["peer-0", "peer-2"] and rnd.excluded["other_tokenizer"] == 1
+    parts.intake.buffer = []
+    rec = Round(parts, 1).run()                 # a whole round: its own counts, in the record
+    assert rec["peers/skipped_other_tokenizer"] == 1 and rec["swarm/guard_excluded"] == 0
+    assert rec["peers/groups_used"] == 2 and {s.source for s in parts.learner.batches[0]} == {"own", "peer-0", "peer-2"}
+    trains_all = make_parts(tmp_path, make_cfg(RELAY), swarm=Swarm())      # SampleRules: other tokenizers trained
+    assert [name for name, _ in Round(trains_all, 1).gates()] == []
 
 
 def test_the_guards_gate_on_a_rounds_peers(tmp_path):
@@ -122,10 +135,10 @@ def test_the_guards_gate_on_a_rounds_peers(tmp_path):
                         (2, ["peer-0", "peer-2"]), (3, ["peer-0"]), (ALONE, [])]:
         parts.guard.level = level
         parts.intake.buffer = peer_groups()
-        rnd.admit_peers()
+        rnd.admit(only=("guard",))
         assert [g.rollout.node_id for g in parts.intake.buffer] == kept, level
         assert rnd.peer_limit(8) == (0 if level == ALONE else 8)
-    assert rnd.guard_excluded == 1 + 2 + 3
+    assert rnd.excluded["guard"] == 1 + 2 + 3
     parts.intake.buffer = []
     parts.swarm.arrivals = [peer_groups()]
     rec = Round(parts, 2).run()

@@ -2,16 +2,20 @@
 
     prompts ─▶ generator ─▶ reward ─▶ publish ─▶ relay ─▶ peers
                   ▲                                        │
-                  └── sync ◀── learner (own + peer groups) ◀── intake (guard's gate, pick)
+                  └── sync ◀── learner (own + peer groups) ◀── intake ◀── the round's gates
 
-A ``Round`` is built from the node's loaded parts (``Parts``) and the round number; it owns
-its counters (CPU clock, wire bytes, groups the guard kept out), so nothing is reset by hand
-between rounds. What outlives a round (compute totals, OOM retries, the peer book, the guard's
-level) belongs to the node and comes in through the parts. Prompts, sampling seeds and group
-ids are functions of (seed, node, round, index): an alone run and its resume replay bit for bit.
+A ``Round`` is built from the node's loaded parts (``Parts``, filled once by ``Node.build``) and
+the round number; it owns its counters (CPU clock, wire bytes, groups each gate kept out), so
+nothing is reset by hand between rounds. What outlives a round (compute totals, OOM retries, the
+peer book, the guard's level, the worth / kin / outcome books) belongs to the node and comes in
+through the parts. Prompts, sampling seeds and group ids are functions of (seed, node, round,
+index): an alone run and its resume replay bit for bit.
 
-Which peer groups fill the batch is a ``PeerPick`` (default: intake's order, informative groups
-first, spread over peers), the seam where a per-peer worth policy plugs in.
+Which peer groups may fill the batch is decided by the round's gates, a list (``Round.gates``:
+the guard's level, another tokenizer's text, worth, kin), applied to intake's buffer in one
+place (``Round.admit``); intake's order (informative groups first, spread over peers) then picks.
+A per-peer policy is a new gate. (The ``PeerPick`` seam that stood here was dropped: the
+policies that came, worth and kin, are gates.)
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import time
 import uuid
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable
 
 import numpy as np
 
@@ -145,48 +149,32 @@ class Filled:
     peer_stats: dict = field(default_factory=dict)
 
 
-class PeerPick(Protocol):
-    """Which of intake's ready peer groups a round takes (``group_ids``: horizontal mode's own
-    group ids; ``per_peer``: at most that many of one peer, or None)."""
-
-    def ready(self, intake, round_: int, limit: int, group_ids: set[str] | None, per_peer: int | None) -> int: ...
-
-    def take(self, intake, round_: int, limit: int, group_ids: set[str] | None,
-             per_peer: int | None) -> list[PeerGroup]: ...
-
-
-class IntakeOrder:
-    """The default pick: intake's own order (informative groups first, spread over peers)."""
-
-    def ready(self, intake, round_, limit, group_ids, per_peer) -> int:
-        return intake.ready(round_, limit, group_ids, per_peer)
-
-    def take(self, intake, round_, limit, group_ids, per_peer) -> list[PeerGroup]:
-        return intake.take(round_, limit, group_ids, per_peer)
+# a gate's verdict on one buffered peer group (Round.gates)
+KEEP, MEASURE, DROP = "keep", "measure", "drop"
+GATES = ("guard", "other_tokenizer", "worth", "kin")     # in the order a round applies them
 
 
 @dataclass
 class Parts:
-    """What a round runs on: the node's loaded parts (Node.build makes them) and its
-    run-long state (compute totals, the OOM retry count live on the node and in checkpoints)."""
+    """What a round runs on: the node's loaded parts (Node.build fills them, once) and its run-long
+    state (compute totals; the OOM retry count lives on the node and in checkpoints)."""
     cfg: Config
     node_id: str
-    bundle: object                  # models.ModelBundle: prompts rendered and encoded, fingerprints
-    task: object
-    generator: object
-    learner: object
-    sync: object                    # sync.WeightSync
-    intake: object
-    book: object                    # peers.book.PeerBook
     progress: object                # progress.ProgressReport
-    divergence: DivergenceWatch
-    local_tokenizer: LocalTokenizer
-    sample_rules: SampleRules
     totals: ComputeTotals
+    bundle: object = None           # models.ModelBundle: prompts rendered and encoded, fingerprints
+    task: object = None
+    generator: object = None
+    learner: object = None
+    sync: object = None             # sync.WeightSync
+    intake: object = None
+    book: object = None             # peers.book.PeerBook
+    divergence: DivergenceWatch | None = None
+    local_tokenizer: LocalTokenizer | None = None
+    sample_rules: SampleRules | None = None
     swarm: object | None = None     # swarm.SwarmClient; None alone
     guard: object | None = None     # guard.SwarmGuard; None without held-out evals or alone
     token_bytes: TokenBytes | None = None
-    pick: PeerPick = field(default_factory=IntakeOrder)
     worth: WorthBook | None = None          # swarm.fill_by_worth: which kinds of peer may fill (run-long)
     outcomes: OutcomeBook | None = None     # swarm.prompt_choice = "outcomes": peers' outcomes (run-long)
     kin: KinBook | None = None              # swarm.fill = "kin": which peers may fill own slots (run-long)
@@ -203,11 +191,8 @@ class Round:
         self.cpu = CpuClock()
         self.wire_in = WireCount()          # received rollouts
         self.wire_out = WireCount()         # published rollouts
-        self.guard_excluded = 0             # peer groups the guard kept out
-        self.worth_excluded = 0             # peer groups of a kind not worth a slot (fill_by_worth)
+        self.excluded = dict.fromkeys(GATES, 0)     # peer groups each gate kept out (Round.gates)
         self.seen: list[tuple[str, list, str]] = []     # (kind, rewards, peer id) of each peer group taken in
-        self.other_skipped = 0              # peer groups of another tokenizer kept out (train.other_tokenizer off)
-        self.kin_excluded = 0               # peer groups of peers not kin (swarm.fill = "kin")
         self.to_measure: list[PeerGroup] = []   # groups of unmeasured peers: in the step at weight 0
         self.measured_groups = 0
         self.kin_now: tuple | None = None   # (kin peers, kin metrics) when the round decided its fill
@@ -278,7 +263,7 @@ class Round:
             "peers/refused_length": batch.refused_length,
             "peers/false_tokenizer_claims": batch.false_tokenizer_claims,
             "peers/refused_untokenizable": batch.refused_untokenizable,
-            "peers/skipped_other_tokenizer": self.other_skipped + batch.skipped_other_tokenizer,
+            "peers/skipped_other_tokenizer": self.excluded["other_tokenizer"] + batch.skipped_other_tokenizer,
             "peers/success_weight": batch.success_weight,
             "frac_reward_zero_std": batch.groups_zero_std / batch.groups if batch.groups else None,
             "groups/with_peer_parts": batch.groups_with_peer_parts,
@@ -296,7 +281,7 @@ class Round:
                            "relay/replayed": s.get("replayed"), "relay/state": health["state"],
                            "relay/reason": health.get("reason") or None})
         if p.guard is not None:
-            record.update({"swarm/guard_level": p.guard.level, "swarm/guard_excluded": self.guard_excluded})
+            record.update({"swarm/guard_level": p.guard.level, "swarm/guard_excluded": self.excluded["guard"]})
         record.update(self.exchange_record(own))
         record["peers"] = p.book.snapshot()
         record.update(round_compute(self.cpu, p.totals, tokens=tokens, own_groups=len(own),
@@ -436,21 +421,62 @@ class Round:
             before = {id(g) for g in p.intake.buffer}
             p.intake.receive(items, self.number)
             self.note_arrivals([g for g in p.intake.buffer if id(g) not in before])
-            self.admit_peers()
-            self.admit_trainable()
-            self.admit_by_worth()
-            self.admit_kin()
+            self.admit()
 
-    # --- the guard's gate -----------------------------------------------------------------
-    def admit_peers(self) -> None:
-        """The guard's current level: drop buffered peer groups it does not admit (counted)."""
-        guard, intake = self.parts.guard, self.parts.intake
-        if guard is None or guard.level == 0:
-            return
-        kept = [g for g in intake.buffer
-                if guard.admits(g.rollout.tokenizer_fp, g.rollout.model_fp, g.rollout.node_id)]
-        self.guard_excluded += len(intake.buffer) - len(kept)
-        intake.buffer = kept
+    # --- the gates ----------------------------------------------------------------------------
+    def gates(self) -> list[tuple[str, Callable]]:
+        """The round's gates, in GATES order: (name, verdict of a buffered peer group). A group stays
+        for the batch when every gate says KEEP; MEASURE sets it aside to be measured at weight 0
+        (while the round has room, kin.MAX_MEASURED; else it is dropped); DROP drops it, counted
+        under the gate's name. Its outcome and kind were noted on arrival (note_arrivals)."""
+        p, gates = self.parts, []
+        if p.guard is not None:       # the guard's current level
+            gates.append(("guard", lambda g: KEEP if p.guard.level == 0 or p.guard.admits(
+                g.rollout.tokenizer_fp, g.rollout.model_fp, g.rollout.node_id) else DROP))
+        if not p.sample_rules.other_tokenizer:       # train.other_tokenizer off: fills no slot, not trained
+            gates.append(("other_tokenizer", lambda g: KEEP if g.same_tokenizer else DROP))
+        if p.worth is not None:
+            gates.append(("worth", self.worth_verdict()))
+        if p.kin is not None and self.cfg.swarm.fill == "kin":
+            gates.append(("kin", self.kin_verdict))
+        return gates
+
+    def admit(self, only: tuple[str, ...] | None = None) -> None:
+        """Intake's buffer through the round's gates (or the ones named in ``only``), one gate after
+        another: the one place a round rewrites that buffer."""
+        buffer = self.parts.intake.buffer
+        for name, verdict in self.gates():
+            if only is not None and name not in only:
+                continue
+            kept = []
+            for g in buffer:
+                said = verdict(g)
+                if said == KEEP:
+                    kept.append(g)
+                elif said == MEASURE and len(self.to_measure) < MAX_MEASURED:
+                    self.to_measure.append(g)
+                else:
+                    self.excluded[name] += 1
+            buffer = kept
+        self.parts.intake.buffer = buffer
+
+    def worth_verdict(self) -> Callable:
+        """fill_by_worth: a kind not worth an own group is dropped (its slot goes to own generation);
+        a kind never measured in a step has a few groups measured at weight 0 instead (on top of a
+        full own batch)."""
+        worth, fp = self.parts.worth, self.parts.bundle.fingerprint
+        allowed = {kind for kind in KINDS if worth.allows(kind)}    # decided once a round, in observe()
+
+        def verdict(g) -> str:
+            kind = peer_kind(g.same_tokenizer, g.rollout.model_fp, fp)
+            return KEEP if kind in allowed else DROP if worth.measured(kind) else MEASURE
+        return verdict
+
+    def kin_verdict(self, g) -> str:
+        """swarm.fill = "kin": only kin peers' groups may take own slots; a peer never measured has
+        its groups measured at weight 0 (at most kin.MAX_MEASURED a round)."""
+        kin, node = self.parts.kin, g.rollout.node_id
+        return KEEP if kin.is_kin(node) else MEASURE if kin.measuring(node) else DROP
 
     # --- worth and outcomes (issue 48) ------------------------------------------------------
     def note_arrivals(self, groups) -> None:
@@ -462,57 +488,6 @@ class Round:
             self.seen.append((kind, list(g.rewards), g.rollout.node_id))
             if p.outcomes is not None:
                 p.outcomes.add_peer(self.number, g.prompt, kind, g.rewards)
-
-    def admit_trainable(self) -> None:
-        """train.other_tokenizer off: another tokenizer's groups fill no slot and are not trained
-        (counted; graded and counted for worth and outcomes already, relayed by the relay)."""
-        p = self.parts
-        if p.sample_rules.other_tokenizer:
-            return
-        kept = [g for g in p.intake.buffer if g.same_tokenizer]
-        self.other_skipped += len(p.intake.buffer) - len(kept)
-        p.intake.buffer = kept
-
-    def _measure_or_drop(self, g) -> bool:
-        """Set ``g`` aside to be measured at weight 0 (True), while this round has room for it."""
-        if len(self.to_measure) < MAX_MEASURED:
-            self.to_measure.append(g)
-            return True
-        return False
-
-    def admit_by_worth(self) -> None:
-        """fill_by_worth: drop buffered groups of a kind not worth an own group (counted); their
-        slots go to own generation, their outcomes were kept. A kind never measured in a step has
-        a few groups measured at weight 0 instead (on top of a full own batch)."""
-        worth, intake = self.parts.worth, self.parts.intake
-        if worth is None:
-            return
-        fp = self.parts.bundle.fingerprint
-        allowed = {kind for kind in KINDS if worth.allows(kind)}    # decided once a round, in observe()
-        kept = []
-        for g in intake.buffer:
-            kind = peer_kind(g.same_tokenizer, g.rollout.model_fp, fp)
-            if kind in allowed:
-                kept.append(g)
-            elif worth.measured(kind) or not self._measure_or_drop(g):
-                self.worth_excluded += 1
-        intake.buffer = kept
-
-    def admit_kin(self) -> None:
-        """swarm.fill = "kin": only kin peers' groups may take own slots; groups of a peer never
-        measured are set aside to be measured at weight 0 (at most kin.MAX_MEASURED a round); the
-        rest are dropped (counted; their outcomes were kept)."""
-        kin, intake = self.parts.kin, self.parts.intake
-        if kin is None or self.cfg.swarm.fill != "kin":
-            return
-        kept = []
-        for g in intake.buffer:
-            node = g.rollout.node_id
-            if kin.is_kin(node):
-                kept.append(g)
-            elif not (kin.measuring(node) and self._measure_or_drop(g)):
-                self.kin_excluded += 1
-        intake.buffer = kept
 
     def take_measured(self, slots: int | None) -> list[PeerGroup]:
         """The groups set aside to be measured, under batch fill only (peers on top train anyway)."""
@@ -541,7 +516,7 @@ class Round:
         out = {"groups/own_signal_frac": statistics.fmean(signal) if signal else None}
         if p.worth is not None:
             out.update(p.worth.metrics())
-            out["worth/excluded"] = self.worth_excluded
+            out["worth/excluded"] = self.excluded["worth"]
             out["worth/said"] = [describe(p.worth.worth(k), own_groups=len(own), batch=self.cfg.task.prompts_per_round)
                                  for k in KINDS if p.worth.seen[k]]
         if p.worth is not None or p.kin is not None:
@@ -549,7 +524,7 @@ class Round:
         if p.kin is not None:
             count, metrics = self.kin_now
             out.update(metrics)
-            out["kin/excluded"] = self.kin_excluded
+            out["kin/excluded"] = self.excluded["kin"]
             said = p.kin.said(len(own), self.cfg.task.prompts_per_round, kin=count)
             out["kin/said"] = said
             if said != getattr(p.kin, "last_said", None):      # node.log: when it changes
@@ -569,7 +544,7 @@ class Round:
     def collect_peers(self, own_group_ids: set[str] | None, limit: int) -> tuple[list[PeerGroup], dict]:
         """Wait (bounded by swarm.max_wait_s) until ``limit`` peer groups are ready, then take
         them; a slow or absent peer never stalls the node. Vertical: at most
-        swarm.max_groups_per_peer of one peer; which ones: the parts' ``pick``."""
+        swarm.max_groups_per_peer of one peer; which ones: intake's order, among what the gates kept."""
         p, cfg = self.parts, self.cfg
         limit = self.peer_limit(limit)
         t0 = time.time()
@@ -578,12 +553,12 @@ class Round:
         p.progress.phase(phases.WAITING, deadline=deadline, done=0, total=limit)
         while True:
             self.poll(min(0.2, max(0.0, deadline - time.time())))
-            ready = p.pick.ready(p.intake, self.number, limit, own_group_ids, per_peer)
+            ready = p.intake.ready(self.number, limit, own_group_ids, per_peer)
             p.progress.advance(min(ready, limit), limit)
             if ready >= limit or time.time() >= deadline:
                 break
         with self.cpu.measure("intake"):
-            taken = p.pick.take(p.intake, self.number, limit, own_group_ids, per_peer)
+            taken = p.intake.take(self.number, limit, own_group_ids, per_peer)
         counts = p.intake.pop_round_counts()
         return taken, {"time/peer_wait_s": time.time() - t0,
                        "wire/bytes_per_token_in": self.wire_in.per_token(),
