@@ -18,7 +18,9 @@ from .store import rundir
 
 
 def _die(msg: str, code: int = 2) -> int:
-    print(f"{rundir.ERROR_PREFIX}{msg}", file=sys.stderr)
+    from .common.text_safety import shown
+    # messages name paths and settings read from disk: each line printed inert
+    print(rundir.ERROR_PREFIX + "\n".join(shown(line) for line in str(msg).split("\n")), file=sys.stderr)
     return code
 
 
@@ -78,8 +80,7 @@ def _run_start(args) -> int:
     except FtisError as e:
         return _die(str(e))
     if (run_dir / METRICS_FILE).exists() and not (resume or args.overwrite):
-        return _die(f"{run_dir} already holds a run: --resume to continue it, or --run-dir DIR (or another "
-                    f"config file name) for a new one; --overwrite DELETES that run and starts over")
+        return _die(rundir.holds_a_run(run_dir))
     if args.overwrite:
         rundir.reset(run_dir)
     notes: list[str] = []
@@ -89,6 +90,10 @@ def _run_start(args) -> int:
             if rundir.check_resumable(run_dir, fresh_if_missing=args.resume_or_fresh):
                 # before anything loads: a setting the checkpoint needs that changed is refused
                 notes = resume_check.check(run_dir, cfg, node_file=args.config)
+                done = rundir.complete_words(run_dir, cfg.node.rounds, args.config)
+                if done:             # nothing to train: said before the model loads or the relay is joined
+                    print(done, file=sys.stderr)
+                    return 0
         except FtisError as e:
             return _die(str(e))
 

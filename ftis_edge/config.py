@@ -49,6 +49,8 @@ def _table_opt(doc):
 # train.learning_rate = "auto": LoRA moves few weights and needs a large step; full fine-tuning
 # at a LoRA rate collapses the model within a round (format 21% -> 0%, KL in the thousands).
 AUTO_LEARNING_RATE = {"lora": 1e-4, "full": 5e-6}
+# `ftis-edge export` names its merged models generically (export.py): model-f16.gguf, model-q8_0.gguf ...
+EXPORTED_STEMS = ("model-f16", "model-q8_0", "model-q4_k_m")
 
 
 @dataclass
@@ -266,7 +268,11 @@ class Config:
         shown instead of the GGUF's internal name ("Smollm2 135M 8k Lc100K Mix1 Ep2")."""
         spec = self.model.spec
         if spec.endswith(".gguf"):
-            return Path(spec).stem
+            path = Path(spec).expanduser()
+            if path.stem in EXPORTED_STEMS:     # export's generic file name: called by its run's name
+                folder = path.parent.parent if path.parent.name == "export" else path.parent
+                return f"{folder.resolve().name or path.stem}-{path.stem[len('model-'):]}"
+            return path.stem
         if spec.startswith(("/", ".", "~")) or Path(spec).expanduser().is_dir():
             return Path(spec).expanduser().name
         return spec

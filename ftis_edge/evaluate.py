@@ -403,8 +403,11 @@ def print_table(result: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from .common.text_safety import shown
     console = console or Console()
-    title = (f"{result['task']} · {result['model']}" + (f" + {result['adapter']}" if result["adapter"] else "")
+    # the model and adapter are paths from disk (a folder's name may carry markup): printed inert
+    title = (f"{shown(result['task'], markup=True)} · {shown(result['model'], markup=True)}"
+             + (f" + {shown(result['adapter'], markup=True)}" if result["adapter"] else "")
              + f" · {result['backend']}/{result['precision']} · T={result['sampler']['temperature']}"
              + (f" · G={result['samples_per_prompt']}" if result["samples_per_prompt"] > 1 else ""))
     table = Table(title=title)
@@ -437,13 +440,14 @@ def run(args) -> int:
     try:
         spec = EvalSpec.from_args(args)
         result = evaluate(spec)
-    except EvalError as e:
-        print(f"ftis-edge eval: error: {e}", file=sys.stderr)
+    except EvalError as e:        # names a model folder, a file: each line printed inert
+        from .common.text_safety import shown
+        print("ftis-edge eval: error: " + "\n".join(shown(ln) for ln in str(e).split("\n")), file=sys.stderr)
         return 2
     except FtisError as e:        # a run directory's checkpoint, model or config: one line, no traceback
         from .errors import one_line
-        from .common.text_safety import terminal_safe
-        print(f"ftis-edge eval: error: {terminal_safe(one_line(e))}", file=sys.stderr)
+        from .common.text_safety import shown
+        print(f"ftis-edge eval: error: {shown(one_line(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ftis-edge eval: interrupted", file=sys.stderr)

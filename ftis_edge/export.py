@@ -308,6 +308,9 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
 
     if quant not in QUANTS:
         raise ExportError(f"--quant must be one of {', '.join(QUANTS)}, got {quant!r}")
+    from .common.text_safety import shown
+    say = log
+    log = lambda line: say(shown(line))      # noqa: E731 - a shared run names its model folder: printed inert
     run_dir = Path(run_dir).expanduser()
     if not rundir.is_run_dir(run_dir):
         raise ExportError(f"{run_dir} is not a run directory (no {rundir.CONFIG_FILE})")
@@ -328,7 +331,7 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     weights = _weights_line(state["round"], best, latest, base_only)
     log(weights["line"])
     out = Path(to).expanduser() if to else run_dir / "export"
-    out.mkdir(parents=True, exist_ok=True)
+    _writable(out, default=to is None)
     noise = out / LOG_NAME
     step = _Steps(noise, log)
 
@@ -363,7 +366,7 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     (out / "Modelfile").write_text(modelfile(shipped, bundle, context, cfg.task.temperature))
     del learner
 
-    info = {"base_model": cfg.model.spec, "base_name": bundle.name, "arch": bundle.arch,
+    info = {"base_model": cfg.model.spec, "base_name": bundle.name, "model_name": cfg.model_label, "arch": bundle.arch,
             "base_fingerprint": bundle.fingerprint, "rounds": rounds, "method": cfg.train.method,
             "trainable": cfg.train.trainable, "backend": cfg.model.backend, "task": cfg.task.name,
             "weights": {k: v for k, v in weights.items() if k != "line"},
@@ -388,6 +391,19 @@ def export_run(run_dir, to=None, *, quant: str = "q4_k_m", eval_limit: int = 50,
     (out / "export.json").write_text(json.dumps(info, indent=1))
     (out / "README.md").write_text(model_card(info))
     return info
+
+
+def _writable(out: Path, *, default: bool) -> None:
+    """The output folder, made and known writable before any model loads: a read-only run
+    directory (a shared one, a mounted backup) is said in one line with the option that works."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        hint = ("; export it elsewhere with --to DIR" if default else "; choose another --to DIR")
+        raise ExportError(f"cannot write the export to {out} ({e.strerror or e}){hint}") from None
 
 
 def _weights_line(latest_round: int, best: dict | None, latest: bool, base_only: dict | None = None) -> dict:
@@ -417,9 +433,14 @@ def _weights_line(latest_round: int, best: dict | None, latest: bool, base_only:
 
 
 def model_card(info: dict) -> str:
+    from .common.text_safety import shown
     method = {"lora": "LoRA", "full": "full fine-tuning"}[info["trainable"]]
-    lines = [f"# {info['base_name']} + ftis-edge ({info['method']}, {info['task']})", "",
-             f"* Base model: `{info['base_model']}` ({info['arch']}), weights fingerprint `{info['base_fingerprint']}`",
+    # the model as the user called it (config.model_label), not the GGUF's internal general.name;
+    # names from disk pass the one sanitiser (a code span must not be closed by the name either)
+    name = shown(info.get("model_name") or info["base_name"])
+    lines = [f"# {name} + ftis-edge ({info['method']}, {info['task']})", "",
+             f"* Base model: `{shown(info['base_model']).replace('`', chr(39))}` ({shown(info['arch'])}), "
+             f"weights fingerprint `{info['base_fingerprint']}`",
              f"* Training: {info['rounds']} round{'' if info['rounds'] == 1 else 's'} of GRPO with {info['method'].upper()} ({method}), "
              f"{info['backend']} backend, task `{info['task']}`",
              f"* Files: {', '.join('`' + f + '`' for f in info['files'].values())}, `Modelfile`", ""]
@@ -512,7 +533,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", default="q4_k_m", choices=QUANTS,
                    help="quantization of the shipped GGUF (default q4_k_m; f16: no quantized file)")
     p.add_argument("--eval-limit", type=int, default=50,
-                   help="held-out prompts for the before/after eval in the model card (0 = skip)")
+                   help="held-out prompts for the before/after eval in the model card (default 50; 0 = skip)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the eval")
     p.add_argument("--latest", action="store_true",
                    help="export the newest checkpoint's weights (default: the best held-out eval's, when the run "
@@ -545,8 +566,8 @@ def run(args) -> int:
         info = export_run(args.run_dir, args.to, quant=args.quant, eval_limit=args.eval_limit, threads=args.threads,
                           latest=args.latest)
     except FtisError as e:        # ExportError, CheckpointError, ConfigError ...
-        from .common.text_safety import terminal_safe
-        print(f"ftis-edge export: error: {terminal_safe(one_line(e))}", file=sys.stderr)
+        from .common.text_safety import shown
+        print(f"ftis-edge export: error: {shown(one_line(e))}", file=sys.stderr)
         return 2
     except Exception as e:        # noqa: BLE001 - a bug or a run directory nobody foresaw: one line, never a raw traceback
         print(f"ftis-edge export: error: {_traceback_kept(e, args)}", file=sys.stderr)

@@ -77,8 +77,9 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
                    help="federation bridge allowed to forward others' rollouts (repeatable): its node id, "
                         "which on a CURVE relay is its key's name; =RELAY,... limits the relays whose nodes "
                         "(NODE@RELAY) it may forward")
+    # its default is worked out at start (HOST:PORT), so the help says that and not an empty default
     p.add_argument("--name", default=d.name, help="this relay's name: its nodes are NODE@NAME on other relays "
-                                                  "(default: HOST:PORT)")
+                                                  "(default: HOST:PORT)" + "%(default).0s")
     p.add_argument("--open-bridges", action="store_true",
                    help="honour --trust-bridge on an open relay (no --keys), where a node id is only a claim: "
                         "anyone who says HELLO as a trusted name may then publish as any node")

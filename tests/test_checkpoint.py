@@ -116,7 +116,7 @@ def test_stop_summary_points_at_export_in_the_users_spelling(tmp_path):
         '{"type":"start"}\n{"type":"round","round":3}\n{"type":"stop","round":3,"reason":"user"}\n')
     _save(tmp_path, 3)
     line = rundir.stop_summary(tmp_path, config="node.toml", program=".venv/bin/ftis-edge")
-    assert line.splitlines()[:2] == ["stopped after round 3: stopped by you (q)", f"  run dir   {tmp_path}"]
+    assert line.splitlines()[:2] == ["stopped after round 3: stopped from the dashboard (q, Ctrl-C, or S then y)", f"  run dir   {tmp_path}"]
     # the run's own settings (RUN/config.toml) resume it, not the node file
     assert f"  resume    .venv/bin/ftis-edge start --run-dir {tmp_path} --resume" in line
     assert f"  export    .venv/bin/ftis-edge export {tmp_path}   (GGUF, Ollama, PEFT)" in line

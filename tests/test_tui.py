@@ -249,12 +249,16 @@ async def test_p_pauses_and_resumes(tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert cell(app, "state") == "running"
-        await pilot.press("p")
+        await pilot.press("p")                       # watching someone's node: p asks, y confirms
+        assert read_control(run) == {"pause": False, "stop": False}
+        await pilot.press("y")
         assert read_control(run) == {"pause": True, "stop": False}
         assert cell(app, "state") == "paused" and app.sub_title.startswith("paused")
         await pilot.pause(0.2)                       # the next poll keeps it (file agrees)
         assert cell(app, "state") == "paused"
-        await pilot.press("p")
+        await pilot.press("p", "x", "y")             # any other key answers no
+        assert read_control(run) == {"pause": True, "stop": False}
+        await pilot.press("p", "y")
         assert read_control(run) == {"pause": False, "stop": False}
         assert cell(app, "state") == "running"
 

@@ -28,7 +28,7 @@ def test_stop_summary_is_a_short_block_with_best_held_out_and_the_relay(tmp_path
              {"type": "stop", "round": 10, "reason": "user"})
     checkpoint.save(run, 10, {"round": 10})
     block = rundir.stop_summary(run, config="alice.toml", program="ftis-edge").splitlines()
-    assert block[0] == "stopped after round 10 of 30: stopped by you (q)"
+    assert block[0] == "stopped after round 10 of 30: stopped from the dashboard (q, Ctrl-C, or S then y)"
     assert block[2] == "  held-out  best 41% at round 5 (base model 25%), 38% at the end"
     assert block[3] == (f"  resume    ftis-edge start --run-dir {run} --resume   "
                         f"(rejoins tcp://10.0.0.2:5555)")

@@ -86,12 +86,14 @@ def shape_from_hf_config(cfg: dict, name: str = "model") -> ModelShape:
                       n_head_kv=n_kv, head_dim=head_dim, vocab=vocab)
 
 
-def shape_of(bundle) -> ModelShape:
-    """A ``models.ModelBundle``'s shape: from its GGUF header, else its HF config.json."""
+def shape_of(bundle, name: str | None = None) -> ModelShape:
+    """A ``models.ModelBundle``'s shape: from its GGUF header, else its HF config.json; ``name``:
+    the model as the user called it (config.model_label), not the GGUF's internal general.name."""
     if bundle.gguf_path is not None:
-        return shape_from_gguf(bundle.gguf_path)
+        shape = shape_from_gguf(bundle.gguf_path)
+        return replace(shape, name=name) if name else shape
     cfg_path = Path(bundle.hf_dir()) / "config.json"
-    return shape_from_hf_config(json.loads(cfg_path.read_text()), bundle.name)
+    return shape_from_hf_config(json.loads(cfg_path.read_text()), name or bundle.name)
 
 
 @dataclass(frozen=True)
@@ -429,7 +431,7 @@ def summary(cfg) -> str:
     """What ``ftis-edge init`` prints: the file's model on this machine (CPU; a GPU is checked at start)."""
     from ..models.resolve import ModelError, resolve_model
     try:
-        shape = shape_of(resolve_model(cfg.model.spec))
+        shape = shape_of(resolve_model(cfg.model.spec), cfg.model_label)
     except (ModelError, OSError, KeyError, ValueError) as e:      # a model not here yet: estimated at start
         return f"memory: estimated when the node starts ({e})"
     _, line = check(shape, Setup.from_config(cfg), machine())

@@ -488,12 +488,15 @@ def slow_step(what: str):
     import logging
 
     from rich.console import Console
+
+    from ..common.text_safety import shown
+    said = shown(what, markup=True)     # model folder and file names come from disk: printed inert
     console = Console(stderr=True)
     t0 = time.time()
-    logging.getLogger("ftis_edge.models.resolve").info("%s ...", what)
-    with console.status(f"{what} ...", spinner="dots"):
+    logging.getLogger("ftis_edge.models.resolve").info("%s ...", what)     # the log's formatter sanitises
+    with console.status(f"{said} ...", spinner="dots"):
         yield
-    console.print(f"[green]✓[/] {what}: {time.time() - t0:.1f} s", highlight=False)
+    console.print(f"[green]✓[/] {said}: {time.time() - t0:.1f} s", highlight=False)
     logging.getLogger("ftis_edge.models.resolve").info("%s: %.1f s", what, time.time() - t0)
 
 

@@ -13,6 +13,7 @@ import os
 import warnings
 from pathlib import Path
 
+from ..common.text_safety import terminal_safe
 from ..metrics.compute import saved_phrase
 from ..metrics.records import LOG_FILE
 
@@ -20,7 +21,18 @@ ROOT = "ftis_edge"
 FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
-class _ConsoleFormatter(logging.Formatter):
+class _SafeFormatter(logging.Formatter):
+    """The values logged (``%s`` arguments: a model folder's name, a peer's id, a GGUF's
+    general.name) with control and bidi characters written out: the log is read on terminals."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if isinstance(record.args, tuple) and any(isinstance(a, str) for a in record.args):
+            record = logging.makeLogRecord({**record.__dict__, "args": tuple(
+                terminal_safe(a) if isinstance(a, str) else a for a in record.args)})
+        return super().format(record)
+
+
+class _ConsoleFormatter(_SafeFormatter):
     """One line per record on the console: the traceback stays in node.log."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -37,7 +49,7 @@ def setup_logging(run_dir: Path, *, console: bool) -> None:
     """node.log (and the console) for every ``ftis_edge.*`` logger and for the relay client
     under ``ftis_edge.peers.swarm`` (``relay.*``: it lives beside the package, not in it)."""
     fh = logging.FileHandler(Path(run_dir) / LOG_FILE, encoding="utf-8")
-    fh.setFormatter(logging.Formatter(FORMAT, "%H:%M:%S"))
+    fh.setFormatter(_SafeFormatter(FORMAT, "%H:%M:%S"))
     handlers: list[logging.Handler] = [fh]
     if console:
         sh = logging.StreamHandler()

@@ -519,6 +519,8 @@ class Node:
                 signal.signal(s, h)
 
     def _loop(self, cfg: Config) -> int:
+        from ..store.record_watch import RecordWatch
+        edits = RecordWatch(self.run_dir, rundir.command_name())   # RUN/config.toml edited: said, not applied
         try:
             while self.round < cfg.node.rounds and not self.stop_reason:
                 paused = self._wait_if_paused()
@@ -526,6 +528,9 @@ class Node:
                     break
                 self.round += 1
                 self._record(self.run_round(), paused)
+                news = edits.news()
+                if news:
+                    log.warning("%s", news)
             if self.round > self.saved_round:      # a stop read between rounds (q while paused)
                 self._checkpoint()
         finally:

@@ -81,7 +81,7 @@ def check_fit(cfg: Config, bundle, task) -> tuple[bool, str]:
     the node still starts), and a refusal (ConfigError) when it needs more than the machine has."""
     from ..learn import fit
     setup = fit.Setup.from_config(cfg, prompt_tokens=longest_first_prompt(cfg, bundle, task))
-    shape, have = fit.shape_of(bundle), fit.machine(setup.device)
+    shape, have = fit.shape_of(bundle, cfg.model_label), fit.machine(setup.device)
     ok, line = fit.check(shape, setup, have)
     refusal = None if ok else fit.impossible(shape, setup, have)
     if refusal:

@@ -15,6 +15,9 @@ from pathlib import Path
 from ..errors import FtisError
 
 MARGIN = 1 << 20             # logs, metrics, manifests, file-system overhead
+# The command that works whether or not the run got as far as a checkpoint (--resume alone
+# refuses a run without one, and a full disk often stops a node before its first).
+AGAIN = "start again with --resume-or-fresh (it resumes from the newest checkpoint, or starts fresh when there is none)"
 
 
 class DiskFull(FtisError):
@@ -66,7 +69,7 @@ def require(path, need: int, what: str, kept: str = "") -> None:
         return
     raise DiskFull(f"disk full: {what} needs {human(need + MARGIN)} in {path}, only {human(free)} free"
                    f"{'; ' + kept if kept else ''}; free {human(need + MARGIN - free)} or more there (or set "
-                   f"node.run_dir on a larger disk), then resume with --resume")
+                   f"node.run_dir on a larger disk), then {AGAIN}")
 
 
 def explain(exc: OSError, run_dir, need: int | None = None, kept: str = "") -> DiskFull:
@@ -76,4 +79,4 @@ def explain(exc: OSError, run_dir, need: int | None = None, kept: str = "") -> D
     needs = f"; this run needs about {human(need + MARGIN)} there" if need else ""
     return DiskFull(f"disk full: writing {where} failed ({exc.strerror or exc}); {human(free)} free in {run_dir}"
                     f"{needs}{'; ' + kept if kept else ''}; free space there (or set node.run_dir on a larger "
-                    f"disk), then resume with --resume")
+                    f"disk), then {AGAIN}")

@@ -86,9 +86,9 @@ def _check_model_choice(run_dir: Path, spec: str) -> None:
         except OSError:
             inside = False
         if not inside:
-            from ..common.text_safety import terminal_safe
-            print(terminal_safe(f"note: {run_dir / CONFIG_FILE} chooses the model {path.resolve()}, outside "
-                                f"the run directory"), file=sys.stderr)
+            from ..common.text_safety import shown
+            print(shown(f"note: {run_dir / CONFIG_FILE} chooses the model {path.resolve()}, outside "
+                        f"the run directory"), file=sys.stderr)
 
 
 def latest_weights(run_dir: Path) -> tuple[Path, str] | None:
@@ -208,6 +208,34 @@ def check_resumable(run_dir: Path, *, fresh_if_missing: bool) -> bool:
         f"use --resume-or-fresh to start fresh when there is none (--overwrite would delete the run)")
 
 
+def holds_a_run(run_dir: Path, program: str | None = None) -> str:
+    """Why a fresh start refuses a run directory that holds a run, with the command that works:
+    ``--resume`` when it has a checkpoint, ``--resume-or-fresh`` (which starts it over) when not."""
+    program = program or command_name()
+    if checkpoint.complete(run_dir):
+        keep = f"{_command(program, 'start', '--run-dir', str(run_dir), '--resume')} continues it"
+    else:
+        keep = (f"it stopped before its first checkpoint, so there is nothing to resume: "
+                f"{_command(program, 'start', '--run-dir', str(run_dir), '--resume-or-fresh')} starts it over")
+    return (f"{run_dir} already holds a run: {keep}; --run-dir DIR (or another config file name) starts a "
+            f"new one beside it; --overwrite DELETES that run and starts over")
+
+
+def complete_words(run_dir: Path, rounds: int, node_file: str | None = None, program: str | None = None) -> str | None:
+    """What a ``--resume`` of a finished run says (before anything loads): that every round the
+    settings ask for is done, and how to ask for more; None when there are rounds left."""
+    done = checkpoint.complete(run_dir)
+    if not done or done[-1] < rounds:
+        return None
+    program = program or command_name()
+    more = str(done[-1] + max(rounds, 1))
+    source = ([str(node_file)] if node_file else ["--run-dir", str(run_dir)])
+    return (f"{run_dir} is complete: all {rounds} rounds are done (its newest checkpoint is round {done[-1]}); "
+            f"nothing was loaded. To train further, ask for more rounds: "
+            f"{_command(program, 'start', *source, '--resume', '--rounds', more)} (or set node.rounds in "
+            f"{node_file or Path(run_dir) / CONFIG_FILE}); to use it: {_command(program, 'export', str(run_dir))}")
+
+
 def command_name(argv0: str | None = None) -> str:
     """How the user ran ftis-edge, to print commands they can paste: ``.venv/bin/ftis-edge``
     as typed, ``ftis-edge`` when that is what PATH finds, ``python -m ftis_edge.cli`` for a module run."""
@@ -241,12 +269,17 @@ def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | N
     rounds = round_records(records)
     last = stop.get("round") if stop else (rounds[-1].get("round") if rounds else 0)
     resume = resume_command(run_dir, program)
+    if not failure and isinstance(exit_code, int) and exit_code < 0:
+        # killed (kill -9, the OOM killer): it wrote nothing, and a resumed run's stop record is the
+        # previous run's, so the exit code is what happened; the last round recorded is where
+        done = rounds[-1].get("round") if rounds else 0
+        return f"the node was {exit_words(exit_code)} after round {done}" + (f"\n  resume    {resume}" if resume else "")
     if failure or (stop and stop.get("reason") == "error"):
         why = failure or stop.get("error") or "error"
         where = f" — traceback in {run_dir / LOG_FILE}" if has_traceback(run_dir) else ""
         return f"failed after round {last}: {why}{where}" + (f"\n  resume    {resume}" if resume else "")
     if stop is None:
-        state = f"exited with code {exit_code}" if exit_code not in (None, 0) else "still running"
+        state = exit_words(exit_code) or "still running"
         line = (f"node {state} after round {last} — run dir {run_dir}, "
                 f"watch with: {_command(program, 'watch', str(run_dir))}")
         return line + (f"\n  resume    {resume}" if resume and state != "still running" else "")
@@ -258,6 +291,13 @@ def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | N
     held = _best_held_out(records)
     if held:
         rows.append(f"  held-out  {held}")
+    saved = _saved(rounds)
+    if saved:
+        rows.append(f"  saved     {saved}")
+    from .record_watch import edits_line
+    edited = edits_line(run_dir, running=False, program=program)
+    if edited:
+        rows.append(f"  config    {edited}")
     relay = first.get("relay")
     if resume:
         rows.append(f"  resume    {resume}" + (f"   (rejoins {relay})" if relay else ""))
@@ -269,7 +309,7 @@ def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | N
     return "\n".join(rows)
 
 
-STOP_WORDS = {"steps": "all rounds done", "user": "stopped by you (q)",
+STOP_WORDS = {"steps": "all rounds done", "user": "stopped from the dashboard (q, Ctrl-C, or S then y)",
               "signal": "stopped by a signal (Ctrl-C, SIGTERM or a closed terminal)",
               "aborted": "aborted (second Ctrl-C); the round in progress is lost", "error": "failed"}
 
@@ -281,6 +321,24 @@ SHORT_STOP_WORDS = {"steps": "all rounds done", "user": "stopped by you", "signa
 def stop_words(reason, short: bool = False) -> str:
     """A stop record's reason in words ("steps" -> "all rounds done"); ``short`` for a status line."""
     return (SHORT_STOP_WORDS if short else STOP_WORDS).get(reason, str(reason))
+
+
+def exit_words(code: int | None) -> str | None:
+    """How a node process ended, from its exit code, when that is news (None for 0): a negative
+    code is the signal that killed it (subprocess's convention), 128+N a shell's spelling of it."""
+    import signal
+    if not code:
+        return None
+    number = -code if code < 0 else code - 128 if 128 < code < 160 else None
+    if number is None:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    why = {"SIGKILL": " (kill -9, or the system ran out of memory)",
+           "SIGSEGV": " (a crash in native code: llama.cpp or torch)"}.get(name, "")
+    return f"killed by {name}{why}"
 
 
 def resume_command(run_dir: Path, program: str | None = None) -> str | None:
@@ -314,8 +372,21 @@ def _best_held_out(records: list[dict]) -> str | None:
             + (f"; {too_few_words(n)}" if too_few(n) else ""))
 
 
+def _saved(rounds: list[dict]) -> str | None:
+    """What the swarm saved this run's node, from the newest round that recorded it: the node's
+    cumulative ``peers/saved_frac`` (batch fill; absent or null when fill is off)."""
+    for rec in reversed(rounds):
+        frac = rec.get("peers/saved_frac")
+        if isinstance(frac, (int, float)) and not isinstance(frac, bool) and 0 <= frac <= 1:
+            return (f"{frac:.0%} of your generation: groups peers supplied trained in place of your own "
+                    f"(through round {rec.get('round')})")
+    return None
+
+
 def last_error_line(path: Path, offset: int = 0) -> str | None:
-    """The one-line error a failed node printed (``ftis-edge: error: …``), from its stderr file."""
+    """The one-line error a failed node printed (``ftis-edge: error: …``), or the last line of a
+    Python traceback, from its stderr file; None when it printed neither (killed: its notes, such
+    as "note: resuming with …", are not why it failed)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(offset)
@@ -326,4 +397,6 @@ def last_error_line(path: Path, offset: int = 0) -> str | None:
     for ln in reversed(lines):
         if ln.startswith(ERROR_PREFIX):
             return ln[len(ERROR_PREFIX):]
-    return lines[-1] if lines else None
+    if "Traceback (most recent call last):" in lines[:-1]:
+        return lines[-1]               # a crash before the node's own handler: the exception's line
+    return None

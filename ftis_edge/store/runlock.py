@@ -10,6 +10,7 @@ refused with a one-line error (LockFileError), never followed, truncated or rewr
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -35,6 +36,20 @@ class LockFileError(FtisError):
     """RUN_DIR/node.lock is something a lock must not be opened through (a link, a FIFO, …)."""
 
 
+class RunDirNotWritable(FtisError):
+    """The run directory cannot be written (a read-only file system, no permission)."""
+
+
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _not_writable(run_dir: Path, e: OSError) -> RunDirNotWritable:
+    return RunDirNotWritable(
+        f"cannot write the run directory {run_dir} ({e.strerror or e}): a node keeps its checkpoints and metrics "
+        f"there; give it a writable folder with --run-dir DIR (a read-only run can still be watched, "
+        f"evaluated with eval --model RUN_DIR, and exported with export RUN_DIR --to DIR)")
+
+
 # O_NOFOLLOW: a node.lock that is a symlink to someone's file is refused, never truncated and
 # rewritten; O_NONBLOCK: a FIFO there cannot hang the open (it is then refused as not a file).
 _FLAGS = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -50,6 +65,8 @@ def _open(path: Path, create: bool):
             raise
         return None
     except OSError as e:
+        if e.errno in _UNWRITABLE and create and not path.is_symlink():
+            raise _not_writable(path.parent, e) from None
         if path.is_symlink():
             raise LockFileError(f"{path} is a symbolic link: ftis-edge does not follow it (it would "
                                 f"overwrite the file it points to); remove it and start again") from None
@@ -117,7 +134,12 @@ def acquire(run_dir, program: str = "ftis-edge") -> bool:
     if fcntl is None:
         return False
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if e.errno in _UNWRITABLE:
+            raise _not_writable(run_dir, e) from None
+        raise
     if run_dir.resolve() in _held:
         return False
     fh = _open(run_dir / LOCK_FILE, create=True)

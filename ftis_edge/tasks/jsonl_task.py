@@ -51,6 +51,9 @@ def _records(path: Path, question_field: str, answer_field: str, grade: str,
             bad.append((lineno, problem))
         else:
             out.append(problem)
+    hint = _field_hint(lines, bad, question_field, answer_field)
+    if hint:
+        raise TaskError(f"{path}: {hint}")
     if len(bad) == 1:
         raise TaskError(f"{path}:{bad[0][0]}: {bad[0][1]}")
     if bad:
@@ -60,6 +63,31 @@ def _records(path: Path, question_field: str, answer_field: str, grade: str,
     if not out:
         raise TaskError(f"{path}: no records")
     return out
+
+
+def _field_hint(lines: list[str], bad: list[tuple[int, str]], question_field: str, answer_field: str) -> str | None:
+    """When no line has the configured field names, the file uses others: one line that names the
+    fields it has and the settings that choose them (task.question_field / task.answer_field),
+    instead of the same complaint once per line."""
+    if not bad or len(bad) < sum(1 for ln in lines if ln.strip()) or \
+            not all(why.startswith(("missing text field", "missing answer field")) for _, why in bad):
+        return None
+    first = next(n for n, _ in bad)
+    try:
+        record = json.loads(lines[first - 1])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    has = ", ".join(repr(k) for k in list(record)[:8]) or "none"
+    wanted = [(key, name) for key, name in (("task.question_field", question_field), ("task.answer_field", answer_field))
+              if name not in record]
+    if not wanted:
+        return None
+    said = " and ".join(f"{name!r}" for _, name in wanted)
+    keys = " and ".join(f"{key} = \"…\"" for key, _ in wanted)
+    return (f"every line ({len(bad)}) misses a field it needs: line {first} has {has}, not {said}; "
+            f"name the fields your file uses with {keys} in the [task] section")
 
 
 def _line_problem(line: str, question_field: str, answer_field: str, grade: str, flags: int):

@@ -25,8 +25,10 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Header, Log, Static, TabbedContent, TabPane
 
 from ftis_edge.store import progress as phases
+from ftis_edge.store.record_watch import RecordWatch
 from ftis_edge.metrics.records import LOG_FILE, MetricsFollower, read_control, write_control
-from ftis_edge.store.rundir import has_traceback, last_error_line, resume_command, stop_words
+from ftis_edge.common.text_safety import shown
+from ftis_edge.store.rundir import exit_words, has_traceback, last_error_line, resume_command, stop_words
 from ftis_edge.tui import format as fmt
 from ftis_edge.tui.state import (
     LogTail,
@@ -132,14 +134,18 @@ class DashboardApp(App[int]):
 
     CSS_PATH = "dashboard.tcss"
     TITLE = "ftis-edge"
+    # Two sets of keys, one shown at a time (check_action): our own node's (q stops it, p pauses
+    # it) and a watcher's (q leaves; stopping or pausing someone's node takes a confirmed key).
     BINDINGS = [
         Binding("q", "stop", "stop"),
+        Binding("q", "leave", "leave"),
         # Ctrl-C means what it means headless: stop after the round; twice: abort (checkpoint kept)
         Binding("ctrl+c", "interrupt", "stop", show=False, priority=True),
         Binding("p", "toggle_pause", "pause"),
-        Binding("d", "detach", "detach"),
+        Binding("p", "ask_pause", "pause…"),
+        Binding("d", "detach", "detach", show=False),
         # watching someone's node: stopping it takes two deliberate keys (S, then y), never q
-        Binding("S", "ask_stop", "stop the node", show=False),
+        Binding("S", "ask_stop", "stop…"),
         Binding("y", "confirm_stop", "confirm", show=False),
         Binding("question_mark", "help", "help"),
         Binding("left_square_bracket", "next_tab(-1)", "previous tab", show=False),
@@ -174,6 +180,7 @@ class DashboardApp(App[int]):
         self.progress: dict | None = None
         self._view_key: tuple | None = None
         self._config_key: tuple | None = None
+        self.record_watch = RecordWatch(self.run_dir)   # RUN/config.toml edited while the node runs
 
     # ---- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -279,6 +286,15 @@ class DashboardApp(App[int]):
         self.progress = progress if progress_is_current(progress, self.state) else None
         self.publish(changed)
         self._refresh_config()
+        self._say_record_edits()
+
+    def _say_record_edits(self) -> None:
+        """An edit of RUN/config.toml while the node runs applies only on resume: said at once
+        (a toast and the Log tab), not left for the user to find out."""
+        news = self.record_watch.news()
+        if news and self._node_running():
+            self.notify(shown(news, markup=True), title="config.toml changed", severity="warning", timeout=20)
+            self.query_one("#log", Log).write_line(news)
 
     def _forget_previous_stop(self) -> None:
         """The node we started resumes a run: the stop record it finds is the previous run's
@@ -341,18 +357,23 @@ class DashboardApp(App[int]):
         line = (self.state.stop or {}).get("error")
         if not line and self.node_stderr is not None:
             line = last_error_line(*self.node_stderr)
-        self.failure = line or f"the node exited with code {code}"
+        # killed (kill -9, out of memory) it printed no error: its exit code says what happened
+        # (its stderr's last line may be a note, "note: resuming with ...", which is no reason)
+        self.failure = fmt.text(line, 300) if line else (exit_words(code) or "the node stopped without a word")
         where = " (traceback: Log tab / node.log)" if has_traceback(self.run_dir) else " (Log tab: node.log)"
         resume = resume_command(self.run_dir)
-        self.notify(self.failure + where + (f"; resume: {resume}" if resume else ""), title="node failed",
+        title = "node killed" if line is None and code is not None and code < 0 else "node failed"
+        self.notify(shown(self.failure + where + (f"; resume: {resume}" if resume else ""), markup=True), title=title,
                     severity="error", timeout=30)
-        self.query_one("#log", Log).write_line(f"node failed: {self.failure}")
+        self.query_one("#log", Log).write_line(f"{title}: {self.failure}")
         self.publish()
 
     def status(self, relay: RelayHealth) -> tuple[str, str, str]:
         """(short word, colour, sentence) for the headline and the header."""
         st = self.state
         if self.failure is not None:
+            if self.node_exit is not None and self.node_exit < 0:
+                return "killed", RED, f"node {self.failure}"
             word = "failed" if self.node_exit is None else f"exited {self.node_exit}"
             return word, RED, f"failed: {self.failure}"
         # a node loading after the stop record resumes the run: that stop is the previous run's
@@ -435,10 +456,20 @@ class DashboardApp(App[int]):
             return self.node_process.poll() is None
         return not self.state.finished
 
+    OWN_KEYS = ("stop", "toggle_pause")                   # our node: one key acts
+    WATCH_KEYS = ("leave", "detach", "ask_pause", "ask_stop")   # someone's node: only asked
+
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        if action == "detach":
-            return self.node_process is None    # leaving would orphan the node we started
+        watching = self.node_process is None    # leaving our own node would orphan it
+        if action in self.OWN_KEYS:
+            return not watching
+        if action in self.WATCH_KEYS:
+            return watching
         return True
+
+    def action_leave(self) -> None:
+        """Watching: q leaves; the node runs on (S then y stops it, p then y pauses it)."""
+        self.exit(0, return_code=0)
 
     def action_stop(self) -> None:
         """First q: ask the node to stop after this round. Second q: leave now; the node
@@ -453,19 +484,34 @@ class DashboardApp(App[int]):
     def action_ask_stop(self) -> None:
         if self.node_process is not None or not self._node_running() or self.stop_pressed:
             return
-        self._stop_asked_at = time.monotonic()
+        self._asked = ("stop", time.monotonic())
         self.notify("stop this node for everyone using it? y: stop it after its round (any other key: no)",
                     severity="warning", timeout=CONFIRM_S)
 
+    def action_ask_pause(self) -> None:
+        """Watching: p asks first; a watcher changes nothing without a confirmed key."""
+        if not self._node_running():
+            self.notify("the run has finished: nothing to pause", severity="warning")
+            return
+        self._asked = ("pause", time.monotonic())
+        question = ("resume this node for everyone using it? y: it starts its next round" if self.control["pause"]
+                    else "pause this node for everyone using it? y: it waits before its next round")
+        self.notify(f"{question} (any other key: no)", severity="warning", timeout=CONFIRM_S)
+
     def on_key(self, event) -> None:
-        if event.key not in ("y", "S"):       # S asked; any other key answers no
-            self._stop_asked_at = None
+        if event.key not in ("y", "S", "p"):       # S or p asked; any other key answers no
+            self._asked = None
 
     def action_confirm_stop(self) -> None:
-        asked = getattr(self, "_stop_asked_at", None)
-        self._stop_asked_at = None
-        if asked is not None and time.monotonic() - asked < CONFIRM_S:
+        """y: the question S or p asked (within CONFIRM_S), answered yes."""
+        what, at = getattr(self, "_asked", None) or (None, 0.0)
+        self._asked = None
+        if what is None or time.monotonic() - at >= CONFIRM_S:
+            return
+        if what == "stop":
             self._request_stop()
+        else:
+            self.action_toggle_pause()
 
     def _request_stop(self) -> None:
         if not self._node_running() or self.stop_pressed:
@@ -571,5 +617,6 @@ def run_dashboard(run_dir: str | os.PathLike, node_process: subprocess.Popen | N
         print(notice or (f"the node (pid {node_process.pid}) is still running. Watch it: ftis-edge watch {run_dir}; "
                          f"stop it after its round with: kill -INT {node_process.pid}"), file=sys.stderr)
     if node_process is not None and node_process.poll() is not None:
-        return node_process.returncode
+        code = node_process.returncode
+        return 128 - code if code < 0 else code       # killed by signal N: 128+N, as a shell says it
     return app.return_code or 0

@@ -579,9 +579,10 @@ def peer_detail(node: str | None, peer: dict | None) -> list[Content]:
 
 HELP = [
     ("q", "stop the node after this round (q again: leave now);"),
-    ("", "watching another's node: q leaves, S then y stops it"),
+    ("", "watching another's node: q leaves, it keeps running"),
     ("p", "pause / resume: the node waits before its next round"),
-    ("d", "detach: leave, the node keeps running (watch only)"),
+    ("", "(watching: p asks first, y confirms)"),
+    ("S", "watching: stop the node after its round (y confirms)"),
     ("1 … 7", "overview · filter & IS · KL & loss · throughput ·"),
     ("", "peers · config · log"),
     ("[  ]", "previous / next tab"),
