@@ -11,7 +11,6 @@ recently seen peers) and, side by side in the same run, with every peer listed a
 from __future__ import annotations
 
 import asyncio
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -19,39 +18,9 @@ from pathlib import Path
 import orjson
 
 from benchmarks.harness import parser
-from ftis_edge.peers.book import PeerBook
-from ftis_edge.metrics.records import read_metrics, round_records
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import PeersTable
-
-FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "recorded_run"
-
-
-def peer_snapshot(n: int) -> dict:
-    """A real PeerBook after n senders each sent one rollout (half accepted); its cap raised to
-    n (a node's book holds MAX_PEERS): what is measured here is the dashboard."""
-    book = PeerBook(quarantine_after=5, max_peers=max(n, 1))
-    for i in range(n):
-        node = f"sybil-{i:05d}"
-        (book.accept if i % 2 else book.reject)(node, *(() if i % 2 else ("decode",)))
-        book.get(node).sent = 1
-        book.get(node).last_seen = 1_700_000_000.0 + i
-    return book.snapshot()
-
-
-def make_run(root: Path, peers: int, rounds: int) -> tuple[Path, dict]:
-    run = root / "run"
-    shutil.copytree(FIXTURE, run)
-    records = read_metrics(FIXTURE)
-    start = records[0]
-    last = round_records(records)[-1]
-    snap = peer_snapshot(peers)
-    lines = [orjson.dumps(start)]
-    for i in range(1, rounds + 1):
-        lines.append(orjson.dumps(dict(last, round=i, peers=snap)))
-    (run / "metrics.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    return run, dict(last, round=rounds + 1, peers=snap)
-
+from testkit.peer_runs import make_run
 
 async def wait_until(pilot, condition, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout

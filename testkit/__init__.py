@@ -1,6 +1,7 @@
 """Inputs that the product's tests (tests/) and the benchmarks (benchmarks/) both build.
 
 Neither may import the other (tests/test_tests_import_product.py), so what both need lives here:
-hostile run directories (``hostile``) and peers' rollouts with an intake that receives them
-(``peers``), built from the product alone. Not shipped with the package.
+hostile run directories (``hostile``), peers' rollouts with an intake that receives them
+(``peers``) and a run whose records carry thousands of peers (``peer_runs``), built from the
+product alone. Not shipped with the package.
 """

@@ -3,9 +3,9 @@ says so (the real dashboard under the pilot, a real PeerBook's snapshot; the tim
 benchmarks/bench_tui_peers.py)."""
 from __future__ import annotations
 
-from benchmarks.bench_tui_peers import make_run
 from ftis_edge.tui import DashboardApp
 from ftis_edge.tui.widgets import PeersTable
+from testkit.peer_runs import make_run
 
 
 async def test_the_peers_tab_lists_the_most_recent_peers_and_says_how_many(tmp_path):
