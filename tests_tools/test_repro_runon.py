@@ -162,3 +162,44 @@ def test_a_node_slower_than_the_one_it_waits_for_is_stopped_in_its_round_r(tmp_p
     assert watch.poll({"worth-2": proc}) == [] and runon.scored_round(rd) is None   # its round R not written
     _node(rd, R, stop="signal")                                                      # the stop writes it
     assert watch.poll({"worth-2": proc}) == ["worth-2: done, scored on its round-3 checkpoint"]
+
+
+def test_slowest_every_node_of_an_arm_serves_until_all_have_reached_round_r(tmp_path):
+    """Issue 65.5 (H8's claim failed on a pair whose peers stopped at R first): with run_on_until =
+    "slowest" no node of an arm is stopped while another is short of round R, whichever it is;
+    then each is stopped and scored at R. The twins alone run their R rounds as before."""
+    import dataclasses
+    batch = dataclasses.replace(batches.BATCHES["h8"], run_on_until="slowest")
+    out = tmp_path / "s0"
+    cfgs = run.receiver_configs(batch, 0, R, out, "tcp://127.0.0.1:1", "s")
+    arm = [f"ftis-{i}" for i in range(4)]
+    assert all(run.runs_on(batch, n) and cfgs[n]["node"]["rounds"] == runon.limit(R) for n in arm)
+    assert not run.runs_on(batch, "alone-0") and cfgs["alone-0"]["node"]["rounds"] == R
+    assert run.waits_for(batch, "ftis-2") == ("ftis-0", "ftis-1", "ftis-3")
+    for name, rounds in zip(arm, (R + 1, R + 1, R, R - 1)):     # ftis-3 is the slowest this time
+        _node(out / name, rounds)
+    watch = run.watch_for(batch, cfgs, out, R, set(arm))
+    procs = {n: _sleeper() for n in arm}
+    try:
+        assert watch.poll(procs) == [] and all(p.poll() is None for p in procs.values())   # ftis-3 short of R
+        assert all(runon.kept(out / n, R) for n in arm[:3])
+        _node(out / "ftis-3", R)
+        said = watch.poll(procs)
+        assert len(said) == 4 and all("every node of its arm reached round 3" in line for line in said), said
+        assert wait_for(lambda: all(p.poll() is not None for p in procs.values()), 120)
+        said = watch.poll(procs)
+        assert sorted(said) == sorted(f"{n}: done, scored on its round-3 checkpoint" for n in arm)
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+    assert all(runon.scored_round(out / n) == R for n in arm)
+    assert json.loads((out / "ftis-0" / runon.MARK).read_text())["until"] == "the slowest of its arm"
+
+
+def test_reached_counts_a_round_r_that_went_by_unwatched(tmp_path):
+    rd = tmp_path / "ftis-1"
+    _node(rd, R - 1)
+    assert not runon.reached(rd, R)
+    _node(rd, R + 2)                    # the node's rotation keeps R + 1 and R + 2 only
+    assert R not in checkpoint.complete(rd) and runon.reached(rd, R) and not runon.kept(rd, R)

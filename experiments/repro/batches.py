@@ -97,8 +97,9 @@ class SwarmBatch:
     per_node: list[dict] = field(default_factory=list)
     extras: dict[str, tuple[int, dict]] = field(default_factory=dict)   # name -> (node i, overrides of its twin alone)
     # H7: in every arm, the nodes other than this one run on past R (checkpointing every round)
-    # until this node's stop record, and are scored on their round-R checkpoint (runon.py)
-    run_on_until: int | None = None
+    # until this node's stop record, and are scored on their round-R checkpoint (runon.py);
+    # "slowest": every node of an arm runs on until all of them have reached R (issue 65.5)
+    run_on_until: int | str | None = None
     # model files some nodes start from (repository-relative path -> the record naming its sha256):
     # the runner refuses to train on any other bytes (run.check_weights)
     weights: dict[str, str] = field(default_factory=dict)
@@ -112,7 +113,7 @@ class SwarmBatch:
         if self.run_on_until is None or name not in self.receivers:
             return False
         arm, i = name.rsplit("-", 1)
-        return arm in self.arms and int(i) != self.run_on_until
+        return arm in self.arms and (self.run_on_until == "slowest" or int(i) != self.run_on_until)
 
     @property
     def receivers(self) -> dict[str, dict]:

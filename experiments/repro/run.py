@@ -90,9 +90,13 @@ def runs_on(batch, name: str) -> bool:
     return isinstance(batch, SwarmBatch) and batch.runs_on(name)
 
 
-def waits_for(batch, name: str) -> str:
-    """The receiver a run-on node waits for: the same arm's ``run_on_until`` node."""
-    return f"{name.rsplit('-', 1)[0]}-{batch.run_on_until}"
+def waits_for(batch, name: str) -> str | tuple[str, ...]:
+    """The receiver a run-on node waits for: the same arm's ``run_on_until`` node, or ("slowest")
+    every other node of its arm."""
+    arm, i = name.rsplit("-", 1)
+    if batch.run_on_until == "slowest":
+        return tuple(f"{arm}-{j}" for j in range(batch.k) if j != int(i))
+    return f"{arm}-{batch.run_on_until}"
 
 
 def receiver_configs(batch, seed: int, rounds: int, out: Path, addr: str, swarm: str) -> dict[str, dict]:
@@ -209,8 +213,13 @@ def watch_for(batch, cfgs: dict, out: Path, rounds: int | None, only: set[str] |
     """The run-on nodes this runner answers for: those it was asked to run (``--receivers``). A
     runner for other receivers of the same seed (the twins alone, in a sitting beside the arms)
     must not mark or stop nodes another runner is driving: it would see them as "not running"."""
+    r = batch_rounds(batch, rounds)
+    if getattr(batch, "run_on_until", None) == "slowest":      # each waits until every other has reached R
+        return runon.Watch({n: (out / n, tuple(out / w for w in waits_for(batch, n))) for n in cfgs
+                            if runs_on(batch, n) and (only is None or n in only)}, r,
+                           lambda rd: runon.reached(rd, r))
     return runon.Watch({n: (out / n, out / waits_for(batch, n)) for n in cfgs
-                        if runs_on(batch, n) and (only is None or n in only)}, batch_rounds(batch, rounds), finished)
+                        if runs_on(batch, n) and (only is None or n in only)}, r, finished)
 
 
 def not_running(todo: dict, out: Path, label: str) -> dict:

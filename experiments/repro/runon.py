@@ -17,6 +17,12 @@ What run.py keeps of such a node, beside its ordinary run directory::
 
 A node stopped by the runner past R stops with reason "signal", not "steps": for these nodes the
 mark, not the stop record, says the run is finished.
+
+Which node is slowest is known beforehand only where one node is much slower than the rest (H7's
+Gemma node). H8's claim failed on a pair whose peers stopped at R first, leaving it topping up
+alone (issue 65 item 5), so ``run_on_until = "slowest"`` (batches.SwarmBatch) runs every node of
+a swarm arm on past R until *every* node of the arm has reached round R (its round-R checkpoint
+kept, ``reached``), whichever that turns out to be; each is then stopped and scored at R.
 """
 from __future__ import annotations
 
@@ -101,6 +107,14 @@ def reset(run_dir: Path) -> None:
     (Path(run_dir) / MARK).unlink(missing_ok=True)
 
 
+def reached(run_dir: Path, round_: int) -> bool:
+    """Whether a node of the arm has reached round R: its round R kept aside (or the node scored),
+    or its checkpoints already past R (a round R that went by unwatched: it will not come back)."""
+    run_dir = Path(run_dir)
+    return (kept(run_dir, round_) or scored_round(run_dir) is not None
+            or min(checkpoint.complete(run_dir), default=0) > round_)
+
+
 def rounds_to_score(run: list[dict], run_dir: Path) -> list[dict]:
     """The round records that count: rounds 1..R of a run-on node, all of any other run."""
     r = scored_round(run_dir)
@@ -120,8 +134,9 @@ class Watch:
     """run.py's side, polled while a seed trains: put each run-on node's round-R checkpoint aside,
     stop the node (SIGINT: it finishes its round, checkpoints and writes its stop record) once its
     arm's slowest node is done, and mark it done once it no longer runs. ``nodes``: run-on node
-    name -> (its run directory, the run directory of the node it waits for); ``done(run_dir)``:
-    whether that node has finished (run.finished)."""
+    name -> (its run directory, the run directory of the node it waits for, or a tuple of those of
+    every other node of its arm: it waits for all of them); ``done(run_dir)``: whether that node
+    has finished (run.finished; for a tuple, ``reached`` round R)."""
 
     def __init__(self, nodes: dict[str, tuple[Path, Path]], round_: int, done):
         self.nodes, self.round, self.done = nodes, round_, done
@@ -131,6 +146,9 @@ class Watch:
     def poll(self, procs: dict) -> list[str]:
         """One look; returns what it did, one line each (for the runner's log)."""
         said = []
+        for rd, _ in self.nodes.values():   # every round R first: one node's wait may end on another's
+            if scored_round(rd) is None:
+                keep(rd, self.round)
         for name, (rd, until) in self.nodes.items():
             if scored_round(rd) is not None:
                 continue
@@ -139,8 +157,10 @@ class Watch:
                 self.lost.add(name)
                 said.append(f"{name}: its round-{self.round} checkpoint was not kept (it went by with no runner "
                             f"watching): it cannot be scored as registered; rerun the arm from scratch")
-            if name in self.lost or not self.done(until):
+            waits = until if isinstance(until, tuple) else (until,)
+            if name in self.lost or not all(self.done(u) for u in waits):
                 continue
+            who = waits[0].name if len(waits) == 1 else f"every node of its arm reached round {self.round}:"
             p = procs.get(name)
             if p is not None and p.poll() is None:
                 # past R, or in round R itself (a node slower than the one it waits for): a SIGINT
@@ -148,10 +168,10 @@ class Watch:
                 if name not in self.asked and (has_r or in_round(rd, p.pid) == self.round):
                     os.killpg(p.pid, signal.SIGINT)
                     self.asked.add(name)
-                    said.append(f"{name}: {until.name} has stopped, stopping it "
+                    said.append(f"{name}: {who if len(waits) > 1 else who + ' has stopped,'} stopping it "
                                 + (f"(round {self.round} kept)" if has_r else f"after its round {self.round}"))
                 continue
             if has_r:
-                mark(rd, self.round, until.name)
+                mark(rd, self.round, waits[0].name if len(waits) == 1 else "the slowest of its arm")
                 said.append(f"{name}: done, scored on its round-{self.round} checkpoint")
         return said
