@@ -73,7 +73,14 @@ class Generator:
 
 class Learner:
     def __init__(self):
-        self.version, self.micro_batch, self.batches = 0, 4, []
+        self.version, self.micro_batch, self.batches, self.measured = 0, 4, [], []
+
+    def compute_gradients(self, samples, plausible=None, **kw) -> dict:
+        """A pass without a step (rounds.Round.measure): IS weight 1 for every sample."""
+        self.measured.append(samples)
+        n = len(samples)
+        return {"samples": n, "per_sample": {"advantage": [s.advantage for s in samples], "dropped": [False] * n,
+                                             "is_weight": [1.0] * n}}
 
     def step(self, samples, **kw) -> dict:
         self.version += 1

@@ -110,7 +110,7 @@ def kin_parts(tmp_path, arrivals, **swarm):
     return parts
 
 
-def test_a_node_without_kin_generates_its_batch_and_measures_newcomers_at_weight_0(tmp_path, caplog):
+def test_a_node_without_kin_generates_its_batch_and_measures_newcomers_without_training_them(tmp_path, caplog):
     parts = kin_parts(tmp_path, [peer_groups()])
     assert fill_slots(parts.cfg, parts.swarm, parts.kin) == 0
     caplog.set_level("INFO", logger="ftis_edge.run.rounds")
@@ -122,11 +122,10 @@ def test_a_node_without_kin_generates_its_batch_and_measures_newcomers_at_weight
     assert rec["kin/said"] == "no peer of your kind: you generate 4 of 4 groups" and rec["kin/peers"] == 0
     assert saved_phrase(rec) == "no peer of your kind: you generate 4 of 4 groups"
     assert "no peer of your kind: you generate 4 of 4 groups" in caplog.text
-    # the two same-tokenizer newcomers went into the step at weight 0: measured, not trained
+    # the two same-tokenizer newcomers were measured in a pass of their own, before the step, not trained
     assert rec["kin/measured"] == MAX_MEASURED == 2
-    batch = parts.learner.batches[0]
-    peer = [s for s in batch if s.source != "own"]
-    assert {s.source for s in peer} == {"peer-0", "peer-2"} and all(s.weight == 0.0 for s in peer)
+    assert {s.source for s in parts.learner.measured[0]} == {"peer-0", "peer-2"}
+    assert {s.source for s in parts.learner.batches[0]} == {"own"}       # the step: own samples only
     assert parts.swarm.useful == [set()]                 # measured peers are not marked useful to the relay
     assert unregistered(rec) == []
     # their step weights were measured (the fake learner's IS weight is 1): both are kin next round

@@ -252,8 +252,8 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("kin/excluded", "peer groups this round from peers not of your kind (their outcomes were kept)", ROUND),
         _m("kin/said", "the round in words, e.g. \"no peer of your kind: you generate 4 of 4 groups\" (also in "
            "node.log when it changes)", ROUND),
-        _m("kin/measured", "peer groups of peers never measured, put in the step at weight 0 to measure what their "
-           "samples weigh (fill_by_worth, swarm.fill = \"kin\")", ROUND),
+        _m("kin/measured", "peer groups of peers never measured, passed through the learner without training to measure "
+           "what their samples would weigh in the step (fill_by_worth, swarm.fill = \"kin\")", ROUND),
         _m("prompts/from_outcomes", "own prompts this round chosen from peers' outcomes (swarm.prompt_choice)", ROUND),
         _m("prompts/predicted_signal", "their mean predicted chance of carrying a signal", ROUND),
     ],

@@ -10,8 +10,9 @@ peer on evidence the node checks itself:
   weight of ``batch.peer_usage``: truncated IS weight capped at 1 × every bound and factor the
   learner applies; 0 when dropped or refused), averaged over the window. Kin need ``share_min``
   (near-full: another tokenizer's bounded text never gets there). A peer never measured is
-  measured first: its groups go into the step at weight 0 (``measuring``), on top of a full own
-  batch, so learning never waits on a guess. Once measured, a window without its samples keeps
+  measured first (``measuring``): the round passes its groups through the learner without
+  training on them (rounds.Round.measure) beside a full own batch, so learning never waits on a
+  guess. Once measured, a window without its samples keeps
   the last measured share.
 * **capability**: the peer's success on its groups (graded here) over ours, each
   Laplace-smoothed over the window: kin must be at least ``capability_min`` as capable. The gate
@@ -35,7 +36,7 @@ from .worth import clipped, effective_share, laplace_rate
 DEFAULT_SHARE_MIN = 0.9          # near-full weight: same-model peers weigh 0.96-1.0 in H7's records
 DEFAULT_CAPABILITY_MIN = 0.9     # at least as capable, less the window's noise (8 rounds of one group)
 MAX_PEERS = 1024                 # peers remembered (least recently seen forgotten first)
-MAX_MEASURED = 2                 # groups of unmeasured peers measured at weight 0 per round
+MAX_MEASURED = 2                 # groups of unmeasured peers measured (not trained) per round
 
 
 @dataclass
@@ -132,7 +133,7 @@ class KinBook:
         return self.standing(peer).kin
 
     def measuring(self, peer: str) -> bool:
-        """A peer whose share was never measured: its groups go into the step at weight 0."""
+        """A peer whose share was never measured: its groups are measured, not trained (Round.measure)."""
         p = self.peers.get(peer)
         return p is None or p.share is None
 

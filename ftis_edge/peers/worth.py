@@ -18,7 +18,7 @@ a peer group is worth an own group before it takes an own group's slot:
   under the bound: ≈ 0.005-0.06, not the 0.09-0.76 its bare IS weights said (issue 65). A kind
   never measured starts from a prior below the threshold (``prior_share``: half the threshold
   for our tokenizer, the bound for another), so it fills no slot until its samples have been
-  measured in a step (the round measures them at weight 0, rounds.py); once measured, a window
+  measured (rounds.Round.measure: a pass without training); once measured, a window
   with none of its samples keeps the last measured share (no return to the prior);
 * **value** = min(1, capability) × share. The kind fills slots while value ≥ ``threshold``.
 
@@ -222,7 +222,7 @@ class WorthBook:
     def fills(self) -> bool:
         """Whether peers may fill any slot next round: some kind seen in this swarm is used. False:
         the node generates its whole batch at once instead of waiting for groups it would not take
-        (an unmeasured kind's groups are measured on top, at weight 0)."""
+        (an unmeasured kind's groups are measured, not trained)."""
         return any(self.allows(k) for k in KINDS if self.seen[k])
 
     # --- checkpoint: a resumed node decides its next fill as the uninterrupted one would ------

@@ -24,7 +24,6 @@ import logging
 import statistics
 import time
 import uuid
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -193,7 +192,7 @@ class Round:
         self.wire_out = WireCount()         # published rollouts
         self.excluded = dict.fromkeys(GATES, 0)     # peer groups each gate kept out (Round.gates)
         self.seen: list[tuple[str, list, str]] = []     # (kind, rewards, peer id) of each peer group taken in
-        self.to_measure: list[PeerGroup] = []   # groups of unmeasured peers: in the step at weight 0
+        self.to_measure: list[PeerGroup] = []   # groups of unmeasured peers: measured, not trained
         self.measured_groups = 0
         self.kin_now: tuple | None = None   # (kin peers, kin metrics) when the round decided its fill
         self.kind_of: dict[str, str] = {}           # peer node id -> the kind of its newest group
@@ -227,23 +226,20 @@ class Round:
         if p.swarm is not None and cfg.swarm.share:
             record["wire/bytes_per_token_out"] = self.wire_out.per_token()
         record["groups/topped_up"] = topped_up
-        measured = self.take_measured(slots)
-        batch = build_batch(own, peers + measured, mode=cfg.mode, scale=cfg.train.advantage_scale,
+        batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
                             local=p.local_tokenizer, rules=p.sample_rules)
-        nominal = [s.weight for s in batch.samples]     # what each would weigh: measured ones train at 0
-        samples = [dataclasses.replace(s, weight=0.0) if j is not None and j >= len(peers) else s
-                   for s, j in zip(batch.samples, batch.peer_group_of)]
+        samples = batch.samples
         t0 = time.time()
         with self.cpu.measure("train"):
+            measured = self.measure(self.take_measured(slots))    # before the step: the weights it starts from
             stats = self.train(samples) if samples else {"skipped": 1, "samples": 0}
         record["time/train_s"] = time.time() - t0
-        uses = peer_usage(samples, stats.get("per_sample"), self.plausible(), weights=nominal)
+        uses = peer_usage(samples, stats.get("per_sample"), self.plausible())
         for use in uses:
             p.book.get(use.node_id).record_use(use)
-        self.weigh(own, uses)
+        self.weigh(own, uses + measured)
         if p.swarm is not None and stats.get("per_sample"):   # a step ran: the relay's budget
-            measured_ids = {g.rollout.node_id for g in measured}         # measured, not trained
-            p.swarm.mark_useful(useful_peers(samples, stats["per_sample"]) - measured_ids)   # (Sybil ids)
+            p.swarm.mark_useful(useful_peers(samples, stats["per_sample"]))   # favours them (Sybil ids)
         saved = sum(group_weights(batch, uses, len(peers))) if slots is not None else None
         t0 = time.time()
         p.progress.phase(phases.SYNCING)
@@ -351,8 +347,7 @@ class Round:
         """One F-TIS step; out of memory halves the micro-batch and retries (counted)."""
         p, t = self.parts, self.cfg.train
         p.progress.phase(phases.TRAINING, samples=len(samples))
-        kw = dict(method=t.method, C=t.C, eps=t.epsilon, kl_threshold=t.kl_threshold, normalize=t.normalize,
-                  foreign_cap=t.foreign_is_cap or None, plausible=self.plausible())
+        kw = dict(self.objective_kwargs(), plausible=self.plausible())
         while True:
             try:
                 return p.learner.step(samples, **kw)
@@ -362,6 +357,31 @@ class Round:
                 p.learner.micro_batch = max(1, p.learner.micro_batch // 2)
                 self.oom_retries += 1
                 log.warning("out of memory: micro-batch halved to %d, retrying the step", p.learner.micro_batch)
+
+    def objective_kwargs(self) -> dict:
+        t = self.cfg.train
+        return dict(method=t.method, C=t.C, eps=t.epsilon, kl_threshold=t.kl_threshold, normalize=t.normalize,
+                    foreign_cap=t.foreign_is_cap or None)
+
+    def measure(self, groups: list[PeerGroup]) -> list:
+        """What the groups set aside (peers never measured) would weigh in this round's step, without
+        training on them: their IS weights under the weights the step starts from, in a pass of their
+        own, so the step's gradient (and its divisor, the sample count) is exactly what it is without
+        them. Not judged for plausibility (that would remember their n-grams as taught): a peer the
+        judge refuses shows it once its samples train. Returns their ``PeerSampleUse``s."""
+        if not groups:
+            return []
+        p, cfg = self.parts, self.cfg
+        mb = build_batch([], groups, mode="vertical", scale=cfg.train.advantage_scale,
+                         local=p.local_tokenizer, rules=p.sample_rules)
+        if not mb.samples:
+            return []
+        try:
+            stats = p.learner.compute_gradients(mb.samples, None, **self.objective_kwargs())
+        except LearnerOOM:
+            log.warning("out of memory measuring %d peer samples: measured in a later round", len(mb.samples))
+            return []
+        return peer_usage(mb.samples, stats.get("per_sample"), self.plausible())
 
     def plausible(self) -> PlausibilityConfig | None:
         """The learner's plausibility defence this round (train.peer_plausibility)."""
@@ -426,7 +446,7 @@ class Round:
     # --- the gates ----------------------------------------------------------------------------
     def gates(self) -> list[tuple[str, Callable]]:
         """The round's gates, in GATES order: (name, verdict of a buffered peer group). A group stays
-        for the batch when every gate says KEEP; MEASURE sets it aside to be measured at weight 0
+        for the batch when every gate says KEEP; MEASURE sets it aside to be measured, not trained
         (while the round has room, kin.MAX_MEASURED; else it is dropped); DROP drops it, counted
         under the gate's name. Its outcome and kind were noted on arrival (note_arrivals)."""
         p, gates = self.parts, []
@@ -462,8 +482,7 @@ class Round:
 
     def worth_verdict(self) -> Callable:
         """fill_by_worth: a kind not worth an own group is dropped (its slot goes to own generation);
-        a kind never measured in a step has a few groups measured at weight 0 instead (on top of a
-        full own batch)."""
+        a kind never measured has a few groups measured instead, not trained (Round.measure)."""
         worth, fp = self.parts.worth, self.parts.bundle.fingerprint
         allowed = {kind for kind in KINDS if worth.allows(kind)}    # decided once a round, in observe()
 
@@ -474,7 +493,7 @@ class Round:
 
     def kin_verdict(self, g) -> str:
         """swarm.fill = "kin": only kin peers' groups may take own slots; a peer never measured has
-        its groups measured at weight 0 (at most kin.MAX_MEASURED a round)."""
+        its groups measured, not trained (at most kin.MAX_MEASURED a round)."""
         kin, node = self.parts.kin, g.rollout.node_id
         return KEEP if kin.is_kin(node) else MEASURE if kin.measuring(node) else DROP
 
