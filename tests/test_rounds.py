@@ -181,20 +181,26 @@ def test_when_no_kind_in_the_swarm_is_worth_a_slot_the_node_generates_its_batch_
 
 
 def test_outcomes_put_the_prompts_likeliest_to_carry_signal_first(tmp_path):
-    """Peers answered a prompt half right: under batch fill the node generates that one itself."""
+    """Peers' outcomes predict a prompt half right for this node: under batch fill the node
+    generates that one itself, not the next prompt of its own stream."""
     parts = make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 1, "max_wait_s": 0.0,
                                                         "prompt_choice": "outcomes"}),
                        swarm=Swarm(arrivals=[peer_groups()]))
     parts.outcomes = OutcomeBook()
     parts.outcomes.add_own([1.0] * 7 + [0.0])        # this node is right 7 of 8 times: a fresh prompt rarely teaches
+    answered = {g.prompt.id for g in peer_groups()}   # the peer groups arriving this round answer theirs
     for kind in (SAME_MODEL, OTHER_TOKENIZER, SAME_TOKENIZER):    # peers solve most prompts: half right is hard
         for i in range(4):
+            answered.add(f"easy-{kind}-{i}")
             parts.outcomes.add_peer(0, Prompt(id=f"easy-{kind}-{i}", question="q", reference="0"), kind, [1.0] * 8)
-    rec = Round(parts, 1).run()
+    rnd = Round(parts, 1)
+    rec = rnd.run()
     assert rec["prompts/from_outcomes"] >= 1 and rec["prompts/predicted_signal"] > 0.5
-    first = parts.learner.batches[0][0]
-    assert first.source == "own"
-    assert rec["groups/own"] >= 1 and unregistered(rec) == []
+    assert rec["groups/own"] == 1 and unregistered(rec) == []
+    chosen = rnd.choice.prompts[0]                   # outcomes' first pick, not the stream's arith-5-0
+    assert chosen.id in answered, chosen.id
+    own = [s for s in parts.learner.batches[0] if s.source == "own"]
+    assert len(own) == 4 and all(s.prompt_ids == parts.bundle.encode(chosen.question) for s in own), own
 
 
 def test_the_guards_first_rung_generates_every_group_and_takes_peers_only_on_top(tmp_path):
