@@ -20,7 +20,7 @@ import re
 from fractions import Fraction
 from typing import Callable, Iterator
 
-from .base import Prompt, Task, TaskError
+from .base import Prompt, Task, TaskError, drawn_stream
 from .unseen import distinct_held_out, held_out_by_text
 
 LEVELS = (1, 2, 3, 4, 5, 6)
@@ -284,21 +284,12 @@ class ArithTask(Task):
         return not is_held_out(make_problem(int(m.group(1)), int(m.group(2))))
 
     def prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
-        i = max(0, int(start))
-        while True:
-            yield self._training_draw(seed, i)
-            i += 1
+        return drawn_stream("arith", seed, start, self._training_draw)
 
-    def _training_draw(self, seed: int, i: int) -> Prompt:
-        """Draw ``i`` of the stream; a held-out text is drawn again from a sub-seed, so the
-        stream stays a pure function of (seed, i) and ``start`` stays an index."""
-        key, redraw = f"arith:{seed}:{i}", 0
-        while True:
-            rng = random.Random(key if redraw == 0 else f"{key}:{redraw}")
-            prompt = make_problem(rng.choice(self.levels), rng.randrange(EVAL_OFFSET))
-            if not is_held_out(prompt):
-                return prompt
-            redraw += 1
+    def _training_draw(self, rng: random.Random) -> Prompt | None:
+        """One draw of the stream; None for a held-out text (drawn again from a sub-seed)."""
+        prompt = make_problem(rng.choice(self.levels), rng.randrange(EVAL_OFFSET))
+        return None if is_held_out(prompt) else prompt
 
     def eval_prompts(self, limit: int | None = None) -> list[Prompt]:
         """Distinct held-out questions, levels in turn (L1 #0, L2 #0, L1 #1, …); a level whose

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .errors import TaskError
 from .grader import score, score_many
@@ -126,6 +126,27 @@ class Task:
 
     def close(self) -> None:
         """Nothing to release by default (the grader worker is shared by the process)."""
+
+
+def drawn_stream(key: str, seed: int, start: int, draw: Callable[[random.Random], Prompt | None],
+                 max_redraws: int | None = None, exhausted: str = "") -> Iterator[Prompt]:
+    """Endless training stream of generated prompts whose ``i``-th is a pure function of
+    (key, seed, i), so ``start`` stays an index: ``draw`` gets ``random.Random(f"{key}:{seed}:{i}")``
+    and returns a prompt, or None for one that is held out, drawn again from a sub-seed
+    (``…:{i}:{redraw}``). After ``max_redraws`` held-out draws in a row: TaskError(exhausted)."""
+    i = max(0, int(start))
+    while True:
+        redraw = 0
+        while True:
+            if max_redraws is not None and redraw >= max_redraws:
+                raise TaskError(exhausted)
+            # a string seed is hashed with sha512 by random: the same draw on every machine
+            prompt = draw(random.Random(f"{key}:{seed}:{i}" if redraw == 0 else f"{key}:{seed}:{i}:{redraw}"))
+            if prompt is not None:
+                break
+            redraw += 1
+        yield prompt
+        i += 1
 
 
 def shuffled_stream(items: Sequence[Prompt], key: str, seed: int = 0,

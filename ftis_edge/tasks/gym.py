@@ -23,7 +23,7 @@ import json
 import random
 from typing import Iterator
 
-from .base import Prompt, Task, TaskError
+from .base import Prompt, Task, TaskError, drawn_stream
 from .unseen import EvalTexts
 from .gym_source import (MAX_ANSWER_CHARS, MAX_TAGS_BYTES, SYSTEM_PROMPT, Source, build_dataset, library,
                          library_version, make_source, parse_datasets, parse_id, worker_setup)
@@ -95,23 +95,15 @@ class ReasoningGymTask(Task):
         return self._item(source, parsed[1]).question not in self._eval_texts[source.tag]
 
     def prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
-        i = max(0, int(start))
-        while True:
-            yield self._training_draw(seed, i)
-            i += 1
+        return drawn_stream("rg", seed, start, self._training_draw, max_redraws=MAX_REDRAWS,
+                            exhausted=f"reasoning_gym: {MAX_REDRAWS} training draws in a row repeated eval "
+                                      f"questions; a dataset of this mix has too few distinct questions for its eval_size")
 
-    def _training_draw(self, seed: int, i: int) -> Prompt:
-        """Draw ``i``; an eval question is drawn again from a sub-seed, so the stream stays a
-        pure function of (seed, i)."""
-        weights = [s.weight for s in self.sources]
-        for redraw in range(MAX_REDRAWS):
-            rng = random.Random(f"rg:{seed}:{i}" if redraw == 0 else f"rg:{seed}:{i}:{redraw}")
-            source = rng.choices(self.sources, weights)[0]
-            item = self._item(source, rng.randrange(source.size))
-            if item.question not in self._eval_texts[source.tag]:
-                return item
-        raise TaskError(f"reasoning_gym: {MAX_REDRAWS} training draws in a row repeated eval questions; "
-                        f"a dataset of this mix has too few distinct questions for its eval_size")
+    def _training_draw(self, rng: random.Random) -> Prompt | None:
+        """One draw of the stream; None for an eval question (drawn again from a sub-seed)."""
+        source = rng.choices(self.sources, [s.weight for s in self.sources])[0]
+        item = self._item(source, rng.randrange(source.size))
+        return None if item.question in self._eval_texts[source.tag] else item
 
     def eval_prompts(self, limit: int | None = None) -> list[Prompt]:
         """Datasets in turn (first held-out item of each, then the second, …)."""
