@@ -153,7 +153,7 @@ def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float =
                 continue
             if s in events:
                 frames = s.recv_multipart()
-                if frames[0] == P.WELCOME:          # the answer to our HELLO: STATS follows
+                if frames[0] in (P.WELCOME, P.MARK):   # the answer to our HELLO, a receipt asked: STATS follows
                     continue
                 break
             if left <= 0:
@@ -162,8 +162,13 @@ def query_stats(address: str, keys: ClientKeys | None = None, timeout_s: float =
                                    msg + ("" if keys else " (is it running? if it uses CURVE, pass --keys and --server-key)"))
         if frames[0] != P.STATS or len(frames) != 2:
             raise TimeoutError(f"unexpected reply from {address}: {b' '.join(frames)[:60]!r}")
-        if keys is None:
-            s.send_multipart([P.BYE], zmq.NOBLOCK)
+        # the relay counts its replies until they are proven read: echo the MARK it sends after
+        # STATS in our BYE, so that it does not keep them as a ghost's
+        mark = b""
+        if s.poll(300):
+            got = s.recv_multipart()
+            mark = got[1] if got[0] == P.MARK and len(got) == 2 else b""
+        s.send_multipart([P.BYE, orjson.dumps({"mark": mark.hex()})], zmq.NOBLOCK)
         return orjson.loads(frames[1])
     finally:
         s.disable_monitor()
@@ -202,7 +207,10 @@ def format_stats(s: dict) -> str:
     for name, t in s["topics"].items():
         lines.append(f"{_safe(name)[:23]:<24}{t['next_seq']:>10}{t['buffered']:>10}"
                      f"{_fmt_bytes(t['buffer_bytes']):>12}{t['subscribers']:>6}")
-    lines += ["", f"{'peer':<20}{'in msgs':>9}{'in':>10}{'out msgs':>10}{'out':>10}{'acked':>7}"
+    shown, total = s.get("peers_shown"), s.get("peers_total")
+    lines += ["", *([f"({shown} of {total} peers shown: the rest did not fit this reply)"]
+                    if shown is not None and total is not None and shown < total else []),
+              f"{'peer':<20}{'in msgs':>9}{'in':>10}{'out msgs':>10}{'out':>10}{'acked':>7}"
                   f"{'nacked':>7}{'lag':>6}{'skipped':>8}{'seen s':>8}"]
     for p in s["peers"]:
         lines.append(f"{_safe(p['node_id'])[:19]:<20}{p['in_msgs']:>9}{_fmt_bytes(p['in_bytes']):>10}"

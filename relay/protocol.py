@@ -18,7 +18,7 @@ client -> relay                         relay -> client
   PING    {t, mark}                       NACK    rollout_id reason [{retry_after_s, detail}]
   STATS (after HELLO)                     PONG    {t, epoch, known, n_peers}
   USEFUL  topic {ids: [node ids]}         STATS   {...}
-  BYE                                     MARK    nonce   (echo the newest read in PING "mark")
+  BYE [{mark}]                            MARK    nonce   (echo the newest read in PING or BYE "mark")
 (USEFUL: the publishers a budgeted subscriber found useful, which its budget favours; SUB may
 carry the same list as "useful", so a re-subscription keeps it.)
 """

@@ -13,6 +13,16 @@ cannot know the nonce, so nothing it claims raises its room.
   to a connection refused room before it did, even with nothing queued), each of them getting
   at least an equal part of it: however many non-readers fill the rest, a reader keeps its
   share.
+- Replies (every message that is not a rollout: WELCOME, SUBOK, ACK, NACK, PONG, STATS,
+  MARK) are queued bytes too, in the same account and total. A reply may take a connection a
+  quarter past its own cap (`reply_room`), and the total up to the rollouts' ceiling (1.5 or
+  2 x the total cap) plus a band of an eighth of the cap; past that each connection still
+  gets its part of the band (band / connections, at least `REPLY_SMALL`: a fresh one's
+  WELCOME, SUBOK, PONG and first MARK), so however many connections ask and never read, one
+  that reads is answered. A connection whose reply does not fit is over its cap: the relay
+  sheds it as it sheds a non-reader (a ghost, cut), or, if it proved it reads and only the
+  total is full, skips that reply. So the total never passes 2 x the cap + 2 bands
+  (2.25 x at the defaults' 10,000 peers or fewer).
 - Ghosts: a connection dropped (BYE, silence, or holding bytes with no proof of reading for
   `stuck_s`) may still be open, its pipe still full: its bytes stay counted until the relay
   knows the connection is gone. The relay cuts such a connection (`Queued.drop` says to), so a
@@ -22,6 +32,15 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+
+
+REPLY_SMALL = 2048             # replies any connection may hold whatever the total (see the docstring)
+FRAME_COST = 64               # what ZeroMQ keeps per queued frame besides its bytes (a zmq_msg_t)
+
+
+def reply_bytes(frames) -> int:
+    """What a reply of these frames holds in the relay's memory until it is read."""
+    return sum(len(f) for f in frames) + FRAME_COST * len(frames)
 
 
 @dataclass(slots=True)
@@ -86,6 +105,19 @@ class Queued:
             return pool
         a.held_back = "own cap"          # (shown only while it is refused for room)
         return own
+
+    def reply_room(self, a: Account) -> int:
+        """Reply bytes it may be sent now (see the module docstring): negative or too small
+        for the reply means it is over its cap."""
+        cap, total_cap = self.peer_cap, self.total_cap
+        q = a.queued
+        own = (1 << 62) if not cap else max(cap + cap // 4, REPLY_SMALL) - q
+        if not total_cap:
+            return own
+        band = total_cap // 8
+        ceiling = (2 * total_cap if a.proven else 3 * total_cap // 2) + band
+        part = max(REPLY_SMALL, band // max(1, len(self.accounts)))
+        return min(own, max(ceiling - self.total, part - q))
 
     def sent(self, a: Account, nbytes: int, now: float) -> None:
         if a.queued <= 0:

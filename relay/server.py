@@ -43,7 +43,8 @@ from relay.config import RelayConfig
 from relay.conn import cut, fd_of, identify, source_of
 from relay.frames import LAST as _LAST, MORE as _MORE, send_frame
 from relay.limits import AcceptBudget, RateLimits
-from relay.queued import Account, Queued
+from relay.queued import Account, Queued, reply_bytes
+from relay.stats_reply import StatsReply
 from relay.text_safety import terminal_safe as _safe    # peer-chosen strings reach the operator's terminal
 from relay.topic import Entry, Index, Topic, passes
 
@@ -155,6 +156,8 @@ class Relay:
         # bytes handed to ZeroMQ and not proven read, per connection and in all (ghosts too)
         self.queued = Queued(cfg.max_queued_bytes, cfg.max_total_queued_bytes, cfg.max_message_bytes,
                              cfg.peer_timeout_s)
+        self._stats_reply = StatsReply(self._stats_parts)
+        self.askers: dict[bytes, float] = {}          # a key's connections that asked STATS without HELLO
 
     # -------------------------------------------------------------- setup
     def _setup_curve(self) -> None:
@@ -269,6 +272,10 @@ class Relay:
         elif kind == P.USEFUL:
             self._on_useful(rid, peer, args)
         elif kind == P.BYE:
+            a = self.queued.accounts.get(rid)
+            obj = self._control(args, 1) if args else None
+            if a is not None and obj is not None and isinstance(obj.get("mark"), str):
+                self._receipt(a, obj["mark"])    # what it read before leaving is not a ghost's
             self._drop_peer(rid, why="said bye")
         else:
             self.rejected["bad_frame"] += 1
@@ -406,8 +413,9 @@ class Relay:
         obj = self._control(args, 1)
         if obj is None:
             return
-        if peer is not None and isinstance(obj.get("mark"), str):
-            self._receipt(peer, obj["mark"])
+        a = peer.acct if peer is not None else self.queued.accounts.get(rid)   # (a key's STATS asker)
+        if a is not None and isinstance(obj.get("mark"), str):
+            self._receipt(a, obj["mark"])
         self._send(rid, [P.PONG, orjson.dumps({"t": obj.get("t"), "epoch": self._epoch_s,
                                                "known": peer is not None, "n_peers": len(self.peers)})])
 
@@ -437,10 +445,22 @@ class Relay:
         if peer is None and not self.curve:
             self._refuse_hello(rid, P.HELLO_FIRST)
             return
-        if not self.control_limits.allow(b"s" + rid, 0, time.monotonic()):
+        now = time.monotonic()
+        if not self.control_limits.allow(b"s" + rid, 0, now):
             self.rejected["stats_rate"] += 1
             return
-        self._send(rid, [P.STATS, orjson.dumps(self.stats())])
+        # its bytes are counted like every reply (a key's connection without HELLO gets an account too)
+        if peer is None:
+            a = self.queued.open(rid, now)
+            self.askers[rid] = now
+        else:
+            a = peer.acct
+        body = self._stats_reply.reply(self.queued.reply_room(a) - reply_bytes([P.STATS, b""]), now)
+        if body is None:
+            self._over_cap(rid, a, self.queued.reply_room(a) + 1)
+            return
+        if self._send(rid, [P.STATS, body]):
+            self._mark_acct(rid, a, force=True)      # so it can prove it read it before it leaves
 
     def _nack(self, rid: bytes, peer: Peer | None, rollout_id: bytes, reason: str,
               retry_after_s: float | None = None) -> None:
@@ -609,6 +629,34 @@ class Relay:
 
     # -------------------------------------------------------------- fan-out
     def _send(self, rid: bytes, frames: list[bytes]) -> bool:
+        """A reply (anything but a rollout): counted in the connection's queued bytes like a
+        rollout, within its reply room (relay.queued); a connection over it is shed (or, when
+        it proved it reads and only the total is full, this reply is skipped). A connection
+        that never said HELLO has no account: it is only ever sent small NACKs and PONGs, each
+        pipe at most sndhwm of them."""
+        a = self.queued.accounts.get(rid)
+        if a is None:
+            return self._send_raw(rid, frames)
+        n = reply_bytes(frames)
+        if n > self.queued.reply_room(a):
+            self._over_cap(rid, a, n)
+            return False
+        if not self._send_raw(rid, frames):
+            return False
+        self.queued.sent(a, n, time.monotonic())
+        return True
+
+    def _over_cap(self, rid: bytes, a: Account, n: int) -> None:
+        """A reply of n bytes does not fit its room: shed it as a non-reader is, unless it
+        proved it reads and is within its own cap (the total is full of others': skip it)."""
+        cap = self.queued.peer_cap
+        if a.proven and (not cap or a.queued + n <= cap + cap // 4):
+            self.counts["reply_skipped"] += 1
+            return
+        self.counts["shed"] += 1
+        self._drop_peer(rid, why=f"over its cap: {a.queued / 2**20:.1f} MB queued and not proven read")
+
+    def _send_raw(self, rid: bytes, frames: list[bytes]) -> bool:
         """Non-blocking send; False when the client's pipe is full or it is gone.
 
         Frame by frame through relay.frames.send_frame: send_multipart's per-frame enum
@@ -709,30 +757,35 @@ class Relay:
     def _mark(self, peer: Peer, *, force: bool = False, held: bool = False) -> None:
         """`held`: it was refused room; one that never echoed a MARK gets one even with nothing
         queued, so that it can prove it reads (and have the readers' part of the cap)."""
-        a = peer.acct
+        self._mark_acct(peer.rid, peer.acct, force=force, held=held)
+
+    def _mark_acct(self, rid: bytes, a: Account, *, force: bool = False, held: bool = False) -> None:
         if self.queued.mark_due(a, force) or (held and self.queued.opening_mark_due(a)):
             nonce = os.urandom(8)
-            if self._send(peer.rid, [P.MARK, nonce]):
+            if self._send(rid, [P.MARK, nonce]):
                 self.queued.marked(a, nonce)
 
-    def _receipt(self, peer: Peer, mark: str) -> None:
+    def _receipt(self, a: Account, mark: str) -> None:
         """A PING echoed a MARK: what was sent before it is read."""
         try:
             nonce = bytes.fromhex(mark)
         except ValueError:
             return
-        if not self.queued.receipt(peer.acct, nonce, time.monotonic()):
+        if not self.queued.receipt(a, nonce, time.monotonic()):
             self.counts["unknown_mark"] += 1
 
     def _probe_ghosts(self, limit: int = 1000) -> None:
         """A ghost's bytes stop counting once its connection is gone (a send to it fails with
         EHOSTUNREACH); the empty MARK only probes."""
         ghosts = self.queued.ghosts
+        probe = reply_bytes([P.MARK, b""])
         for rid in list(itertools.islice(ghosts, limit)):
             try:
                 send_frame(self.sock, rid, _MORE)
                 send_frame(self.sock, P.MARK, _MORE)
                 send_frame(self.sock, b"", _LAST)
+                ghosts[rid].out += probe       # queued for it like any byte (until it is gone)
+                self.queued.total += probe
                 ghosts.move_to_end(rid)
             except zmq.Again:
                 ghosts.move_to_end(rid)
@@ -747,7 +800,7 @@ class Relay:
             self._blocked(peer, now, held=True)
             self._mark(peer, force=True, held=True)
             return False
-        if not self._send(peer.rid, [P.DELIVER, e.body]):
+        if not self._send_raw(peer.rid, [P.DELIVER, e.body]):   # counted by _sent
             self._blocked(peer, now)
             return False
         self._sent(peer, 1, e.size, now)
@@ -896,10 +949,11 @@ class Relay:
         """Forget a peer. Unless its connection is known ``gone``, what is queued for it stays
         counted (as a ghost) until a probe finds the connection closed."""
         peer = self.peers.pop(rid, None)
+        self.askers.pop(rid, None)
         if peer is not None and peer.node_id:
             log.info("node %s left: %s (%d connected)", _safe(peer.node_id.decode(errors="replace")), why,
                      len(self.peers))
-        if peer is not None and self.queued.drop(rid, gone) and cut(peer.conn):
+        if self.queued.drop(rid, gone) and peer is not None and cut(peer.conn):
             self.counts["cut"] += 1        # libzmq frees its pipe; the next probe finds it gone
         self.readers.discard(rid)
         self.limits.forget(b"c" + rid)
@@ -915,6 +969,11 @@ class Relay:
                 self._update_hold(t, time.monotonic())
 
     def _expire_peers(self, now: float) -> None:
+        for rid, t in list(self.askers.items()):
+            if rid in self.peers:
+                del self.askers[rid]             # it said HELLO since: a peer now
+            elif now - t > self.cfg.peer_timeout_s:
+                self._drop_peer(rid, why="a STATS asker's connection, silent")
         for rid, p in list(self.peers.items()):
             self._mark(p, force=True)        # a slow trickle gets its receipt too
             if now - p.last_seen > self.cfg.peer_timeout_s:
@@ -925,6 +984,28 @@ class Relay:
 
     # -------------------------------------------------------------- stats
     def stats(self) -> dict:
+        head, peers = self._stats_parts()
+        return {**head, "peers": peers}
+
+    def _peer_stats(self, p: Peer, now: float) -> dict:
+        return {
+            "node_id": p.node_id.decode(errors="replace"),
+            "key": p.key_name,
+            "topics": [t.decode(errors="replace") for t in p.cursors],
+            "budget": {t.decode(errors="replace"): {"k": b.k, "window_s": b.window_s}
+                       for t, b in p.budgets.items()},
+            "last_seen_s": round(now - p.last_seen, 2),
+            "in_msgs": p.in_msgs, "in_bytes": p.in_bytes,
+            "out_msgs": p.out_msgs, "out_bytes": p.out_bytes, "queued_bytes": p.acct.queued,
+            "acked": p.acked, "nacked": p.nacked, "skipped": p.skipped,
+            "lag": sum(self.topics[t].next_seq - c for t, c in p.cursors.items()
+                       if t in self.topics and t not in p.budgets),
+            "blocked": p.blocked_since is not None,
+            "held_back": p.acct.held_back if p.blocked_since is not None else "",
+        }
+
+    def _stats_parts(self) -> tuple[dict, list[dict]]:
+        """(everything but the peer list, the peer list): a STATS reply cuts the list to fit."""
         now = time.monotonic()
         return {
             "epoch": self.epoch.decode(),
@@ -934,21 +1015,6 @@ class Relay:
             "curve": self.curve,
             "identity": ("key: a node id is the name of its allow-list certificate" if self.curve else
                          "claimed: open relay, node ids are not verified (use --keys/--allow to bind them to keys)"),
-            "peers": [{
-                "node_id": p.node_id.decode(errors="replace"),
-                "key": p.key_name,
-                "topics": [t.decode(errors="replace") for t in p.cursors],
-                "budget": {t.decode(errors="replace"): {"k": b.k, "window_s": b.window_s}
-                           for t, b in p.budgets.items()},
-                "last_seen_s": round(now - p.last_seen, 2),
-                "in_msgs": p.in_msgs, "in_bytes": p.in_bytes,
-                "out_msgs": p.out_msgs, "out_bytes": p.out_bytes, "queued_bytes": p.acct.queued,
-                "acked": p.acked, "nacked": p.nacked, "skipped": p.skipped,
-                "lag": sum(self.topics[t].next_seq - c for t, c in p.cursors.items()
-                           if t in self.topics and t not in p.budgets),
-                "blocked": p.blocked_since is not None,
-                "held_back": p.acct.held_back if p.blocked_since is not None else "",
-            } for p in self.peers.values()],
             "queued": {"bytes": self.queued.total, "cap": self.cfg.max_total_queued_bytes,
                        "peer_cap": self.cfg.max_queued_bytes, "ghosts": len(self.queued.ghosts),
                        "ghost_bytes": self.queued.ghost_bytes()},
@@ -958,7 +1024,7 @@ class Relay:
             "rejected": dict(self.rejected),
             "refused_handshakes": dict(self.refused_handshakes),
             "counts": {**self.counts, "delivered": self.delivered, "delivered_bytes": self.delivered_bytes},
-        }
+        }, [self._peer_stats(p, now) for p in self.peers.values()]
 
 
 def _useful_ids(ids) -> frozenset | None:

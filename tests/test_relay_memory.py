@@ -12,15 +12,19 @@ here waits for what it means (procs.wait_for), never a fixed time.
 from __future__ import annotations
 
 import os
+import time
 
 import orjson
 import pytest
+import zmq
 
 from relay import protocol as P
 from relay.cli import format_stats
 from relay.client import RelayClient
 from messages import dealer, hello, join, raw_rollout, replies, subscribe
 from procs import wait_connected, wait_for
+from benchmarks.attacks.relay_replies import KINDS, _join, _probe
+from benchmarks.harness import vm_bytes
 
 pytestmark = pytest.mark.timeout(120)
 MB = 1 << 20
@@ -127,7 +131,9 @@ def test_a_non_reader_that_says_bye_goes_silent_or_only_pings_is_cut_and_its_byt
         # the pinger stays live (PINGs claiming nothing) but reads nothing
         assert wait_for(lambda: pinger.send_multipart([P.PING, orjson.dumps({"t": 0})])
                         or r.stats()["counts"].get("cut", 0) >= 3, 20, every_s=0.4)
-        assert wait_for(lambda: (q := r.stats()["queued"])["bytes"] == 0 and q["ghosts"] == 0, 10), r.stats()["queued"]
+        # what is left: replies (counted too, issue 62.1) to the publisher and to the asker itself
+        assert wait_for(lambda: (q := r.stats()["queued"])["bytes"] < 16 << 10 and q["ghosts"] == 0, 10), \
+            r.stats()["queued"]
         assert {p["node_id"] for p in r.stats()["peers"]} <= {"pub", "ftis-relay-status"}
     finally:
         for s in (byer, silent, pinger):
@@ -138,6 +144,67 @@ def test_a_non_reader_that_says_bye_goes_silent_or_only_pings_is_cut_and_its_byt
     assert "byer left: said bye" in log and "silent left: timed out" in log, log
     assert "pinger left: proved no read for 3 s while holding" in log, log
     assert "joined from 127.0.0.1" in log and "joined from ?" not in log
+
+
+def test_connections_that_ask_and_never_read_are_shed_and_honest_requests_are_answered(relay):
+    """Issue 62.1: connections that HELLO, SUB and ask STATS (and PING) at the allowed rate and
+    never read grew the relay by GBs while its count said 2 KB, and starved the honest. Replies
+    are now queued bytes: counted, capped, and a connection over its cap is shed; every kind of
+    honest request is still answered (benchmarks/attacks/relay_replies.py: the same at 300)."""
+    total_mb = 8
+    r = relay("--max-queued-mb", "1", "--max-total-queued-mb", str(total_mb))
+    ctx = zmq.Context()
+    crowd = []
+    for i in range(100):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVHWM, 1)
+        s.setsockopt(zmq.RCVBUF, 4096)
+        s.connect(r.address)
+        _join(s, i)
+        crowd.append(s)
+    pub = RelayClient(r.address, swarm="swarm", node_id="honest-pub", subscribe=False).start()
+    reader = RelayClient(r.address, swarm="swarm", node_id="honest-reader").start()
+    rss0 = vm_bytes(r.proc.pid, "VmRSS")
+    answered, probes, peak, received = dict.fromkeys(KINDS, 0), 0, 0, set()
+    try:
+        wait_connected(pub, reader)
+        t0 = next_probe = time.time()
+        k = 0
+        while time.time() - t0 < 10:
+            k += 1
+            for i, s in enumerate(crowd):
+                try:
+                    if k % 8 == 0:
+                        _join(s, i)                # a connection cut comes back as a new one
+                    s.send_multipart([P.PING, orjson.dumps({"t": 0})], zmq.NOBLOCK)
+                    if k % 2 == 0:
+                        s.send_multipart([P.STATS], zmq.NOBLOCK)
+                except zmq.Again:                  # cut, not reconnected yet
+                    pass
+            pub.publish_bytes(raw_rollout(f"honest-{k}", os.urandom(4096)))
+            received.update(d.rollout_id for d in reader.poll(timeout_s=0.2))
+            if time.time() >= next_probe:
+                next_probe += 1.0
+                probes += 1
+                for kind in _probe(ctx, r.address):
+                    answered[kind] += 1
+                peak = max(peak, r.stats()["queued"]["bytes"])
+        assert wait_for(lambda: received.update(d.rollout_id for d in reader.poll(timeout_s=0.05))
+                        or len(received) == k, 10), (len(received), k)
+        assert pub.stats()["acked"] == k
+        assert all(n >= 0.9 * probes for n in answered.values()), (answered, probes)
+        s = r.stats()
+        band = total_mb * MB // 8
+        assert peak <= 2 * total_mb * MB + 2 * band, peak
+        assert s["counts"].get("shed", 0) > 0, s["counts"]
+        assert vm_bytes(r.proc.pid) - rss0 < 64 * MB          # was ~1.5 MB a second per 10 askers
+    finally:
+        for s in crowd:
+            s.close(0)
+        ctx.term()
+        pub.close()
+        reader.close()
 
 
 def test_status_and_log_escape_peer_strings(relay):

@@ -109,6 +109,46 @@ def test_a_connection_that_proves_no_read_while_holding_bytes_is_stuck():
     assert idle.queued == 0                                      # owing nothing is never stuck
 
 
+def _reply(q: Queued, a, n: int, now: float) -> bool:
+    """A reply of n bytes as the relay sends it: counted when it fits its room."""
+    if n > q.reply_room(a):
+        return False
+    q.sent(a, n, now)
+    return True
+
+
+def test_replies_are_queued_bytes_bounded_per_connection_and_in_total():
+    """Issue 62.1: 100 connections asking STATS at the allowed rate and never reading grew the
+    relay to 2.55 GB while its count said 2 KB. Replies now go through the same account and
+    caps: a quarter past a connection's own cap, and in total the rollouts' ceiling plus a
+    band, each connection keeping its part of the band; a reader's receipts drain them."""
+    q = _book(peer_cap=16 * MB, total_cap=256 * MB)
+    a = q.open(b"asker", 0.0)
+    n = 0
+    while _reply(q, a, 300_000, 0.0):                  # a 300 KB STATS, never read
+        n += 1
+    assert a.queued <= 20 * MB and n == 20 * MB // 300_000           # its own cap + a quarter
+    q.drop(b"asker", gone=True)
+    crowd = [q.open(b"c%d" % i, 0.0) for i in range(300)]        # 300 that ask and never read
+    for _ in range(100):
+        for c in crowd:
+            _reply(q, c, 300_000, 0.0)
+    band = 256 * MB // 8
+    assert q.total <= 3 * 256 * MB // 2 + band                      # non-readers: their ceiling
+    fresh = q.open(b"new", 0.0)                                      # a new node, the crowd still there
+    for small in (150, 120, 80, 20):                                 # WELCOME, SUBOK, PONG, MARK
+        assert _reply(q, fresh, small, 0.0)
+    part = band // len(q.accounts)
+    assert q.reply_room(fresh) >= part - 370 and not _reply(q, fresh, part, 0.0)   # its part, no more
+    q.marked(fresh, b"m")
+    assert q.receipt(fresh, b"m", 1.0) and fresh.queued == 0 and fresh.proven
+    assert q.reply_room(fresh) == 20 * MB        # a reader: its own cap (the readers' half is above the crowd)
+    for i in range(300):                                             # the crowd is shed, then gone
+        assert q.drop(b"c%d" % i, gone=False)
+        q.gone(b"c%d" % i)
+    assert q.total == fresh.queued == 0 and not q.ghosts
+
+
 def test_unbounded_caps():
     q = Queued(0, 0, MB, 15.0)
     a = q.open(b"r", 0.0)
