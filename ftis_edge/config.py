@@ -375,6 +375,9 @@ def _cross_checks(cfg: Config) -> None:
     if cfg.swarm.prompt_choice == "outcomes" and cfg.mode == "horizontal":
         raise ConfigError("swarm.prompt_choice = \"outcomes\": horizontal swarms work on the same prompts "
                           "(a function of the swarm and the round); use \"stream\" or collaboration = \"vertical\"")
+    if cfg.swarm.fill == "kin" and cfg.mode != "alone" and (cfg.mode != "vertical" or not cfg.swarm.own_groups):
+        raise ConfigError("swarm.fill = \"kin\" decides which peers fill own slots: it needs batch fill "
+                          "(collaboration = \"vertical\" and swarm.own_groups >= 1)")
     if cfg.swarm.own_groups > cfg.task.prompts_per_round:
         raise ConfigError(f"swarm.own_groups: at most task.prompts_per_round ({cfg.task.prompts_per_round}) "
                           f"own groups a round; got {cfg.swarm.own_groups}")

@@ -187,3 +187,14 @@ def test_h7_replayed_the_gemma_node_never_fills_with_smollm2_text(seed):
         used.append(book.allows(OTHER_TOKENIZER))
     assert len(used) >= 30 and not any(used)
     assert book.measured(OTHER_TOKENIZER) and book.worth(OTHER_TOKENIZER).share < 0.07
+
+
+def test_kin_fill_needs_batch_fill():
+    from ftis_edge.config import ConfigError
+    with pytest.raises(ConfigError, match="swarm.fill = \"kin\" .* needs batch fill"):
+        make_cfg(RELAY, swarm={"fill": "kin", "own_groups": 0})
+    with pytest.raises(ConfigError, match="needs batch fill"):
+        make_cfg(RELAY, swarm={"fill": "kin", "collaboration": "horizontal"})
+    assert make_cfg(swarm={"fill": "kin", "own_groups": 0}).swarm.fill == "kin"      # alone: nothing to fill
+    with pytest.raises(ConfigError, match="swarm.fill"):
+        make_cfg(RELAY, swarm={"fill": "crowd"})
