@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 
 from relay import protocol as P
+from relay.loglimit import LineLimit, more
 
 alog = logging.getLogger("ftis-relay.auth")
 
@@ -15,16 +17,19 @@ class AllowList:
     """Public key (raw 32 bytes) -> its certificate's name, which is the only node id a
     client with that key may use. Refusals are counted (by reason) and logged at INFO."""
 
-    def __init__(self, names: dict[bytes, str], refused: collections.Counter):
+    def __init__(self, names: dict[bytes, str], refused: collections.Counter, lines: LineLimit | None = None):
         self.names, self.refused = names, refused
+        self.lines = lines if lines is not None else LineLimit()
 
     def authorize(self, client_key: bytes, address: str) -> bool:
         if client_key in self.names:
             return True
         from zmq.utils import z85
         self.refused["unknown_key"] += 1
-        alog.info("refused CURVE handshake from %s: key %s is not in the allow list",
-                  address, z85.encode(client_key).decode())
+        held = self.lines.check(("unknown_key", client_key, address), time.monotonic())   # a retrying client
+        if held is not None:
+            alog.info("refused CURVE handshake from %s: key %s is not in the allow list%s",
+                      address, z85.encode(client_key).decode(), more(held, self.lines.every_s))
         return False
 
     def name_of(self, client_key: bytes) -> str:
@@ -79,9 +84,13 @@ def origin_allowed(allowed: frozenset | None, origin: str, relay_name: str) -> b
         and (allowed is None or ns in allowed)
 
 
-def note_failed_handshakes(monitor, refused: collections.Counter, log: logging.Logger) -> None:
+def note_failed_handshakes(monitor, refused: collections.Counter, log: logging.Logger,
+                           lines: LineLimit | None = None) -> None:
     """Count and log the handshakes that failed before ZAP (a client without keys, a wrong
-    server key): they show only as monitor events."""
+    server key): they show only as monitor events. Every one is counted; a line is written
+    per kind and endpoint at most every `lines.every_s` (a client retrying ~10 times a second
+    wrote a line each time), saying how many like it were held back."""
+    lines = lines if lines is not None else LineLimit()
     import zmq
     from zmq.utils.monitor import recv_monitor_message
     while True:
@@ -92,12 +101,17 @@ def note_failed_handshakes(monitor, refused: collections.Counter, log: logging.L
         if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
             refused["aborted"] += 1      # the client hung up mid-handshake (which side notices a
             # mechanism mismatch first is a race: a client without keys shows as either)
-            log.info("handshake aborted by a client on %s: a client without CURVE keys, or with a "
-                     "wrong server key? (errno %s)", ev["endpoint"].decode(errors="replace"), ev["value"])
+            held = lines.check(("aborted", ev["endpoint"]), time.monotonic())
+            if held is not None:
+                log.info("handshake aborted by a client on %s: a client without CURVE keys, or with a "
+                         "wrong server key? (errno %s)%s", ev["endpoint"].decode(errors="replace"), ev["value"],
+                         more(held, lines.every_s))
             continue
         reason = "no_curve" if ev["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH else "bad_handshake"
         refused[reason] += 1
         # libzmq's monitor names our endpoint, not the client's; ZAP (unknown keys) has both
-        log.info("refused handshake on %s: %s (protocol error %#x)", ev["endpoint"].decode(errors="replace"),
-                 "the client has no CURVE keys" if reason == "no_curve"
-                 else "CURVE failed (wrong server key?)", ev["value"])
+        held = lines.check((reason, ev["endpoint"]), time.monotonic())
+        if held is not None:
+            log.info("refused handshake on %s: %s (protocol error %#x)%s", ev["endpoint"].decode(errors="replace"),
+                     "the client has no CURVE keys" if reason == "no_curve"
+                     else "CURVE failed (wrong server key?)", ev["value"], more(held, lines.every_s))

@@ -278,19 +278,31 @@ def run(cfg: RelayConfig) -> int:
     finally:
         s = relay.stats()
         log.info("relay stopped after %.0f s: %d messages accepted; %s", s["uptime_s"],
-                 s["counts"].get("accepted", 0), _rejected_in_words(s["rejected"]))
+                 s["counts"].get("accepted", 0),
+                 _rejected_in_words(s["rejected"], s.get("refused_handshakes") or {}, relay.refusal_lines.held()))
         relay.close()
     return 0
 
 
-def _rejected_in_words(rejected: dict) -> str:
-    """`{'ping_rate': 100}` as an operator reads it: "100 refused (100 over the ping rate)"."""
+_HANDSHAKE_WORDS = {"bad_handshake": "CURVE failed: wrong server key?", "no_curve": "no CURVE keys",
+                    "unknown_key": "key not in the allow list", "aborted": "aborted by the client"}
+
+
+def _rejected_in_words(rejected: dict, handshakes: dict | None = None, held_lines: int = 0) -> str:
+    """`{'ping_rate': 100}` as an operator reads it: "100 refused (100 over the ping rate)"; the
+    refused handshakes after it (they were "none refused" before, issue 63.6), with how many of
+    their log lines were held back."""
     total = sum(int(n) for n in rejected.values())
-    if not total:
-        return "none refused"
     parts = ", ".join(f"{int(n)} {terminal_safe(str(reason)).replace('_', ' ')}"
                       for reason, n in sorted(rejected.items(), key=lambda kv: -int(kv[1])))
-    return f"{total} refused ({parts})"
+    words = f"{total} refused ({parts})" if total else "none refused"
+    shakes = sum(int(n) for n in (handshakes or {}).values())
+    if not shakes:
+        return words
+    why = ", ".join(f"{int(n)} {_HANDSHAKE_WORDS.get(k, terminal_safe(str(k)).replace('_', ' '))}"
+                    for k, n in sorted(handshakes.items(), key=lambda kv: -int(kv[1])))
+    held = f"; {held_lines} repeated log lines held back" if held_lines else ""
+    return f"{words}; {shakes} handshakes refused ({why}{held})"
 
 
 def _exit_later(delay_s: float) -> None:

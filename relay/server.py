@@ -43,6 +43,7 @@ from relay.config import RelayConfig
 from relay.conn import cut, fd_of, identify, source_of
 from relay.frames import LAST as _LAST, MORE as _MORE, send_frame
 from relay.limits import AcceptBudget, RateLimits
+from relay.loglimit import LineLimit
 from relay.queued import Account, Queued, reply_bytes
 from relay.stats_reply import StatsReply
 from relay.text_safety import terminal_safe as _safe    # peer-chosen strings reach the operator's terminal
@@ -121,6 +122,7 @@ class Relay:
         self.ctx = zmq.Context()
         self.auth: ZapAuth | None = None
         self.refused_handshakes: collections.Counter[str] = collections.Counter()
+        self.refusal_lines = LineLimit()      # repeated refusal lines, per kind and peer: one per 10 s
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.SNDHWM, cfg.sndhwm)
@@ -166,7 +168,8 @@ class Relay:
         if not self.cfg.allow_dir:
             raise ValueError("--keys needs --allow DIR (the public certificates of allowed clients)")
         from relay.keys import allowed_names
-        self.auth = ZapAuth(self.ctx, AllowList(allowed_names(self.cfg.allow_dir), self.refused_handshakes))
+        self.auth = ZapAuth(self.ctx, AllowList(allowed_names(self.cfg.allow_dir), self.refused_handshakes,
+                                                self.refusal_lines))
         self.sock.curve_secretkey = secret
         self.sock.curve_publickey = public
         self.sock.curve_server = True
@@ -234,7 +237,7 @@ class Relay:
         return frames, meta
 
     def _on_monitor(self) -> None:
-        note_failed_handshakes(self.monitor, self.refused_handshakes, log)
+        note_failed_handshakes(self.monitor, self.refused_handshakes, log, self.refusal_lines)
 
     def stop(self) -> None:
         self.running = False
@@ -314,8 +317,9 @@ class Relay:
             return
         refusal = identity_refusal(self.curve, node_id, user_id)
         if refusal is not None:
-            log.info("refused HELLO as %s from %s: its key is named %s", _safe(repr(node_id)),
-                     _safe(address or "?"), _safe(repr(user_id)))
+            if self.refusal_lines.check(("hello", node_id, user_id, address), time.monotonic()) is not None:
+                log.info("refused HELLO as %s from %s: its key is named %s", _safe(repr(node_id)),
+                         _safe(address or "?"), _safe(repr(user_id)))
             self._refuse_hello(rid, *refusal)
             return
         peer = self.peers.get(rid)

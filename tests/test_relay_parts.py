@@ -322,3 +322,14 @@ def test_tried_junk_drops_behind_and_a_useful_publisher_keeps_being_picked():
         if w == 3:
             assert b"late" in picks, picks                # a newcomer goes first in the slice
     assert len(b.tried) == 7 and b.source_tries == {b"a-attacker": 5, b"a-late": 1}   # and the honest one
+
+
+def test_a_repeated_line_is_written_once_per_interval_per_key_with_how_many_were_held():
+    from relay.loglimit import LineLimit, more
+    lines = LineLimit(every_s=10.0, max_keys=2)
+    written = [t for t in range(70 * 10) if lines.check(("bad_handshake", b"ep"), t / 10) is not None]
+    assert written == [0, 100, 200, 300, 400, 500, 600]          # 746 lines in 70 s were written before
+    assert lines.check(("bad_handshake", b"ep"), 70.0) == 99 and more(99, 10.0) == " (and 99 more like it in the last 10 s)"
+    assert lines.check(("no_curve", b"ep"), 70.0) == 0           # another kind (or peer) has its own line
+    assert lines.check("third", 70.0) == 0 and len(lines._seen) == 2   # bounded: the oldest forgotten
+    assert lines.check(("bad_handshake", b"ep"), 70.5) == 0 and lines.held() == 0

@@ -4,6 +4,7 @@ client that says when the relay is unreachable or refuses it."""
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -238,3 +239,29 @@ def test_a_known_rollout_id_is_bound_to_its_sender_and_payload(relay):
     finally:
         for s in (pub, other, sub):
             s.close(0)
+
+
+def test_a_node_with_a_wrong_server_key_is_counted_in_the_stop_line_not_logged_ten_times_a_second(relay, curve,
+                                                                                                  tmp_path):
+    """Issue 63.6: with new keys the relay logged `refused handshake … CURVE failed` about ten
+    times a second (746 lines in 70 s from one node) and stopped saying "none refused". Now a
+    repeated line is written once per 10 s per kind and peer, and every refusal is counted in
+    the stop line."""
+    server, allow, keys = curve
+    r = relay("--keys", str(server), "--allow", str(allow), keys=keys["alice"], log_level="INFO")
+    _cli("keygen", str(tmp_path / "other-server"))
+    wrong = ClientKeys.load(str(tmp_path / "alice"), str(tmp_path / "other-server" / "server.key"))
+    node = RelayClient(r.address, swarm="s", node_id="alice", keys=wrong).start()
+    try:
+        shakes = lambda: sum(r.stats(keys["alice"])["refused_handshakes"].values())
+        assert wait_for(lambda: shakes() >= 15, 20), r.stats(keys["alice"])["refused_handshakes"]
+    finally:
+        node.close()
+    n = shakes()
+    assert r.stop() == 0
+    log = r.proc.stdout.read()
+    lines = [ln for ln in log.splitlines() if "refused handshake" in ln or "handshake aborted" in ln]
+    assert 1 <= len(lines) <= 4, lines                  # one per kind (which side notices first is a race)
+    stop = next(ln for ln in log.splitlines() if "relay stopped after" in ln)
+    assert "handshakes refused (" in stop and "none refused;" in stop, stop
+    assert int(re.search(r"(\d+) handshakes refused", stop).group(1)) >= n, (stop, n)
