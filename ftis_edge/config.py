@@ -126,6 +126,11 @@ class TrainSection:
                                  "own tokens only (docs/results.md); no judge checks such text, so off also closes "
                                  "that poisoning route. Off, such groups are still graded, counted (worth, outcomes), "
                                  "relayed and reported (peers/skipped_other_tokenizer); they fill no slot")
+    foreign_budget: bool = _opt(True, "with other_tokenizer on: bound what that text moves, not only what it weighs: "
+                                "all of it at most 1/8 of a step's |advantage| x weight, none in a step without "
+                                "other signal, at most 1/2 of one step's per peer and 1 step's per kind over 20 "
+                                "steps (ftis_edge/learn/foreign_budget.py), and its IS weight capped at 1 (no judge "
+                                "checks it; issue 62 item 2)")
     mask_truncated_completions: bool = _opt(False, "completions cut at the length limit (own and peers') count "
                                             "in their group's advantages but are not trained on",
                                             trl="mask_truncated_completions")

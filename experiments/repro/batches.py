@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 # Shared by every node: the smallest setting in which the default node still learns in ~10 rounds.
 COMMON = {
     "node": {"checkpoint_every": 100},
-    # exact micro-batching keeps each process near 1.5 GB; another tokenizer's text trained, as it
-    # did by default when H6-H8 were registered and run (issue 65 turned the default off)
-    "train": {"micro_batch": 2, "other_tokenizer": True},
+    # exact micro-batching keeps each process near 1.5 GB; another tokenizer's text trained, with no
+    # budget on what it moves, as when H6-H8 were registered and run (issues 65 and 62 changed both)
+    "train": {"micro_batch": 2, "other_tokenizer": True, "foreign_budget": False},
     "model": {"threads": 1},
     "task": {"name": "arith", "prompts_per_round": 2, "num_generations": 8, "max_completion_length": 64},
 }

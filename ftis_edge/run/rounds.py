@@ -31,7 +31,9 @@ import numpy as np
 
 from ..store import progress as phases
 from ..rollout.align import AlignError, TokenBytes
-from ..learn.batch import LocalTokenizer, OwnGroup, SampleRules, build_batch, group_weights, peer_usage
+from ..learn.batch import (LocalTokenizer, OwnGroup, SampleRules, build_batch, group_weights, learner_factors,
+                           peer_usage)
+from ..learn.foreign_budget import ForeignBudget
 from ..metrics.compute import ComputeTotals, CpuClock, round_compute
 from ..config import Config
 from .divergence import DivergenceWatch, own_kl
@@ -177,6 +179,7 @@ class Parts:
     worth: WorthBook | None = None          # swarm.fill_by_worth: which kinds of peer may fill (run-long)
     outcomes: OutcomeBook | None = None     # swarm.prompt_choice = "outcomes": peers' outcomes (run-long)
     kin: KinBook | None = None              # swarm.fill = "kin": which peers may fill own slots (run-long)
+    budget: ForeignBudget | None = None     # train.other_tokenizer + foreign_budget: what such text moves (run-long)
 
 
 class Round:
@@ -228,7 +231,7 @@ class Round:
         record["groups/topped_up"] = topped_up
         batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
                             local=p.local_tokenizer, rules=p.sample_rules)
-        samples = batch.samples
+        samples = self.bounded(batch.samples)
         t0 = time.time()
         with self.cpu.measure("train"):
             measured = self.measure(self.take_measured(slots))    # before the step: the weights it starts from
@@ -360,8 +363,20 @@ class Round:
 
     def objective_kwargs(self) -> dict:
         t = self.cfg.train
+        # another tokenizer's text trained under the budget: its IS weight capped at 1 (no judge checks it)
+        cap = t.foreign_is_cap or (1.0 if t.other_tokenizer and t.foreign_budget else None)
         return dict(method=t.method, C=t.C, eps=t.epsilon, kl_threshold=t.kl_threshold, normalize=t.normalize,
-                    foreign_cap=t.foreign_is_cap or None)
+                    foreign_cap=cap)
+
+    def bounded(self, samples) -> list:
+        """The step's samples with claimed-foreign text held to the run's budget (foreign_budget.py;
+        train.other_tokenizer and train.foreign_budget on; the budget lives on the parts, run-long)."""
+        p, t = self.parts, self.cfg.train
+        if not (t.other_tokenizer and t.foreign_budget):
+            return samples
+        if p.budget is None:
+            p.budget = ForeignBudget()
+        return p.budget.apply(samples, learner_factors(samples, self.plausible()))
 
     def measure(self, groups: list[PeerGroup]) -> list:
         """What the groups set aside (peers never measured) would weigh in this round's step, without
