@@ -24,7 +24,9 @@ from procs import ROOT, cli, wait_for
 
 ESC = "\x1b"
 # A folder name an attacker would choose: a Rich hyperlink, an OSC 52 clipboard write, a screen clear.
-EVIL = "m[link=https://evil.example]click[/link]\x1b]52;c;ZXZpbA==\x07\x1b[2J"
+# (a folder name holds no "/": the link is a mailto:, left open to the end of the line)
+EVIL = "m[link=mailto:me@evil.example]click\x1b]52;c;ZXZpbA==\x07\x1b[2J"
+EVIL_SHOWN = "m[link=mailto:me@evil.example]click\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J"   # as printed
 
 
 def records(run: Path, *recs: dict) -> None:
@@ -41,6 +43,9 @@ def a_run(run: Path, *, rounds: int = 2, checkpoint_round: int | None = None, sp
     cfg = config.from_dict({"node": {"id": "n", "run_dir": str(run), "rounds": rounds}, "model": {"spec": spec}})
     run.mkdir(parents=True, exist_ok=True)
     rundir.write_record(run, cfg)
+    # control characters as TOML escapes (\u001b), as someone crafting the file would write them
+    text = (run / "config.toml").read_text()
+    (run / "config.toml").write_text("".join(f"\\u{ord(c):04x}" if ord(c) < 32 and c != "\n" else c for c in text))
     records(run, {"type": "start", "time": time.time(), "config": cfg.to_dict()},
             *({"type": "round", "round": r} for r in range(1, (checkpoint_round or 0) + 1)))
     if checkpoint_round is not None:
@@ -297,7 +302,7 @@ def test_the_sanitiser_escapes_controls_always_and_markup_for_markup():
     console = Console(record=True, force_terminal=True, width=300)
     console.print("converting " + shown(EVIL, markup=True))
     out = console.export_text(styles=False)
-    assert "[link=https://evil.example]click[/link]" in out and ESC not in out.replace("\\x1b", "")
+    assert "converting " + EVIL_SHOWN in out and ESC not in out
     assert "\x1b]8;" not in console.export_text(styles=True)        # no OSC 8 hyperlink was written
     assert shown("smollm2-135m", markup=True) == "smollm2-135m" and shown("[task] x") == "[task] x"
 
@@ -314,10 +319,49 @@ def test_a_shared_run_naming_an_evil_model_folder_prints_it_inert(smol, tmp_path
     r = cli("export", str(run), "--eval-limit", "0", "--quant", "f16", "--to", str(tmp_path / "out"))
     out = r.stdout + r.stderr
     assert ESC not in out and "\x07" not in out, out
-    assert f"loaded {tmp_path}/m[link=https://evil.example]click[/link]\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J/model.gguf" in out
+    assert f"loaded {tmp_path}/{EVIL_SHOWN}/model.gguf" in out
     assert "chooses the model" in out                              # the outside-the-run note, inert too
     r = cli("eval", "--model", spec, "--limit", "1", "--max-new-tokens", "4", "--quiet",
             env=dict(os.environ, COLUMNS="400"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert ESC not in r.stdout + r.stderr and "\x07" not in r.stdout + r.stderr
-    assert "m[link=https://evil.example]click[/link]\\x1b]52" in r.stdout      # the table's title, literal
+    assert EVIL_SHOWN in "".join(r.stdout.split())     # the table's title (Rich wraps it), literal
+
+
+# ---- item 9: what quantisation costs, and a default that does not cost a small model its training --
+def test_the_default_quantisation_follows_the_model_size():
+    from ftis_edge.export import default_quant
+    assert default_quant(135_000_000) == "q8_0" and default_quant(270_000_000) == "q8_0"
+    assert default_quant(1_700_000_000) == "q4_k_m"
+
+
+def test_a_paired_cost_is_said_with_its_interval_or_as_no_change():
+    from ftis_edge.export import change_words, paired
+    f16 = {"correct": [True] * 30 + [False] * 20}
+    q = {"correct": [True] * 26 + [False] * 4 + [True] * 1 + [False] * 19}     # 4 lost, 1 gained
+    # SE = sqrt(4 + 1 - 3**2 / 50) / 50 = 0.0439: -6.0 +- 1.96 * 4.39 points
+    assert change_words(paired(q, f16), "F16") == ("-6.0 points against F16 on the same 50 prompts (95% interval "
+                                                   "-14.6 to +2.6; 4 answers lost, 1 gained)")
+    assert change_words(paired(f16, f16), "F16") == "the same answers as F16 on all 50 prompts"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_export_says_what_the_shipped_file_costs_against_f16(lora_run, tmp_path):
+    """`ftis-edge export RUN` with its defaults on the real SmolLM2 run: q8_0 chosen for a 135M
+    model, and its cost against F16 paired on the same prompts, with the interval, on the
+    terminal, in export.json and in the card."""
+    out = tmp_path / "export"
+    r = cli("export", str(lora_run), "--to", str(out), "--eval-limit", "8", "--threads", "1", timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "quantisation q8_0: the default for a model of 135M parameters" in r.stdout
+    import json
+    ev = json.loads((out / "export.json").read_text())["eval"]
+    cost = ev["quant_cost"]
+    assert cost["quant"] == "q8_0" and cost["n"] == 8 and cost["file"] == "model-q8_0.gguf"
+    from ftis_edge.export import change_words
+    words = change_words(cost, "F16")
+    assert f"the q8_0 file (model-q8_0.gguf) {ev['shipped']['accuracy']:.1%}: {words}" in r.stdout
+    assert "held-out accuracy at F16: before" in r.stdout and "(greedy, n=8): training " in r.stdout
+    assert f"Paired on the same prompts: the q8_0 file (model-q8_0.gguf)" in (out / "README.md").read_text()
