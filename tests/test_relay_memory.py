@@ -23,8 +23,8 @@ from relay.cli import format_stats
 from relay.client import RelayClient
 from messages import dealer, hello, join, raw_rollout, replies, subscribe
 from procs import wait_connected, wait_for
-from benchmarks.attacks.relay_replies import KINDS, _join, _probe
-from benchmarks.harness import vm_bytes
+from ftis_edge.tasks.grader import _vm_bytes
+from testkit import askers
 
 pytestmark = pytest.mark.timeout(120)
 MB = 1 << 20
@@ -161,12 +161,12 @@ def test_connections_that_ask_and_never_read_are_shed_and_honest_requests_are_an
         s.setsockopt(zmq.RCVHWM, 1)
         s.setsockopt(zmq.RCVBUF, 4096)
         s.connect(r.address)
-        _join(s, i)
+        askers.join(s, i)
         crowd.append(s)
     pub = RelayClient(r.address, swarm="swarm", node_id="honest-pub", subscribe=False).start()
     reader = RelayClient(r.address, swarm="swarm", node_id="honest-reader").start()
-    rss0 = vm_bytes(r.proc.pid, "VmRSS")
-    answered, probes, peak, received = dict.fromkeys(KINDS, 0), 0, 0, set()
+    rss0 = _vm_bytes("VmRSS", r.proc.pid)
+    answered, probes, peak, received = dict.fromkeys(askers.KINDS, 0), 0, 0, set()
     try:
         wait_connected(pub, reader)
         t0 = next_probe = time.time()
@@ -176,7 +176,7 @@ def test_connections_that_ask_and_never_read_are_shed_and_honest_requests_are_an
             for i, s in enumerate(crowd):
                 try:
                     if k % 8 == 0:
-                        _join(s, i)                # a connection cut comes back as a new one
+                        askers.join(s, i)          # a connection cut comes back as a new one
                     s.send_multipart([P.PING, orjson.dumps({"t": 0})], zmq.NOBLOCK)
                     if k % 2 == 0:
                         s.send_multipart([P.STATS], zmq.NOBLOCK)
@@ -187,7 +187,7 @@ def test_connections_that_ask_and_never_read_are_shed_and_honest_requests_are_an
             if time.time() >= next_probe:
                 next_probe += 1.0
                 probes += 1
-                for kind in _probe(ctx, r.address):
+                for kind in askers.probe(ctx, r.address):
                     answered[kind] += 1
                 peak = max(peak, r.stats()["queued"]["bytes"])
         assert wait_for(lambda: received.update(d.rollout_id for d in reader.poll(timeout_s=0.05))
@@ -198,7 +198,7 @@ def test_connections_that_ask_and_never_read_are_shed_and_honest_requests_are_an
         band = total_mb * MB // 8
         assert peak <= 2 * total_mb * MB + 2 * band, peak
         assert s["counts"].get("shed", 0) > 0, s["counts"]
-        assert vm_bytes(r.proc.pid) - rss0 < 64 * MB          # was ~1.5 MB a second per 10 askers
+        assert _vm_bytes("VmHWM", r.proc.pid) - rss0 < 64 * MB          # was ~1.5 MB a second per 10 askers
     finally:
         for s in crowd:
             s.close(0)

@@ -43,17 +43,9 @@ import zmq  # noqa: E402
 from relay import protocol as P  # noqa: E402
 from relay.cli import query_stats  # noqa: E402
 from relay.client import RelayClient  # noqa: E402
+from testkit.askers import KINDS, join, probe  # noqa: E402
 
 MB = 1 << 20
-KINDS = ("WELCOME", "SUBOK", "PONG", "STATS")
-
-
-def _join(s: zmq.Socket, i: int) -> None:
-    name = f"asker-{i}-".ljust(P.MAX_NODE_ID_LEN, "x")      # long names: long STATS replies
-    s.send_multipart([P.HELLO, orjson.dumps({"node_id": name, "protocol": P.RELAY_PROTOCOL})], zmq.NOBLOCK)
-    for t in range(4):
-        s.send_multipart([P.SUB, f"quiet-{t}-".ljust(P.MAX_TOPIC_LEN, "x").encode(),
-                          orjson.dumps({"epoch": None, "last_seq": 0})], zmq.NOBLOCK)
 
 
 def _askers(address: str, n: int, spread_s: float, seconds: float) -> None:
@@ -71,7 +63,7 @@ def _askers(address: str, n: int, spread_s: float, seconds: float) -> None:
             s.setsockopt(zmq.RCVHWM, 1)
             s.setsockopt(zmq.RCVBUF, 4096)     # the kernel holds little for it either
             s.connect(address)
-            _join(s, len(socks))
+            join(s, len(socks))
             socks.append(s)
         if now >= next_ask:
             next_ask += 0.25
@@ -79,7 +71,7 @@ def _askers(address: str, n: int, spread_s: float, seconds: float) -> None:
             for i, s in enumerate(socks):
                 try:
                     if k % 8 == 0:              # again every 2 s: a connection the relay cut comes back
-                        _join(s, i)
+                        join(s, i)
                     s.send_multipart([P.PING, orjson.dumps({"t": 0})], zmq.NOBLOCK)
                     if k % 2 == 0:
                         s.send_multipart([P.STATS], zmq.NOBLOCK)
@@ -89,35 +81,6 @@ def _askers(address: str, n: int, spread_s: float, seconds: float) -> None:
     for s in socks:
         s.close(0)
     ctx.term()
-
-
-def _probe(ctx: zmq.Context, address: str, timeout_s: float = 3.0) -> set:
-    """A fresh connection's four requests: which replies came within timeout_s (it echoes
-    any MARK, as a reading client does)."""
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(address)
-    got = set()
-    try:
-        s.send_multipart([P.HELLO, orjson.dumps({"node_id": f"probe-{os.urandom(3).hex()}",
-                                                  "protocol": P.RELAY_PROTOCOL})])
-        s.send_multipart([P.SUB, b"swarm", orjson.dumps({"epoch": None, "last_seq": 1 << 40})])
-        s.send_multipart([P.PING, orjson.dumps({"t": 0})])
-        s.send_multipart([P.STATS])
-        deadline = time.time() + timeout_s
-        while len(got) < len(KINDS) and time.time() < deadline:
-            if not s.poll(50):
-                continue
-            f = s.recv_multipart()
-            kind = f[0].decode(errors="replace")
-            if kind in KINDS:
-                got.add(kind)
-            elif f[0] == P.MARK and f[1]:
-                s.send_multipart([P.PING, orjson.dumps({"t": 0, "mark": f[1].hex()})])
-        s.send_multipart([P.BYE], zmq.NOBLOCK)
-    finally:
-        s.close(0)
-    return got
 
 
 def run(conns: int, a, root: Path) -> dict:
@@ -150,7 +113,7 @@ def run(conns: int, a, root: Path) -> dict:
             if now >= next_probe and now - t0 < a.seconds - 3:
                 next_probe += 1.0
                 probes += 1
-                for k in _probe(ctx, address):
+                for k in probe(ctx, address):
                     answered[k] += 1
                 try:
                     st = query_stats(address, timeout_s=0.5)
