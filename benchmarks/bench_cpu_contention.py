@@ -52,7 +52,7 @@ def build_node(run_dir: Path):
     })
     node = Node(cfg, console_log=False)
     node.build()
-    node.sync.sync(node.learner.version)
+    node.parts.sync.sync(node.parts.learner.version)
     return node
 
 
@@ -63,7 +63,7 @@ def fixed_batch(node):
         node.round = r
         own, _, _ = (rnd := node.new_round()).generate(rnd.prompts())
         samples = build_batch(own, [], mode="vertical", scale=node.cfg.train.advantage_scale,
-                              local=node.local_tokenizer).samples
+                              local=node.parts.local_tokenizer).samples
         if samples:
             return samples
     raise SystemExit("no informative group in 19 rounds")

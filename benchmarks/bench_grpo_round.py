@@ -78,11 +78,11 @@ def build_ftis(run_dir: Path, threads: int, max_new_tokens: int, train_all: bool
     })
     node = Node(cfg, console_log=False)
     node.build()
-    node.sync.sync(node.learner.version)
+    node.parts.sync.sync(node.parts.learner.version)
     if train_all:
         _train_every_group()
     if not share_prompts:
-        node.learner.share_prompts = False
+        node.parts.learner.share_prompts = False
     return node
 
 
@@ -354,11 +354,11 @@ def _run(args, tmp: Path, load_before: float) -> int:
     caught = io.StringIO()
     with warnings.catch_warnings(record=True) as warns, contextlib.redirect_stdout(caught):
         warnings.simplefilter("always")
-        trl_side = TrlSide(node.bundle, node.task, round_prompts(node, 1), args.threads,
+        trl_side = TrlSide(node.parts.bundle, node.parts.task, round_prompts(node, 1), args.threads,
                            args.max_new_tokens, tmp / "trl")
     build_trl_s = time.perf_counter() - t0
     progress(f"TRL trainer built in {build_trl_s:.1f} s")
-    same_ids = all(node.bundle.encode(node.bundle.render_prompt(node.task.messages(p.question))) == ids
+    same_ids = all(node.parts.bundle.encode(node.parts.bundle.render_prompt(node.parts.task.messages(p.question))) == ids
                    for p, ids in zip(round_prompts(node, 1), trl_side.prompt_ids(round_prompts(node, 1))))
 
     def run_trl(prompts):
@@ -387,7 +387,7 @@ def _run(args, tmp: Path, load_before: float) -> int:
         progress(f"rep {k - 1}: ftis-edge {ftis_res[-1]}, TRL {trl_res[-1]}")
         res = summarize(context, ftis_res, trl_res, warns, partial=k < args.reps + 1)
         write_json(args.json, res)      # after every repetition: an interrupted run keeps what it measured
-    node.generator.close()
+    node.parts.generator.close()
     print(markdown(res))
     if res["trl_warnings"]:
         print("\nTRL/transformers warnings:", *res["trl_warnings"], sep="\n  ", file=sys.stderr)

@@ -43,7 +43,7 @@ def build_node(run_dir: Path, threads: int):
                      "model": {"threads": threads, "device": "cpu"}})
     node = Node(cfg, console_log=False)
     node.build()
-    node.sync.sync(node.learner.version)
+    node.parts.sync.sync(node.parts.learner.version)
     return node
 
 
@@ -81,7 +81,7 @@ def measure_update(node, round_no: int, reps: int) -> dict:
     flats = {}
     for r in range(reps):
         for share in ((False, True) if r % 2 == 0 else (True, False)):
-            s, flats[share] = timed_gradients(node.learner, samples, share)
+            s, flats[share] = timed_gradients(node.parts.learner, samples, share)
             times[share].append(s)
     rel = float((flats[True] - flats[False]).norm() / flats[False].norm())
     before, after = statistics.median(times[False]), statistics.median(times[True])
@@ -92,12 +92,12 @@ def measure_update(node, round_no: int, reps: int) -> dict:
 
 
 def paired_round(node, round_no: int, order) -> dict:
-    state = copy.deepcopy(node.learner.state_dict())
+    state = copy.deepcopy(node.parts.learner.state_dict())
     out = {}
     for share in order:
-        node.learner.load_state_dict(copy.deepcopy(state))
-        node.sync.sync(node.learner.version)
-        node.learner.share_prompts = share
+        node.parts.learner.load_state_dict(copy.deepcopy(state))
+        node.parts.sync.sync(node.parts.learner.version)
+        node.parts.learner.share_prompts = share
         node.round = round_no
         t0 = time.perf_counter()
         rec = node.run_round()
@@ -121,7 +121,7 @@ def rss_child(share: bool, threads: int) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench_shared_prompt_rss."))
     try:
         node = build_node(tmp / "node", threads)
-        node.learner.share_prompts = share
+        node.parts.learner.share_prompts = share
         built = vm_bytes(os.getpid()) / 2**30
         try:
             Path("/proc/self/clear_refs").write_text("5")     # reset the peak: measure the round alone
@@ -129,9 +129,9 @@ def rss_child(share: bool, threads: int) -> int:
         except OSError:
             reset = False
         samples = all_completions(node, 1)
-        node.learner.step(samples)
-        node.sync.sync(node.learner.version)
-        node.generator.close()
+        node.parts.learner.step(samples)
+        node.parts.sync.sync(node.parts.learner.version)
+        node.parts.generator.close()
         print(json.dumps({"share": share, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                           "after_build_gib": built, "round_peak_gib": vm_bytes(os.getpid()) / 2**30 if reset else None,
                           "update_samples": len(samples),
@@ -229,7 +229,7 @@ def main() -> int:
             r["round"] = k
             res["rounds"].append(r)
             progress(f"round {k}: {r}")
-        node.generator.close()
+        node.parts.generator.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not args.no_memory:

@@ -7,7 +7,9 @@ then HF transformers generates on the GPU, far faster than llama.cpp on the CPU.
 """
 from __future__ import annotations
 
-from ..config import ConfigError
+from dataclasses import replace
+
+from ..config import Config, ConfigError
 from ..generate.registry import pick_auto
 
 
@@ -37,3 +39,13 @@ def pick_backend(requested: str, device: str) -> tuple[str, str | None]:
     if requested != "auto":
         return requested, None
     return pick_auto(device)
+
+
+def resolve_engines(cfg: Config, say=None) -> Config:
+    """model.device / model.backend "auto" → what this machine has; ``say`` gets the one line
+    that says why when auto picks another engine than the default."""
+    device = pick_device(cfg.model.device)
+    backend, why = pick_backend(cfg.model.backend, device)
+    if why and say is not None:
+        say("%s", why)
+    return replace(cfg, model=replace(cfg.model, device=device, backend=backend))

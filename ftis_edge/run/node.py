@@ -7,7 +7,9 @@
 This module keeps what outlives a round: assembly (``build``), restore and checkpoint, the
 held-out eval schedule and the swarm guard's evals, the loop, stopping, and the run
 directory's lock. One round — generate, grade, share, take peers' groups, train, sync — is a
-``rounds.Round`` built from the node's parts.
+``rounds.Round`` built from the node's parts (``rounds.Parts``, filled once by ``build``;
+``swarm_parts.py`` adds a swarm node's relay client and books). The run-long books a checkpoint
+keeps are one table, ``Node._books``.
 
 The loop is deliberately sequential and deterministic (alone mode): prompts, sampling seeds
 and training batches are functions of (seed, round), so a run resumed from a checkpoint
@@ -26,12 +28,11 @@ import numpy as np
 import torch
 
 from ..store import checkpoint, diskspace, rundir, runlock
-from . import machine, neighbours, preflight
+from . import machine, neighbours, preflight, swarm_parts
 from ..store import progress as phases
-from ..learn.batch import LocalTokenizer, SampleRules
 from ..metrics.compute import ComputeTotals
 from ..config import Config, ConfigError, load
-from .devices import pick_backend, pick_device
+from .devices import resolve_engines
 from .divergence import DivergenceWatch, learning_rate_note
 from ..errors import FtisError, one_line
 from ..generate.base import GeneratorOptions
@@ -45,14 +46,10 @@ from ..learn.precision import slow_note
 from .logs import quiet_third_party, round_line, setup_logging
 from ..metrics.records import MetricsWriter, read_control, write_control
 from ..models.resolve import resolve_model
-from ..peers.outcomes import OutcomeBook
 from ..common.paths import cache_dir
-from .rounds import Parts, Round, other_tokenizer_bound, token_bytes_of
-from ..peers.swarm import ClientKeys, SwarmClient
+from .rounds import Parts, Round, local_tokenizer_of, sample_rules_of, token_bytes_of
 from .sync import WeightSync
 from ..tasks import task_from_config, warm_up
-from ..peers.kin import KinBook
-from ..peers.worth import WorthBook
 
 log = logging.getLogger("ftis_edge.run.node")
 
@@ -76,22 +73,10 @@ class Node:
         self.oom_retries = 0
         self.saved_round = 0          # the round of the newest checkpoint (this run's or restored)
         self.progress = phases.ProgressReport(self.run_dir)    # what the dashboard's phase cell reads
-        self.totals = ComputeTotals()      # own tokens, CPU-seconds, groups: cumulative, checkpointed
-        # the parts, loaded by build()
-        self.bundle = self.task = self.learner = self.generator = self.sync = None
-        self.local_tokenizer: LocalTokenizer | None = None
-        self.sample_rules: SampleRules | None = None
-        self.token_bytes = None            # align.TokenBytes of our tokenizer, or None (unsupported)
-        self.book: PeerBook | None = None
-        self.intake: Intake | None = None
-        self.swarm: SwarmClient | None = None          # None alone
+        # what a round runs on (rounds.Parts), filled once by build(); its totals are checkpointed
+        self.parts = Parts(cfg=cfg, node_id=self.node_id, progress=self.progress, totals=ComputeTotals())
         self.metrics: MetricsWriter | None = None
         self.heldout: HeldOut | None = None
-        self.guard: SwarmGuard | None = None           # None alone or without held-out evals
-        self.divergence: DivergenceWatch | None = None
-        self.worth: WorthBook | None = None            # swarm.fill_by_worth (a swarm node)
-        self.outcomes: OutcomeBook | None = None       # swarm.prompt_choice = "outcomes" (a swarm node)
-        self.kin: KinBook | None = None                # swarm.fill = "kin" (a swarm node)
         self._relay_watch = threading.Event()          # set: the relay-health thread stops
         self._base_record: dict = {}          # the base model's eval, for round 1's record
         self._disk_need: int | None = None    # bytes a checkpoint and the weights need (known after build)
@@ -99,7 +84,9 @@ class Node:
     # --- assembly ---------------------------------------------------------------------
     def build(self) -> None:
         """Load everything (model, task, learner, generator, swarm). Slow parts log timings."""
-        cfg = self.cfg = self._resolve_engines(self.cfg)     # idempotent; run() did it already
+        cfg = self.cfg = resolve_engines(self.cfg, say=log.info)     # idempotent; run() did it already
+        p = self.parts
+        p.cfg = cfg
         quiet_third_party()
         t0 = time.time()
         load_key = phases.load_key(cfg.model.spec, cfg.model.backend, cfg.train.trainable)
@@ -109,104 +96,72 @@ class Node:
         if last_s is not None:
             log.info("loading %s (%.0f s last time)", cfg.model.spec, last_s,
                      extra={"console": False})     # node.log: a bad spec must still fail in one line
-        self.bundle = resolve_model(cfg.model.spec)
-        self.bundle.require_supported()     # an unsupported architecture fails here, not in a round
-        self.task = task_from_config(cfg.task)
-        preflight.check(cfg, self.bundle, self.task)   # config vs model, in one line, before loading
+        p.bundle = resolve_model(cfg.model.spec)
+        p.bundle.require_supported()     # an unsupported architecture fails here, not in a round
+        p.task = task_from_config(cfg.task)
+        preflight.check(cfg, p.bundle, p.task)   # config vs model, in one line, before loading
         warm_up()          # start the grader worker now, not inside the first round
         threads, crowded = neighbours.threads_for(cfg.model.threads)   # 0: all cores, or a share beside other nodes
         if crowded:
             log.warning("%s", crowded)
         torch.set_num_threads(threads)
-        log.info("model %s (%s %s, fp %s); task %s", cfg.model.spec, self.bundle.name, self.bundle.arch,
-                 self.bundle.fingerprint, cfg.task.name)
+        log.info("model %s (%s %s, fp %s); task %s", cfg.model.spec, p.bundle.name, p.bundle.arch,
+                 p.bundle.fingerprint, cfg.task.name)
         device = None if cfg.model.device == "auto" else cfg.model.device
-        self.learner = Learner(
-            self.bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
+        p.learner = Learner(
+            p.bundle, trainable=cfg.train.trainable, lora_r=cfg.train.lora_r,
             lora_alpha=cfg.train.lora_alpha, lora_dropout=cfg.train.lora_dropout,
-            lora_targets=tuple(self.bundle.lora_targets(cfg.train.lora_targets)),
+            lora_targets=tuple(p.bundle.lora_targets(cfg.train.lora_targets)),
             lr=cfg.train.lr,
             grad_clip=cfg.train.max_grad_norm, micro_batch=cfg.train.micro_batch, device=device, seed=cfg.node.seed,
             precision=cfg.train.precision)
-        slow = slow_note(self.learner.device.type, cfg.train.precision, machine.cpu_has_bf16())
+        slow = slow_note(p.learner.device.type, cfg.train.precision, machine.cpu_has_bf16())
         if slow:
             log.warning("%s", slow)
-        self.generator = create_generator(cfg.model.backend, self.bundle, GeneratorOptions(
+        p.generator = create_generator(cfg.model.backend, p.bundle, GeneratorOptions(
             precision=cfg.model.precision, threads=threads, max_group=max(cfg.task.num_generations, 1),
-            policy=self.learner.model))
-        self.token_bytes = token_bytes_of(self.bundle)
-        self.local_tokenizer = self._local_tokenizer()
-        self.sample_rules = self._sample_rules()
-        self.sync = WeightSync.from_bundle(self.learner, self.generator, self.bundle, self.run_dir / rundir.ADAPTER_DIR)
+            policy=p.learner.model))
+        p.token_bytes = token_bytes_of(p.bundle)
+        p.local_tokenizer = local_tokenizer_of(p.bundle, p.task, cfg, p.token_bytes)
+        p.sample_rules = sample_rules_of(p.bundle, cfg.train)
+        p.sync = WeightSync.from_bundle(p.learner, p.generator, p.bundle, self.run_dir / rundir.ADAPTER_DIR)
         log.info("loaded in %.1f s (backend %s, %s)", time.time() - t0, cfg.model.backend,
                  cfg.train.trainable)
         phases.remember_load_seconds(cache_dir(), load_key, time.time() - t0)
-        self.learner.on_micro_batch = lambda done, total: self.progress.advance(done, total)
-        self.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after,
-                             window=cfg.swarm.quarantine_window, max_reject_rate=cfg.swarm.quarantine_rate)
-        self.intake = Intake(task=self.task, swarm=cfg.swarm.name, my_node_id=self.node_id,
-                             my_tokenizer_fp=self.bundle.tokenizer_fingerprint,
-                             vocab_size=self.bundle.vocab_size, book=self.book,
-                             decode=ids_decoder(self.bundle.tokenizer()), stop_ids=self.bundle.eos_token_ids,
-                             rescore_budget_s=cfg.swarm.rescore_budget_s,
-                             max_staleness=cfg.swarm.max_staleness,
-                             max_group_completions=cfg.task.num_generations)   # no group larger than ours
+        p.learner.on_micro_batch = lambda done, total: self.progress.advance(done, total)
+        p.book = PeerBook(quarantine_after=cfg.swarm.quarantine_after,
+                          window=cfg.swarm.quarantine_window, max_reject_rate=cfg.swarm.quarantine_rate)
+        p.intake = Intake(task=p.task, swarm=cfg.swarm.name, my_node_id=self.node_id,
+                          my_tokenizer_fp=p.bundle.tokenizer_fingerprint,
+                          vocab_size=p.bundle.vocab_size, book=p.book,
+                          decode=ids_decoder(p.bundle.tokenizer()), stop_ids=p.bundle.eos_token_ids,
+                          rescore_budget_s=cfg.swarm.rescore_budget_s,
+                          max_staleness=cfg.swarm.max_staleness,
+                          max_group_completions=cfg.task.num_generations)   # no group larger than ours
         if cfg.mode != "alone":
-            keys = None
-            if cfg.swarm.client_keys:
-                keys = ClientKeys.load(cfg.swarm.client_keys, cfg.swarm.server_key)
-            k = cfg.swarm.delivery_budget or max(1, cfg.swarm.max_peer_groups)   # horizontal needs every part
-            self.swarm = SwarmClient(cfg.swarm.relay, swarm=cfg.swarm.name, node_id=self.node_id, keys=keys,
-                                     budget_k=0 if k < 0 or cfg.mode == "horizontal" else k,
-                                     filters={"task": list(self.task.tags)})
-            self.swarm.start()
-            self._watch_relay()
-            if cfg.swarm.fill_by_worth:
-                self.worth = WorthBook(window=cfg.swarm.worth_window, threshold=cfg.swarm.worth_threshold,
-                                       other_bound=other_tokenizer_bound(cfg))
-            if cfg.swarm.fill == "kin":
-                self.kin = KinBook(window=cfg.swarm.worth_window, share_min=cfg.swarm.kin_share,
-                                   capability_min=cfg.swarm.kin_capability)
-            if cfg.swarm.prompt_choice == "outcomes":
-                self.outcomes = OutcomeBook()
+            p.swarm = swarm_parts.connect(cfg, self.node_id, p.task.tags)
+            swarm_parts.watch_relay(p.swarm, self.progress, self._relay_watch)
+            for name, book in swarm_parts.books(cfg, p.task).items():      # worth, kin, outcomes
+                setattr(p, name, book)
             # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
             log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)
         self._build_heldout()
-        self.divergence = DivergenceWatch(cfg)
+        p.divergence = DivergenceWatch(cfg)
         note = learning_rate_note(cfg)
         if note:
             log.warning("%s", note)
 
-    def _watch_relay(self, every_s: float = 1.0) -> None:
-        """The relay's health into progress.json within a second of a change, from a thread: a
-        round (and its record) can take minutes, the dashboard's relay cell must not."""
-        stop = self._relay_watch
-
-        def watch() -> None:
-            while not stop.wait(every_s):
-                try:
-                    health = self.swarm.health()
-                    latency = self.swarm.stats().get("latency_ms")
-                except Exception:      # noqa: BLE001 - a closing client; the round record still tells
-                    return
-                self.progress.relay({"state": health.get("state"), "reason": health.get("reason") or None,
-                                     "latency_ms": round(latency) if health.get("state") == "connected"
-                                     and isinstance(latency, (int, float)) else None})
-
-        threading.Thread(target=watch, name="relay-watch", daemon=True).start()
-
     def _build_heldout(self) -> None:
         """The held-out eval (heldout.py) on the loaded generator, and the swarm guard (guard.py)
         for a swarm node; neither exists when eval.every = 0 (an alone node is then unchanged)."""
-        cfg = self.cfg
-        self.heldout = HeldOut(self.task, self.bundle, self.generator, every=cfg.eval.every,
+        cfg, p = self.cfg, self.parts
+        self.heldout = HeldOut(p.task, p.bundle, p.generator, every=cfg.eval.every,
                                prompts=cfg.eval.prompts, max_new_tokens=cfg.task.max_completion_length)
-        if self.swarm is not None and cfg.eval.guard:
+        if p.swarm is not None and cfg.eval.guard:
             if self.heldout.active:
-                self.guard = SwarmGuard(self.bundle.tokenizer_fingerprint, self.bundle.fingerprint,
-                                        alpha=cfg.eval.guard_alpha,
-                                        fills=cfg.mode == "vertical" and bool(cfg.swarm.own_groups))
+                p.guard = SwarmGuard(p.bundle.tokenizer_fingerprint, p.bundle.fingerprint, alpha=cfg.eval.guard_alpha,
+                                     fills=cfg.mode == "vertical" and bool(cfg.swarm.own_groups))
             else:
                 log.warning("swarm guard off: it acts on held-out evals, and this run has none (eval.every = 0 "
                             "or a task without an eval split)")
@@ -216,61 +171,60 @@ class Node:
         state = checkpoint.load_latest(self.run_dir)     # verified; falls back to an older one
         if state is None:
             raise checkpoint.CheckpointError(f"--resume: no checkpoint in {checkpoint.dir_of(self.run_dir)}")
-        checkpoint.into_learner(self.learner, state["learner"], self.run_dir)
+        checkpoint.into_learner(self.parts.learner, state["learner"], self.run_dir)
         self.round = self.saved_round = state["round"]
         self.oom_retries = state.get("oom_retries", 0)
-        self.totals = ComputeTotals.from_state(state.get("compute"))
+        self.parts.totals = ComputeTotals.from_state(state.get("compute"))
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
         if state.get("peers"):
             for nid, d in state["peers"].items():
-                p = self.book.get(nid)
+                peer = self.parts.book.get(nid)
                 for k in ("sent", "accepted", "rejected", "grader_timeouts", "quarantined",
                           "quarantine_reason", "last_seen"):
                     if k in d:
-                        setattr(p, k, d[k])
-                p.restore_use(d)
+                        setattr(peer, k, d[k])
+                peer.restore_use(d)
         self.heldout.load_state(state.get("heldout"))
         self._note_kept_best()
-        if self.guard is not None:
-            self.guard.load_state(state.get("guard"))
         self._restore_books(state)
         log.info("resumed from round %d", self.round)
         return self.round
 
+    def _books(self) -> dict:
+        """The run-long books a checkpoint keeps, by their key in it: written and restored from this
+        one table (a new book: its line here and its construction in build)."""
+        p = self.parts
+        books = {"guard": p.guard, "worth": p.worth, "kin": p.kin, "outcomes": p.outcomes}
+        return {key: book for key, book in books.items() if book is not None}
+
     def _restore_books(self, state: dict) -> None:
-        """The worth and outcome books (issue 48), so that a resumed node fills and picks prompts
-        as the uninterrupted one would. A book that does not read starts empty: its evidence is
-        rebuilt within its window, costing own generation, never samples."""
-        try:
-            if self.worth is not None:
-                self.worth.load_state(state.get("worth"))
-            if self.kin is not None:
-                self.kin.load_state(state.get("kin"))
-            if self.outcomes is not None:
-                dropped = self.outcomes.load_state(state.get("outcomes"), self.task.get)
-                if dropped:
-                    log.warning("outcome book: %d prompts the task no longer knows were dropped", dropped)
-        except ValueError as e:
-            log.warning("%s; starting it empty", e)
+        """The books (issue 48), so that a resumed node gates, fills and picks prompts as the
+        uninterrupted one would. A book that does not read starts empty: its evidence is rebuilt
+        within its window, costing own generation, never samples."""
+        for key, book in self._books().items():
+            try:
+                dropped = book.load_state(state.get(key))
+            except ValueError as e:
+                log.warning("%s; starting it empty", e)
+                continue
+            if dropped:         # the outcome book: prompts the task no longer knows
+                log.warning("outcome book: %d prompts the task no longer knows were dropped", dropped)
 
     def _checkpoint(self) -> None:
         t0 = time.time()
         self.progress.phase(phases.CHECKPOINTING)
         state = {
             "round": self.round,
-            "learner": self.learner.state_dict(),
+            "learner": self.parts.learner.state_dict(),
             "oom_retries": self.oom_retries,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                     "torch": torch.get_rng_state()},
-            "peers": self.book.snapshot(),
-            "compute": self.totals.state(),
+            "peers": self.parts.book.snapshot(),
+            "compute": self.parts.totals.state(),
             **({"heldout": self.heldout.state()} if self.heldout.active else {}),
-            **({"guard": self.guard.state()} if self.guard is not None else {}),
-            **({"worth": self.worth.state()} if self.worth is not None else {}),
-            **({"kin": self.kin.state()} if self.kin is not None else {}),
-            **({"outcomes": self.outcomes.state()} if self.outcomes is not None else {}),
+            **{key: book.state() for key, book in self._books().items()},
         }
         self._room_for_checkpoint(diskspace.tensor_bytes(state))
         checkpoint.save(self.run_dir, self.round, state, best=self._best_pointer())
@@ -292,7 +246,7 @@ class Node:
     def _room_at_start(self) -> None:
         """Before round 1: room for a checkpoint and the generator's weights (written every round,
         two kept), so a disk that can never hold them costs no round."""
-        state = self.learner.state_dict()
+        state = self.parts.learner.state_dict()
         weights = diskspace.tensor_bytes(state["trainable"])
         # Adam's two moments appear with the first step: a checkpoint holds ~3x the weights
         self._disk_need = max(diskspace.tensor_bytes(state), 3 * weights) + 2 * weights
@@ -324,12 +278,12 @@ class Node:
         rec = self.heldout.record(result)
         if self.heldout.is_best(result):
             lo, hi = result.interval
-            checkpoint.save_best(self.run_dir, round_, self.learner.state_dict()["trainable"],
+            checkpoint.save_best(self.run_dir, round_, self.parts.learner.state_dict()["trainable"],
                                  {"accuracy": result.accuracy, "n": result.n, "interval": [lo, hi],
                                   "base_accuracy": self.heldout.base.accuracy,
                                   "trainable": self.cfg.train.trainable})
-        if self.guard is not None and round_ > 0:
-            step = self.guard.observe(result, self.heldout.best, self.heldout.base, self.book.snapshot())
+        if self.parts.guard is not None and round_ > 0:
+            step = self.parts.guard.observe(result, self.heldout.best, self.heldout.base, self.parts.book.snapshot())
             rec["swarm/guard"] = step.line
             (log.warning if step.moved or step.harmed else log.info)("swarm guard: %s", step.line)
         rec["time/eval_s"] = time.time() - t0
@@ -347,32 +301,10 @@ class Node:
         log.info("held-out eval of the base model: %.0f%% [%.0f–%.0f] on %d %s prompts (%.1f s)",
                  100 * b.accuracy, 100 * lo, 100 * hi, b.n, self.cfg.task.name, rec["time/eval_s"])
 
-    def _local_tokenizer(self) -> LocalTokenizer:
-        """How peers' prompts and completion texts become our token ids (for build_batch)."""
-        b = self.bundle
-        return LocalTokenizer.of_bundle(
-            b, lambda prompt: b.encode(b.render_prompt(self.task.messages(prompt.question))),
-            max_completion_length=self.cfg.task.max_completion_length,
-            token_bytes=self.token_bytes, cross_tokenizer_level=self.cfg.train.cross_tokenizer_level)
-
-    def _sample_rules(self) -> SampleRules:
-        """What this node does with another model's samples and with truncated ones (batch.SampleRules)."""
-        t = self.cfg.train
-        return SampleRules(model_fp=self.bundle.fingerprint, foreign_length_rule=t.foreign_length_rule,
-                           foreign_success_floor=t.foreign_success_floor,
-                           mask_truncated_completions=t.mask_truncated_completions,
-                           other_tokenizer=t.other_tokenizer)
-
     # --- one round --------------------------------------------------------------------
     def new_round(self) -> Round:
         """Round ``self.round`` on this node's parts; its own counters start at zero."""
-        return Round(Parts(cfg=self.cfg, node_id=self.node_id, bundle=self.bundle, task=self.task,
-                           generator=self.generator, learner=self.learner, sync=self.sync, intake=self.intake,
-                           book=self.book, progress=self.progress, divergence=self.divergence,
-                           local_tokenizer=self.local_tokenizer, sample_rules=self.sample_rules,
-                           totals=self.totals, swarm=self.swarm, guard=self.guard, token_bytes=self.token_bytes,
-                           worth=self.worth, outcomes=self.outcomes, kin=self.kin),
-                     self.round, oom_retries=self.oom_retries)
+        return Round(self.parts, self.round, oom_retries=self.oom_retries)
 
     def run_round(self) -> dict:
         """Build round ``self.round`` and run it: its record (the eval keys come in ``_record``)."""
@@ -391,10 +323,10 @@ class Node:
         if self.heldout.due(self.round, last):
             record.update(self._eval(self.round))
         self.metrics.write(record)
-        line = round_line(record, swarm=self.swarm is not None)
+        line = round_line(record, swarm=self.parts.swarm is not None)
         held = eval_line(record)
-        if self.guard is not None and self.guard.level:     # said every round while it holds
-            held = "; ".join(filter(None, [held, f"swarm guard: {LEVELS[self.guard.level]}"]))
+        if self.parts.guard is not None and self.parts.guard.level:     # said every round while it holds
+            held = "; ".join(filter(None, [held, f"swarm guard: {LEVELS[self.parts.guard.level]}"]))
         log.info("%s", f"{line}; {held}" if held else line)
         if self.round % cfg.node.checkpoint_every == 0 or self.round == cfg.node.rounds \
                 or self.stop_reason or read_control(self.run_dir)["stop"]:
@@ -442,16 +374,6 @@ class Node:
             if took:
                 runlock.release(self.run_dir)
 
-    @staticmethod
-    def _resolve_engines(cfg: Config) -> Config:
-        """model.device / model.backend "auto" → what this machine has (said in one line when
-        auto picks the HF engine)."""
-        device = pick_device(cfg.model.device)
-        backend, why = pick_backend(cfg.model.backend, device)
-        if why:
-            log.info("%s", why)
-        return replace(cfg, model=replace(cfg.model, device=device, backend=backend))
-
     def _say_if_left_the_swarm(self) -> None:
         """A resumed run that trained in a swarm and now runs alone says so (before config.toml,
         which holds the run's relay, is rewritten)."""
@@ -480,7 +402,7 @@ class Node:
                 pass
 
     def _run(self) -> int:
-        cfg = self.cfg = self._resolve_engines(self.cfg)
+        cfg = self.cfg = resolve_engines(self.cfg, say=log.info)
         if self.resume and not rundir.check_resumable(self.run_dir, fresh_if_missing=self.fresh_if_missing):
             log.warning("--resume-or-fresh: no checkpoint in %s, starting fresh", self.run_dir)
             self.resume = False
@@ -496,10 +418,10 @@ class Node:
             rundir.prepare_resume(self.run_dir)
         rundir.write_record(self.run_dir, resolved)
         self._room_at_start()
-        self.sync.sync(self.learner.version)          # generator starts from the learner's weights
+        self.parts.sync.sync(self.parts.learner.version)          # generator starts from the learner's weights
         self.metrics.write({
-            "type": "start", "node_id": self.node_id, "model": cfg.model_label, "model_name": self.bundle.name,
-            "model_fp": self.bundle.fingerprint, "tokenizer_fp": self.bundle.tokenizer_fingerprint,
+            "type": "start", "node_id": self.node_id, "model": cfg.model_label, "model_name": self.parts.bundle.name,
+            "model_fp": self.parts.bundle.fingerprint, "tokenizer_fp": self.parts.bundle.tokenizer_fingerprint,
             "backend": cfg.model.backend, "trainable": cfg.train.trainable, "method": cfg.train.method,
             "collaboration": cfg.mode, "relay": cfg.swarm.relay or None, "resumed_from": resumed,
             "machine": machine.describe(), "config": resolved.to_dict()})
@@ -534,10 +456,10 @@ class Node:
             if self.round > self.saved_round:      # a stop read between rounds (q while paused)
                 self._checkpoint()
         finally:
-            if self.swarm is not None:
+            if self.parts.swarm is not None:
                 self._relay_watch.set()
-                self.swarm.close()
-            self.generator.close()
+                self.parts.swarm.close()
+            self.parts.generator.close()
         reason = self.stop_reason or "steps"
         self.metrics.write({"type": "stop", "round": self.round, "reason": reason})
         self.metrics.close()

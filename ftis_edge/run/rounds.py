@@ -106,6 +106,23 @@ def token_bytes_of(bundle) -> TokenBytes | None:
         return None
 
 
+def local_tokenizer_of(bundle, task, cfg: Config, token_bytes: TokenBytes | None) -> LocalTokenizer:
+    """How peers' prompts and completion texts become our token ids (for build_batch)."""
+    return LocalTokenizer.of_bundle(
+        bundle, lambda prompt: bundle.encode(bundle.render_prompt(task.messages(prompt.question))),
+        max_completion_length=cfg.task.max_completion_length,
+        token_bytes=token_bytes, cross_tokenizer_level=cfg.train.cross_tokenizer_level)
+
+
+def sample_rules_of(bundle, train) -> SampleRules:
+    """What this node does with another model's samples and with truncated ones (``train``: the
+    config's [train] section)."""
+    return SampleRules(model_fp=bundle.fingerprint, foreign_length_rule=train.foreign_length_rule,
+                       foreign_success_floor=train.foreign_success_floor,
+                       mask_truncated_completions=train.mask_truncated_completions,
+                       other_tokenizer=train.other_tokenizer)
+
+
 def fill_slots(cfg: Config, swarm, kin: KinBook | None = None) -> int | None:
     """Batch fill (swarm.own_groups > 0, vertical swarm): how many of the round's
     task.prompts_per_round groups peers may supply; None when batch fill is off. With
@@ -521,7 +538,7 @@ class Round:
             self.kind_of[g.rollout.node_id] = kind
             self.seen.append((kind, list(g.rewards), g.rollout.node_id))
             if p.outcomes is not None:
-                p.outcomes.add_peer(self.number, g.prompt, kind, g.rewards)
+                p.outcomes.add_peer(self.number, g.prompt, kind, g.rewards, peer=g.rollout.node_id)
 
     def take_measured(self, slots: int | None) -> list[PeerGroup]:
         """The groups set aside to be measured, under batch fill only (peers on top train anyway)."""
@@ -535,6 +552,7 @@ class Round:
         own_rewards = [r for g in own for r in g.rewards]
         if p.outcomes is not None:
             p.outcomes.add_own(own_rewards)
+            p.outcomes.validate([(g.prompt.id, g.rewards) for g in own])     # the picks' peers, checked
         if p.worth is not None:
             # what each sample weighed in the step (0 dropped or refused; the learner's bounds applied)
             trained = [(self.kind_of.get(u.node_id, "other tokenizer"), u.step_weight, u.node_id) for u in uses]
