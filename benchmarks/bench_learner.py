@@ -35,9 +35,14 @@ learner splits a micro-batch of unequal completions into forwards), interleaved:
 --ab also times, in each repetition and just before today's step, the LM head as it was before
 head_logprob.py (checkpointed logsumexp chunks): the before -> after at the same moment.
 
+--pack-ab times, in each repetition, the step with the completions in length buckets (right-padded
+forwards, ``Learner(pack=False)``) and then packed into rows behind their prompts (one forward per
+micro-batch, packing.py), then the reference: old and new side by side; "ratio" is the packed one,
+"buckets" the bucketed one. Real lengths (18..128 tokens) are where they differ.
+
 Run: .venv/bin/python -m benchmarks.bench_learner [--models smollm2-135m gemma3-270m] [--trainable lora full]
          [--lengths equal real] [--threads 1 2] [--reps 3] [--micro-batch 4 8 16] [--precision fp32 bf16]
-         [--ab] [--bf16-matmul] [--contract] [--bucket-overhead 8 32] [--profile]
+         [--ab] [--pack-ab] [--bf16-matmul] [--contract] [--bucket-overhead 8 32] [--profile]
          [--json PATH]
 """
 from __future__ import annotations
@@ -245,7 +250,7 @@ def profile_step(learner, samples, step_kwargs) -> dict:
 
 
 def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: bool = False,
-             bf16: bool = False) -> dict:
+             bf16: bool = False, pack_ab: bool = False) -> dict:
     import torch
     torch.set_num_threads(threads)
     shapes = dense_shapes(learner)
@@ -256,7 +261,10 @@ def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: b
     n_mb = -(-len(samples) // learner.micro_batch)
     rows = round(sum(len(s.completion_ids) for s in samples) / n_mb)
     products = reference_products(shapes, rows, full)
-    learner.step(samples, **step_kwargs)          # warm-up (allocator, first-call paths)
+    packs = (False, True) if pack_ab else (learner.pack,)
+    for pack in packs:                            # warm-up (allocator, first-call paths)
+        learner.pack = pack
+        learner.step(samples, **step_kwargs)
     matmul_rate(products, reps=1)
     runs = []
 
@@ -270,6 +278,10 @@ def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: b
             learner._token_logprobs = checkpointed_head(learner)
             before_s, before_cpu = timed_step()
             del learner._token_logprobs
+        if pack_ab:     # the bucketed step first, then the packed one, then the reference
+            learner.pack = False
+            buckets_s, buckets_cpu = timed_step()
+            learner.pack = True
         step_s, step_cpu = timed_step()
         ref, ref_cpu = matmul_rate(products)
         runs.append({"step_s": step_s, "step_cpu_s": step_cpu, "learner_gflops": flops / step_s / 1e9,
@@ -278,6 +290,9 @@ def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: b
         if ab:
             runs[-1].update(before_step_s=before_s, before_ratio=flops / before_s / ref,
                             before_cpu_ratio=flops / before_cpu / ref_cpu)
+        if pack_ab:
+            runs[-1].update(buckets_step_s=buckets_s, buckets_ratio=flops / buckets_s / ref,
+                            buckets_cpu_ratio=flops / buckets_cpu / ref_cpu)
     out = {"threads": threads, "N": N, "T": T, "rows": rows, "flops": flops, "runs": runs,
            "ratio": statistics.median(r["ratio"] for r in runs),
            "learner_gflops": statistics.median(r["learner_gflops"] for r in runs),
@@ -292,6 +307,12 @@ def run_case(learner, samples, threads: int, reps: int, step_kwargs: dict, ab: b
     if ab:
         out["before_ratio"] = statistics.median(r["before_ratio"] for r in runs)
         out["before_cpu_ratio"] = statistics.median(r["before_cpu_ratio"] for r in runs)
+    if pack_ab:
+        for k in ("buckets_ratio", "buckets_cpu_ratio", "buckets_step_s"):
+            out[k] = statistics.median(r[k] for r in runs)
+        out["packed_over_buckets"] = statistics.median(r["buckets_step_s"] / r["step_s"] for r in runs)
+    out["pack"] = packs[-1]
+    out["load"] = os.getloadavg()[0]
     return out
 
 
@@ -308,6 +329,8 @@ def main(argv=None) -> int:
                     help="micro-batch sizes to compare (one case each; compare their step CPU seconds)")
     ap.add_argument("--ab", action="store_true",
                     help="also time the LM head as it was before head_logprob.py, interleaved (the before -> after)")
+    ap.add_argument("--pack-ab", action="store_true",
+                    help="time the step with length buckets and packed (packing.py), interleaved: old and new")
     ap.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16"],
                     help="the learner's precision (Learner(precision=...); bf16: CPU autocast); the "
                          "reference stays fp32 matmul")
@@ -342,7 +365,7 @@ def main(argv=None) -> int:
                 samples = load_samples(lengths, args.groups, args.length)
                 learner.micro_batch = mb
                 case = run_case(learner, samples, threads, args.reps, {"method": "f-tis"}, args.ab,
-                                args.bf16_matmul)
+                                args.bf16_matmul, args.pack_ab)
                 case.update(model=spec, trainable=trainable, lengths=lengths, micro_batch=mb, precision=precision)
                 if args.profile and threads == args.threads[0] and mb == args.micro_batch[0]:
                     case["profile"] = profile_step(learner, samples, {"method": "f-tis"})
@@ -356,6 +379,9 @@ def main(argv=None) -> int:
                       f"{case['learner_gflops']:>9.1f}{case['matmul_gflops']:>8.1f}{case['ratio']:>7.2f}{case['cpu_ratio']:>6.2f}"
                       + (f"  before head_logprob: {case['before_ratio']:.2f} {case['before_cpu_ratio']:.2f}"
                          if args.ab else "")
+                      + (f"  buckets: {case['buckets_ratio']:.2f} {case['buckets_cpu_ratio']:.2f}, packed "
+                         f"{case['packed_over_buckets']:.2f}x faster" if args.pack_ab else "")
+                      + f"  load {case['load']:.1f}"
                       + (f"  bf16 matmul / fp32: {case['bf16_over_fp32']:.2f} {case['bf16_over_fp32_cpu']:.2f}"
                          if args.bf16_matmul else "")
                       + ("  step CPU s by bucket overhead: " + ", ".join(

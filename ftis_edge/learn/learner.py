@@ -27,6 +27,7 @@ from .logit_chunks import LOGIT_CHUNK_ROWS
 from .objective import LEVELS, ftis_loss
 from .precision import PRECISIONS, compute_dtype
 from ..rollout.samples import OWN, TrainSample
+from .packing import packable, packed_hidden
 from .shared_prompt import (PromptPass, completion_hidden, length_buckets, plan_micro_batches, prompt_key,
                             run_prompt)
 
@@ -63,6 +64,7 @@ def _resolve_hf_dir(bundle_or_hf_dir) -> Path:
 
 
 TRAINABLE = ("lora", "full")        # LoRA adapters only, or every weight
+PACK = False       # packing.py; the default only once measured at least as fast (bench_learner.py --pack-ab)
 
 
 class Learner:
@@ -74,7 +76,7 @@ class Learner:
                  lr: float | None = None, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
                  micro_batch: int = 4, device: str | torch.device | None = None, seed: int = 0,
                  gradient_checkpointing: bool = False, dtype: torch.dtype | None = None,
-                 share_prompts: bool = True, precision: str = "auto"):
+                 share_prompts: bool = True, precision: str = "auto", pack: bool | None = None):
         from transformers import AutoModelForCausalLM
 
         if trainable not in TRAINABLE:
@@ -90,6 +92,8 @@ class Learner:
         self.seed = seed
         # HF layers drop the KV cache under gradient checkpointing: the prompt cannot be shared then.
         self.share_prompts = share_prompts and not gradient_checkpointing
+        # a micro-batch's completions packed into rows, one forward (packing.py)
+        self.pack = PACK if pack is None else pack
         self.version = 0
         self.on_micro_batch = None     # called (done, total) after each micro-batch: progress only
         self.hf_dir = _resolve_hf_dir(bundle_or_hf_dir)
@@ -223,11 +227,14 @@ class Learner:
         """Log-probs of the completions on top of their prompts' states (``shared_prompt.PromptState``):
         (logp [B, T], mask [B, T], entropy [B, T] or None) — see ``_assemble``.
 
-        Rows run in length buckets (``length_buckets``): completions of very different lengths are
-        not all padded to the longest one.
+        Packed (``pack``, packing.py): every completion in rows as wide as the longest, one forward.
+        Else rows run in length buckets (``length_buckets``): completions of very different lengths
+        are not all padded to the longest one.
         """
-        order = sorted(range(len(samples)), key=lambda b: len(samples[b].completion_ids))
         decoder = self._hf_model.get_decoder()
+        if self.pack and packable(decoder):
+            return self._assemble(samples, [self._packed_logprobs(decoder, samples, states, entropy)])
+        order = sorted(range(len(samples)), key=lambda b: len(samples[b].completion_ids))
         parts = []
         for bucket in length_buckets([len(samples[b].completion_ids) for b in order]):
             idx = [order[i] for i in bucket]
@@ -236,6 +243,18 @@ class Learner:
                 hidden = completion_hidden(decoder, rows, self.device)
             parts.append(self._picked_logprobs([samples[b] for b in idx], idx, hidden, [0] * len(idx), entropy))
         return self._assemble(samples, parts)
+
+    def _packed_logprobs(self, decoder, samples, states: dict, entropy: bool = False):
+        """``_picked_logprobs``' part for the whole micro-batch packed in one forward."""
+        rows = [(states[prompt_key(s.prompt_ids)], s.completion_ids) for s in samples]
+        with self._autocast():
+            hidden = packed_hidden(decoder, rows, self.device)      # [sum of completion lengths, hidden]
+        targets = torch.tensor([t for s in samples for t in s.completion_ids], device=self.device)
+        out = self._token_logprobs(hidden, targets, entropy)
+        flat, ent = out if entropy else (out, None)
+        out_rows = [b for b, s in enumerate(samples) for _ in s.completion_ids]
+        pos = [j for s in samples for j in range(len(s.completion_ids))]
+        return flat, out_rows, pos, ent
 
     def _picked_logprobs(self, samples, rows_out: list[int], hidden: torch.Tensor, first_col: list[int],
                          entropy: bool = False):
