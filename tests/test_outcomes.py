@@ -90,3 +90,39 @@ def test_another_models_outcomes_predict_the_gemma_nodes(seed):
     wrong = [book.predict(pid) for pid, ok in gemma.items() if not ok]
     auc = sum((a > b) + 0.5 * (a == b) for a in right for b in wrong) / (len(right) * len(wrong))
     assert auc > 0.6, auc
+
+
+def test_sybil_ids_steer_at_most_one_shared_pick_and_a_proven_peer_keeps_its_own():
+    """Issue 62.6: a Sybil answering prompts of its choice 3 of 8 right (its other groups all right,
+    lifting its kind's rate) picked 62 of 120 of a node's own prompts. Now each pick is checked by
+    the node's own group on it; 200 new ids a round share the newcomers' one pick, which closes
+    (one every NEWCOMER_BACKOFF rounds) once their picks carry no signal for us, while a twin
+    whose picks held keeps its one a round."""
+    from ftis_edge.peers.outcomes import MIN_PICKS, NEWCOMER_BACKOFF
+    task = ArithTask(level=[1, 2])
+    stream, sybil, twin = task.prompts(seed=1), task.prompts(seed=77), task.prompts(seed=99)
+    book, picks = OutcomeBook(), {"sybil": 0, "twin": 0, "stream": 0}
+    for r in range(1, 41):
+        if r > 10:                                     # the flood starts once the twin has a record
+            for i in range(200):
+                sid = f"sybil-{r}-{i}"
+                book.add_peer(r, next(sybil), SAME_MODEL, [1.0] * 8, peer=sid)
+                book.add_peer(r, next(sybil), SAME_MODEL, [1.0] * 3 + [0.0] * 5, peer=sid)
+        book.add_peer(r, next(twin), SAME_MODEL, [1.0] * 4 + [0.0] * 4, peer="twin")
+        choice = book.choose(r, [next(stream) for _ in range(4)], group_size=8)
+        own = []
+        for p in choice.prompts:
+            who = book.pending.get(p.id, "stream")
+            who = "sybil" if who.startswith("sybil") else who
+            if r > 10:
+                picks[who] += 1
+            # the truth on each prompt for this node: its stream's mostly right (7 of 8: a fresh prompt
+            # rarely teaches, so peers' prompts look better), the Sybils' easy (no signal), the twin's mixed
+            truth = {"sybil": [1.0] * 8, "twin": [1.0] * 4 + [0.0] * 4, "stream": [1.0] * 7 + [0.0]}
+            own.append((p.id, truth[who]))
+        book.add_own([x for _, rs in own for x in rs])
+        book.validate(own)
+    assert (MIN_PICKS, NEWCOMER_BACKOFF) == (2, 4)
+    assert picks["sybil"] <= 10, picks                    # of 120 own prompts (was 62; 2 + 30 / 4 + 1 here)
+    assert picks["twin"] == 30, picks                                          # one a round, every round
+    assert len(book.standing) <= 1024

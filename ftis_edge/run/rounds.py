@@ -538,7 +538,7 @@ class Round:
             self.kind_of[g.rollout.node_id] = kind
             self.seen.append((kind, list(g.rewards), g.rollout.node_id))
             if p.outcomes is not None:
-                p.outcomes.add_peer(self.number, g.prompt, kind, g.rewards)
+                p.outcomes.add_peer(self.number, g.prompt, kind, g.rewards, peer=g.rollout.node_id)
 
     def take_measured(self, slots: int | None) -> list[PeerGroup]:
         """The groups set aside to be measured, under batch fill only (peers on top train anyway)."""
@@ -552,6 +552,7 @@ class Round:
         own_rewards = [r for g in own for r in g.rewards]
         if p.outcomes is not None:
             p.outcomes.add_own(own_rewards)
+            p.outcomes.validate([(g.prompt.id, g.rewards) for g in own])     # the picks' peers, checked
         if p.worth is not None:
             # what each sample weighed in the step (0 dropped or refused; the learner's bounds applied)
             trained = [(self.kind_of.get(u.node_id, "other tokenizer"), u.step_weight, u.node_id) for u in uses]
