@@ -325,13 +325,14 @@ def stop_words(reason, short: bool = False) -> str:
 
 def exit_words(code: int | None) -> str | None:
     """How a node process ended, from its exit code, when that is news (None for 0): a negative
-    code is the signal that killed it (subprocess's convention), 128+N a shell's spelling of it."""
+    code is the signal that killed it (subprocess's convention); a positive one the node chose
+    (130: aborted by a second Ctrl-C, which its stop record says)."""
     import signal
     if not code:
         return None
-    number = -code if code < 0 else code - 128 if 128 < code < 160 else None
-    if number is None:
+    if code > 0:
         return f"exited with code {code}"
+    number = -code
     try:
         name = signal.Signals(number).name
     except ValueError:
