@@ -30,7 +30,7 @@ def _group(k: int) -> list[float]:
 
 def test_the_books_the_config_asks_for_and_nothing_else():
     books = swarm_parts.books(from_dict({"swarm": {"relay": "tcp://127.0.0.1:1"}}), get_task("arith"))
-    assert books == {"worth": None, "kin": None, "outcomes": None}       # the defaults: none of them
+    assert books == {"worth": None, "kin": None, "outcomes": None, "budget": None}   # the defaults: none of them
     full = swarm_parts.books(from_dict({"swarm": SWARM}), get_task("arith"))
     assert sorted(k for k, b in full.items() if b is not None) == ["kin", "outcomes", "worth"]
 
@@ -58,3 +58,25 @@ def test_a_checkpoint_writes_and_restores_the_books_from_one_table(tmp_path, cap
     assert c.parts.worth.state() == state["worth"] and c.parts.kin.state() == state["kin"]
     alone = _node(tmp_path, "alone", swarm={})
     assert alone._books() == {}
+
+
+def test_another_tokenizers_budget_is_a_book_when_its_text_trains(tmp_path):
+    from ftis_edge.rollout.samples import TrainSample
+    cfg = {"relay": "tcp://127.0.0.1:1"}
+    on = from_dict({"swarm": cfg, "train": {"other_tokenizer": True},
+                    "node": {"run_dir": str(tmp_path / "run"), "id": "n"}})
+    assert swarm_parts.books(on, get_task("arith"))["budget"] is not None
+    off = from_dict({"swarm": cfg, "train": {"other_tokenizer": True, "foreign_budget": False}})
+    assert swarm_parts.books(off, get_task("arith"))["budget"] is None
+    a = Node(on, console_log=False)
+    for field_name, book in swarm_parts.books(on, get_task("arith")).items():
+        setattr(a.parts, field_name, book)
+    own = [TrainSample([1], [2], [-1.0], None, 1.0), TrainSample([1], [3], [-1.0], None, -1.0)]
+    a.parts.budget.apply(own + [TrainSample([1], [4], None, -1.0, 1.0, sequence_level=True, source="g")])
+    state = {key: book.state() for key, book in a._books().items()}
+    assert list(state) == ["budget"] and state["budget"]["steps"]
+    b = Node(on, console_log=False)
+    for field_name, book in swarm_parts.books(on, get_task("arith")).items():
+        setattr(b.parts, field_name, book)
+    b._restore_books(state)
+    assert b.parts.budget.spent() == a.parts.budget.spent()
