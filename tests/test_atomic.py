@@ -49,7 +49,7 @@ def test_checkpoints_keep_the_last_two_complete_rounds(tmp_path):
 BUILDER = """
 import os, sys, time
 from pathlib import Path
-from ftis_edge import atomic
+from ftis_edge.common import atomic
 target, log = Path(sys.argv[1]), Path(sys.argv[2])
 
 def build():
@@ -80,7 +80,7 @@ def test_a_builder_killed_mid_way_frees_the_lock(tmp_path):
     import sys
     target = tmp_path / "entry"
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from ftis_edge import atomic\n"
+        "import sys, time; from ftis_edge.common import atomic\n"
         "with atomic.one_builder(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)"), str(target)],
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

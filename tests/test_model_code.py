@@ -128,7 +128,7 @@ def test_a_run_choosing_a_model_outside_itself_says_so(tmp_path):
     run.mkdir()
     cfg = config.from_dict({"node": {"id": "v", "run_dir": str(run)}, "model": {"spec": str(outside)}})
     (run / "config.toml").write_text(config.to_toml(cfg))
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from ftis_edge import rundir; "
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from ftis_edge.store import rundir; "
             f"rundir.load_config({str(run)!r})")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -42,7 +42,7 @@ def test_a_live_run_refuses_a_second_node_and_overwrite_deletes_nothing(tmp_path
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"type": "start", "node_id": "alice"}\n')
     (run / "node.log").write_text("round 1: ...\n")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ftis_edge import runlock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ftis_edge.store import runlock; "
                                "runlock.acquire(sys.argv[1]); print('locked', flush=True); time.sleep(120)", str(run)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -73,7 +73,7 @@ def test_overwrite_of_a_stopped_run_keeps_no_file_of_it_but_the_lock(tmp_path):
 
 def _hold(run) -> subprocess.Popen:
     """Another live process holding the run directory (as a running node does)."""
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ftis_edge import runlock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ftis_edge.store import runlock; "
                                "runlock.acquire(sys.argv[1]); print('locked', flush=True); time.sleep(120)", str(run)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"

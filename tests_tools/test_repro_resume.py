@@ -34,7 +34,7 @@ def test_a_receiver_a_live_node_holds_is_not_started_again(tmp_path, capsys):
     held, free = tmp_path / "alone-1", tmp_path / "alone-0"
     held.mkdir()
     free.mkdir()
-    code = ("import sys, time; from ftis_edge import runlock; runlock.acquire(sys.argv[1]); "
+    code = ("import sys, time; from ftis_edge.store import runlock; runlock.acquire(sys.argv[1]); "
             "print('held', flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, str(held)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

@@ -88,7 +88,7 @@ print("graded", [g.verify(a, r, 120).correct for a, r in (("\\\\frac{1}{2}", "0.
 g.close()
 """
 DASHBOARD = """from pathlib import Path
-from ftis_edge import rundir
+from ftis_edge.store import rundir
 try:
     from ftis_edge.common.child import python_command
     cmd = python_command("-m", "ftis_edge.cli", "start", "--help")
