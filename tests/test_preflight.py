@@ -30,7 +30,7 @@ def test_smoke_the_default_node_passes_preflight_raising_nothing(smol, arith):  
 
 
 def test_max_completion_length_beyond_the_trained_context_names_the_key_and_the_room_left(smol, arith):
-    assert preflight.backend_of(from_dict({})).context_limit is None    # the node's llama.cpp context grows with the task
+    assert preflight.backend_of(from_dict({})).context_limit is None    # llama.cpp's context grows with the task
     cfg = from_dict({"task": {"max_completion_length": 9000}})
     with pytest.raises(ConfigError) as e:
         preflight.check(cfg, smol, arith)
@@ -124,7 +124,9 @@ def test_a_need_beyond_the_machine_is_refused_before_loading_naming_what_dominat
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     err = r.stderr.strip().splitlines()[-1]
-    assert err.startswith("ftis-edge: error: memory: Smollm2") and "more than this machine's" in err and "(not started)" in err
+    # the model as the user called it (config.model_label), not the GGUF's general.name
+    assert err.startswith("ftis-edge: error: memory: smollm2-135m") and "more than this machine's" in err
+    assert "(not started)" in err
     assert len(err) < 400 and not err.endswith("…")
     assert "most of it is the learner's activations" in err and "train.micro_batch 256" in err
     assert "smaller model" not in err and "task.max_completion_length = " in err
