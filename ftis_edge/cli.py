@@ -123,8 +123,10 @@ def _run_start(args) -> int:
     _stop_node_on_hangup(proc)
     from .tui import run_dashboard
     code = run_dashboard(run_dir, node_process=proc, node_stderr=stderr_file)
+    from .store.record_watch import edits_line
     print(rundir.stop_summary(run_dir, config=args.config, exit_code=proc.poll(),
-                              failure=rundir.last_error_line(*stderr_file) if proc.poll() else None))
+                              failure=rundir.last_error_line(*stderr_file) if proc.poll() else None,
+                              edited=edits_line(run_dir, running=False, program=rundir.command_name())))
     return code
 
 

@@ -233,7 +233,8 @@ async def test_an_edit_of_the_record_while_running_is_said_on_the_dashboard_and_
         from textual.widgets import Log
         assert any("changed while the node runs (node.rounds: 30 → 50)" in ln for ln in app.query_one("#log", Log).lines)
     records(run, {"type": "stop", "round": 3, "reason": "user", "time": time.time()})
-    block = rundir.stop_summary(run, program="ftis-edge").splitlines()
+    from ftis_edge.store.record_watch import edits_line
+    block = rundir.stop_summary(run, program="ftis-edge", edited=edits_line(run, running=False)).splitlines()
     assert f"  config    {run / 'config.toml'} was edited while the node ran (node.rounds: 30 → 50): not used yet, " \
            f"it applies on resume" in block
 

@@ -254,9 +254,10 @@ def _command(program: str, *args: str) -> str:
 
 
 def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | None = None,
-                 failure: str | None = None, program: str | None = None) -> str:
+                 failure: str | None = None, program: str | None = None, edited: str | None = None) -> str:
     """What the terminal says when the dashboard closes: one line for a failure or a running node, a
-    short block for a stop (what ran, best held-out accuracy, resume, export).
+    short block for a stop (what ran, best held-out accuracy, the saving, resume, export).
+    ``edited``: record_watch.edits_line of RUN/config.toml (an edit made while the node ran).
 
     It points at ``export`` for the model: ``adapter/latest.gguf`` is a LoRA adapter for a
     LoRA run (llama.cpp refuses it as a model) and a full run's weights live in checkpoints."""
@@ -294,8 +295,6 @@ def stop_summary(run_dir: Path, *, config: str | None = None, exit_code: int | N
     saved = _saved(rounds)
     if saved:
         rows.append(f"  saved     {saved}")
-    from .record_watch import edits_line
-    edited = edits_line(run_dir, running=False, program=program)
     if edited:
         rows.append(f"  config    {edited}")
     relay = first.get("relay")
