@@ -30,9 +30,10 @@ from .common.turns import PLAIN_TURN_STOP
 
 QUANTS = ("f16", "q8_0", "q4_k_m")
 AUTO = "auto"                 # --quant's default: chosen by the model's size (default_quant)
-# Below this many parameters the shipped file is Q8_0: on SmolLM2-135M Q4_K_M cost more held-out
-# accuracy than a short run gains (issue 63: 8 points under F16), Q8_0 answers like F16; larger
-# models have the redundancy that 4.5 bits per weight keeps (docs/results.md has the measurement).
+# Below this many parameters the shipped file is Q8_0: on a SmolLM2-135M run (benchmarks/quant_cost.py,
+# 50 held-out arith prompts, paired against F16) Q4_K_M lost 4 answers and gained none, -8.0 points
+# (95% interval -15.5 to -0.5), Q8_0 -4.0 (-9.4 to +1.4; 2 lost): 4 bits cost a small model more than
+# a short run gains; larger models have the redundancy that ~4.5 bits per weight keeps (docs/bridge.md).
 SMALL_MODEL_PARAMS = 1_000_000_000
 
 
