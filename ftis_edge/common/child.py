@@ -8,9 +8,15 @@ grader worker, llama.cpp's converter, the dashboard's node, the demo's relay) is
 
 * Python ≥ 3.11: ``-P`` (nothing unsafe prepended); 3.10: a ``-c`` prelude that drops that first
   entry before anything else is imported (``sys`` is built in, ``runpy`` is found only afterwards).
-* ``PYTHONPATH`` is kept (tests and users point it at a source tree), minus its empty entries,
-  with this package's own root first when that root is not a site-packages folder, so that the
-  child imports the same ftis_edge as its parent whatever its working directory.
+* ``PYTHONPATH`` is kept (tests and users point it at a source tree), minus every entry that
+  names the current directory in any spelling: empty ones, ``.``, any relative one (it is read
+  against the child's working directory) and the working directory's own path (issue 62.7:
+  ``.`` was kept).
+* This package's own root (when it is not a site-packages folder, so that the child imports
+  the same ftis_edge as its parent whatever its working directory) goes on the path by the
+  prelude, after the standard library and before site-packages: on ``PYTHONPATH`` it stood
+  before the standard library, and a ``sitecustomize.py`` or a stdlib-named file beside the
+  checkout ran in every child (issue 62.7). ``-m MODULE`` is run by ``runpy`` after it.
 
 ``-I`` is not used: it would drop ``PYTHONPATH`` and the user's site-packages too.
 """
@@ -28,27 +34,37 @@ PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 _DROP_FIRST = "import sys; sys.path.pop(0) if sys.path and sys.path[0] in ('', __import__('os').getcwd()) else None; "
 
 
+def _root_prelude() -> str:
+    """Code that puts this package's root on the path after the standard library (before the
+    first site-packages folder), so a file there never stands in for a standard module."""
+    if _is_site_dir(PACKAGE_ROOT):
+        return ""
+    return ("import sys; _i = next((k for k, p in enumerate(sys.path) if p.endswith(('site-packages', "
+            f"'dist-packages'))), len(sys.path)); {PACKAGE_ROOT!r} in sys.path or sys.path.insert(_i, "
+            f"{PACKAGE_ROOT!r}); del _i; ")
+
+
 def python_command(*args: str) -> list[str]:
     """``[sys.executable, …]`` for ``-c CODE …`` or ``-m MODULE …`` that never imports from the
-    current directory."""
+    current directory, with this package's root after the standard library."""
     if len(args) < 2 or args[0] not in ("-c", "-m"):
         raise ValueError("python_command takes '-c CODE …' or '-m MODULE …'")
-    if SAFE_PATH_FLAG:
-        return [sys.executable, "-P", *args]
     kind, target, rest = args[0], args[1], list(args[2:])
+    prelude = ("" if SAFE_PATH_FLAG else _DROP_FIRST) + _root_prelude()
+    flags = ["-P"] if SAFE_PATH_FLAG else []
     if kind == "-c":
-        return [sys.executable, "-c", _DROP_FIRST + target, *rest]
-    code = _DROP_FIRST + f"import runpy; runpy.run_module({target!r}, run_name='__main__', alter_sys=True)"
-    return [sys.executable, "-c", code, *rest]
+        return [sys.executable, *flags, "-c", prelude + target, *rest]
+    code = prelude + f"import runpy; runpy.run_module({target!r}, run_name='__main__', alter_sys=True)"
+    return [sys.executable, *flags, "-c", code, *rest]
 
 
-def python_env(base: dict | None = None) -> dict:
+def python_env(base: dict | None = None, cwd: str | None = None) -> dict:
     """The child's environment: ``base`` (default os.environ) with a PYTHONPATH that names no
-    current directory (no empty entries) and starts with this package's root."""
+    current directory (``cwd``, default this process's: the child's unless it is given another)."""
     env = dict(os.environ if base is None else base)
-    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if not _is_site_dir(PACKAGE_ROOT) and PACKAGE_ROOT not in entries:
-        entries.insert(0, PACKAGE_ROOT)
+    here = os.path.realpath(cwd or os.getcwd())
+    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+               if p and os.path.isabs(p) and os.path.realpath(p) != here]
     if entries:
         env["PYTHONPATH"] = os.pathsep.join(entries)
     else:

@@ -35,6 +35,7 @@ from .gguf_io import (ARCH_LAYOUTS, SUPPORTED, GGUFError, check_gguf_file, conve
 from ..common import atomic, hub, install_hint
 from ..errors import FtisError
 from .model_code import refuse_model_code, trusted
+from .shape_check import unbacked_claim
 from ..common.paths import cache_dir
 from ..common.turns import PLAIN_TURN_STOP
 
@@ -207,6 +208,9 @@ def _check_hf_dir(path: Path, spec: str) -> Path:
     if not any(path.glob("*.safetensors")):
         raise ModelError(f"model {spec!r}: directory {path} has no *.safetensors weights")
     refuse_model_code(path, spec, ModelError)      # before any loader (ours or llama.cpp's) reads it
+    unbacked = unbacked_claim(path)                  # ... or allocates what config.json claims
+    if unbacked:
+        raise ModelError(f"model {spec!r}: refused: {unbacked}")
     return path
 
 
