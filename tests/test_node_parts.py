@@ -58,6 +58,7 @@ def test_a_checkpoint_writes_and_restores_the_books_from_one_table(tmp_path, cap
     assert c.parts.worth.state() == state["worth"] and c.parts.kin.state() == state["kin"]
     alone = _node(tmp_path, "alone", swarm={})
     assert alone._books() == {}
+    assert a.new_round().parts is a.parts and b.new_round().parts is b.parts      # built from them, not copied
 
 
 def test_another_tokenizers_budget_is_a_book_when_its_text_trains(tmp_path):
