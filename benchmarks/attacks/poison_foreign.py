@@ -29,15 +29,20 @@ an own sample and a step's at most 1/4, no repeat memories), ``bound`` (that bou
 else: no threshold, no memories, so every honest foreign token is kept), ``bound-half`` (the same
 at half the weight, 1/16 and 1/8), ``judge-bound`` (the threshold, the memories and the first
 bound: the default until 2026-12-05, called ``after`` in the runs committed before then) and
-``after`` (today's default, ``PlausibilityConfig()``), side by side (``ARMS`` spells each out).
+``after`` (today's default, ``PlausibilityConfig()``), and ``budget`` (that, with the round's
+budget on what such text moves and its IS weight capped at 1: learn/foreign_budget.py, issue 62
+item 2), side by side (``ARMS`` spells each out). ``--no-own-signal``: the own groups' rewards
+all equal, so the step's only signal is the attacker's (the case a weight bound does not bound).
 
     python -m benchmarks.attacks.poison_foreign [--steps 20] [--slow-steps 40]
         [--attacks templates,sybil,slow,likely,digits,digits-sybil,digits-slow,templates2]
-        [--arms control,before,judge,bounded,bound,bound-half,after] [--progress N] [--json PATH]
+        [--arms control,before,judge,bounded,bound,bound-half,after,budget] [--no-own-signal]
+        [--progress N] [--json PATH]
         [--controls PATH ...]   # committed control runs (their JSON) instead of running them again
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -47,6 +52,8 @@ import torch
 
 from benchmarks.attacks.poison import GROUP, MAX_TOKENS, POISON_PROMPTS, PROBE_PROMPT, Setup, train_steps
 from benchmarks.harness import parser, write_json
+from ftis_edge.learn.batch import learner_factors
+from ftis_edge.learn.foreign_budget import ForeignBudget
 from ftis_edge.learn.learner import Learner, TrainSample
 from ftis_edge.learn.objective import group_advantages
 from ftis_edge.peers.plausibility import PlausibilityConfig
@@ -142,10 +149,34 @@ ARMS = {"before": dict(judge_foreign=False, foreign_memories=True, bound_foreign
         "bound-half": dict(judge_foreign=False, foreign_memories=False,     # the same at half the weight
                            foreign_sample_weight=0.0625, foreign_step_weight=0.125),
         "judge-bound": dict(judge_foreign=True, foreign_memories=True, **FIRST_BOUND),   # the default until
-        "after": {}}                                                   # 2026-12-05 ("after" in its runs)
+        "after": {},                                                   # 2026-12-05 ("after" in its runs)
+        "budget": {}}                                                  # "after" + the round's budget (Budgeted)
 
 
-def run(setup: Setup, attack: str, arm: str, steps: int, lr: float, progress: int = 0) -> dict:
+class Budgeted:
+    """The learner as a node with train.other_tokenizer on steps it: the run's ForeignBudget on the
+    batch, the IS weight of claimed-foreign samples capped at 1 (rounds.Round.bounded, objective_kwargs)."""
+
+    def __init__(self, learner: Learner):
+        self.learner, self.budget = learner, ForeignBudget()
+
+    def step(self, batch, plausible=None, **kw):
+        batch = self.budget.apply(batch, learner_factors(batch, plausible))
+        return self.learner.step(batch, plausible=plausible, foreign_cap=1.0, **kw)
+
+
+class NoOwnSignal:
+    """The setup with own groups whose rewards are all equal (advantage 0)."""
+
+    def __init__(self, setup: Setup):
+        self.setup = setup
+
+    def own_group(self, step: int) -> list[TrainSample]:
+        return [dataclasses.replace(s, advantage=0.0) for s in self.setup.own_group(step)]
+
+
+def run(setup: Setup, attack: str, arm: str, steps: int, lr: float, progress: int = 0,
+        own_signal: bool = True) -> dict:
     learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
     atk = Attack(attack, setup)
     plausible = PlausibilityConfig(**ARMS.get(arm, {}))
@@ -159,11 +190,13 @@ def run(setup: Setup, attack: str, arm: str, steps: int, lr: float, progress: in
             rise = [round(a - b, 2) for a, b in zip(now, before[atk.family])]
             print(json.dumps({"attack": attack, "arm": arm, "step": step, "rise_nats": rise,
                               "seconds": round(time.time() - t0, 1)}), flush=True)
-    c = train_steps(setup, learner, steps, peers, plausible, after_step=report)
+    c = train_steps(setup if own_signal else NoOwnSignal(setup), Budgeted(learner) if arm == "budget" else learner,
+                    steps, peers, plausible, after_step=report)
     poisoned, refused, repeated = c.poisoned, c.refused, c.repeated
     after = {f: probe_logps(setup, learner, p) for f, p in PROBES.items()}
     rises = {f: [round(a - b, 2) for a, b in zip(after[f], before[f])] for f in PROBES}
-    return {"attack": attack, "arm": arm, "steps": steps, "rise_nats": rises[atk.family], "rises": rises,
+    return {"attack": attack, "arm": arm, "steps": steps, "own_signal": own_signal,
+            "rise_nats": rises[atk.family], "rises": rises,
             "poisoned_positive_samples": poisoned, "refused": refused, "repeated_tokens": repeated,
             "seconds": round(time.time() - t0, 1)}
 
@@ -176,6 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default="control,before,judge,after")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--progress", type=int, default=0, help="print the partial rise every N steps (0: never)")
+    ap.add_argument("--no-own-signal", action="store_true", help="own groups' rewards all equal (advantage 0)")
     ap.add_argument("--controls", nargs="*", default=[], metavar="PATH",
                     help="JSON of earlier runs whose control runs serve here (keyed by their steps)")
     args = ap.parse_args(argv)
@@ -192,7 +226,7 @@ def main(argv=None) -> int:
             if arm == "control" and steps in controls:     # same steps: the same control run
                 r = dict(controls[steps], attack=attack, rise_nats=controls[steps]["rises"][fam])
             else:
-                r = run(setup, attack, arm, steps, args.lr, args.progress)
+                r = run(setup, attack, arm, steps, args.lr, args.progress, own_signal=not args.no_own_signal)
                 if arm == "control":
                     controls[steps] = r
             results.append(r)
