@@ -53,6 +53,10 @@ def test_with_a_real_second_node_each_generates_fewer_groups_and_the_batch_stays
             assert r["groups/own"] + r["peers/groups_used"] == B           # always a full batch
             assert r["groups/own"] >= 1 and r["groups/topped_up"] == r["groups/own"] - 1   # own_groups = 1
         assert sum(r["groups/own"] for r in recs) < B * rounds, recs        # the peer stood in for some
+        # saved: each peer group at the weight its samples carried in the step (issue 65): a twin's
+        # weigh near-full, never more than a whole group
+        for r in recs:
+            assert 0.0 <= r["peers/saved_groups"] <= r["peers/groups_used"]
         assert recs[-1]["peers/saved_frac"] == pytest.approx(
-            sum(r["peers/groups_used"] for r in recs) / (B * rounds))
+            sum(r["peers/saved_groups"] for r in recs) / (B * rounds))
         assert recs[-1]["gen/tokens_total"] == sum(r["gen/tokens"] for r in recs)
