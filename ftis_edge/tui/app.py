@@ -418,7 +418,7 @@ class DashboardApp(App[int]):
         if key == self._config_key:
             return
         self._config_key = key
-        self.query_one("#config-source", Static).update(f"config from {source}")
+        self.query_one("#config-source", Static).update(Text(f"config from {fmt.text(source, 200)}"))  # a path: no markup
         table = self.query_one("#config-table", DataTable)
         table.clear()
         start = self.state.start or {}
