@@ -15,8 +15,9 @@ peer on evidence the node checks itself:
   guess. Once measured, a window without its samples keeps
   the last measured share.
 * **capability**: the peer's success on its groups (graded here) over ours, each
-  Laplace-smoothed over the window: kin must be at least ``capability_min`` as capable. The gate
-  closes when a peer falls behind this node (the full fine-tuning node among LoRA peers).
+  Laplace-smoothed over the window: kin must be at least ``capability_min`` as capable, less one
+  standard error of the difference (``CAPABILITY_Z``: a twin is not shut out by chance). The
+  gate closes when a peer falls behind this node (the full fine-tuning node among LoRA peers).
 
 Slots given up follow how much kin a node has: with k kin peers at most B·k/(k+1) of its B
 groups (one kin: half, three: three quarters); a node without kin generates its whole batch.
@@ -36,6 +37,7 @@ from .worth import clipped, effective_share, laplace_rate
 DEFAULT_SHARE_MIN = 0.9          # near-full weight: same-model peers weigh 0.96-1.0 in H7's records
 DEFAULT_CAPABILITY_MIN = 0.9     # at least as capable, less the window's noise (8 rounds of one group)
 MAX_PEERS = 1024                 # peers remembered (least recently seen forgotten first)
+CAPABILITY_Z = 1.0               # the capability gate's allowance for noise, in standard errors
 MAX_MEASURED = 2                 # groups of unmeasured peers measured (not trained) per round
 
 
@@ -122,8 +124,17 @@ class KinBook:
         success = laplace_rate(sum(rs), len(rs)) if rs else None
         capability = None if success is None else success / self.own_success()
         kin = (p.share is not None and p.share >= self.share_min
-               and capability is not None and capability >= self.capability_min)
+               and success is not None and self._capable(success, len(rs)))
         return Standing(peer, success, capability, p.share, kin)
+
+    def _capable(self, success: float, n: int) -> bool:
+        """At least ``capability_min`` as capable as we are, unless the window shows it behind by
+        more than its noise (CAPABILITY_Z standard errors of the difference): one group a round
+        over 8 rounds is 64 samples, and a twin's rate ratio wanders 0.7-1.4 by chance alone."""
+        own = [r for rd in self.own for r in rd]
+        mine = self.own_success()
+        se = math.sqrt(success * (1 - success) / (n + 2) + mine * (1 - mine) / (len(own) + 2))
+        return success >= self.capability_min * mine - CAPABILITY_Z * se
 
     def kin(self) -> list[str]:
         """The peers that may fill own slots next round."""
