@@ -8,10 +8,13 @@ bare-answer and computation refusals, then math-verify in the grader worker); ma
 verdict (``rewards.answers_match``) is printed beside it, since a computation it rejects anyway
 is no hole.
 
-    python -m benchmarks.grader_corpus [--json out.json] [--verbose] [--tree OLD_CHECKOUT]
+    python -m benchmarks.grader_corpus [--json out.json] [--verbose] [--tree OLD_CHECKOUT] [--generated]
 
 (``--tree``: that checkout's grader is measured, the "before" numbers.) Also
-arith's own questions restated in every spelling of their sign (``arith_restatements``).
+arith's own questions restated in every spelling of their sign (``arith_restatements``), and,
+with ``--generated``, the corpus of spellings generated from Unicode's and LaTeX's operator and
+spacing classes (``tests/data/grader_corpus_generated.jsonl``, benchmarks/grader_spellings.py)
+and arith's questions restated in each of those spellings (``class_restatements``).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from pathlib import Path
 from benchmarks.harness import parser, write_json
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "grader_corpus.jsonl"
+GENERATED = CORPUS.with_name("grader_corpus_generated.jsonl")
 
 
 def load(path: Path = CORPUS) -> list[dict]:
@@ -78,6 +82,39 @@ def arith_restatements(n: int = 10) -> dict:
     return out
 
 
+def class_restatements(n: int = 10, entries: list[dict] | None = None) -> dict:
+    """arith's "A × B" / "A ÷ B" restated in every spelling of the generated corpus that
+    math-verify read as that operation (an operator symbol, or spacing around the sign):
+    {operation: [spellings that let any prompt score, spellings tried]}."""
+    import re
+    from itertools import islice
+
+    from ftis_edge.tasks import get_task
+    from ftis_edge.tasks.grader import score
+    from ftis_edge.tasks.rewards import RewardSettings
+    settings = RewardSettings(timeout_s=10.0)
+    entries = load(GENERATED) if entries is None else entries
+    probe = re.compile(r"(12)(.*?)(4)")
+    spellings: dict[str, set] = {"×": set(), "÷": set()}
+    for e in entries:
+        m = probe.fullmatch(e["answer"])
+        op = e["note"].rsplit(" read as ", 1)[-1]
+        if e["kind"] == "computation" and m and op in spellings:
+            spellings[op].add(m.group(2))               # what stood between the operands
+    pattern = re.compile(r"What is (\d+) ([×÷]) (\d+)\?")
+    found: dict[str, list] = {"×": [], "÷": []}
+    for p in islice(get_task("arith", level=[1, 2, 3]).prompts(seed=0), 2000):
+        m = pattern.fullmatch(p.question)
+        if m and len(found[m.group(2)]) < n:
+            found[m.group(2)].append((m.group(1), m.group(3), p.reference))
+    out = {}
+    for sign, middles in spellings.items():
+        through = sum(any(score(f"<answer>{a}{mid}{b}</answer>", ref, settings)[0] >= 1.0 for a, b, ref in found[sign])
+                      for mid in sorted(middles))
+        out[a_sign(sign)] = [through, len(middles)]
+    return out
+
+
 def a_sign(sign: str) -> str:
     return {"×": "A × B", "÷": "A ÷ B"}[sign]
 
@@ -87,6 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--tree", type=Path, help="measure the grader of this checkout (the \"before\" numbers)")
     ap.add_argument("--verbose", action="store_true", help="list every miss")
+    ap.add_argument("--generated", action="store_true", help="also the corpus generated from the classes")
     args = ap.parse_args(argv)
     if args.tree:                               # before anything imports ftis_edge
         sys.path.insert(0, str(args.tree.resolve()))
@@ -100,9 +138,18 @@ def main(argv=None) -> int:
     print("arith's question restated (scored of prompts): "
           + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in arith.items()))
     r["arith_restatements"] = arith
+    if args.generated:
+        gen = load(GENERATED)
+        g = r["generated"] = measure(gen)
+        print(f"generated corpus: computations graded correct {g['computation']['graded_correct']} of "
+              f"{g['computation']['n']} (all accepted by math-verify); honest results refused "
+              f"{len(g['honest']['misses'])} of {g['honest']['math_verify_accepts']}")
+        cls = r["class_restatements"] = class_restatements(entries=gen)
+        print("arith's question in each generated spelling (spellings letting any of 10 prompts score / tried): "
+              + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in cls.items()))
     if args.verbose:
         for kind in ("computation", "honest"):
-            for m in r[kind]["misses"]:
+            for m in r[kind]["misses"] + (r["generated"][kind]["misses"] if args.generated else []):
                 print(f"  {kind}: {m['answer']!r} for {m['reference']!r} ({m['note']}): {m['reason']}")
     write_json(args.json, r)
     return 0

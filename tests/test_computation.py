@@ -20,3 +20,30 @@ def test_counting_stays_linear_on_long_peer_text():
         t0 = time.perf_counter()
         computations(text)
         assert time.perf_counter() - t0 < 0.5, text[:20]
+
+
+@pytest.mark.parametrize("text, ops", [("6 ⊠ 7", 1), ("6 ∘ 7", 1), ("6 \\circ 7", 1), ("6 \\boxtimes 7", 1),
+                                       ("6 \\mathbin{\\star} 7", 1), ("9 \\hspace{1pt} - 4", 1), ("9\\mkern3mu-4", 1),
+                                       ("9 \\kern1pt - 4", 1), ("9 \\phantom{0} - 4", 1), ("12 \\quad 4", 1),
+                                       ("12 \\vskip 4", 1), ("12:4", 1), ("12 \" 4", 1), ("12\u20624", 1),
+                                       ("1\\,000", 0), ("1 000 000", 0), ("3 1/2", 0), ("30^\\circ", 0),
+                                       ("(1, 2) ∪ (3, 4)", 1), ("x ≤ 5", 0), ("-∞", 0), ("2\\pi", 0), ("√25", 1)])
+def test_operators_and_spacing_are_classes_not_lists(text, ops):
+    """Issue 62.4: a LaTeX spacing command before the operator, or another operator symbol, got
+    arith's own question through 10 of 10. Every Unicode operator symbol and every LaTeX command
+    that is not a value, relation or structure is an operator; every spacing is space; two
+    numbers with only space between them are an operation unless they are a digit group."""
+    assert computations(text) == ops
+
+
+def test_the_generated_corpus_both_ways_by_the_rule_alone():
+    """Every spelling generated from the classes (benchmarks/grader_spellings.py) that math-verify
+    reads as the operation's result is refused, and no generated honest result is."""
+    from benchmarks.grader_corpus import GENERATED, load
+    from ftis_edge.tasks.computation import computation_refusal
+    entries = load(GENERATED)
+    assert sum(e["kind"] == "computation" for e in entries) >= 500 and sum(e["kind"] == "honest" for e in entries) >= 100
+    assert [e["answer"] for e in entries if e["kind"] == "computation"
+            and computation_refusal(e["answer"], e["reference"]) is None] == []
+    assert [e["answer"] for e in entries if e["kind"] == "honest"
+            and computation_refusal(e["answer"], e["reference"]) is not None] == []

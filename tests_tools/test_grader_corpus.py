@@ -20,3 +20,15 @@ def test_the_corpus_both_ways():
 def test_arith_restated_in_any_spelling_of_its_sign_scores_nothing():
     for spelling, (scored, n) in grader_corpus.arith_restatements(n=5).items():
         assert n == 5 and scored == 0, spelling
+
+
+def test_the_generated_corpus_both_ways_through_the_grader():
+    """Issue 62.4: spellings generated from Unicode's and LaTeX's operator and spacing classes
+    (tests/data/grader_corpus_generated.jsonl): before, 306 of 852 that math-verify reads as the
+    result scored, and arith's "A × B" got through in 64 of 188 of them; now none."""
+    entries = grader_corpus.load(grader_corpus.GENERATED)
+    r = grader_corpus.measure(entries)
+    assert r["computation"]["graded_correct"] == 0, r["computation"]["misses"][:10]
+    assert r["honest"]["misses"] == [] and r["honest"]["math_verify_accepts"] >= 100, r["honest"]["misses"][:10]
+    for sign, (through, tried) in grader_corpus.class_restatements(n=3, entries=entries).items():
+        assert tried >= 50 and through == 0, sign
