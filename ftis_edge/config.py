@@ -213,7 +213,8 @@ class SwarmSection:
                             "(truncated IS weight capped at 1 x the learner's bounds, averaged over worth_window rounds)",
                             lo=0.0, hi=1.0)
     kin_capability: float = _opt(0.9, "fill = \"kin\": a peer's success rate over yours (Laplace-smoothed, over "
-                                 "worth_window rounds) must reach this; below it the gate closes", lo=0.0, hi=1.0)
+                                 "worth_window rounds) must reach this, less one standard error of the difference "
+                                 "(chance alone does not shut a twin out); below it the gate closes", lo=0.0, hi=1.0)
     worth_threshold: float = _opt(0.5, "fill_by_worth: the worth a kind of peer needs to fill a slot (an own group = 1)",
                                   lo=0.0, hi=1.0)
     worth_window: int = _opt(8, "fill_by_worth and fill = \"kin\": rounds of evidence kept per kind of peer "

@@ -66,6 +66,7 @@ class KinBook:
     capability_min: float = DEFAULT_CAPABILITY_MIN
     own: deque = field(default=None)              # clipped own rewards per round
     peers: OrderedDict = field(default_factory=OrderedDict)
+    last_said: str = field(default="", repr=False)  # the last words node.log got (said again on a change)
 
     def __post_init__(self):
         if not isinstance(self.window, int) or self.window < 1:

@@ -579,7 +579,7 @@ class Round:
             out["kin/excluded"] = self.excluded["kin"]
             said = p.kin.said(len(own), self.cfg.task.prompts_per_round, kin=count)
             out["kin/said"] = said
-            if said != getattr(p.kin, "last_said", None):      # node.log: when it changes
+            if said != p.kin.last_said:                        # node.log: when it changes
                 log.info("%s", said)
                 p.kin.last_said = said
         if p.outcomes is not None:
