@@ -238,8 +238,9 @@ SECTIONS: dict[str, list[Metric]] = {
                ROUND),
             _m(f"worth/{kind}/capability", f"{kind.replace('_', ' ')} peers: their success rate ÷ ours "
                "(Laplace-smoothed, over the window)", ROUND),
-            _m(f"worth/{kind}/share", f"{kind.replace('_', ' ')} peers: what one of their trained samples counts "
-               "against one of ours (truncated IS weight capped at 1, dropped = 0; a prior before any trained)", ROUND),
+            _m(f"worth/{kind}/share", f"{kind.replace('_', ' ')} peers: what one of their samples weighs in your "
+               "step against one of yours (truncated IS weight capped at 1 x the learner's bounds, dropped or refused "
+               "= 0; before any was measured a prior below `swarm.worth_threshold`, after: the last measured)", ROUND),
             _m(f"worth/{kind}/used", f"1 when {kind.replace('_', ' ')} peers may fill slots next round", ROUND))],
         _m("worth/excluded", "peer groups this round of a kind not worth a slot (their slots went to own generation)",
            ROUND),
