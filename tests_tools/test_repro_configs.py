@@ -302,9 +302,24 @@ def test_h6_per_prompt_test_counts_the_prompts_one_node_alone_got_right():
     assert n_pairs == 3 and 0.05 < p < 1
     same = h6_decide.pairs(data["h6"], "protect", "protect", (3,))
     assert h6_decide.mcnemar(same, "id") == (0, 0, 1.0)
-    one_sided = [(0, 0, {"evals": {"id": {"items": [{"id": k, "correct": True} for k in "abcdefg"]}}},
-                  {"evals": {"id": {"items": [{"id": k, "correct": False} for k in "abcdefg"]}}})]
+    one_sided = [(0, 0, {"evals": {"id": {"items": [{"id": k, "correct": True, "reward": 1.0} for k in "abcdefg"]}}},
+                  {"evals": {"id": {"items": [{"id": k, "correct": False, "reward": 0.0} for k in "abcdefg"]}}})]
     assert h6_decide.mcnemar(one_sided, "id") == (7, 0, 2 / 2 ** 7)
+
+
+def test_per_prompt_counts_use_the_accuracys_correctness():
+    """Issue 65.8: a prompt is right where the accuracy counts it right (reward 1), not where the
+    answer alone was right: H8 s0 nois-0 has answers right but with text after </answer> (reward 0),
+    so counting "correct" there gave counts that do not add up to the accuracies' difference."""
+    from experiments.repro import h6_decide
+    recv = h6_decide.load_all(Path(ROOT) / "docs" / "runs" / "h8")["h8"]
+    items = recv["nois-0"][0]["evals"]["id"]["items"]
+    assert any(it["correct"] and not h6_decide.right(it) for it in items)     # the case is in the records
+    for arm, ref in (("nois", "alone"), ("ftis", "nois"), ("ftis", "alone")):
+        ps = h6_decide.pairs(recv, arm, ref, (0, 1, 2, 3))
+        a_only, b_only, _ = h6_decide.mcnemar(ps, "id")
+        diff = sum(a["evals"]["id"]["accuracy"] - b["evals"]["id"]["accuracy"] for _, _, a, b in ps)
+        assert a_only - b_only == round(diff * 200), (arm, ref)
 
 
 def test_h7_is_the_registered_design(tmp_path):

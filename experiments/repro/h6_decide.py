@@ -44,19 +44,26 @@ def pairs(recv: dict, arm: str, ref: str, nodes) -> list[tuple[int, int, dict, d
     return out
 
 
+def right(item: dict) -> bool:
+    """An eval item as its eval's accuracy counts it (evaluate.summarize: reward >= 1)."""
+    return item["reward"] >= 1.0
+
+
 def mcnemar(ps, which: str) -> tuple[int, int, float]:
     """Prompts node a answered right and b wrong, the reverse, and the exact two-sided McNemar p,
     pooled over the pairs (each pair scored the same prompts): a per-prompt view of a difference
-    whose SE over a few pairs is itself uncertain."""
+    whose SE over a few pairs is itself uncertain. "Right" is what the accuracy counts (reward 1:
+    answer and format), not the item's "correct" (answer alone), so the counts add up to the
+    accuracies' difference."""
     a_only = b_only = 0
     for _, _, a, b in ps:
         ea, eb = a["evals"].get(which), b["evals"].get(which)
         if ea is None or eb is None:
             continue
-        right_b = {item["id"]: item["correct"] for item in eb["items"]}
+        right_b = {item["id"]: right(item) for item in eb["items"]}
         for item in ea["items"]:
-            if item["id"] in right_b and item["correct"] != right_b[item["id"]]:
-                a_only += item["correct"]
+            if item["id"] in right_b and right(item) != right_b[item["id"]]:
+                a_only += right(item)
                 b_only += right_b[item["id"]]
     return a_only, b_only, mcnemar_two_sided(a_only, b_only)
 
