@@ -32,7 +32,7 @@ class StatsReply:
             head, peers = self.build()
             self._parts = (orjson.dumps(head), [orjson.dumps(p) for p in peers])
             took = time.perf_counter() - t0
-            self._until = time.monotonic() + min(REUSE_MAX_S, REUSE_FACTOR * took)
+            self._until = now + min(REUSE_MAX_S, REUSE_FACTOR * took)
         return self._parts
 
     def reply(self, room: int, now: float | None = None) -> bytes | None:

@@ -333,3 +333,20 @@ def test_a_repeated_line_is_written_once_per_interval_per_key_with_how_many_were
     assert lines.check(("no_curve", b"ep"), 70.0) == 0           # another kind (or peer) has its own line
     assert lines.check("third", 70.0) == 0 and len(lines._seen) == 2   # bounded: the oldest forgotten
     assert lines.check(("bad_handshake", b"ep"), 70.5) == 0 and lines.held() == 0
+
+
+def test_a_stats_reply_is_cut_to_its_room_and_built_at_most_once_while_fresh():
+    import orjson
+
+    from relay.stats_reply import StatsReply, assemble
+    head, peers = orjson.dumps({"epoch": "e", "counts": {}}), [orjson.dumps({"node_id": f"n{i}"}) for i in range(100)]
+    full = orjson.loads(assemble(head, peers, 1 << 20))
+    assert full["peers_shown"] == full["peers_total"] == 100 and full["epoch"] == "e"
+    cut = assemble(head, peers, 400)
+    assert len(cut) <= 400 and 0 < orjson.loads(cut)["peers_shown"] < 100      # valid JSON, fewer peers
+    assert assemble(head, peers, 20) is None                                    # not even the rest fits
+    builds = []
+    reply = StatsReply(lambda: builds.append(1) or ({"epoch": "e"}, [{"node_id": "a"}]))
+    for t in range(50):
+        reply.reply(1 << 20, now=0.0)
+    assert len(builds) == 1 and reply.reply(1 << 20, now=2.0) and len(builds) == 2   # never older than 1 s
