@@ -32,7 +32,7 @@ def test_the_pooled_row_is_the_records_and_its_counts_add_up(batches):
     diff = sum(a["evals"]["id"]["accuracy"] - b["evals"]["id"]["accuracy"] for _, _, a, b in full)
     assert sum(d) == pytest.approx(diff)                  # one node a seed: the seeds' diffs are the pairs'
     row = per_kind.row("full fine-tuning, pooled", full)
-    only_arm, only_alone = (int(x) for x in row.split(" | ")[5].split(",")[0].split(" / "))
+    only_arm, only_alone = (int(x) for x in row.split(" | ")[6].split(",")[0].split(" / "))
     assert only_arm - only_alone == round(200 * diff)     # per prompt, right as the accuracy counts it
     # the reading the README repeats: in H7 the full-FT node ended below its twin on every seed
     h7_pairs = per_kind.kind_pairs({"h7": batches["h7"]}, "ftis", (2,))
@@ -52,3 +52,19 @@ def test_the_worth_arm_generated_most_of_the_gemma_nodes_batch_itself(batches):
     gemma = next(line for line in lines if line.startswith("* worth-3:"))
     shares = [int(x.strip().rstrip("%")) for x in gemma.split("generated ")[1].split(" of ")[0].split(",")]
     assert len(shares) == 5 and min(shares) >= 70         # issue 65: it generated 73–93 % itself
+
+
+def test_the_interval_is_students():
+    assert per_kind.t_quantile(0.975, 2) == pytest.approx(4.303, abs=1e-3)       # tables of Student's t
+    assert per_kind.t_quantile(0.975, 4) == pytest.approx(2.776, abs=1e-3)
+    lo, hi = per_kind.interval([0.0, 0.1, 0.2])                                  # mean 0.1, SE 0.0577
+    assert (lo, hi) == pytest.approx((0.1 - 4.303 * 0.057735, 0.1 + 4.303 * 0.057735), abs=1e-3)
+
+
+def test_h8_has_its_own_kinds_and_does_not_pool_with_h6():
+    h8 = load_all(ROOT / "docs/runs/h8")
+    lines = per_kind.table({"h8": h8["h8"]}, "ftis")
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| base beside experts, h8", "| expert beside base nodes, h8"]
+    expert = lines[-1].split(" | ")
+    lo, hi = (float(x) for x in expert[3].split(" to "))
+    assert lo < -5 and hi > 5                  # "level" on 3 seeds is a wide interval, not a small loss ruled out
