@@ -8,10 +8,11 @@ of D over seeds / √n); no decision on fewer than 5 seeds. Beside it: the one-s
 seeds and the pooled per-prompt exact McNemar (prompts right only in worth / only in ftis).
 
 Secondaries, each with its between-seed SE: worth-3 − alone-3 (goal: mean ≥ −0.05); own tokens
-alone-3 ÷ worth-3 (Σ gen/tokens, goal ≥ 1.4×); worth-3 and ftis-3 against alone1-3 (equal own
-tokens); each same-model kind (nodes 0 and 1 LoRA; node 2 full fine-tuning) ID(worth) ≥
-ID(alone) − 2 SE with own tokens alone ÷ worth ≥ 3× in every pair; per arm the share of own groups
-that carry a signal and ID accuracy per 10k own tokens; which kinds of peer filled, round by
+alone-3 ÷ worth-3 (Σ gen/tokens, goal ≥ 1.4×); worth-3 and ftis-3 against alone1-3 (one group a
+round: equal own tokens with ftis-3, not with worth-3, which made ~3× as many); each same-model
+kind (nodes 0 and 1 LoRA; node 2 full fine-tuning) ID(worth) ≥ ID(alone) − 2 SE with own tokens
+alone ÷ worth ≥ 3× in every pair; per arm the share of own groups that carry a signal and ID
+accuracy per 10k own tokens; which kinds of peer filled, round by
 round, and what the guard did.
 
 Nodes 0–2 of the swarm arms ran on past R until node 3 stopped and were scored on their round-R
@@ -88,7 +89,10 @@ def gemma_secondaries(recv: dict) -> list[str]:
     lines.append(_row("worth − alone", ps, "–" if m != m else
                       f"mean ≥ −{WITHIN:g}: {'met' if m >= -WITHIN else 'not met'}"))
     for arm in ("worth", "ftis"):
-        lines.append(_row(f"{arm} − alone1 (equal own tokens)", pairs(recv, arm, "alone1", (GEMMA,))))
+        # "equal own tokens" only where they are: ftis-3 generated about alone1-3's, worth-3 about 3x it
+        ps = pairs(recv, arm, "alone1", (GEMMA,))
+        own = total([b for _, _, _, b in ps], "gen/tokens") / (total([a for _, _, a, _ in ps], "gen/tokens") or 1)
+        lines.append(_row(f"{arm} − alone1 (alone1 made {own:.2f}× {arm}'s own tokens)", ps))
     lines += ["", "| own tokens (Σ gen/tokens) | seeds | per seed | mean ± SE | goal |", "|---|---|---|---|---|"]
     for ref, arm, goal in (("alone", "worth", TOKENS_GEMMA), ("alone", "ftis", None),
                            ("alone1", "worth", None), ("alone1", "ftis", None)):
