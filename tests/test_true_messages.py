@@ -392,3 +392,58 @@ def test_a_real_node_logs_an_edit_of_its_record_and_goes_on_with_its_settings(tm
             f"python -m ftis_edge.cli start --run-dir {run} --resume")
     assert said in out and said in (run / "node.log").read_text()
     assert len(read_rounds(run)) == 3                    # the run kept its 3 rounds
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_dashboard_whose_node_is_killed_says_so_and_exits_128_plus_the_signal(tmp_path):
+    """`ftis-edge start` in a real terminal (a pty): its node is killed with SIGKILL; the dashboard
+    says so, q leaves, the terminal then reads what happened and the command exits 137 (was 247)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+    from procs import write_config
+    cfg = write_config(tmp_path, "k", node={"rounds": 2})
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    dash = subprocess.Popen([sys.executable, "-m", "ftis_edge.cli", "start", str(cfg)], cwd=ROOT, stdin=slave,
+                            stdout=slave, stderr=slave, start_new_session=True,
+                            env=dict(os.environ, TERM="xterm-256color"))
+    os.close(slave)
+    seen = bytearray()
+
+    def drain():
+        try:
+            while chunk := os.read(master, 65536):
+                seen.extend(chunk)
+        except OSError:
+            pass
+    threading.Thread(target=drain, daemon=True).start()
+
+    def node_pid():
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+                cmd = (entry / "cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if stat.rsplit(")", 1)[1].split()[1] == str(dash.pid) and b"--headless" in cmd:
+                return int(entry.name)
+        return None
+    try:
+        assert wait_for(lambda: node_pid() is not None and (tmp_path / "k" / "node.stderr").exists(), 120)
+        os.kill(node_pid(), signal.SIGKILL)
+        # the dashboard shows the failure until the user leaves (q)
+        assert wait_for(lambda: b"killed" in bytes(seen), 60), bytes(seen)[-2000:]
+        os.write(master, b"q")
+        assert dash.wait(120) == 137
+    finally:
+        if dash.poll() is None:
+            dash.kill()
+        time.sleep(0.2)
+        os.close(master)
+    text = seen.decode("utf-8", errors="replace")
+    assert "the node was killed by SIGKILL (kill -9, or the system ran out of memory) after round 0" in text
