@@ -38,3 +38,20 @@ def test_the_top_of_the_package_is_the_commands_and_every_other_module_sits_in_a
     assert len(top) <= 15, top
     folders = [p for p in (ROOT / "ftis_edge").iterdir() if (p / "__init__.py").exists()]
     assert len(folders) >= 8, folders
+
+
+FLOW = ["tasks", "generate", "rollout", "peers", "learn", "run", "store", "models", "metrics", "tui", "common"]
+
+
+def test_the_readmes_architecture_table_is_one_row_per_folder_in_flow_order():
+    """Issue 61 item 0: the README's table shows the flow in the folders, one row each, in the order
+    data moves (task → generate → rollout → peers → learn → run → disk, models, metrics → dashboard),
+    then what all lean on, the commands and the relay; a new folder without a row fails here."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Architecture\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ")[0].removeprefix("| ").strip("`") for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| folder ")]
+    folders = sorted(p.name for p in (ROOT / "ftis_edge").iterdir() if (p / "__init__.py").exists())
+    assert sorted(FLOW) == folders, "a folder of ftis_edge/ is missing from FLOW (and the README's table)"
+    assert rows == [f"{name}/" for name in FLOW] + ["top level", "relay/"], rows
+    assert "(docs/architecture.md#folders)" in section          # the detail, one row per module, lives there
