@@ -39,9 +39,12 @@ def test_operators_and_spacing_are_classes_not_lists(text, ops):
 def test_the_generated_corpus_both_ways_by_the_rule_alone():
     """Every spelling generated from the classes (benchmarks/grader_spellings.py) that math-verify
     reads as the operation's result is refused, and no generated honest result is."""
-    from benchmarks.grader_corpus import GENERATED, load
+    import json
+    from pathlib import Path
+
     from ftis_edge.tasks.computation import computation_refusal
-    entries = load(GENERATED)
+    generated = Path(__file__).parent / "data" / "grader_corpus_generated.jsonl"
+    entries = [json.loads(line) for line in generated.read_text(encoding="utf-8").splitlines() if line.strip()]
     assert sum(e["kind"] == "computation" for e in entries) >= 500 and sum(e["kind"] == "honest" for e in entries) >= 100
     assert [e["answer"] for e in entries if e["kind"] == "computation"
             and computation_refusal(e["answer"], e["reference"]) is None] == []
