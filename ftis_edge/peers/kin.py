@@ -161,8 +161,8 @@ class KinBook:
         if not k:
             return f"no peer of your kind: you generate {own_groups} of {batch} groups"
         return (f"{k} peer{'s' if k > 1 else ''} of your kind (samples weigh ≥ "
-                f"{self.share_min:.0%} of yours, success ≥ {self.capability_min:.0%} of yours): "
-                f"you generate {own_groups} of {batch} groups")
+                f"{self.share_min:.0%} of yours in your step, success ≥ {self.capability_min:.0%} of yours "
+                f"within noise): you generate {own_groups} of {batch} groups")
 
     def metrics(self) -> dict:
         kin = self.kin()
