@@ -247,3 +247,22 @@ def test_h7_replayed_lora_twins_are_kin_the_gemma_node_has_none_and_the_full_ft_
     lora = sum(k[0] + k[1] for k in kin.values()) / 2
     full = sum(k[2] for k in kin.values())
     assert full < 0.85 * lora, kin
+
+
+def test_a_node_without_kin_still_gets_the_swarms_outcomes(tmp_path):
+    """No peer of its kind fills a slot, but where prompt choice by outcomes is on, every peer's
+    graded groups (another tokenizer's too) still pick its own prompts."""
+    from ftis_edge.peers.outcomes import OutcomeBook
+    from ftis_edge.tasks.base import Prompt
+    parts = kin_parts(tmp_path, [peer_groups()], prompt_choice="outcomes")
+    parts.outcomes = OutcomeBook()
+    parts.outcomes.add_own([1.0] * 7 + [0.0])           # right 7 of 8 times: a fresh prompt rarely teaches
+    for i in range(3):                                  # mostly all right for them: their kind succeeds often
+        parts.outcomes.add_peer(0, Prompt(id=f"easy-{i}", question="e", reference="0"), OTHER_TOKENIZER,
+                                [1.0] * 8, peer="gemma")
+    parts.outcomes.add_peer(0, Prompt(id="mixed", question="q", reference="0"), OTHER_TOKENIZER,
+                            [1.0] * 4 + [0.0] * 4, peer="gemma")     # half right: likely to teach us
+    rec = Round(parts, 1).run()
+    assert rec["kin/peers"] == 0 and rec["groups/own"] == 4 and rec["peers/groups_used"] == 0
+    assert rec["prompts/from_outcomes"] == 1                # the newcomers' one pick
+    assert parts.learner.batches[0][0].prompt_ids == parts.bundle.encode("q")
