@@ -113,3 +113,33 @@ def test_a_round_with_another_tokenizer_on_bounds_it_and_caps_its_is_weight(tmp_
                      swarm=Swarm(arrivals=[[peer_groups()[1]]]))
     Round(off, 1).run()
     assert off.budget is None
+
+
+@pytest.mark.model
+def test_on_the_real_learner_a_drip_without_own_signal_leaves_the_weights_untouched(smol):
+    """Issue 62.2's case: own groups with no advantage, the attacker's claimed-foreign samples the
+    step's only signal. The learner's bound alone still steps (Adam rescales whatever is left);
+    under the budget the step has no signal and the weights stay bit for bit."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from ftis_edge.learn.learner import Learner
+    g = json.loads((Path(__file__).parent / "data" / "real_rollouts.json").read_text())["groups"]
+    own_ = [TrainSample(list(g[0]["prompt_ids"]), [int(t) for t in c["token_ids"]][:16],
+                        [float(x) for x in c["logprobs"]][:16], None, 0.0) for c in g[0]["completions"][:4]]
+    drip = [TrainSample(list(g[1]["prompt_ids"]), [int(t) for t in c["token_ids"]][:16], None,
+                        float(sum(c["logprobs"][:16])), 1.0 if j == 0 else -1.0, sequence_level=True,
+                        source="drip", foreign=True) for j, c in enumerate(g[1]["completions"][:2])]
+    cfg = PlausibilityConfig()
+    for budgeted in (False, True):
+        learner = Learner(smol.hf_dir(), trainable="lora", lr=1e-3, seed=0, device="cpu")
+        before = {k: v.clone() for k, v in learner.trainable_state().items()}
+        batch = own_ + drip
+        if budgeted:
+            batch = ForeignBudget().apply(batch, learner_factors(batch, cfg))
+        st = learner.step(batch, plausible=cfg, method="f-tis", C=2.0, foreign_cap=1.0 if budgeted else None)
+        after = learner.trainable_state()
+        moved = any(not torch.equal(before[k], after[k]) for k in before)
+        assert moved != budgeted and st["skipped"] == float(budgeted), (budgeted, st.get("skipped"))
