@@ -21,9 +21,10 @@ from typing import Sequence
 
 import torch
 
-from .shared_prompt import PromptState, cache_kwarg
+from .shared_prompt import BUCKET_OVERHEAD_TOKENS, PromptState, cache_kwarg, length_buckets
 
 PACKABLE_ATTENTION = ("sdpa", "eager")     # take a custom 4-D mask as given (flash kernels do not)
+PACKED_FORWARD_OVERHEAD = BUCKET_OVERHEAD_TOKENS    # a forward's fixed cost in tokens (shared_prompt.py)
 
 
 def packable(decoder) -> bool:
@@ -65,12 +66,15 @@ def _layer_windows(config) -> dict[str, int | None]:
     return {"": window}
 
 
-def packed_hidden(decoder, rows: Sequence[tuple[PromptState, Sequence[int]]], device: torch.device) -> torch.Tensor:
+def packed_hidden(decoder, rows: Sequence[tuple[PromptState, Sequence[int]]], device: torch.device,
+                  overhead: int = PACKED_FORWARD_OVERHEAD) -> torch.Tensor:
     """Hidden states that predict every completion token, flat: [sum of completion lengths, hidden],
     row b's token j at ``sum(len(c) for earlier rows) + j``. Token 0 comes from the prompt's last
-    position; the others from the packed forward."""
-    from transformers import DynamicCache
+    position; the others from the packed forward(s).
 
+    The packed rows are filled unevenly (the last ones hold what was left): they run in as many
+    forwards as ``length_buckets`` finds cheapest at ``overhead`` tokens per forward, each as wide
+    as its fullest row (usually one forward, or two: the full rows and a short remainder)."""
     prompts: list[PromptState] = []
     which: list[int] = []
     for state, _ in rows:
@@ -83,39 +87,62 @@ def packed_hidden(decoder, rows: Sequence[tuple[PromptState, Sequence[int]]], de
     for p in prompts:
         starts.append(starts[-1] + p.length)
     inputs = [list(c)[:-1] for _, c in rows]                 # the last token predicts nothing
-    width, place = pack_rows([len(x) for x in inputs])
+    _, place = pack_rows([len(x) for x in inputs])
     lasts = torch.stack([p.last for p in prompts])             # [prompts, hidden]
+    fill: dict[int, int] = {}
+    for (r, o), x in zip(place, inputs):
+        if x:
+            fill[r] = max(fill.get(r, 0), o + len(x))
+    by_fill = sorted(fill, key=lambda r: fill[r])
+    forwards = [[by_fill[i] for i in bucket] for bucket in length_buckets([fill[r] for r in by_fill], overhead)]
+    slot: dict[int, int] = {}                                  # packed row -> its first slot in the flat output
+    base = len(prompts)
+    for group in forwards:
+        width = max(fill[r] for r in group)
+        for i, r in enumerate(group):
+            slot[r] = base + i * width
+        base += len(group) * width
     index = []                                                 # where each completion token's predictor lies
     for b, x in enumerate(inputs):
-        r, o = place[b]
         index.append(which[b])
-        index += range(len(prompts) + r * width + o, len(prompts) + r * width + o + len(x))
-    if width == 0:                                             # every completion is one token long
-        return lasts.index_select(0, torch.tensor(index, device=lasts.device))
-
-    n_rows = 1 + max(r for (r, _), x in zip(place, inputs) if x)
-    ids = torch.zeros(n_rows, width, dtype=torch.long)
-    owner = torch.full((n_rows, width), -1, dtype=torch.long)   # sample index; -1 a pad
-    pos = torch.arange(width).repeat(n_rows, 1)                 # a pad's position: its own column
-    for b, x in enumerate(inputs):
-        r, o = place[b]
-        ids[r, o:o + len(x)] = torch.tensor(x, dtype=torch.long)
-        owner[r, o:o + len(x)] = b
-        pos[r, o:o + len(x)] = torch.arange(prompts[which[b]].length, prompts[which[b]].length + len(x))
-    masks = _masks(owner, pos, torch.tensor(which), starts, _layer_windows(decoder.config),
-                   getattr(decoder.config, "_attn_implementation", "sdpa") == "sdpa")
-
-    cache = DynamicCache()
-    for layer in range(len(prompts[0].kv)):
-        keys = torch.cat([p.kv[layer][0] for p in prompts], dim=2)       # [1, kv_heads, P_tot, head_dim]
-        values = torch.cat([p.kv[layer][1] for p in prompts], dim=2)
-        cache.update(keys.expand(n_rows, -1, -1, -1), values.expand(n_rows, -1, -1, -1), layer)
-    masks = {k: m.to(device) for k, m in masks.items()}
-    mask = masks[""] if "" in masks else masks
-    out = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device), use_cache=True,
-                  **{cache_kwarg(decoder): cache}).last_hidden_state           # [rows, W, hidden]
-    flat = torch.cat([lasts.to(out.dtype), out.reshape(n_rows * width, -1)])
+        if x:
+            first = slot[place[b][0]] + place[b][1]
+            index += range(first, first + len(x))
+    windows = _layer_windows(decoder.config)
+    boolean = getattr(decoder.config, "_attn_implementation", "sdpa") == "sdpa"
+    kv = [(torch.cat([p.kv[layer][0] for p in prompts], dim=2), torch.cat([p.kv[layer][1] for p in prompts], dim=2))
+          for layer in range(len(prompts[0].kv))]               # [1, kv_heads, P_tot, head_dim] each
+    outs = [_packed_forward(decoder, kv, [r for r in group], place, inputs, which, prompts, starts, windows,
+                            boolean, device) for group in forwards]
+    flat = torch.cat([lasts.to(outs[0].dtype if outs else lasts.dtype)] + outs)
     return flat.index_select(0, torch.tensor(index, device=flat.device))
+
+
+def _packed_forward(decoder, kv, group: list[int], place, inputs, which, prompts, starts, windows, boolean,
+                    device) -> torch.Tensor:
+    """One forward of the packed rows ``group`` on the prompts' keys/values ``kv``: [rows x W, hidden]."""
+    from transformers import DynamicCache
+
+    row_of = {r: i for i, r in enumerate(group)}
+    width = max(place[b][1] + len(x) for b, x in enumerate(inputs) if x and place[b][0] in row_of)
+    n = len(group)
+    ids = torch.zeros(n, width, dtype=torch.long)
+    owner = torch.full((n, width), -1, dtype=torch.long)       # sample index; -1 a pad
+    pos = torch.arange(width).repeat(n, 1)                     # a pad's position: its own column
+    for b, x in enumerate(inputs):
+        if not x or place[b][0] not in row_of:
+            continue
+        i, o = row_of[place[b][0]], place[b][1]
+        ids[i, o:o + len(x)] = torch.tensor(x, dtype=torch.long)
+        owner[i, o:o + len(x)] = b
+        pos[i, o:o + len(x)] = torch.arange(prompts[which[b]].length, prompts[which[b]].length + len(x))
+    masks = {k: m.to(device) for k, m in _masks(owner, pos, torch.tensor(which), starts, windows, boolean).items()}
+    cache = DynamicCache()
+    for layer, (keys, values) in enumerate(kv):
+        cache.update(keys.expand(n, -1, -1, -1), values.expand(n, -1, -1, -1), layer)
+    out = decoder(input_ids=ids.to(device), attention_mask=masks[""] if "" in masks else masks,
+                  position_ids=pos.to(device), use_cache=True, **{cache_kwarg(decoder): cache}).last_hidden_state
+    return out.reshape(n * width, -1)
 
 
 def _masks(owner: torch.Tensor, pos: torch.Tensor, which: torch.Tensor, starts: list[int],
