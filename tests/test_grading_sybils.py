@@ -7,26 +7,28 @@ from __future__ import annotations
 
 import pytest
 
-from ftis_edge.peers.grading import FRONT, KNOWN, NEWCOMER, OVERRAN, SLOW, Standing, grading_class, grading_key
+from ftis_edge.peers.grading import FRONT, KNOWN, NEWCOMER, OVERRAN, SHARE, SLOW, Standing, grading_class, grading_key
 from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import warm_up
 from testkit.peers import intake_for, rollout
 
 
-def test_the_classes_put_useful_peers_and_a_share_of_newcomers_in_front():
+def test_the_classes_put_a_share_of_newcomers_then_useful_peers_in_front():
+    assert grading_class(Standing(None), 0.5, True) == SHARE              # within the newcomers' share
     assert grading_class(Standing(0.01, useful=True), 0.5, True) == FRONT
-    assert grading_class(Standing(None), 0.5, True) == FRONT             # within the newcomers' share
     assert grading_class(Standing(None), 0.5, False) == NEWCOMER         # share spent
     assert grading_class(Standing(0.01, useful=False), 0.5, True) == KNOWN
     assert grading_class(Standing(0.3, useful=True), 0.5, True) == SLOW
     assert grading_class(Standing(0.01, useful=True, slow=True), 0.5, True) == OVERRAN
+    assert SHARE < FRONT < NEWCOMER < KNOWN < SLOW < OVERRAN
 
 
-def test_within_a_class_the_longest_waiting_goes_first_whatever_its_answers_length():
-    waited = grading_key("a", FRONT, 0, 3, 7, 0.9)
-    fresh = grading_key("b", FRONT, 0, 5, 1, 0.1)
-    second_turn = grading_key("c", FRONT, 1, 0, 1, 0.0)
-    assert min(waited, fresh, second_turn) == waited and fresh < second_turn
+def test_within_a_class_first_turns_then_short_answers_then_the_ring():
+    near = grading_key("a", FRONT, 0, 7, 5)
+    far = grading_key("b", FRONT, 0, 1, 9)
+    longer = grading_key("c", FRONT, 0, 8, 0)
+    second_turn = grading_key("d", FRONT, 1, 0, 0)
+    assert sorted([second_turn, longer, far, near]) == [near, far, longer, second_turn]
 
 
 @pytest.mark.timeout(300)

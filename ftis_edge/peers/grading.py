@@ -1,25 +1,31 @@
 """The re-grading scheduler, pure: who is graded next within a round's time budget.
 
 The reward of a peer's answers is recomputed locally within a total time budget a round, shared
-across senders one turn at a time. In front: known peers whose groups carried signal together
-with never-graded ids until those have spent ``NEWCOMER_SHARE`` of the budget; then the other
-never-graded ids, known peers whose groups never did, and last those known to grade slowly or
-to make the grader overrun (``grading_class``). Within a class everyone's first turn before
-anyone's second, the one waiting longest first (since last graded, or first seen), then a
-rotating order (``grading_key``). A turn lasts at least what its whole groups of fast answers
-cost (within ``GROUP_SLICE`` of the budget), so neither many ids (1,000 with cheap answers) nor
-ids whose answers grade just under the limit can keep an honest peer's group ungraded.
+across senders one turn at a time. First never-graded ids (or ones the book evicted) until they
+have spent ``NEWCOMER_SHARE`` of the budget; then known peers whose groups carried signal; the
+other never-graded ids; known peers whose groups never did; and last those known to grade
+slowly or to make the grader overrun (``grading_class``). Within a class everyone's first turn
+before anyone's second, shorter answers by bucket, then the ring (``grading_key``,
+``GradingRing``): each class's round-robin goes on where it stopped last round, at places no id
+can choose, so every id gets its turn once a cycle whatever the arrival order and however often
+the 512-entry book evicted it, with one integer of memory a round-robin. A turn lasts at least
+what its whole groups of fast answers cost (within ``GROUP_SLICE`` of the budget), so neither
+many ids (10,000 with cheap answers) nor ids whose answers grade just under the limit can keep
+an honest peer's group ungraded, a crowd of new ids cannot push known useful peers out (it has
+its share), and a crowd of known ids cannot keep a new one out (the share comes first).
 
-``GradingRound`` holds that bookkeeping with the clock and the answers' counts and sizes handed
-in: it never grades and never calls back; ``Intake`` asks it for the next turn, grades, and
-says what the turn used. So the policy replays on a made-up clock (tests/test_grading.py).
+``GradingRound`` holds one round's bookkeeping with the clock and the answers' counts and sizes
+handed in: it never grades and never calls back; ``Intake`` asks it for the next turn, grades,
+and says what the turn used. So the policy replays on a made-up clock (tests/test_grading.py,
+benchmarks/attacks/grading_sybils_clock.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import heapq
-import random
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 
 EXPENSIVE = 0.25      # of the per-answer timeout: a sender whose answers took this long on average
 NEWCOMER_SHARE = 0.2   # of the round's budget: what never-graded ids may spend ahead of known useful peers
@@ -27,8 +33,11 @@ GROUP_SLICE = 0.2      # of the round's budget: the most one rollout's slice is 
 SIZE_BUCKET = 8        # answer characters: shorter answers first only between buckets (cheap
 #                        answers all look alike; the bucket keeps slow long ones behind them)
 
+MAX_BUCKET = 63       # size buckets beyond it are one (a cursor each: bounded memory)
+RING = 1 << 64        # positions on the ring of ids (``GradingRing``)
+
 # grading classes, served in this order (``grading_class``)
-FRONT, NEWCOMER, KNOWN, SLOW, OVERRAN = range(5)
+SHARE, FRONT, NEWCOMER, KNOWN, SLOW, OVERRAN = range(6)
 
 
 def grading_tier(grade_s: float | None, timeout_s: float, slow: bool) -> int:
@@ -42,38 +51,78 @@ def grading_tier(grade_s: float | None, timeout_s: float, slow: bool) -> int:
 
 
 def grading_class(standing: Standing, timeout_s: float, newcomers_may: bool) -> int:
-    """Where a sender's next rollout stands in the round's grading (lower first): in front, a
-    fast peer whose recent groups carried signal, and a never-graded id while the round's
-    newcomers have spent less than ``NEWCOMER_SHARE`` of the budget (``newcomers_may``); then
-    other never-graded ids; a fast peer whose groups never did; one whose answers grade
-    slowly; one that made the grader overrun. So a crowd of new ids cannot push known useful
-    peers out, and a crowd of known ids cannot keep a new one out."""
+    """Where a sender's next rollout stands in the round's grading (lower first): first a
+    never-graded id while the round's newcomers have spent less than ``NEWCOMER_SHARE`` of the
+    budget (``newcomers_may``); then a fast peer whose recent groups carried signal; other
+    never-graded ids; a fast peer whose groups never did; one whose answers grade slowly; one
+    that made the grader overrun. So a crowd of new ids cannot push known useful peers out (it
+    has its share), and a crowd of known ids cannot keep a new one out (the share comes first)."""
     tier = grading_tier(standing.grade_s, timeout_s, standing.slow)
     if tier == 1:
-        return FRONT if newcomers_may else NEWCOMER
+        return SHARE if newcomers_may else NEWCOMER
     if tier == 0:
         return FRONT if standing.useful else KNOWN
     return SLOW if tier == 2 else OVERRAN
 
 
-def grading_key(sender: str, cls: int, turns: int, waiting_since: int, size: int, rotation: float) -> tuple:
+def size_bucket(size: int) -> int:
+    return min(size // SIZE_BUCKET, MAX_BUCKET)
+
+
+def grading_key(sender: str, cls: int, turns: int, size: int, distance: int) -> tuple:
     """Where a sender's next rollout is graded (lowest first): by class (``grading_class``),
-    then turns this round (everyone's first turn before anyone's second), then the one
-    waiting longest (since the round it was last graded, or first seen: ids share a short
-    budget round by round, and a new id queues behind those already waiting), then shorter answers by
-    ``SIZE_BUCKET`` (a prior for unknown senders: a slow answer is rarely short), then a
-    rotating order that the sender cannot choose. So many ids, or ids whose answers grade
-    just under the time limit, spend their own share, never an honest peer's."""
-    return (cls, turns, waiting_since, size // SIZE_BUCKET, rotation, sender)
+    then turns this round (everyone's first turn before anyone's second), then shorter answers
+    by ``SIZE_BUCKET`` (a prior for unknown senders: a slow answer is rarely short), then its
+    place on the ring after where its class's round-robin stopped last round (``GradingRing``:
+    a place the sender cannot choose, kept for no id, so evicting an id from the book costs it
+    no waiting time). So many ids, or ids whose answers grade just under the time limit, spend
+    their own share, never an honest peer's."""
+    return (cls, turns, size_bucket(size), distance, sender)
 
 
 @dataclass
 class Standing:
     """What the node knew of a sender when the round began (its book entry, read once)."""
-    grade_s: float | None = None     # grading seconds per answer (None: never graded)
+    grade_s: float | None = None     # grading seconds per answer (None: never graded, or evicted)
     useful: bool = False             # one of its recent accepted groups carried signal
     slow: bool = False               # its answers made the grader overrun
-    waiting_since: int = -1          # the round it was last graded, else first seen
+
+    def group(self, timeout_s: float) -> int:
+        """Its round-robin: newcomers share one whichever side of their share they are."""
+        tier = grading_tier(self.grade_s, timeout_s, self.slow)
+        return 4 if tier == 0 and self.useful else tier
+
+
+class GradingRing:
+    """Run-long, bounded: ids sit on a ring at a keyed hash of their name (the key is the node's
+    secret, so no id can pick its place), and each round-robin (a sender group and size bucket)
+    keeps the place where its turns stopped last round. A round serves each round-robin's
+    senders in ring order from there, so every id waiting in a class gets its first turn once
+    a cycle, in any arrival order and however often the book evicted it, and a thousand ids of
+    one attacker take their turns one by one like anybody else: with N ids in a class and room
+    for C turns a round, each gets one turn every N / C rounds. Memory: one int a round-robin."""
+
+    def __init__(self, secret: bytes | None = None):
+        self._key = secret if secret is not None else os.urandom(16)
+        self._cursor: dict[tuple[int, int], int] = {}
+
+    def place(self, sender: str) -> int:
+        h = hashlib.blake2b(sender.encode("utf-8", "surrogatepass"), key=self._key, digest_size=8)
+        return int.from_bytes(h.digest(), "big")
+
+    def distance(self, sender: str, robin: tuple[int, int]) -> int:
+        """How far ``sender`` sits after where ``robin`` stopped (0: its turn comes first)."""
+        return (self.place(sender) - self._cursor.get(robin, 0)) % RING
+
+    def advance(self, robin: tuple[int, int], served: int) -> None:
+        """``served``: the furthest distance of a first turn given in ``robin`` this round; the
+        next round starts just after it."""
+        self._cursor[robin] = (self._cursor.get(robin, 0) + served + 1) % RING
+
+    @property
+    def robins(self) -> int:
+        """Round-robins it keeps a cursor for (its whole memory)."""
+        return len(self._cursor)
 
 
 @dataclass
@@ -92,48 +141,48 @@ class _Sender:
     items: list                      # its waiting rollouts (opaque to the scheduler), in arrival order
     answers: list                    # answers in each
     size: int                        # its longest answer's length (a prior for the cost)
-    rotation: float
+    robin: tuple                     # its round-robin (``GradingRing``) and its distance in it
+    distance: int
     turns: int = 0
-    key: tuple = field(default=())
 
 
 class GradingRound:
     """The turns of one round, on a clock the caller reads: ``next(now)`` gives the next turn
     (None once the budget is spent or no one waits), ``done(turn, now, ...)`` takes what it
-    used and what was learned of its sender. Keys only grow (turns, class, last graded round),
-    so a heap with stale entries re-pushed when popped gives the order without re-ranking
-    every sender each turn."""
+    used and what was learned of its sender. Keys only grow (turns, class), so a heap with
+    stale entries re-pushed when popped gives the order without re-ranking every sender each
+    turn. When the round ends (``next`` gives None) the ring learns where each round-robin
+    stopped."""
 
-    def __init__(self, budget_s: float, timeout_s: float, now: float, current_round: int,
-                 rotation: random.Random):
+    def __init__(self, budget_s: float, timeout_s: float, now: float, ring: GradingRing):
         if not budget_s > 0 or not timeout_s > 0:
             raise ValueError("GradingRound: budget_s and timeout_s must be > 0")
-        self.budget_s, self.timeout_s, self.round = budget_s, timeout_s, current_round
+        self.budget_s, self.timeout_s, self.ring = budget_s, timeout_s, ring
         self.deadline = now + budget_s
         self.newcomer_spent = 0.0
         self.turned: list[str] = []      # senders in the order their turns came
-        self._rotation = rotation
         self._senders: dict[str, _Sender] = {}
         self._heap: list[tuple] = []
+        self._served: dict[tuple, int] = {}   # round-robin -> furthest first turn given
+        self._closed = False
 
     def add(self, sender: str, standing: Standing, items: list, answers: list[int], size: int) -> None:
         """A sender's waiting rollouts (``items``, with ``answers`` answers each), all at once."""
         if sender in self._senders or len(items) != len(answers) or not items:
             raise ValueError(f"GradingRound.add: {sender!r} twice, or items and answers differ")
-        s = _Sender(dataclasses.replace(standing), list(items), list(answers), size, self._rotation.random())
+        robin = (standing.group(self.timeout_s), size_bucket(size))
+        s = _Sender(dataclasses.replace(standing), list(items), list(answers), size, robin,
+                    self.ring.distance(sender, robin))
         self._senders[sender] = s
-        s.key = self._key(sender, s)
-        heapq.heappush(self._heap, s.key)
+        heapq.heappush(self._heap, self._key(sender, s))
 
     def _key(self, sender: str, s: _Sender) -> tuple:
         cls = grading_class(s.standing, self.timeout_s, self.newcomer_spent < NEWCOMER_SHARE * self.budget_s)
-        return grading_key(sender, cls, s.turns, s.standing.waiting_since, s.size, s.rotation)
+        return grading_key(sender, cls, s.turns, s.size, s.distance)
 
     def next(self, now: float) -> Turn | None:
-        while self._heap:
+        while self._heap and now < self.deadline:
             left = self.deadline - now
-            if left <= 0:
-                return None
             entry = heapq.heappop(self._heap)
             sender = entry[-1]
             s = self._senders[sender]
@@ -148,7 +197,14 @@ class GradingRound:
             until = min(now + max(left / (len(self._heap) + 1), whole), self.deadline)
             was_new = s.standing.grade_s is None and not s.standing.slow
             return Turn(sender, list(s.items), until, now, was_new)
+        self._close()
         return None
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            for robin, served in self._served.items():
+                self.ring.advance(robin, served)
 
     def done(self, turn: Turn, now: float, used: int, grade_s: float | None = None,
              overran: bool = False) -> None:
@@ -161,12 +217,12 @@ class GradingRound:
         del s.items[:used], s.answers[:used]
         if turn.was_new:
             self.newcomer_spent += now - turn.start
+        if s.turns == 0:                     # its round-robin has served it: next round starts after it
+            self._served[s.robin] = max(self._served.get(s.robin, 0), s.distance)
         if grade_s is not None:
             s.standing.grade_s = grade_s
         s.standing.slow = s.standing.slow or overran
-        s.standing.waiting_since = self.round
         s.turns += 1
         self.turned.append(turn.sender)
         if s.items:
-            s.key = self._key(turn.sender, s)
-            heapq.heappush(self._heap, s.key)
+            heapq.heappush(self._heap, self._key(turn.sender, s))

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
-import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -45,7 +43,7 @@ from ..tasks.grader import get_grader
 from ..tasks.rewards import check_format
 from ..rollout.wire import Rollout, WireCompletion
 from .book import PeerBook
-from .grading import GROUP_SLICE, GradingRound, Standing
+from .grading import GROUP_SLICE, GradingRing, GradingRound, Standing
 
 log = logging.getLogger("ftis_edge.peers.intake")
 
@@ -147,7 +145,7 @@ class Intake:
         self.max_buffer = max_buffer
         self.max_group_completions = max_group_completions
         self._grader_killed = False      # the last grading killed a worker (an answer overran)
-        self._rotation = random.Random(zlib.crc32(my_node_id.encode("utf-8", "replace")))
+        self._ring = GradingRing()       # where the grading round-robins stopped (run-long, bounded)
         self.buffer: list[PeerGroup] = []
         self.round_counts: dict[str, int] = defaultdict(int)
 
@@ -206,8 +204,6 @@ class Intake:
             peer = self.book.get(sender)
             peer.sent += 1
             peer.last_seen = time.time()
-            if peer.first_round < 0:
-                peer.first_round = current_round
             self.round_counts["received"] += 1
             if peer.quarantined:
                 self._refuse(sender, "quarantined")
@@ -232,20 +228,20 @@ class Intake:
             self._rescore(fresh, current_round)
 
     # --- step 2: re-score every completion locally, the budget shared across senders -------
-    def _grade(self, fresh, current_round: int) -> dict[int, list]:
-        """Grades of the fresh rollouts the budget reached (index -> [(reward, breakdown)]), one
+    def _grade(self, fresh) -> tuple[dict[int, list], dict[str, float | None]]:
+        """Grades of the fresh rollouts the budget reached (index -> [(reward, breakdown)]) and
+        what each graded sender's answers cost per answer (its ``grade_s``), one
         sender's turn at a time as ``grading.GradingRound`` orders them; a rollout stops at its
         first answer that times out (the rest are not graded: each would cost a grader worker)."""
         budget = self.rescore_budget_s
-        turns = GradingRound(budget, self.task.reward_settings.timeout_s, time.monotonic(),
-                             current_round, self._rotation)
+        turns = GradingRound(budget, self.task.reward_settings.timeout_s, time.monotonic(), self._ring)
         queues: dict[str, list[int]] = defaultdict(list)
         for k, (sender, _, _, _) in enumerate(fresh):
             queues[sender].append(k)
         for s, ks in queues.items():
-            peer = self.book.get(s)
-            turns.add(s, Standing(peer.grade_s, any(peer.signal_recent), peer.grader_timeouts > 0,
-                                  peer.graded_round if peer.graded_round >= 0 else peer.first_round),
+            peer = self.book.peers.get(s)        # read, not made: one evicted since is a newcomer
+            turns.add(s, Standing() if peer is None else
+                      Standing(peer.grade_s, any(peer.signal_recent), peer.grader_timeouts > 0),
                       ks, [len(fresh[k][1].completions) for k in ks],
                       max(_answer_len(c.text) for k in ks for c in fresh[k][1].completions))
         if self._grader_killed:  # an overrun last time killed workers: let them restart (a hot spare
@@ -253,8 +249,10 @@ class Intake:
             get_grader().warm_up(timeout=budget / 2)
             self._grader_killed = False
         grades: dict[int, list] = {}
+        costs: dict[str, float | None] = {}
         while (turn := turns.next(time.monotonic())) is not None:
-            peer = self.book.get(turn.sender)
+            peer = self.book.peers.get(turn.sender)     # not made again if evicted since it arrived
+            grade_s = peer.grade_s if peer is not None else None
             used, killed = 0, False
             for k in turn.items:
                 if time.monotonic() >= turn.until:
@@ -265,7 +263,7 @@ class Intake:
                 graded_s = [b["seconds"] for _, b in grades[k] if "seconds" in b]
                 if graded_s:                      # what its answers cost: its place next time
                     per = sorted(graded_s)[len(graded_s) // 2]      # the median: not one cold start
-                    peer.grade_s = per if peer.grade_s is None else 0.5 * peer.grade_s + 0.5 * per
+                    grade_s = per if grade_s is None else 0.5 * grade_s + 0.5 * per
                 killed = any(overran(b) for _, b in grades[k])
                 if killed or any(b.get("share_spent") for _, b in grades[k]):
                     # a killed worker restarts: wait for it inside this turn, so the restart
@@ -273,9 +271,11 @@ class Intake:
                     self._grader_killed = not get_grader().warm_up(
                         timeout=max(0.0, min(GROUP_SLICE * budget, turns.deadline - time.monotonic())))
                     break
-            peer.graded_round = current_round
-            turns.done(turn, time.monotonic(), used, peer.grade_s, killed)
-        return grades
+            if peer is not None:
+                peer.grade_s = grade_s
+            costs[turn.sender] = grade_s
+            turns.done(turn, time.monotonic(), used, grade_s, killed)
+        return grades, costs
 
     def _grade_rollout(self, r: Rollout, reference: str, until: float) -> list:
         """An answer that times out is charged to its sender only when it had the whole
@@ -297,10 +297,10 @@ class Intake:
         return out
 
     def _rescore(self, fresh, current_round: int) -> None:
-        graded = self._grade(fresh, current_round)
+        graded, costs = self._grade(fresh)
         for k, (sender, r, prompt, nbytes) in enumerate(fresh):
-            peer = self.book.get(sender)
-            if peer.quarantined:         # quarantined by a later message of the same batch
+            peer = self.book.peers.get(sender)   # evicted since it arrived: not made again to refuse it
+            if peer is not None and peer.quarantined:   # quarantined by a later message of the same batch
                 self._refuse(sender, "quarantined")
                 continue
             if k not in graded:          # the round's budget ran out first: not this peer's doing
@@ -308,14 +308,17 @@ class Intake:
                 continue
             grades = graded[k]
             overruns = sum(1 for _, b in grades if overran(b))
-            peer.grader_timeouts += overruns
             if overruns:                 # its own answer made the grader overrun: charged to it
+                self.book.get(sender).grader_timeouts += overruns
                 self._refuse(sender, "grader_timeout")
                 continue
             if any(b.get("timed_out") for _, b in grades):   # no worker or no time left: not its doing
                 self._refuse(sender, "no_grading_time", charged=False)
                 continue
             rewards = [float(v) for v, _ in grades]
+            if peer is None:             # evicted since it arrived: booked again, as seen and graded now
+                peer = self.book.get(sender)
+                peer.last_seen, peer.grade_s = time.time(), costs.get(sender)
             peer.reward_mismatches += sum(
                 1 for c, v in zip(r.completions, rewards) if abs(float(c.reward) - v) > 1e-6)
             self.book.accept(sender, carries_signal(rewards))
