@@ -5,9 +5,10 @@ split into micro-batches; each one calls ``objective.ftis_loss`` with ``num_samp
 size, so the accumulated gradient equals the full-batch gradient. Each distinct prompt runs through the
 model once and its KV cache serves every completion that shares it (``shared_prompt``); with
 ``share_prompts=False`` (or gradient checkpointing, which drops HF caches) every sample is a full
-prompt + completion sequence, as before. Log-probs are computed only at completion positions, a chunk
-of rows at a time (``head_logprob``), so the [tokens, vocab] logits (49k / 262k columns) never all
-live in memory at once.
+prompt + completion sequence, as before. With ``pack`` the completions of a micro-batch run packed
+into rows behind their prompts, one forward (packing.py). Log-probs are computed only at completion
+positions, a chunk of rows at a time (``head_logprob``), so the [tokens, vocab] logits (49k / 262k
+columns) never all live in memory at once.
 """
 from __future__ import annotations
 
