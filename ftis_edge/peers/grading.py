@@ -100,7 +100,8 @@ class GradingRing:
     senders in ring order from there, so every id waiting in a class gets its first turn once
     a cycle, in any arrival order and however often the book evicted it, and a thousand ids of
     one attacker take their turns one by one like anybody else: with N ids in a class and room
-    for C turns a round, each gets one turn every N / C rounds. Memory: one int a round-robin."""
+    for C turns a round, each gets one turn every N / C rounds. Memory: one int a round-robin.
+    Not checkpointed: a resumed node draws a new secret, and every id's turn comes within a cycle."""
 
     def __init__(self, secret: bytes | None = None):
         self._key = secret if secret is not None else os.urandom(16)
