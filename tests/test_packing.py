@@ -151,7 +151,7 @@ def _check_real(learner, samples, logp_max: float):
     summary = {k: (float(off[k].max()), float(off[k].mean()), rel[k]) for k in off}
     assert float(ref[mask].abs().mean()) > 0.05 and grads["unshared"].norm() > 0
     assert float(off["packed"].max()) <= logp_max, summary
-    assert float(off["packed"].mean()) <= max(logp_max / 4, 1.5 * float(off["buckets"].mean())), summary
+    assert float(off["packed"].mean()) <= max(5e-6, 1.5 * float(off["buckets"].mean())), summary   # the shared-prompt test's mean
     assert rel["packed"] <= max(1e-5, 1.5 * rel["buckets"]), summary
     assert loss["packed"] == pytest.approx(loss["unshared"], abs=1e-5)
 
