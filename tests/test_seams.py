@@ -35,7 +35,7 @@ def _call_name(call: ast.Call) -> str:
 
 # ------------------------------------------------------------------ refusal reasons
 
-def intake_reasons(path: Path = PKG / "intake.py") -> set[str]:
+def intake_reasons(path: Path = PKG / "peers" / "intake.py") -> set[str]:
     """Every reason intake.py can refuse a message for: string arguments of ``_refuse`` / ``reject``
     calls (also a ``getattr(error, "reason", DEFAULT)`` default), and the strings the check
     functions (``_check_*``, ``*_problem``) return."""
@@ -83,7 +83,7 @@ def test_a_new_unlisted_reason_is_caught(tmp_path):
     """The check fails for a reason added in code but not in the lists (what it exists for)."""
     from ftis_edge.peers import intake
     from ftis_edge.rollout import wire
-    src = (PKG / "intake.py").read_text().replace('self._refuse(sender, "quarantined")',
+    src = (PKG / "peers" / "intake.py").read_text().replace('self._refuse(sender, "quarantined")',
                                                   'self._refuse(sender, "brand_new_reason")', 1)
     (tmp_path / "intake.py").write_text(src)
     assert intake_reasons(tmp_path / "intake.py") - set(intake.REASONS) - set(wire.REASONS) == {"brand_new_reason"}
