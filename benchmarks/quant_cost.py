@@ -1,6 +1,6 @@
 """What each quantised file costs against F16, paired on the same held-out prompts (issue 63 item 9).
 
-    .venv/bin/python benchmarks/quant_cost.py RUN_DIR [--limit 50] [--threads 2] [--json out.json]
+    .venv/bin/python -m benchmarks.quant_cost RUN_DIR [--limit 50] [--threads 2] [--json out.json]
 
 Exports the run once per quantisation (``export --quant Q --eval-limit 0``, into a temporary
 folder), then evaluates model-f16.gguf and each model-<q>.gguf greedily on the same first
@@ -17,11 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ftis_edge.export import QUANTS, _eval, change_words, export_run, paired  # noqa: E402
-from ftis_edge.store.rundir import load_config  # noqa: E402
+from ftis_edge.export import QUANTS, _eval, change_words, export_run, paired
+from ftis_edge.store.rundir import load_config
 
 
 def main(argv=None) -> int:

@@ -59,6 +59,8 @@ BENCHMARKS = [
     Bench("attacks.sybil_first", ("--fakes", "200", "--seconds", "8", "--warm-earned", "8", "--only", "control",
                                   "fakes-200", "earned-40"), ("--fakes", "8", "--seconds", "4", "--only", "control", "fakes-8"),
           "fake ids that came first cannot keep a new honest publisher out of a budgeted subscriber", 0.8),
+    Bench("attacks.relay_replies", ("--conns", "0", "100", "--seconds", "15"), ("--conns", "0", "10", "--seconds", "5"),
+          "connections that ask and never read: every reply counted, the relay's RSS bounded, honest traffic delivered", 1.0),
     Bench("attacks.grading_flood", ("--fakes", "40", "--rounds", "1"), ("--fakes", "8", "--rounds", "1"),
           "many ids whose answers grade just under the time limit cannot keep an honest peer ungraded", 0.1),
     Bench("attacks.cwd_code", (), (),

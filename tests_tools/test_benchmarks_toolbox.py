@@ -12,7 +12,9 @@ from benchmarks import run_all
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-TOOLS = {"harness", "run_all", "calibrate_arith", "calibrate_tasks", "make_rollout_fixture", "bench_relay_rounds"}
+TOOLS = {"harness", "run_all", "calibrate_arith", "calibrate_tasks", "make_rollout_fixture", "bench_relay_rounds",
+         "grader_spellings",   # writes the generated grader corpus that grader_corpus measures
+         "quant_cost"}         # needs a trained run directory: export's figure, run by hand
 
 
 def _modules() -> dict[str, str]:
