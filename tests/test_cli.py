@@ -123,7 +123,7 @@ def test_every_command_and_option_has_help_and_the_defaults_are_said():
                 assert action.help, (name, action.dest)
     eval_help = " ".join(commands["eval"].format_help().split())
     assert "run directory" in eval_help and "default arith" in eval_help
-    assert "(default q4_k_m" in " ".join(commands["export"].format_help().split())
+    assert "(default auto: q8_0 below 1B parameters, q4_k_m above" in " ".join(commands["export"].format_help().split())
     assert commands["eval"].parse_args([]).task == "arith"
 
 

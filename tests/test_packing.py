@@ -157,6 +157,7 @@ def _check_real(learner, samples, logp_max: float):
 
 
 @pytest.mark.model
+@pytest.mark.slow          # packing is opt-in (Learner(pack=True)); ~7 min of real models: CI's slow tier
 @pytest.mark.parametrize("trainable", ["lora", "full"])
 def test_packed_matches_the_unshared_path_on_smollm2_at_real_lengths(trainable):
     """Two groups of 8 real completions (18-128 tokens) behind their 50-token prompts, micro-batch 8:
@@ -167,6 +168,7 @@ def test_packed_matches_the_unshared_path_on_smollm2_at_real_lengths(trainable):
 
 
 @pytest.mark.model
+@pytest.mark.slow          # packing is opt-in (Learner(pack=True)); ~7 min of real models: CI's slow tier
 @pytest.mark.parametrize("trainable", ["lora", "full"])
 def test_packed_matches_the_unshared_path_on_gemma3_across_its_sliding_window(trainable):
     """Gemma 3 270M (sliding-window layers of 512 and full ones, logit soft-capping), prompts of

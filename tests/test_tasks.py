@@ -201,7 +201,8 @@ def test_gsm8k_split_test_and_explicit_path(tmp_path):
     ("jsonl", "", "no records"),
     ("jsonl", '{"question": "q", "answer": "1"}\n{"question": "q2"\n', r"bad\.jsonl:2: not valid JSON"),
     ("jsonl", '{"question": "q", "answer": "1"}\n{"question": "q2"}\n', r"bad\.jsonl:2: missing answer field 'answer'"),
-    ("jsonl", '{"answer": "1"}\n', r"bad\.jsonl:1: missing text field 'question'"),
+    ("jsonl", '{"answer": "1"}\n', r"bad\.jsonl: every line \(1\) misses a field it needs: line 1 has 'answer', "
+                                   r"not 'question'; name the fields your file uses with task\.question_field"),
     ("jsonl", '[1, 2]\n', r"bad\.jsonl:1: expected a JSON object"),
 ])
 def test_bad_dataset_files_name_file_and_line(tmp_path, task, content, message):

@@ -162,7 +162,7 @@ async def test_kill_9_of_a_resumed_node_is_reported_as_killed_not_as_its_note(so
         assert wait_for(lambda: "note: resuming with the run's settings" in stderr_file[0].read_text(), 120)
         app = DashboardApp(run, node_process=proc, node_stderr=stderr_file, poll_interval=FAST)
         async with app.run_test(size=(120, 30)) as pilot:
-            await pilot.pause(0.3)
+            await pilot.pause(0.3)      # the dashboard's first poll sees the node alive before the kill
             proc.send_signal(signal.SIGKILL)
             await settle(pilot, lambda: app.failure is not None, timeout=30)
             await pilot.pause(0.2)
