@@ -180,7 +180,8 @@ def test_a_start_that_fails_after_loading_leaves_the_record_as_it_was(one_round,
     for state in (copy / "checkpoints").glob("round-*/state.safetensors"):
         state.write_bytes(b"\0" * 64)
     before = snapshot(copy)
-    r = cli("start", "--run-dir", str(copy), "--headless", "--resume")
+    # one round more than the run has done: a complete run is refused before anything loads
+    r = cli("start", "--run-dir", str(copy), "--headless", "--resume", "--rounds", "2")
     assert r.returncode == 2 and "no usable checkpoint" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not any(ln.startswith("resume:") for ln in r.stderr.splitlines())
     assert snapshot(copy) == before
