@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +68,14 @@ def vm_bytes(pid: int, key: str = "VmHWM") -> int:
     except OSError:
         pass
     return 0
+
+
+def start_relay(root: Path, address: str) -> subprocess.Popen:
+    """The relay of checkout ``root`` (this one, or --relay-root's older one for a before figure),
+    bound to ``address``, quiet: the attacks read its figures over the socket, not its log."""
+    return subprocess.Popen([sys.executable, "-m", "relay", "--bind", address, "--log-level", "WARNING"],
+                            cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def stop(relay, *children) -> None:

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, parser, stop, vm_bytes, write_json
+from benchmarks.harness import ROOT, parser, start_relay, stop, vm_bytes, write_json
 from ftis_edge.common.ports import free_port
 
 if "--relay-root" in sys.argv:     # another checkout's relay AND client: its package must win the import
@@ -86,9 +85,7 @@ def _crowd(address: str, n: int, behaviour: str, spread_s: float, seconds: float
 
 def run(behaviour: str, a, root: Path) -> dict:
     address = f"tcp://127.0.0.1:{free_port()}"
-    relay = subprocess.Popen([sys.executable, "-m", "relay", "--bind", address, "--log-level", "WARNING"],
-                             cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    relay = start_relay(root, address)
     crowd = None
     pub = reader = None
     row = {"scenario": behaviour, "conns": 0 if behaviour == "control" else a.conns}

@@ -38,12 +38,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, parser, stop, write_json
+from benchmarks.harness import ROOT, parser, start_relay, stop, write_json
 from ftis_edge.common.ports import free_port
 
 if "--relay-root" in sys.argv:     # another checkout's relay AND client: its package must win the import
@@ -147,9 +146,7 @@ def _shares(got_idx: set, published: int, a) -> dict:
 def run(name: str, spec: tuple, a, root: Path) -> dict:
     n_fakes, source, earned, churn, lead, anchored = spec
     address = f"tcp://127.0.0.1:{free_port()}"
-    relay = subprocess.Popen([sys.executable, "-m", "relay", "--bind", address, "--log-level", "WARNING"],
-                             cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    relay = start_relay(root, address)
     crowd = anchor = None
     warm = a.warm_earned if earned else a.warm
     crowd_at = warm + (-warm if lead is None else lead)      # since the subscriber started
