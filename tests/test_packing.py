@@ -12,19 +12,12 @@ import pytest
 import torch
 
 from ftis_edge.learn.packing import pack_rows
-from test_shared_prompt import VOCAB, _grads, _learner, _samples, _tiny_gemma3, _tiny_llama  # noqa: F401
+from test_shared_prompt import VOCAB, _grads, _learner, _samples, tiny_dir  # noqa: F401 (tiny_dir: a fixture)
 
 torch.set_num_threads(2)
 ROLLOUTS = Path(__file__).parent / "data" / "real_rollouts.json"
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma3"])
-def tiny_dir(request, tmp_path_factory):
-    torch.manual_seed(0)
-    model = _tiny_llama() if request.param == "llama" else _tiny_gemma3()
-    path = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(path)
-    return path
 
 
 def test_pack_rows_fills_each_row_first_fit_decreasing_and_never_overlaps():
