@@ -356,7 +356,7 @@ def test_h7_smollm2_peers_run_on_until_the_gemma_node_stops(tmp_path):
             else:
                 assert c.node.rounds == r, n
     for name, b in batches.BATCHES.items():
-        if name != "h7":
+        if name not in ("h7", "h9"):        # H9 runs every node on until the slowest: test_repro_h9
             assert not any(run.runs_on(b, n) for n in b.receivers), name
 
 

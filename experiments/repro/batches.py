@@ -73,7 +73,7 @@ class Batch:
     collaboration: str = "vertical"
     expert: Expert | None = None        # the peer is this expert (peer = its config then)
     settings: dict = field(default_factory=dict)   # overrides of COMMON for every node of the batch
-    eval_limit: int | None = None       # prompts per eval set (None: the runner's --eval-limit)
+    eval_limit: int | dict[str, int] | None = None   # prompts per eval set, or per set {"id": .., "ood": ..}
     rounds: int | None = None           # receivers' rounds (None: the runner's --rounds)
 
 
@@ -91,7 +91,7 @@ class SwarmBatch:
     node: dict                          # overrides of RECEIVER for every node (method, ...)
     collaboration: str = "vertical"
     settings: dict = field(default_factory=dict)
-    eval_limit: int | None = None
+    eval_limit: int | dict[str, int] | None = None
     rounds: int | None = None
     arms: dict[str, dict] = field(default_factory=lambda: {"swarm": {}})
     per_node: list[dict] = field(default_factory=list)
@@ -103,6 +103,20 @@ class SwarmBatch:
     # model files some nodes start from (repository-relative path -> the record naming its sha256):
     # the runner refuses to train on any other bytes (run.check_weights)
     weights: dict[str, str] = field(default_factory=dict)
+    # arms trained on some seeds only (H9: the control arm `any` on seeds 0-2): arm -> its seeds;
+    # an arm not named here runs on every seed, the twins alone always
+    arm_seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.arm_seeds) - set(self.arms)
+        if unknown:
+            raise ValueError(f"batch {self.name}: arm_seeds names {', '.join(sorted(unknown))}, not an arm "
+                             f"({', '.join(self.arms)})")
+
+    def on_seed(self, name: str, seed: int) -> bool:
+        """Whether receiver NAME trains on SEED (an arm of ``arm_seeds`` only on its seeds)."""
+        arm = name.rsplit("-", 1)[0]
+        return arm not in self.arm_seeds or seed in self.arm_seeds[arm]
 
     def node_config(self, i: int) -> dict:
         return merge(self.node, self.per_node[i] if self.per_node else {})
@@ -363,4 +377,33 @@ BATCHES["h8"] = SwarmBatch(
     arms={"ftis": merge(_fill(1), _method("f-tis")), "nois": merge(_fill(1), _method("nois")),
           **{f"g{g:g}": merge(_fill(1), _method("f-tis", kl_threshold=g)) for g in H8_G}},
     weights={EXPERT_GGUF: EXPERT_RECORD},
+)
+
+
+# H9 (docs/results.md, "H9, as registered"; issue 65 item 6): kin, not crowds. Five nodes: H6/H7's
+# SmolLM2 LoRA x2 on llama.cpp (nodes 0, 1) and SmolLM2 full fine-tuning on HF (node 2), and two
+# Gemma 3 270M LoRA nodes (3, 4: each Gemma node has kin), each generating 1 of 4 groups. Arm `kin`
+# fills own slots only from kin (swarm.fill = "kin"); arm `any` is today's default fill, the
+# within-seed control, on seeds 0-2 only; each node's twin alone. Otherwise the code's defaults:
+# another tokenizer's text is not trained (COMMON turns it on, as H6-H8 ran, so H9 turns it back)
+# and the protections for another model's samples are today's defaults (equal to PROTECTIONS_OFF,
+# so H9 names neither). Every node of an arm serves until the slowest has reached R (issue 65.5).
+H9_NODES = [*HETERO_NODES[:3], HETERO_NODES[3], HETERO_NODES[3]]
+H9_GEMMA = (3, 4)
+# Held-out: the first 400 of arith's unseen-by-text level 1-2 eval split (all 49 level-1 questions
+# there are, then 351 of level 2; its first 200 are H7's and H8's) and 200 of level 3
+H9_EVAL = {"id": 400, "ood": 200}
+TODAYS_FOREIGN = {"train": {"other_tokenizer": False, "foreign_budget": True}}
+H9_CONTROL_SEEDS = (0, 1, 2)
+H9_SEEDS = 6
+BATCHES["h9"] = SwarmBatch(
+    "h9",
+    "H9, kin not crowds: SmolLM2 LoRA x2, SmolLM2 full FT on HF, Gemma 3 LoRA x2, filling own slots only "
+    "from kin (arm kin) vs today's default fill (arm any, seeds 0-2) vs alone; decided per kind",
+    k=5, node=_method("f-tis"), settings=merge(VALUE, H6_EVAL, TODAYS_FOREIGN), eval_limit=H9_EVAL,
+    rounds=H6_ROUNDS, per_node=H9_NODES,
+    # `any` named, not left to the default: the control stays today's fill if H9 moves the default
+    arms={"kin": merge(_fill(1), {"swarm": {"fill": "kin"}}), "any": merge(_fill(1), {"swarm": {"fill": "any"}})},
+    arm_seeds={"any": H9_CONTROL_SEEDS},
+    run_on_until="slowest",
 )

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m experiments.repro.run methods horizontal --seeds 0 1 2 [--rounds 10]
     .venv/bin/python -m experiments.repro.run --list
+    .venv/bin/python -m experiments.repro.run h9 --seeds 0 3 --dry-run     # what each seed would run
 
 Layout: OUT/BATCH/sSEED/{peer,RECEIVER}/ are ordinary run directories (metrics.jsonl, node.log,
 adapter/), plus eval-id.json / eval-ood.json per receiver. They hold model weights, so OUT is never
@@ -19,7 +20,8 @@ run K nodes that all share and learn from each other, and the same K nodes alone
 
 In a swarm batch with ``run_on_until`` (H7), the other nodes of each arm run on past R until
 that node has its stop record, and are scored on their round-R checkpoint (runon.py: what is
-kept where, and why their stop reason is not "steps").
+kept where, and why their stop reason is not "steps"). An arm named in ``arm_seeds`` trains only on
+those seeds (H9's control arm); a batch's ``eval_limit`` may give each eval set its own size (H9).
 """
 from __future__ import annotations
 
@@ -99,10 +101,16 @@ def waits_for(batch, name: str) -> str | tuple[str, ...]:
     return f"{arm}-{batch.run_on_until}"
 
 
+def seed_receivers(batch, seed: int) -> dict[str, dict]:
+    """The receivers BATCH trains on SEED: all of them, less an arm that runs on other seeds only
+    (SwarmBatch.arm_seeds: H9's control arm)."""
+    return {n: c for n, c in batch.receivers.items() if not isinstance(batch, SwarmBatch) or batch.on_seed(n, seed)}
+
+
 def receiver_configs(batch, seed: int, rounds: int, out: Path, addr: str, swarm: str) -> dict[str, dict]:
     cfgs = {}
     rounds = batch_rounds(batch, rounds)
-    for name, over in batch.receivers.items():
+    for name, over in seed_receivers(batch, seed).items():
         alone = over.get("swarm", {}).get("collaboration") == "alone"
         # One node id and seed for every receiver: same prompts, same sampling seeds, same LoRA
         # init — a paired comparison in which only the compared setting differs. In a swarm
@@ -241,6 +249,8 @@ def train(batch, seed: int, rounds: int | None, out: Path, timeout_s: float, exp
     port = free_port()
     addr, swarm = f"tcp://127.0.0.1:{port}", f"repro-{batch.name}-s{seed}"
     cfgs = receiver_configs(batch, seed, rounds, out, addr, swarm)
+    for name in sorted((only or set()) & set(batch.receivers) - set(cfgs)):
+        print(f"[{batch.name} s{seed}] {name}: its arm does not run on seed {seed} (arm_seeds); skipped", flush=True)
     watch = watch_for(batch, cfgs, out, rounds, only)
     for line in watch.poll({}):     # a node past R whose arm's slowest finished meanwhile: done, not restarted
         print(f"[{batch.name} s{seed}] {line}", flush=True)
@@ -314,8 +324,15 @@ def run_evals(jobs: list[tuple[list[str], Path]], parallel: int = 2) -> None:
                     print(f"eval failed ({p.returncode}): see {log}", flush=True)
 
 
-def eval_limit(batch, override: int | None) -> int:
-    return override or getattr(batch, "eval_limit", None) or 24
+def eval_limit(batch, override: int | None, which: str = "id") -> int:
+    """Prompts of eval set WHICH: --eval-limit, else the batch's (one size, or one per set: H9), else 24."""
+    own = getattr(batch, "eval_limit", None)
+    return override or (own[which] if isinstance(own, dict) else own) or 24
+
+
+def per_set(limit: int | dict[str, int]) -> dict[str, int]:
+    """An eval size for every set: one for all, or already one per set."""
+    return dict(limit) if isinstance(limit, dict) else dict.fromkeys(EVAL_SETS, limit)
 
 
 def evaluated_prompts(path: Path) -> int:
@@ -348,7 +365,7 @@ def export_cmd(run_dir: Path, force: bool = False) -> list[str] | None:
             "--eval-limit", "0", "--latest"]
 
 
-def scored_job(run_dir: Path, todo: list[str], limit: int) -> tuple[list[str], Path]:
+def scored_job(run_dir: Path, todo: list[str], limit: int | dict[str, int]) -> tuple[list[str], Path]:
     """One job for a run-on node: export its round-R checkpoint (runon.py's scored/), then score it
     as its twin is scored: a LoRA node's adapter on its base model (scored/ as a run directory
     with that adapter as adapter/latest.gguf), a fully fine-tuned node's merged F16 model."""
@@ -357,14 +374,16 @@ def scored_job(run_dir: Path, todo: list[str], limit: int) -> tuple[list[str], P
     if cfgmod.load(snap / "config.toml").train.trainable == "lora":
         steps += [["mkdir", "-p", str(snap / "adapter")],
                   ["ln", "-f", str(snap / "export" / "adapter.gguf"), str(snap / "adapter" / "latest.gguf")]]
-    steps += [run_eval_cmd(snap, which, limit, run_dir / f"eval-{which}.json", lora=None) for which in todo]
+    steps += [run_eval_cmd(snap, which, per_set(limit)[which], run_dir / f"eval-{which}.json", lora=None)
+              for which in todo]
     return ["sh", "-c", " && ".join(shlex.join(c) for c in steps)], run_dir / "eval.out"
 
 
-def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = None) -> list:
+def eval_jobs(batch, seed: int, out: Path, limit: int | dict[str, int], only: set[str] | None = None) -> list:
     jobs = []
+    limits = per_set(limit)
     own_weights = bool(getattr(batch, "per_node", None))     # heterogeneous nodes: each its own model
-    for name in batch.receivers:
+    for name in seed_receivers(batch, seed):
         rd = out / name
         if only is not None and name not in only:
             continue
@@ -374,10 +393,10 @@ def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = N
         todo = [which for which in EVAL_SETS if not (rd / f"eval-{which}.json").exists()]
         if runs_on(batch, name):
             if todo:
-                jobs.append(scored_job(rd, todo, limit))
+                jobs.append(scored_job(rd, todo, limits))
             continue
-        cmds = [run_eval_cmd(rd, which, limit, rd / f"eval-{which}.json") if own_weights else
-                eval_cmd(rd, which, limit, precision, rd / f"eval-{which}.json") for which in todo]
+        cmds = [run_eval_cmd(rd, which, limits[which], rd / f"eval-{which}.json") if own_weights else
+                eval_cmd(rd, which, limits[which], precision, rd / f"eval-{which}.json") for which in todo]
         export = export_cmd(rd) if own_weights and cmds else None
         if export is None:
             jobs += [(cmd, rd / f"eval-{which}.out") for which, cmd in zip(todo, cmds)]
@@ -385,6 +404,23 @@ def eval_jobs(batch, seed: int, out: Path, limit: int, only: set[str] | None = N
             script = " && ".join(shlex.join(c) for c in [export] + cmds)
             jobs.append((["sh", "-c", script], rd / "eval.out"))
     return jobs
+
+
+def plan(batch, seed: int, rounds: int | None, eval_override: int | None, only: set[str] | None = None) -> list[str]:
+    """What a seed of BATCH would train and score (--dry-run): its receivers, R, who runs on, eval sizes."""
+    names = [n for n in seed_receivers(batch, seed) if only is None or n in only]
+    on = [n for n in names if runs_on(batch, n)]
+    sizes = ", ".join(f"{w} {eval_limit(batch, eval_override, w)}" for w in EVAL_SETS)
+    lines = [f"[{batch.name} s{seed}] {len(names)} receivers, R = {batch_rounds(batch, rounds)}: {' '.join(names)}"]
+    if on:
+        lines.append(f"[{batch.name} s{seed}] run on past R until "
+                     + ("every node of their arm has reached R" if batch.run_on_until == "slowest"
+                        else f"node {batch.run_on_until} of their arm stops") + f": {' '.join(on)}")
+    skipped = [n for n in batch.receivers if n not in seed_receivers(batch, seed) and (only is None or n in only)]
+    if skipped:
+        lines.append(f"[{batch.name} s{seed}] not on this seed (arm_seeds): {' '.join(skipped)}")
+    lines.append(f"[{batch.name} s{seed}] final evals, greedy prompts per set: {sizes}")
+    return lines
 
 
 def main() -> int:
@@ -403,6 +439,7 @@ def main() -> int:
     ap.add_argument("--receivers", nargs="+", default=None,
                     help="run only these receivers of the batches (a follow-up seed of chosen comparisons)")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="print what each seed would train and score; start nothing")
     args = ap.parse_args()
     # absolute: the nodes and evals start with cwd = ROOT, so every path handed to them (node files,
     # run directories, eval outputs) must not depend on where this command was started
@@ -422,18 +459,24 @@ def main() -> int:
     unknown = [b for b in args.batches if b not in BATCHES]
     if unknown:
         ap.error(f"unknown batch {', '.join(unknown)}; choose from {', '.join(BATCHES)}")
+    if args.dry_run:
+        for seed in args.seeds:
+            for name in args.batches:
+                if not (name == "sweep" and seed not in args.sweep_seeds):
+                    print("\n".join(plan(BATCHES[name], seed, args.rounds, args.eval_limit, only)))
+        return 0
     for b in args.batches:
         check_weights(BATCHES[b])
     base = args.out / "base"
-    limit = max(eval_limit(BATCHES[b], args.eval_limit) for b in args.batches)
+    limit = {w: max(eval_limit(BATCHES[b], args.eval_limit, w) for b in args.batches) for w in EVAL_SETS}
     # the untrained model's evals, and those of a model some nodes start from (H8's expert),
     # before any training: base/eval-*.json, base/RUN-ID/eval-*.json
     starts = [(base, [])] + [(base / Path(rel).parent.parent.name, ["--model", str(ROOT / rel)])
                              for rel in sorted({rel for b in args.batches for rel in getattr(BATCHES[b], "weights", {})})]
     for d, _ in starts:
         d.mkdir(parents=True, exist_ok=True)
-    run_evals([(eval_cmd(None, w, limit, "f16", d / f"eval-{w}.json") + model, d / f"eval-{w}.out")
-               for d, model in starts for w in EVAL_SETS if evaluated_prompts(d / f"eval-{w}.json") < limit])
+    run_evals([(eval_cmd(None, w, limit[w], "f16", d / f"eval-{w}.json") + model, d / f"eval-{w}.out")
+               for d, model in starts for w in EVAL_SETS if evaluated_prompts(d / f"eval-{w}.json") < limit[w]])
     for seed in args.seeds:
         for name in args.batches:
             if name == "sweep" and seed not in args.sweep_seeds:
@@ -443,7 +486,8 @@ def main() -> int:
             t0 = time.time()
             train(batch, seed, args.rounds, out, args.timeout_min * 60, args.out / "experts", args.expert_rounds, only)
             if not args.no_eval:
-                run_evals(eval_jobs(batch, seed, out, eval_limit(batch, args.eval_limit), only))
+                run_evals(eval_jobs(batch, seed, out, {w: eval_limit(batch, args.eval_limit, w) for w in EVAL_SETS},
+                                    only))
             print(f"[{name} s{seed}] done in {time.time() - t0:.0f} s", flush=True)
     return 0
 
