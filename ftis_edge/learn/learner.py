@@ -65,7 +65,7 @@ def _resolve_hf_dir(bundle_or_hf_dir) -> Path:
 
 
 TRAINABLE = ("lora", "full")        # LoRA adapters only, or every weight
-PACK = False       # packing.py; the default only once measured at least as fast (bench_learner.py --pack-ab)
+PACK = True        # packing.py: 0.99-1.22x the buckets' speed at real lengths, quiet (docs/runs/bench-learner-pack-quiet.json)
 
 
 class Learner:
