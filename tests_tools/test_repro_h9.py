@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.repro import analyze, batches, h9_decide, run, runon
+from experiments.repro import analyze, batches, h8_decide, h9_decide, run, runon
 from ftis_edge import config
 from ftis_edge.tasks.arith import ArithTask, is_held_out
 from ftis_edge.tasks.unseen import question_key
@@ -130,14 +130,16 @@ def test_h9_scores_400_unseen_id_prompts_and_200_ood(tmp_path):
 # ------------------------------------------------------------------ the decision
 
 def _run(run_dir: Path, id_right: int, *, tokens: float = 100, cpu: float = 10.0, ood_right: int = 5,
-         kin_peers: int | None = None, guard: dict | None = None) -> None:
+         kin_peers: int | None = None, guard: dict | None = None, peers: dict | None = None) -> None:
     """A receiver as a node and run.py leave it: R rounds with TOKENS own tokens and CPU seconds
-    each, a stop record, ID / OOD evals whose first ID_RIGHT / OOD_RIGHT prompts are right."""
+    each, the peer book PEERS on round R, a stop record, ID / OOD evals whose first ID_RIGHT /
+    OOD_RIGHT prompts are right."""
     run_dir.mkdir(parents=True)
     recs = [{"type": "start", "resumed_from": None}]
     recs += [{"type": "round", "round": k, "gen/tokens": tokens, "cpu/round_s": cpu, "time": float(k),
               "groups/own": 2 if kin_peers else 4, "kin/peers": kin_peers,
-              "swarm/guard_level": (guard or {}).get(k, 0)} for k in range(1, R + 1)]
+              "swarm/guard_level": (guard or {}).get(k, 0), **({"peers": peers} if peers and k == R else {})}
+             for k in range(1, R + 1)]
     recs.append({"type": "stop", "reason": "steps", "time": float(R)})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     for which, right in (("id", id_right), ("ood", ood_right)):
@@ -148,18 +150,46 @@ def _run(run_dir: Path, id_right: int, *, tokens: float = 100, cpu: float = 10.0
 KIND_OF = (0, 0, 1, 2, 2)      # node -> index into h9_decide.KINDS
 
 
-def _seed(root: Path, seed: int, gaps=(0, 0, 0), *, kin_tokens=None, kin_cpu=6.0, guard_on=None) -> None:
+EDGES = [0.0, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0]       # peers.book.KL_EDGES
+
+
+def _peer(n: int, kl_mean: float | None, counts: list[int]) -> dict:
+    return {"samples_used": n, "kl_mean": kl_mean, "kl_hist": {"edges": EDGES, "counts": counts}}
+
+
+def _book(learner: int, scale: int) -> dict:
+    """LEARNER's peer book as PeerStats.as_dict writes it: SCALE x 8 samples of KL ~0 from each peer
+    of its own kind; SCALE x 4 at KL 0.2 / 0.6 between the LoRA and full-FT nodes (one tokenizer);
+    none from another tokenizer (its text is not trained by default); and an id outside the swarm
+    (node-9) that the KL table leaves out."""
+    book = {"node-9": _peer(1000, 50.0, [0] * 9 + [1000])}
+    for j in range(5):
+        kl, kj = KIND_OF[learner], KIND_OF[j]
+        if j == learner:
+            continue
+        if kl == kj:
+            book[f"node-{j}"] = _peer(8 * scale, 5e-5, [8 * scale] + [0] * 9)
+        elif 2 not in (kl, kj):
+            book[f"node-{j}"] = _peer(4 * scale, 0.4, [0] * 5 + [2 * scale, 2 * scale] + [0] * 3)
+        else:
+            book[f"node-{j}"] = _peer(0, None, [0] * 10)
+    return book
+
+
+def _seed(root: Path, seed: int, gaps=(0, 0, 0), *, kin_tokens=None, kin_cpu=6.0, guard_on=None,
+          books: bool = False) -> None:
     """One seed: every twin alone 12 of 20 ID right with 100 tokens and 10 CPU-s a round; node i of
     arm kin GAPS[kind] prompts below it, with KIN_TOKENS[i] own tokens (LoRA and Gemma 50: 2x, the
-    full-FT node 100: no saving) and KIN_CPU; arm any (seeds 0-2) one prompt below kin."""
+    full-FT node 100: no saving) and KIN_CPU; arm any (seeds 0-2) one prompt below kin. BOOKS: each
+    swarm node's round-R peer book is ``_book``'s (arm any's twice arm kin's)."""
     tokens = {0: 50, 1: 50, 2: 100, 3: 50, 4: 50, **(kin_tokens or {})}
     s = root / "h9" / f"s{seed}"
     for i in range(5):
         gap = gaps[KIND_OF[i]]
         _run(s / f"kin-{i}", 12 - gap, tokens=tokens[i], cpu=kin_cpu, ood_right=6, kin_peers=1,
-             guard={3: 2} if guard_on == i else None)
+             guard={3: 2} if guard_on == i else None, peers=_book(i, 1) if books else None)
         if seed <= 2:
-            _run(s / f"any-{i}", 11 - gap, tokens=25, cpu=4.0)
+            _run(s / f"any-{i}", 11 - gap, tokens=25, cpu=4.0, peers=_book(i, 2) if books else None)
         _run(s / f"alone-{i}", 12)
 
 
@@ -240,3 +270,36 @@ def test_control_slots_and_guard_are_reported_beside(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "undecided: n seeds = 4 < 6" in out.stdout and "Kin slots" in out.stdout, \
         out.stderr[-2000:]
+
+
+def test_kl_by_learner_and_sender_kind_per_arm(tmp_path):
+    """Issue 65 item 6: the KL of the samples each learner kind trained on, by sender kind, per arm,
+    summed over its nodes and seeds, kinds in node order; a pair never trained on (another
+    tokenizer) shows – rather than a mean of nothing; an id outside the five nodes is left out."""
+    for seed in (0, 1, 3):                    # seed 3 has no arm any
+        _seed(tmp_path, seed, books=True)
+    recv = analyze.load_all(tmp_path)["h9"]
+    cells = h8_decide.kl_by_kind(recv, "kin", h9_decide.NODE_KINDS)
+    lora, full, gemma = (k for k, _, _ in h9_decide.KINDS)
+    assert set(cells) == {(a, b) for a in (lora, full, gemma) for b in (lora, full, gemma)} - {(full, full)}
+    # 2 LoRA learners x 1 LoRA peer x 3 seeds x 8 samples; the full-FT learner hears both LoRA nodes
+    assert cells[(lora, lora)]["samples"] == 48 and cells[(lora, lora)]["counts"] == [48] + [0] * 9
+    assert cells[(full, lora)]["samples"] == 24 and cells[(full, lora)]["kl_sum"] == pytest.approx(0.4 * 24)
+    assert h8_decide.share_above(cells[(lora, full)], 0.5) == pytest.approx(0.5)
+    assert cells[(gemma, lora)]["samples"] == 0
+    rows = h8_decide.kl_lines(recv, "kin", h9_decide.NODE_KINDS)
+    assert rows[0].startswith("| arm kin: learner ← sender |") and len(rows) == 2 + 8
+    assert [r.split(" | ")[0] for r in rows[2:]] == [
+        f"| {a} ← {b}" for a, b in ((lora, lora), (lora, full), (lora, gemma), (full, lora), (full, gemma),
+                                    (gemma, lora), (gemma, full), (gemma, gemma))]
+    assert rows[3] == f"| {lora} ← {full} | 24 | 0.4 | 100.0% | 50.0% | 0.0% | [0.1, 0.5): 12, [0.5, 1): 12 |"
+    assert rows[4] == f"| {lora} ← {gemma} | 0 | – | – | – | – | – |"
+    assert rows[9] == f"| {gemma} ← {gemma} | 48 | 5e-05 | 0.0% | 0.0% | 0.0% | [0, 0.0001): 48 |"
+    # arm any on its control seeds only (0, 1), its own books: 2 seeds x 2 learners x 16
+    any_rows = h8_decide.kl_lines(recv, "any", h9_decide.NODE_KINDS)
+    assert any_rows[2] == f"| {lora} ← {lora} | 64 | 5e-05 | 0.0% | 0.0% | 0.0% | [0, 0.0001): 64 |", any_rows
+    out = subprocess.run([sys.executable, "-m", "experiments.repro.h9_decide", "--runs", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "KL by learner ← sender kind, arm kin" in out.stdout and rows[3] in out.stdout
+    assert "KL by learner ← sender kind, arm any" in out.stdout and any_rows[2] in out.stdout

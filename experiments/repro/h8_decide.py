@@ -30,6 +30,7 @@ from ftis_edge.metrics.stats import mean_se
 MIN_SEEDS = 3                # registered: no decision on fewer
 TOKENS_FOLD = 3.0            # own tokens alone ÷ ftis, every pair
 KINDS = (("base", (0, 1)), ("expert", (2, 3)))
+NODE_KINDS = {i: kind for kind, nodes in KINDS for i in nodes}      # node index -> kind, for kl_by_kind
 SWEEP = (("g0.05", 0.05), ("g0.5", 0.5), ("ftis", 5.0))
 
 
@@ -109,21 +110,22 @@ def node_lines(recv: dict, arms=("ftis", "nois", "alone")) -> list[str]:
     return lines
 
 
-def kl_by_kind(recv: dict, arm: str) -> dict[tuple[str, str], dict]:
+def kl_by_kind(recv: dict, arm: str, kinds: dict[int, str] = NODE_KINDS) -> dict[tuple[str, str], dict]:
     """{(learner kind, sender kind): {"edges", "counts", "kl_sum", "samples"}} summed over seeds and
-    nodes of ARM, from each run's last round's cumulative peer book (``peers.*.kl_hist``)."""
+    nodes of ARM, from each run's last round's cumulative peer book (``peers.*.kl_hist``); KINDS maps
+    a node index to its kind (a learner or sender outside it, e.g. an attacker's id, is left out)."""
     out: dict[tuple[str, str], dict] = {}
     for name, seeds in recv.items():
         a, _, i = name.rpartition("-")
-        if a != arm:
+        if a != arm or not i.isdigit() or int(i) not in kinds:
             continue
         for run in seeds.values():
             book = next((r["peers"] for r in reversed(run["rounds"]) if r.get("peers")), {})
             for peer, p in book.items():
                 sender = peer.rpartition("-")[2]
-                if not sender.isdigit() or int(sender) > 3:
+                if not sender.isdigit() or int(sender) not in kinds:
                     continue
-                cell = out.setdefault((kind_of(int(i)), kind_of(int(sender))),
+                cell = out.setdefault((kinds[int(i)], kinds[int(sender)]),
                                       {"edges": None, "counts": None, "kl_sum": 0.0, "samples": 0})
                 n = p.get("samples_used") or 0
                 cell["samples"] += n
@@ -148,16 +150,20 @@ def share_above(cell: dict, g: float) -> float | None:
     return sum(cell["counts"][k:]) / n if n else None
 
 
-def kl_lines(recv: dict, arm: str = "ftis") -> list[str]:
+def kl_lines(recv: dict, arm: str = "ftis", kinds: dict[int, str] = NODE_KINDS) -> list[str]:
+    """One row per learner kind ← sender kind of ARM (kinds in node order), from ``kl_by_kind``; a
+    pair whose samples were never trained on (e.g. another tokenizer's text, not trained) shows –."""
     lines = [f"| arm {arm}: learner ← sender | samples | mean KL | KL > 0.05 | KL > 0.5 | KL > 5 | histogram "
              "(counts per bin) |", "|---|---|---|---|---|---|---|"]
-    for (learner, sender), cell in sorted(kl_by_kind(recv, arm).items()):
-        mean = cell["kl_sum"] / cell["samples"] if cell["samples"] else float("nan")
+    order = list(dict.fromkeys(kinds[i] for i in sorted(kinds)))
+    for (learner, sender), cell in sorted(kl_by_kind(recv, arm, kinds).items(),
+                                          key=lambda kv: (order.index(kv[0][0]), order.index(kv[0][1]))):
+        mean = f"{cell['kl_sum'] / cell['samples']:.2g}" if cell["samples"] else "–"
         shares = [share_above(cell, g) for g, _ in ((0.05, 0), (0.5, 0), (5.0, 0))]
-        hist = ("–" if not cell["counts"] else
+        hist = ("" if not cell["counts"] else
                 ", ".join(f"[{lo:g}, {hi:g}): {c}" for lo, hi, c in zip(cell["edges"], cell["edges"][1:] + [float("inf")], cell["counts"]) if c))
-        lines.append(f"| {learner} ← {sender} | {cell['samples']:,} | {mean:.2g} | "
-                     + " | ".join("–" if s is None else f"{s:.1%}" for s in shares) + f" | {hist} |")
+        lines.append(f"| {learner} ← {sender} | {cell['samples']:,} | {mean} | "
+                     + " | ".join("–" if s is None else f"{s:.1%}" for s in shares) + f" | {hist or '–'} |")
     return lines
 
 

@@ -16,7 +16,9 @@ the unit: a kind with two nodes counts the mean of its nodes within a seed.
 
 Reported beside it: kin − any (today's default fill) on the control seeds and any − alone, ID and
 OOD, with the pooled per-prompt McNemar counts; kin − alone on OOD; each kind's kin peers, their
-share, own groups and saved groups over rounds, per arm; what the guard did.
+share, own groups and saved groups over rounds, per arm; the KL by learner ← sender kind of the
+samples each learner trained on (its round-R peer book: samples, mean, share above 0.05 / 0.5 / 5,
+histogram), per arm; what the guard did.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from experiments.repro.analyze import load_all, total
 from experiments.repro.batches import H9_GEMMA, H9_SEEDS
 from experiments.repro.h6_decide import mcnemar, pairs, token_ratio
 from experiments.repro.h7_decide import guard_said, seed_table
-from experiments.repro.h8_decide import _cell, per_seed
+from experiments.repro.h8_decide import _cell, kl_lines, per_seed
 from experiments.repro.per_kind import t_quantile
 from ftis_edge.metrics.stats import mean_se
 
@@ -40,6 +42,7 @@ CPU_FOLD = 1.4               # own CPU-seconds alone ÷ kin, mean over the kind'
 CPU = "cpu/round_s"
 # (kind, nodes, its real saving is part of the claim)
 KINDS = (("SmolLM2 LoRA", (0, 1), True), ("full fine-tuning", (2,), False), ("Gemma 3 LoRA", H9_GEMMA, True))
+NODE_KINDS = {i: kind for kind, nodes, _ in KINDS for i in nodes}    # node index -> kind, for the KL table
 BLOCKS = ((1, 8), (9, 16), (17, 24), (25, 32))
 SLOT_KEYS = (("kin/peers", "kin peers"), ("kin/share", "kin share (lowest)"), ("groups/own", "own groups"),
              ("peers/saved_groups", "saved groups"))
@@ -184,6 +187,9 @@ def main() -> int:
     print(verdict_line(holds, n))
     for title, part in (("Beside the claim: each arm per kind (seed = unit, SE over seeds)", comparisons(recv)),
                         ("Kin slots over rounds (means over the kind's nodes and seeds)", slot_lines(recv)),
+                        ("KL by learner ← sender kind, arm kin (samples trained on, all seeds)",
+                         kl_lines(recv, "kin", NODE_KINDS)),
+                        ("KL by learner ← sender kind, arm any (control seeds)", kl_lines(recv, "any", NODE_KINDS)),
                         ("The guard", guard_lines(recv))):
         print(f"\n{title}\n" + "\n".join(part))
     return 0
