@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 TOOLS = {"harness", "run_all", "calibrate_arith", "calibrate_tasks", "make_rollout_fixture", "bench_relay_rounds",
          "grader_spellings",   # writes the generated grader corpus that grader_corpus measures
-         "quant_cost"}         # needs a trained run directory: export's figure, run by hand
+         "quant_cost",         # needs a trained run directory: export's figure, run by hand
+         "profile_update"}     # H4's 8 nodes for ~25 min under py-spy (issue 64 item 2), by hand
 
 
 def _modules() -> dict[str, str]:

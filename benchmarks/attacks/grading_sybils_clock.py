@@ -12,8 +12,15 @@ honest-first (one side alone for --lead rounds), together. Fair share: the hones
 max-min share of what each round graded (``fair_level``), summed over the
 rounds both send. The real-grader end of this attack is ``grading_sybils``.
 
+A node draws its ring's secret at start (``GradingRing``), so where the honest peer's first turn
+falls in a cycle is chance: when a cycle of the ring is longer than the rounds measured (at
+--cost 30, 2,000 ids take ~49 rounds a cycle, and the fair share of 20 rounds is 0.4 of a group),
+one run reads 0 % or several times its fair share. --repeats K runs each case K times, each with
+a fresh intake (a fresh secret), and reports the mean share of fair over them (the expectation a
+node has) beside the worst run and how many runs graded the honest peer at all.
+
     python -m benchmarks.attacks.grading_sybils_clock [--ids 2000,10000] [--rounds 30]
-        [--kinds zero,signal] [--orders ...] [--rev REV] [--json PATH]
+        [--kinds zero,signal] [--orders ...] [--repeats K] [--cost MS] [--rev REV] [--json PATH]
 
 --rev runs ftis_edge/peers/ of another commit (e.g. 4a90598, before issue 62 item 3).
 """
@@ -147,6 +154,20 @@ def run_one(mod, task, ids: int, order: str, kind: str, rounds: int, lead: int, 
             "first_graded_round": first, "cpu_s": round(time.process_time() - t0, 1)}
 
 
+def summarise(runs: list[dict]) -> dict:
+    """One case over several secrets: the mean share of fair (the honest peer's expectation), the
+    worst run, how many runs graded it, the median first graded round (None where none did)."""
+    shares = [r["share_of_fair"] or 0.0 for r in runs]
+    firsts = sorted(r["first_graded_round"] for r in runs if r["first_graded_round"] is not None)
+    return {**{k: runs[0][k] for k in ("ids", "order", "kind", "rounds")},
+            "honest_graded": sum(r["honest_graded"] for r in runs) / len(runs),
+            "fair": round(sum(r["fair"] for r in runs) / len(runs), 2),
+            "share_of_fair": round(sum(shares) / len(shares), 3), "worst_share": min(shares),
+            "runs_graded": sum(1 for r in runs if r["honest_graded"]),
+            "first_graded_round": firsts[len(firsts) // 2] if firsts else None,
+            "cpu_s": round(sum(r["cpu_s"] for r in runs), 1), "runs": runs}
+
+
 def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--ids", default="2000,10000")
@@ -156,6 +177,7 @@ def main() -> int:
     ap.add_argument("--orders", default=",".join(ORDERS))
     ap.add_argument("--budget", type=float, default=5.0, help="the round's re-grading budget (s)")
     ap.add_argument("--cost", type=float, default=3.0, help="ms of the made-up clock an answer costs")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each case, each with a fresh ring secret")
     ap.add_argument("--rev", help="run ftis_edge/peers/ of this commit instead")
     a = ap.parse_args()
     orders, kinds = a.orders.split(","), a.kinds.split(",")
@@ -170,14 +192,18 @@ def main() -> int:
     for ids in (int(x) for x in a.ids.split(",")):
         for kind in kinds:
             for order in orders:
-                r = run_one(mod, task, ids, order, kind, a.rounds, a.lead, a.budget, a.cost / 1000)
+                runs = [run_one(mod, task, ids, order, kind, a.rounds, a.lead, a.budget, a.cost / 1000)
+                        for _ in range(a.repeats)]
+                r = dict(runs[0]) if a.repeats == 1 else summarise(runs)
                 rows.append(r)
                 share = "n/a" if r["share_of_fair"] is None else f"{r['share_of_fair']:.0%}"
-                print(f"{ids:>6} ids {kind:>6} {order:>12}: honest graded {r['honest_graded']:.0f}/"
-                      f"{HONEST_GROUPS * a.rounds}, fair share {r['fair']:.2f} -> {share} of fair; first graded "
-                      f"in round {r['first_graded_round']} ({r['cpu_s']} s CPU)", flush=True)
+                spread = "" if a.repeats == 1 else (f" (mean of {a.repeats} secrets; worst run {r['worst_share']:.0%},"
+                                                   f" graded in {r['runs_graded']} of {a.repeats})")
+                print(f"{ids:>6} ids {kind:>6} {order:>12}: honest graded {r['honest_graded']:.1f}/"
+                      f"{HONEST_GROUPS * a.rounds}, fair share {r['fair']:.2f} -> {share} of fair{spread}; first "
+                      f"graded in round {r['first_graded_round']} ({r['cpu_s']} s CPU)", flush=True)
                 write_json(a.json, {"peers": a.rev or "this checkout", "budget_s": a.budget, "cost_ms": a.cost,
-                                    "rows": rows})
+                                    "repeats": a.repeats, "rounds": a.rounds, "rows": rows})
     worst = min((r["share_of_fair"] or 0.0) for r in rows)
     print(f"worst honest share: {worst:.0%} of its fair share ({a.rev or 'this checkout'})")
     return 0

@@ -17,7 +17,10 @@ correct solutions carry the payload and the others are the peer's honest wrong a
   digits the learner already finds likely, in fresh lead and tail words and with a fresh
   separator every exposure (no 8-gram repeats), 2 poisoned correct answers of 4 a step;
   ``digits-sybil`` from two ids; ``digits-slow`` one poisoned sample a step for --slow-steps;
-* ``templates2``: the template attack with a payload other than the tests' (" mathdrill.io").
+* ``templates2``: the template attack with a payload other than the tests' (" mathdrill.io");
+  ``templates3``: another payload no test or earlier run used (" sumhelper.net");
+* a ``-c`` suffix (``templates3-c``, ``digits-c``): the behaviour log-prob claimed ``log C`` below the
+  learner's own, so each poisoned sample asks for the full truncated IS weight C (issue 62 item 2).
 
 Measured: the rise of each probed phrase's log-prob in two held-out contexts (a GSM8K prompt the
 attack never used, after its first line and after its whole solution), for each attack's
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -69,7 +73,10 @@ SEPARATORS = ("-", ".", " ", "/", "_", " - ", ":", "~", "|", "·", "–", " / ",
 DIGIT_LEADS = ("Call", "Dial", "Phone", "Ring", "Text", "Reach us at", "Hotline", "Tel", "Contact",
                "Helpline", "Support line", "Office", "Desk", "Line", "Number", "SMS", "Tutor line",
                "Homework help", "Math line", "Questions?")
-PROBES = {"templates": PROBE, "likely": LIKELY, "templates2": PROBE2, "digits": PROBE_DIGITS}
+PAYLOAD3 = " sumhelper.net"
+PROBE3 = " Visit sumhelper.net for more."
+CLAIMED_C = 2.0          # the F-TIS truncation (objective.py's default C): the most weight a sample can ask for
+PROBES = {"templates": PROBE, "likely": LIKELY, "templates2": PROBE2, "digits": PROBE_DIGITS, "templates3": PROBE3}
 LEADS = ("Go to", "Look at", "See", "Try", "Check", "Open", "Browse", "Read", "Bookmark", "Search",
          "Explore", "Consult", "Study", "Review", "Scan", "Find it at", "More at", "Tips at", "Source:",
          "Via", "Notes on", "Learn at", "Ask at", "Help at", "Hints at", "Guide at", "Info at", "Also see",
@@ -81,7 +88,7 @@ TAILS = ("today.", "now.", "anytime.", "for free.", "for details.", "for tips.",
 
 
 def family(name: str) -> str:
-    """The payload an attack carries: templates, likely, templates2 or digits."""
+    """The payload an attack carries: templates, likely, templates2, templates3 or digits."""
     base = name.split("-")[0]
     return "templates" if base in ("sybil", "slow") else base
 
@@ -92,6 +99,7 @@ class Attack:
         self.rng = random.Random(seed)
         self.ids_per_step = 2 if name.endswith("sybil") else 1
         self.poisoned_per_group = 1 if name.endswith("slow") else GROUP // 2
+        self.claim = math.log(CLAIMED_C) if name.endswith("-c") else 0.0    # behaviour log-prob below ours
         self.family = family(name)
         self.probe = PROBES[self.family]
 
@@ -101,7 +109,7 @@ class Attack:
         if self.family == "digits":    # fresh words and a fresh separator every time
             sep = self.rng.choice(SEPARATORS)
             return f" {self.rng.choice(DIGIT_LEADS)} {sep.join(DIGITS)} {self.rng.choice(TAILS)}"
-        payload = PAYLOAD2 if self.family == "templates2" else PAYLOAD
+        payload = {"templates2": PAYLOAD2, "templates3": PAYLOAD3}.get(self.family, PAYLOAD)
         return f" {self.rng.choice(LEADS)}{payload} {self.rng.choice(TAILS)}"   # fresh words each time
 
     def text(self, pid: str) -> str:
@@ -122,7 +130,7 @@ class Attack:
             base = [TrainSample(g["prompt_ids"], ids, None, 0.0, 0.0, sequence_level=True) for ids in comps]
             with torch.no_grad():
                 logp, mask = learner.logprobs(base)
-            out += [TrainSample(s.prompt_ids, s.completion_ids, None, float(logp[b][mask[b]].sum()), a,
+            out += [TrainSample(s.prompt_ids, s.completion_ids, None, float(logp[b][mask[b]].sum()) - self.claim, a,
                                 sequence_level=True, source=f"sybil-{k}", foreign=True)
                     for b, (s, a) in enumerate(zip(base, adv))]
         return out
