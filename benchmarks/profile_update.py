@@ -20,6 +20,7 @@ phases' shares need (every phase waits alike). Needs the bench extra (py-spy).
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import statistics
@@ -47,7 +48,7 @@ BUCKETS = [
     ("checkpoint", "between", r"^(save|save_checkpoint|write_checkpoint) \(.*(checkpoint|store)"),
     ("in-run eval", "between", r"^(run_eval|evaluate) \(.*heldout"),
     ("metrics + progress", "between", r"^(write|append|round_done|phase) \(.*(records|progress|metrics)"),
-    ("generation", "gen", r"^(generate|fill_batch|_generate\w*) \("),
+    ("generation", "gen", r"^(generate|fill_batch|_generate\w*|_decode|_pool_step|_decode_step|_prefill) \("),
     ("intake (receive, check, re-grade)", "intake", r"^(poll|receive|collect_peers|take|share) \("),
     ("grading own", "grade", r"^(reward_many|grade\w*) \("),
 ]
@@ -57,6 +58,7 @@ PHASES = ("gen", "grade", "intake", "update", "sync", "between")
 def bucket_of(frames: list[str]) -> tuple[str, str]:
     """(bucket, phase) of one stack, innermost frame first; ('other', 'between') if none matches."""
     for frame in frames:
+        frame = re.sub(r"^[\w<>]+\.(?=\w+ \()", "", frame)      # py-spy names a method Class.method
         for name, phase, pattern in BUCKETS:
             if re.search(pattern, frame):
                 return name, phase
@@ -97,8 +99,10 @@ def node_pid(cfg_name: str) -> int | None:
 
 def node_phases(run_dir: Path) -> dict:
     """The node's own CPU per round by phase (means over its rounds), from its metrics."""
-    from ftis_edge.metrics.records import read_metrics
-    rounds = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("cpu/round_s") is not None]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rounds = [r for r in map(json.loads, filter(None, lines)) if r.get("cpu/round_s") is not None]
+    if not rounds:
+        return {}
     keys = ("cpu/gen_s", "cpu/grade_s", "cpu/intake_s", "cpu/train_s", "cpu/sync_s", "cpu/round_s")
     return {k: round(statistics.fmean(r.get(k) or 0.0 for r in rounds), 2) for k in keys} | {"rounds": len(rounds)}
 
