@@ -130,7 +130,9 @@ class TrainSection:
                                 "all of it at most 1/8 of a step's |advantage| x weight, none in a step without "
                                 "other signal, at most 1/2 of one step's per peer and 1 step's per kind over 20 "
                                 "steps (ftis_edge/learn/foreign_budget.py), and its IS weight capped at 1 (no judge "
-                                "checks it; issue 62 item 2)")
+                                "checks it; issue 62 item 2). Over 60 steps a payload in such text still ends "
+                                "1.1-1.4 nats above a run without it (docs/relay.md): turn other_tokenizer on only "
+                                "among peers you trust")
     mask_truncated_completions: bool = _opt(False, "completions cut at the length limit (own and peers') count "
                                             "in their group's advantages but are not trained on",
                                             trl="mask_truncated_completions")
