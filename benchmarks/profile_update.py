@@ -20,7 +20,6 @@ phases' shares need (every phase waits alike). Needs the bench extra (py-spy).
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import statistics
@@ -99,8 +98,8 @@ def node_pid(cfg_name: str) -> int | None:
 
 def node_phases(run_dir: Path) -> dict:
     """The node's own CPU per round by phase (means over its rounds), from its metrics."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    rounds = [r for r in map(json.loads, filter(None, lines)) if r.get("cpu/round_s") is not None]
+    from ftis_edge.metrics.records import read_metrics
+    rounds = [r for r in read_metrics(run_dir) if r.get("cpu/round_s") is not None]
     if not rounds:
         return {}
     keys = ("cpu/gen_s", "cpu/grade_s", "cpu/intake_s", "cpu/train_s", "cpu/sync_s", "cpu/round_s")
