@@ -67,3 +67,60 @@ def test_honest_generations_pass_the_ids_to_text_check(smol, generator):
     book = intake.book.snapshot()["peer"]
     assert book["rejected_by_reason"] == {} and book["accepted"] == n_groups, book
     assert all(seen.values()), seen                           # every edge case was really exercised
+
+
+def test_a_plain_format_twins_stopped_completions_pass_and_forged_ends_do_not():
+    """Gemma 3 270M is prompted in the plain format: its completions stop at the next ``\\nUser:``
+    turn, not at an EOS token (generate/stops.py). Its twin's honest groups must pass intake (H9's
+    pilot: every one was refused as bad_finish, so two Gemma nodes were never each other's kin);
+    a "stop" that no stop rule ends, or whose stop text came earlier, is still refused."""
+    from ftis_edge.generate.base import GeneratorOptions
+    from ftis_edge.generate.registry import create_generator
+    from ftis_edge.models.resolve import PLAIN_TURN_STOP, resolve_model
+    gemma = resolve_model("gemma3-270m")
+    task = get_task("arith", level=[1, 2])
+    prompts = [p for _, p in zip(range(4), task.prompts(seed=2))]
+    gen = create_generator("llamacpp", gemma, GeneratorOptions(precision="f16", threads=2, max_group=4))
+    try:
+        groups = [(p, gen.generate(gemma.encode(gemma.render_prompt(task.messages(p.question))), 4,
+                                   SamplerSettings(temperature=1.0, max_new_tokens=64, seed=i)))
+                  for i, p in enumerate(prompts)]
+    finally:
+        gen.close()
+    tok = gemma.tokenizer()
+
+    def intake(stop_texts):
+        return Intake(task=task, swarm="s", my_node_id="me", my_tokenizer_fp=gemma.tokenizer_fingerprint,
+                      vocab_size=gemma.vocab_size, book=PeerBook(), decode=ids_decoder(tok),
+                      stop_ids=gemma.eos_token_ids, stop_texts=stop_texts)
+
+    def rollout(p, comps):
+        wire = [WireCompletion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text, reward=0.0,
+                               finish_reason=c.finish_reason) for c in comps]
+        r = Rollout(node_id="twin", swarm="s", task="arith", prompt_id=p.id, completions=wire,
+                    vocab_size=gemma.vocab_size, model_fp=gemma.fingerprint,
+                    tokenizer_fp=gemma.tokenizer_fingerprint, temperature=1.0)
+        return Received(rollout=decode(encode(r)), sender="twin", nbytes=1)
+
+    by_text = [c for _, comps in groups for c in comps
+               if c.finish_reason == "stop" and c.text.endswith(PLAIN_TURN_STOP)]
+    assert len(by_text) >= 3, [c.finish_reason for _, comps in groups for c in comps]
+    honest = intake(gemma.stop_texts)
+    honest.receive([rollout(p, comps) for p, comps in groups], current_round=1)
+    book = honest.book.snapshot()["twin"]
+    assert book["rejected_by_reason"] == {} and book["accepted"] == len(groups), book
+    # without the stop text, as before the fix: the same groups are refused
+    blind = intake(())
+    blind.receive([rollout(p, comps) for p, comps in groups], current_round=1)
+    assert blind.book.snapshot()["twin"]["rejected_by_reason"].get("bad_finish", 0) >= 1
+
+    c = by_text[0]
+    cut = type(c)(**{**c.__dict__, "token_ids": c.token_ids[:-2], "logprobs": c.logprobs[:-2],
+                     "text": tok.decode(c.token_ids[:-2], skip_special_tokens=False,
+                                        clean_up_tokenization_spaces=False)})
+    more = c.token_ids + tok(" 7" + PLAIN_TURN_STOP, add_special_tokens=False).input_ids   # ran on past its stop
+    ran_on = type(c)(**{**c.__dict__, "token_ids": more, "logprobs": c.logprobs + [-1.0] * (len(more) - len(c.token_ids)),
+                        "text": tok.decode(more, skip_special_tokens=False, clean_up_tokenization_spaces=False)})
+    forged = intake(gemma.stop_texts)
+    forged.receive([rollout(prompts[0], [cut]), rollout(prompts[0], [ran_on])], current_round=1)
+    assert forged.book.snapshot()["twin"]["rejected_by_reason"] == {"bad_finish": 2}

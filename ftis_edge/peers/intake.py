@@ -75,26 +75,46 @@ def sampler_problem(r: Rollout) -> str | None:
 
 
 def token_text_problem(c: WireCompletion, decode: Callable[[Sequence[int]], str],
-                       stop_ids: frozenset) -> str | None:
+                       stop_ids: frozenset, stop_texts: Sequence[str] = ()) -> str | None:
     """Why a same-tokenizer completion's ids are not its text's tokens, or None.
 
-    A stop token is allowed only as the last id of a "stop" completion (both backends keep
-    it in the ids and leave it out of the text); everything else must decode to the text.
+    A "stop" completion ends in one of two ways, as our own generator ends it (generate/stops.py):
+    a stop token as its last id (both backends keep it in the ids and leave it out of the text),
+    or, for a model prompted in the plain format, a stop text (``\nUser:``) that its last token
+    completes for the first time (those tokens stay in the ids and in the text). A stop token
+    anywhere else ends generation, so it may not sit inside; everything must decode to the text.
     """
     ids = c.token_ids
     stops = np.isin(ids, np.fromiter(stop_ids, dtype=np.int64, count=len(stop_ids)))
+    by_text = False
     if c.finish_reason == "stop":
-        if not len(ids) or not stops[-1]:
+        if not len(ids):
             return "bad_finish"
-        ids, stops = ids[:-1], stops[:-1]
+        if stops[-1]:
+            ids, stops = ids[:-1], stops[:-1]
+        elif stop_texts:
+            by_text = True
+        else:
+            return "bad_finish"
     if stops.any():                      # generation ends at the first stop token
         return "bad_finish"
     try:
         if decode(ids.tolist()) != c.text:
             return "token_text_mismatch"
+        if by_text and not _first_stop_text_at_end(ids.tolist(), c.text, decode, stop_texts):
+            return "bad_finish"
     except Exception:  # noqa: BLE001 - whatever our tokenizer makes of these ids, not that text
         return "token_text_mismatch"
     return None
+
+
+def _first_stop_text_at_end(ids: list[int], text: str, decode, stop_texts: Sequence[str]) -> bool:
+    """The text holds a stop text and the text without the last token holds none: the stop rule
+    fired at the last token, not before (an earlier one would have ended the completion there)."""
+    if not any(t in text for t in stop_texts):
+        return False
+    before = decode(ids[:-1])
+    return not any(t in before for t in stop_texts)
 
 
 @dataclass
@@ -124,12 +144,14 @@ class Intake:
     """Turns received messages into PeerGroups, or rejections counted per peer.
 
     ``decode`` turns our token ids into text (``ids_decoder(tokenizer)``) and ``stop_ids``
-    are our end-of-generation ids: with them a same-tokenizer peer's ids are checked against
-    its text.
+    are our end-of-generation ids, ``stop_texts`` the texts that end a plain-format turn
+    (``ModelBundle.stop_texts``): with them a same-tokenizer peer's ids are checked against its
+    text and its end.
     """
 
     def __init__(self, *, task, swarm: str, my_node_id: str, my_tokenizer_fp: str, vocab_size: int,
                  book: PeerBook, decode: Callable[[Sequence[int]], str], stop_ids: Sequence[int],
+                 stop_texts: Sequence[str] = (),
                  rescore_budget_s: float = 5.0, max_staleness: int = 2, max_buffer: int = 256,
                  max_group_completions: int = MAX_GROUP_COMPLETIONS):
         self.task = task
@@ -140,6 +162,7 @@ class Intake:
         self.book = book
         self.decode = decode
         self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.stop_texts = tuple(t for t in stop_texts if t)
         self.rescore_budget_s = rescore_budget_s
         self.max_staleness = max_staleness
         self.max_buffer = max_buffer
@@ -184,7 +207,7 @@ class Intake:
             if len(c.token_ids) and int(max(c.token_ids)) >= self.vocab_size:
                 return "id_out_of_range"
         for c in r.completions:
-            reason = token_text_problem(c, self.decode, self.stop_ids)
+            reason = token_text_problem(c, self.decode, self.stop_ids, self.stop_texts)
             if reason:
                 return reason
         return None

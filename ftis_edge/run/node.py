@@ -135,6 +135,7 @@ class Node:
                           my_tokenizer_fp=p.bundle.tokenizer_fingerprint,
                           vocab_size=p.bundle.vocab_size, book=p.book,
                           decode=ids_decoder(p.bundle.tokenizer()), stop_ids=p.bundle.eos_token_ids,
+                          stop_texts=p.bundle.stop_texts,
                           rescore_budget_s=cfg.swarm.rescore_budget_s,
                           max_staleness=cfg.swarm.max_staleness,
                           max_group_completions=cfg.task.num_generations)   # no group larger than ours
