@@ -82,6 +82,7 @@ async def test_dashboard_says_training_diverges(tmp_path):
         await wait_for(pilot, lambda: app.query_one("#diverging", Static).has_class("hidden"))
 
 
+@pytest.mark.slow       # a real node/relay process end to end: CI's slow tier (README command < 20 min)
 @pytest.mark.model
 @pytest.mark.timeout(600)
 def test_a_node_at_a_wrecking_rate_says_so_in_its_log_and_records(tmp_path):

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ftis_edge.store import rundir
 from ftis_edge.metrics.records import read_metrics
 from ftis_edge.tui import DashboardApp
@@ -38,6 +40,7 @@ def test_resume_without_a_checkpoint_is_one_line_and_exit_2(tmp_path):
     assert r.returncode == 2 and "pick one" in r.stderr
 
 
+@pytest.mark.slow       # a real node/relay process end to end: CI's slow tier (README command < 20 min)
 def test_an_unexpected_crash_is_one_line_with_the_traceback_in_node_log(tmp_path):
     cfg = node_file(tmp_path)
     (tmp_path / "run" / "config.toml").mkdir(parents=True)     # the node cannot write its config

@@ -7,7 +7,7 @@ from ftis_edge.metrics.metric_keys import unregistered
 from ftis_edge.metrics.records import read_metrics
 from procs import finish, start_node, write_config
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]   # a real node end to end
 
 
 def test_a_node_trains_a_round_on_a_reasoning_gym_mix_and_tags_its_rollouts(tmp_path):

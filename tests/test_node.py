@@ -191,6 +191,7 @@ def test_a_node_that_does_not_share_learns_from_peers_and_publishes_nothing(tmp_
     assert "listener" not in said["peers"] and said["peers/groups_received"] == 0
 
 
+@pytest.mark.slow       # a real node/relay process end to end: CI's slow tier (README command < 20 min)
 def test_a_node_whose_relay_is_not_there_says_so_in_its_log_and_records(tmp_path):
     cfg = write_config(tmp_path, "lonely", node={"rounds": 1},
                        swarm={"relay": f"tcp://127.0.0.1:{free_port()}", "max_wait_s": 6.0})

@@ -146,6 +146,7 @@ def test_sigterm_stops_the_relay_idle_and_under_load(tmp_path):
     s.close(0)
 
 
+@pytest.mark.slow       # a real node/relay process end to end: CI's slow tier (README command < 20 min)
 def test_sigterm_stops_a_curve_relay_and_one_whose_log_pipe_is_full(tmp_path):
     server, allow = _keys(tmp_path, "alice")
     r = RelayProc("--keys", str(server), "--allow", str(allow))

@@ -33,6 +33,7 @@ async def test_the_relay_cell_follows_progress_not_the_round_record(tmp_path):
         await wait_on_screen(pilot, lambda: cell(app, "relay") == "ok 7ms")
 
 
+@pytest.mark.slow       # a real node/relay process end to end: CI's slow tier (README command < 20 min)
 @pytest.mark.model
 @pytest.mark.timeout(600)
 def test_a_real_node_says_the_relay_died_within_seconds_not_a_round(tmp_path, relay):

@@ -258,6 +258,7 @@ def test_merged_export_after_a_full_fine_tuning_step_agrees(smol, tmp_path):
 
 # ------------------------------------------------------------------ Gemma 3 (no permutation, norm +1)
 
+@pytest.mark.slow       # Gemma's adapter and merged-export round trip end to end: CI's slow tier
 @pytest.mark.model
 def test_gemma3_adapter_and_merged_export_round_trip(tmp_path):
     from ftis_edge.generate.llamacpp import LlamaCppGenerator
