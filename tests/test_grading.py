@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from ftis_edge.peers.book import PeerBook
-from ftis_edge.peers.grading import NEWCOMER_SHARE, GradingRing, GradingRound, Standing
+from ftis_edge.peers.grading import (FRONT_CROWD, NEWCOMER_SHARE, GradingRing, GradingRound, Standing,
+                                     newcomer_share)
 
 BUDGET, TIMEOUT = 5000.0, 500.0          # ms: the defaults (5 s a round, 0.5 s an answer)
 CHEAP = 3.0                              # ms an answer of a cheap group costs (math-verify on a number)
@@ -151,11 +152,12 @@ def fair_level(graded: int, ids: int, demand: int = 2) -> float:
     return graded / (ids + 1) if graded <= ids + 1 else float(graded - ids)
 
 
-def replay(ids: int, order: str, signal: bool, rounds: int, lead: int = 2, secret: bytes = b"replay"):
+def replay(ids: int, order: str, signal: bool, rounds: int, lead: int = 2, secret: bytes = b"replay",
+           cost: float = CHEAP):
     """(honest groups graded, its fair share) over ``rounds`` rounds in which both send, after
     ``lead`` rounds of one side alone (``order``: sybils-first, honest-first, together). Each
-    round every Sybil id sends one group of 4 cheap answers (``signal``: they carry signal, so a
-    graded Sybil looks as useful as the honest peer), the honest peer two, after the Sybils."""
+    round every Sybil id sends one group of 4 answers of ``cost`` ms each (``signal``: they carry
+    signal, so a graded Sybil looks as useful as the honest peer), the honest peer two, after the Sybils."""
     book, ring, clock = PeerBook(quarantine_after=3), GradingRing(secret), 0.0
     honest = fair = 0.0
     lead = 0 if order == "together" else lead
@@ -180,20 +182,20 @@ def replay(ids: int, order: str, signal: bool, rounds: int, lead: int = 2, secre
                 if now >= turn.until:
                     break
                 used += 1
-                if now + 4 * CHEAP > turn.until:     # cut short at the end of its slice: not graded
+                if now + 4 * cost > turn.until:      # cut short at the end of its slice: not graded
                     now = turn.until
                     break
-                now += 4 * CHEAP
+                now += 4 * cost
                 graded.add(k)
             if (p := book.peers.get(turn.sender)) is not None:
-                p.grade_s = CHEAP
-            turns.done(turn, now, used, CHEAP)
+                p.grade_s = cost
+            turns.done(turn, now, used, cost)
         for k, s in enumerate(msgs):               # re-score: accepted, or refused uncharged
             if k in graded:
                 if s not in book.peers:
                     clock += 1e-3
                     p = book.get(s)
-                    p.last_seen, p.grade_s = clock, CHEAP
+                    p.last_seen, p.grade_s = clock, cost
                 book.accept(s, signal or s == "alice")
             else:
                 book.reject(s, "no_grading_time", charged=False)
@@ -221,3 +223,24 @@ def test_an_honest_new_peer_gets_its_fair_share_among_10000_sybil_ids(order):
     honest, fair = replay(10_000, order, False, rounds=30)
     assert honest >= 0.9 * fair and honest > 0, (honest, fair)
 
+
+
+@pytest.mark.parametrize("secret", [b"one", b"two"])
+def test_a_crowd_of_booked_useful_sybils_does_not_starve_an_honest_new_peer(secret):
+    """Issue 62 item 3's last case: 2,000 Sybil ids whose groups carry signal arrive first, answers
+    costing 30 ms (41 groups a round): 512 of them stay booked as useful, the other ~1,500 are
+    evicted back into the newcomers, so with a fixed 20 % newcomers' share the honest new peer
+    waited a cycle of ~190 rounds (graded in 0 of 3 runs of 100 rounds). The share now follows the
+    newcomers' head count once the useful front is a crowd: a turn within ~50 rounds."""
+    honest, fair = replay(2_000, "sybils-first", True, rounds=60, secret=secret, cost=30.0)
+    assert honest >= 0.9 * fair and honest > 0, (honest, fair)
+
+
+def test_the_newcomers_share_grows_with_their_head_count_only_beside_a_crowd_of_known_peers():
+    assert newcomer_share(10_000, 0) == NEWCOMER_SHARE == newcomer_share(0, 512)
+    assert newcomer_share(10_000, 1) == NEWCOMER_SHARE               # one known peer keeps 80 %
+    assert newcomer_share(10_000, 10) == NEWCOMER_SHARE              # ... and ten (the test above)
+    assert newcomer_share(1_500, 512) == pytest.approx(1_500 / 2_012)  # a crowd: ids come round alike
+    shares = [newcomer_share(10_000, f) for f in range(0, 3 * FRONT_CROWD)]
+    assert all(b >= a - 1e-12 for a, b in zip(shares, shares[1:FRONT_CROWD]))   # no cliff on the way up
+    assert max(abs(b - a) for a, b in zip(shares, shares[1:])) < 0.05

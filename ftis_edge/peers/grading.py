@@ -2,7 +2,8 @@
 
 The reward of a peer's answers is recomputed locally within a total time budget a round, shared
 across senders one turn at a time. First never-graded ids (or ones the book evicted) until they
-have spent ``NEWCOMER_SHARE`` of the budget; then known peers whose groups carried signal; the
+have spent their share of the budget (``newcomer_share``: ``NEWCOMER_SHARE`` beside a few known
+useful peers, growing with the newcomers' head count once those are a crowd); then known peers whose groups carried signal; the
 other never-graded ids; known peers whose groups never did; and last those known to grade
 slowly or to make the grader overrun (``grading_class``). Within a class everyone's first turn
 before anyone's second, shorter answers by bucket, then the ring (``grading_key``,
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 EXPENSIVE = 0.25      # of the per-answer timeout: a sender whose answers took this long on average
 NEWCOMER_SHARE = 0.2   # of the round's budget: what never-graded ids may spend ahead of known useful peers
+FRONT_CROWD = 64       # known useful ids waiting: from this many on they are a crowd, not a few trusted peers
 GROUP_SLICE = 0.2      # of the round's budget: the most one rollout's slice is stretched to
 SIZE_BUCKET = 8        # answer characters: shorter answers first only between buckets (cheap
 #                        answers all look alike; the bucket keeps slow long ones behind them)
@@ -50,10 +52,25 @@ def grading_tier(grade_s: float | None, timeout_s: float, slow: bool) -> int:
     return 0 if grade_s < EXPENSIVE * timeout_s else 2
 
 
+def newcomer_share(new_ids: int, front_ids: int) -> float:
+    """The budget's share never-graded ids may spend first, given how many of them and how many
+    known useful ids wait this round. A few known useful peers keep the rest (the newcomers get
+    ``NEWCOMER_SHARE``); a crowd of them (``FRONT_CROWD`` and more: Sybil ids that sent a few
+    useful groups, the book keeping 512 of them and evicting the rest back into the newcomers)
+    is no more trusted than the newcomers, so the share grows towards the newcomers' head count
+    and each waiting id, known or new, comes round about as often (issue 62 item 3: an honest
+    new peer among 2,000 such ids was graded in 0 of 3 runs of 100 rounds). Smooth in both
+    counts, so no id count is a cliff."""
+    if new_ids <= 0:
+        return NEWCOMER_SHARE
+    crowd = min(1.0, front_ids / FRONT_CROWD)
+    return max(NEWCOMER_SHARE, crowd * new_ids / (new_ids + front_ids))
+
+
 def grading_class(standing: Standing, timeout_s: float, newcomers_may: bool) -> int:
     """Where a sender's next rollout stands in the round's grading (lower first): first a
-    never-graded id while the round's newcomers have spent less than ``NEWCOMER_SHARE`` of the
-    budget (``newcomers_may``); then a fast peer whose recent groups carried signal; other
+    never-graded id while the round's newcomers have spent less than their share of the
+    budget (``newcomer_share``; ``newcomers_may``); then a fast peer whose recent groups carried signal; other
     never-graded ids; a fast peer whose groups never did; one whose answers grade slowly; one
     that made the grader overrun. So a crowd of new ids cannot push known useful peers out (it
     has its share), and a crowd of known ids cannot keep a new one out (the share comes first)."""
@@ -161,6 +178,7 @@ class GradingRound:
         self.budget_s, self.timeout_s, self.ring = budget_s, timeout_s, ring
         self.deadline = now + budget_s
         self.newcomer_spent = 0.0
+        self.waiting = {"new": 0, "front": 0}   # senders added, by standing (``newcomer_share``)
         self.turned: list[str] = []      # senders in the order their turns came
         self._senders: dict[str, _Sender] = {}
         self._heap: list[tuple] = []
@@ -171,15 +189,25 @@ class GradingRound:
         """A sender's waiting rollouts (``items``, with ``answers`` answers each), all at once."""
         if sender in self._senders or len(items) != len(answers) or not items:
             raise ValueError(f"GradingRound.add: {sender!r} twice, or items and answers differ")
-        robin = (standing.group(self.timeout_s), size_bucket(size))
+        group = standing.group(self.timeout_s)
+        robin = (group, size_bucket(size))
+        if group == 1:
+            self.waiting["new"] += 1
+        elif group == 4:
+            self.waiting["front"] += 1
         s = _Sender(dataclasses.replace(standing), list(items), list(answers), size, robin,
                     self.ring.distance(sender, robin))
         self._senders[sender] = s
         heapq.heappush(self._heap, self._key(sender, s))
 
     def _key(self, sender: str, s: _Sender) -> tuple:
-        cls = grading_class(s.standing, self.timeout_s, self.newcomer_spent < NEWCOMER_SHARE * self.budget_s)
+        cls = grading_class(s.standing, self.timeout_s, self.newcomer_spent < self.newcomer_budget_s)
         return grading_key(sender, cls, s.turns, s.size, s.distance)
+
+    @property
+    def newcomer_budget_s(self) -> float:
+        """What never-graded ids may spend first this round (``newcomer_share`` of the budget)."""
+        return newcomer_share(self.waiting["new"], self.waiting["front"]) * self.budget_s
 
     def next(self, now: float) -> Turn | None:
         while self._heap and now < self.deadline:
