@@ -1,0 +1,136 @@
+"""Hints (issue 66, a pilot; off by default): a peer's verified right answer, cut to its first
+half, as the start of this node's own turn on a prompt where its own group carried no signal.
+The node then finishes the turn itself and would train on its own continuation with its own
+log-probs, in the hinted context; an eval never sees a hint. Text and outcomes cross tokenizers
+where token log-probs do not (H6, H7: a Gemma node's held-out accuracy followed its own tokens).
+
+This module is the pure part: which prompts get a hint, from which answer, and what the hint
+says. Nothing here generates, trains or keeps time.
+
+**The prefix rule, written down before any measurement (2026-12-07):**
+
+1. Only an answer this node graded right itself (``PeerGroup.rewards``: the intake re-grades
+   every peer answer) on a prompt where none of its own answers was right (no signal, and a
+   group that was all right needs no hint).
+2. The hint is the reasoning before ``<answer>``: the first ``HINT_FRACTION`` of its characters,
+   cut back to a word boundary, before ``</think>``, at most ``MAX_HINT_CHARS``. A leading
+   ``<think>`` stays (the turn opens as the node's own turns do).
+3. The reference answer must not be in it: the hint is cut before the first place the
+   reference appears as a number or word of its own, so a one-step solution (``4 × 5 = 20``)
+   leaves only the restated question, which is refused by 4.
+4. Fewer than ``MIN_HINT_WORDS`` words beyond the question's own: no hint (it would tell
+   nothing the question does not).
+5. Among a prompt's right answers, the shortest whose hint passes; ties by sender, then text.
+
+**A hint is a peer's text, judged as one** (``hint_refusal``) before it reaches a prompt: no
+control or bidi characters, no link or domain, no turn markup (end-of-turn tokens, ``User:``,
+``<answer>``), no markup of the prompt format. What the node then writes is its own text with
+its own log-probs, but text a peer steered; the round is to judge those samples as peer text
+(the plausibility filter), not as own ones.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..common.turns import END_MARKERS
+
+HINT_FRACTION = 0.5      # of the reasoning's characters: BREAD's partial traces, the answer left out
+MAX_HINT_CHARS = 400     # a hint is a start, not a solution to copy
+MIN_HINT_WORDS = 2       # words beyond the question's own: fewer tells nothing new
+RIGHT = 1.0              # reward of a well-formed right answer (rewards.reward_value; partial credit is not right)
+
+_LINK = re.compile(r"://|www\.|[A-Za-z0-9-]\.[A-Za-z]{2,}")
+_TURN = re.compile(r"(?im)^\s*(user|assistant|system)\s*:|<\|?/?(answer|im_start|im_end|start_of_turn)")
+_WORDS = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class Hint:
+    prompt_id: str
+    text: str          # what opens the node's turn
+    peer: str          # the sender of the answer it was cut from
+
+
+def hint_refusal(text: str) -> str | None:
+    """Why a hint may not reach a prompt (None when it may): it is a peer's text."""
+    if any(unicodedata.category(ch)[0] == "C" and ch not in "\n\t" for ch in text):
+        return "control characters"
+    if _LINK.search(text):
+        return "a link"
+    if any(m in text for m in END_MARKERS) or _TURN.search(text):
+        return "turn markup"
+    return None
+
+
+def _reasoning(text: str) -> str | None:
+    """The part of a completion before its answer, without the closing ``</think>``."""
+    cut = text.find("<answer>")
+    if cut < 0:
+        return None
+    body = text[:cut]
+    end = body.find("</think>")
+    return body if end < 0 else body[:end]
+
+
+def _mentions(text: str, reference: str) -> int:
+    """Where ``reference`` first appears as a token of its own (not inside a longer number or
+    word), or -1."""
+    ref = reference.strip()
+    if not ref:
+        return -1
+    m = re.search(r"(?<![\w.])" + re.escape(ref) + r"(?![\w]|\.\d)", text)
+    return -1 if m is None else m.start()
+
+
+def hint_prefix(text: str, reference: str, question: str = "") -> str | None:
+    """The hint cut from a right answer's ``text`` by the rule above, or None."""
+    reasoning = _reasoning(text)
+    if reasoning is None:
+        return None
+    opening = "<think>" if reasoning.lstrip().startswith("<think>") else ""
+    body = reasoning.lstrip()[len(opening):]
+    limit = min(int(len(body) * HINT_FRACTION), MAX_HINT_CHARS)
+    leak = _mentions(body, reference)
+    if leak >= 0:
+        limit = min(limit, leak)
+    prefix = body[:limit]
+    if limit < len(body) and not body[limit].isspace() and prefix and not prefix[-1].isspace():
+        whole = re.match(r"(?s)(.*\s)\S*$", prefix)          # the words that ended before the cut
+        prefix = whole.group(1) if whole else ""
+    prefix = prefix.rstrip()
+    asked = {w.lower() for w in _WORDS.findall(question)}
+    new_words = [w for w in _WORDS.findall(prefix) if w.lower() not in asked]
+    if len(new_words) < MIN_HINT_WORDS:
+        return None
+    hint = opening + prefix
+    return None if hint_refusal(hint) else hint
+
+
+def choose_hints(own: Iterable[tuple[object, Sequence[float]]], peers: Iterable) -> dict[str, Hint]:
+    """Hints for this round's prompts: ``own`` gives (prompt, rewards) of each own group (a prompt
+    has ``id``, ``question``, ``reference``); ``peers`` are ``PeerGroup``s graded here. A prompt
+    with a right own answer gets none; one without gets the hint of the shortest right answer a
+    peer sent on it (rule 5), if any passes."""
+    wanted = {}
+    for prompt, rewards in own:
+        if not any(r >= RIGHT for r in rewards):      # all wrong: no signal, and nothing to find alone
+            wanted[str(prompt.id)] = prompt
+    found: dict[str, tuple] = {}
+    for g in peers:
+        pid = str(g.rollout.prompt_id)
+        prompt = wanted.get(pid)
+        if prompt is None:
+            continue
+        for c, r in zip(g.rollout.completions, g.rewards):
+            if r < RIGHT:
+                continue
+            hint = hint_prefix(c.text, str(prompt.reference), prompt.question)
+            if hint is None:
+                continue
+            key = (len(c.text), str(g.rollout.node_id), c.text)
+            if pid not in found or key < found[pid][0]:
+                found[pid] = (key, Hint(pid, hint, str(g.rollout.node_id)))
+    return {pid: h for pid, (_, h) in found.items()}
