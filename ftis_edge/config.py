@@ -225,6 +225,13 @@ class SwarmSection:
                               "outcomes (prefer prompts peers of any model answered where your group is likelier "
                               "to carry signal, ftis_edge/peers/outcomes.py; vertical swarms; H7 tested it only together with "
                               "fill_by_worth, and neither became the default)", choices=("stream", "outcomes"))
+    hints: bool = _opt(False, "a pilot (issue 66): on a prompt where none of your own answers was right and a "
+                       "peer's answer on it was graded right here, generate a second group with the first half "
+                       "of that answer's reasoning opening your turn (the answer cut out; ftis_edge/peers/hints.py) "
+                       "and train on it instead if it carries signal: your own tokens and log-probs, in the "
+                       "hinted context; evals never see a hint. Works across tokenizers (it is text). Needs "
+                       "prompts your peers also answer: with prompt_choice = \"stream\" nodes rarely share one. "
+                       "Off until a pilot shows a lift (docs/results.md)")
     delivery_budget: int = _opt(0, "peer groups the relay sends this node per 10 s (0 = max_peer_groups, -1 = all)", lo=-1)
     share: bool = _opt(True, "publish own rollouts to the swarm (false = learn from peers, share nothing)")
     rescore_budget_s: float = _opt(5.0, "total time to re-grade one round's peer completions", lo=0.1)
@@ -386,6 +393,9 @@ def _cross_checks(cfg: Config) -> None:
     if cfg.swarm.fill == "kin" and cfg.mode != "alone" and (cfg.mode != "vertical" or not cfg.swarm.own_groups):
         raise ConfigError("swarm.fill = \"kin\" decides which peers fill own slots: it needs batch fill "
                           "(collaboration = \"vertical\" and swarm.own_groups >= 1)")
+    if cfg.swarm.hints and cfg.mode == "horizontal":
+        raise ConfigError("swarm.hints: a hinted group is this node's alone, and horizontal nodes split each group; "
+                          "use collaboration = \"vertical\"")
     if cfg.swarm.own_groups > cfg.task.prompts_per_round:
         raise ConfigError(f"swarm.own_groups: at most task.prompts_per_round ({cfg.task.prompts_per_round}) "
                           f"own groups a round; got {cfg.swarm.own_groups}")

@@ -258,6 +258,14 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("prompts/from_outcomes", "own prompts this round chosen from peers' outcomes (swarm.prompt_choice)", ROUND),
         _m("prompts/predicted_signal", "their mean predicted chance of carrying a signal", ROUND),
     ],
+    "Hints (swarm.hints, a pilot; ftis_edge/peers/hints.py)": [
+        _m("hints/tried", "own groups with no right answer that got a second, hinted group (a peer's right answer, "
+           "its reasoning's first half opening your turn)", ROUND),
+        _m("hints/used", "hinted groups that carried signal and were trained in place of the unhinted one", ROUND),
+        _m("hints/reward", "mean reward of the hinted completions (None without any)", ROUND),
+        _m("hints/tokens", "tokens generated in hinted groups (also in gen/tokens: they are own generation)", ROUND),
+        _m("hints/known", "prompts the hint book holds a hint for (bounded)", ROUND),
+    ],
     "Time": [
         _m("time/gen_s", "generation and grading of own groups", ROUND),
         _m("time/peer_wait_s", "waiting for peers' groups", ROUND),

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -109,28 +110,79 @@ def hint_prefix(text: str, reference: str, question: str = "") -> str | None:
     return None if hint_refusal(hint) else hint
 
 
+def open_turn(rendered: str, hint: str) -> str:
+    """The rendered prompt with ``hint`` opening the model's turn: after a chat template's
+    generation prompt as it stands, after the plain format's ``Assistant:`` with the space the
+    model writes there itself."""
+    return rendered + (" " if rendered.endswith(":") else "") + hint
+
+
 def choose_hints(own: Iterable[tuple[object, Sequence[float]]], peers: Iterable) -> dict[str, Hint]:
     """Hints for this round's prompts: ``own`` gives (prompt, rewards) of each own group (a prompt
     has ``id``, ``question``, ``reference``); ``peers`` are ``PeerGroup``s graded here. A prompt
     with a right own answer gets none; one without gets the hint of the shortest right answer a
     peer sent on it (rule 5), if any passes."""
-    wanted = {}
+    book = HintBook()
+    book.remember(peers)
+    out = {}
     for prompt, rewards in own:
         if not any(r >= RIGHT for r in rewards):      # all wrong: no signal, and nothing to find alone
-            wanted[str(prompt.id)] = prompt
-    found: dict[str, tuple] = {}
-    for g in peers:
-        pid = str(g.rollout.prompt_id)
-        prompt = wanted.get(pid)
-        if prompt is None:
-            continue
-        for c, r in zip(g.rollout.completions, g.rewards):
-            if r < RIGHT:
-                continue
-            hint = hint_prefix(c.text, str(prompt.reference), prompt.question)
-            if hint is None:
-                continue
-            key = (len(c.text), str(g.rollout.node_id), c.text)
-            if pid not in found or key < found[pid][0]:
-                found[pid] = (key, Hint(pid, hint, str(g.rollout.node_id)))
-    return {pid: h for pid, (_, h) in found.items()}
+            hint = book.hint_for(prompt)
+            if hint is not None:
+                out[str(prompt.id)] = hint
+    return out
+
+
+MAX_PROMPTS = 1024       # prompts a HintBook remembers a hint for (least recently added forgotten first)
+
+
+class HintBook:
+    """Run-long, bounded: the best hint (rule 5) seen for each prompt, from the peer groups intake
+    accepted (graded here). ``remember`` once per arrival, ``hint_for`` when an own group on that
+    prompt had no right answer. A hint is kept only once it passed ``hint_prefix`` and
+    ``hint_refusal``; quarantined peers' groups never reach it (intake drops them first)."""
+
+    def __init__(self, max_prompts: int = MAX_PROMPTS):
+        self.max_prompts = max_prompts
+        self._best: OrderedDict[str, tuple[tuple, Hint]] = OrderedDict()
+
+    def remember(self, groups: Iterable) -> None:
+        for g in groups:
+            prompt = g.prompt
+            pid = str(prompt.id)
+            for c, r in zip(g.rollout.completions, g.rewards):
+                if r < RIGHT:
+                    continue
+                hint = hint_prefix(c.text, str(prompt.reference), prompt.question)
+                if hint is None:
+                    continue
+                key = (len(c.text), str(g.rollout.node_id), c.text)
+                if pid not in self._best or key < self._best[pid][0]:
+                    self._best[pid] = (key, Hint(pid, hint, str(g.rollout.node_id)))
+                    self._best.move_to_end(pid)
+        while len(self._best) > self.max_prompts:
+            self._best.popitem(last=False)
+
+    def hint_for(self, prompt) -> Hint | None:
+        found = self._best.get(str(prompt.id))
+        return None if found is None else found[1]
+
+    def __len__(self) -> int:
+        return len(self._best)
+
+    # --- checkpoint -------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"hints": [[h.prompt_id, h.text, h.peer, list(key[:2])] for key, h in self._best.values()]}
+
+    def load_state(self, state: dict | None) -> None:
+        """Restore what ``state`` wrote; each hint is judged again (a checkpoint is disk, not trust)."""
+        if not state:
+            return
+        try:
+            rows = [(str(pid), str(text), str(peer), int(key[0]), str(key[1])) for pid, text, peer, key in state["hints"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"hint book in the checkpoint does not read: {e!r}") from None
+        self._best = OrderedDict()
+        for pid, text, peer, length, sender in rows[-self.max_prompts:]:
+            if hint_refusal(text) is None:
+                self._best[pid] = ((length, sender, text), Hint(pid, text, peer))

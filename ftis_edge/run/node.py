@@ -142,7 +142,7 @@ class Node:
         if cfg.mode != "alone":
             p.swarm = swarm_parts.connect(cfg, self.node_id, p.task.tags)
             swarm_parts.watch_relay(p.swarm, self.progress, self._relay_watch)
-            for name, book in swarm_parts.books(cfg, p.task).items():      # worth, kin, outcomes, budget
+            for name, book in swarm_parts.books(cfg, p.task).items():      # worth, kin, outcomes, budget, hints
                 setattr(p, name, book)
             # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
             log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
@@ -197,7 +197,8 @@ class Node:
         """The run-long books a checkpoint keeps, by their key in it: written and restored from this
         one table (a new book: its line here and its construction in build)."""
         p = self.parts
-        books = {"guard": p.guard, "worth": p.worth, "kin": p.kin, "outcomes": p.outcomes, "budget": p.budget}
+        books = {"guard": p.guard, "worth": p.worth, "kin": p.kin, "outcomes": p.outcomes, "budget": p.budget,
+                 "hints": p.hints}
         return {key: book for key, book in books.items() if book is not None}
 
     def _restore_books(self, state: dict) -> None:

@@ -42,9 +42,10 @@ from .guard import ALONE
 from ..peers.intake import PeerGroup
 from ..learn.learner import LearnerOOM
 from ..peers.outcomes import OutcomeBook
+from ..peers.hints import RIGHT, HintBook, open_turn
 from ..peers.kin import MAX_MEASURED, KinBook
 from ..peers.plausibility import FOREIGN_SAMPLE_WEIGHT, PlausibilityConfig
-from ..rollout.samples import OWN
+from ..rollout.samples import OWN, carries_signal
 from ..rollout.wire import Rollout, WireCompletion, encode
 from ..peers.worth import KINDS, WorthBook, describe, peer_kind
 
@@ -197,6 +198,7 @@ class Parts:
     outcomes: OutcomeBook | None = None     # swarm.prompt_choice = "outcomes": peers' outcomes (run-long)
     kin: KinBook | None = None              # swarm.fill = "kin": which peers may fill own slots (run-long)
     budget: ForeignBudget | None = None     # train.other_tokenizer + foreign_budget: what such text moves (run-long)
+    hints: HintBook | None = None           # swarm.hints: peers' right answers, cut to hints (run-long)
 
 
 class Round:
@@ -242,11 +244,16 @@ class Round:
                 ids = {g.group_id for g in own} if cfg.mode == "horizontal" else None
                 peers, peer_stats = self.collect_peers(ids, cfg.swarm.max_peer_groups)
                 record.update(peer_stats)
+        trained_own = own               # what the step trains: hinted groups in place (swarm.hints)
+        if p.hints is not None:
+            trained_own, hinted, hint_s, hint_tokens = self.hinted(own)
+            gen_s, tokens = gen_s + hint_s, tokens + hint_tokens
+            record.update(hinted)
         record.update(gen_stats(own, gen_s, tokens))
         if p.swarm is not None and cfg.swarm.share:
             record["wire/bytes_per_token_out"] = self.wire_out.per_token()
         record["groups/topped_up"] = topped_up
-        batch = build_batch(own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
+        batch = build_batch(trained_own, peers, mode=cfg.mode, scale=cfg.train.advantage_scale,
                             local=p.local_tokenizer, rules=p.sample_rules)
         samples = self.bounded(batch.samples)
         t0 = time.time()
@@ -362,6 +369,43 @@ class Round:
                 g.breakdowns.append(b)
                 k += 1
         return groups, gen_s, tokens
+
+    def hinted(self, own: list[OwnGroup]) -> tuple[list[OwnGroup], dict, float, int]:
+        """swarm.hints (issue 66): an own group with no right answer whose prompt has a peer's hint
+        gets a second group, generated with the hint opening the turn (already published: the
+        hinted group never is), graded on hint + completion; it replaces the unhinted group in the
+        step when it carries signal. The node trains its own tokens with their own log-probs in the
+        hinted context. Rewards, books and records keep the unhinted group (what the node does
+        alone); seconds and tokens count both. Returns (groups to train, record, seconds, tokens)."""
+        p, cfg = self.parts, self.cfg
+        out, tried, used, hint_rewards, tokens, t0 = [], 0, 0, [], 0, time.time()
+        for i, g in enumerate(own):
+            hint = None if any(r >= RIGHT for r in g.rewards) else p.hints.hint_for(g.prompt)
+            if hint is None:
+                out.append(g)
+                continue
+            rendered = p.bundle.render_prompt(p.task.messages(g.prompt.question))
+            prompt_ids = p.bundle.encode(open_turn(rendered, hint.text))
+            sampler = SamplerSettings(temperature=cfg.task.temperature, top_k=cfg.task.top_k, top_p=cfg.task.top_p,
+                                      max_new_tokens=cfg.task.max_completion_length,
+                                      seed=derive_seed(cfg.node.seed, p.node_id, self.number, i, "hint"))
+            with self.cpu.measure("gen"):
+                comps = p.generator.generate(prompt_ids, cfg.task.num_generations, sampler)
+            tokens += sum(len(c.token_ids) for c in comps)
+            with self.cpu.measure("grade"):
+                graded = p.task.reward_many([hint.text + c.text for c in comps], [g.prompt.reference] * len(comps))
+            rewards = [float(v) for v, _ in graded]
+            tried += 1
+            hint_rewards += rewards
+            if carries_signal(rewards):
+                used += 1
+                out.append(OwnGroup(prompt=g.prompt, prompt_ids=list(prompt_ids), completions=comps, rewards=rewards,
+                                    breakdowns=[b for _, b in graded], group_id=f"{g.group_id}:hint"))
+            else:
+                out.append(g)
+        record = {"hints/tried": tried, "hints/used": used, "hints/tokens": tokens, "hints/known": len(p.hints),
+                  "hints/reward": statistics.fmean(hint_rewards) if hint_rewards else None}
+        return out, record, (time.time() - t0) if tried else 0.0, tokens
 
     def train(self, samples) -> dict:
         """One F-TIS step; out of memory halves the micro-batch and retries (counted)."""
@@ -537,6 +581,8 @@ class Round:
             kind = peer_kind(g.same_tokenizer, g.rollout.model_fp, p.bundle.fingerprint)
             self.kind_of[g.rollout.node_id] = kind
             self.seen.append((kind, list(g.rewards), g.rollout.node_id))
+            if p.hints is not None:
+                p.hints.remember([g])
             if p.outcomes is not None:
                 p.outcomes.add_peer(self.number, g.prompt, kind, g.rewards, peer=g.rollout.node_id)
 

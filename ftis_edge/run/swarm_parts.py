@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 from ..learn.foreign_budget import ForeignBudget
+from ..peers.hints import HintBook
 from ..peers.kin import KinBook
 from ..peers.outcomes import OutcomeBook
 from ..peers.swarm import ClientKeys, SwarmClient
@@ -30,14 +31,15 @@ def connect(cfg, node_id: str, tags) -> SwarmClient:
 def books(cfg, task) -> dict:
     """The books this config asks for, by their Parts field: worth (swarm.fill_by_worth), kin
     (swarm.fill = "kin"), outcomes (swarm.prompt_choice = "outcomes"), the budget on another
-    tokenizer's text (train.other_tokenizer and train.foreign_budget)."""
+    tokenizer's text (train.other_tokenizer and train.foreign_budget), hints (swarm.hints)."""
     s, t = cfg.swarm, cfg.train
     return {"worth": WorthBook(window=s.worth_window, threshold=s.worth_threshold,
                                other_bound=other_tokenizer_bound(cfg)) if s.fill_by_worth else None,
             "kin": KinBook(window=s.worth_window, share_min=s.kin_share,
                            capability_min=s.kin_capability) if s.fill == "kin" else None,
             "outcomes": OutcomeBook(prompt_of=task.get) if s.prompt_choice == "outcomes" else None,
-            "budget": ForeignBudget() if t.other_tokenizer and t.foreign_budget else None}
+            "budget": ForeignBudget() if t.other_tokenizer and t.foreign_budget else None,
+            "hints": HintBook() if s.hints else None}
 
 
 def watch_relay(swarm, progress, stop: threading.Event, every_s: float = 1.0) -> None:
