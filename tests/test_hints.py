@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ftis_edge.peers.hints import MAX_HINT_CHARS, choose_hints, hint_prefix, hint_refusal
+from ftis_edge.peers.hints import MAX_HINT_CHARS, HintBook, hint_prefix, hint_refusal
 from ftis_edge.peers.intake import PeerGroup
 from ftis_edge.rollout.wire import Rollout, WireCompletion
 from ftis_edge.tasks import get_task
@@ -81,9 +81,13 @@ def test_only_prompts_without_signal_get_a_hint_from_a_right_answer_graded_here(
              _group("p3", b, [right(b)], [1.0]),                        # b had signal of its own
              _group("p4", c, [right(c)], [1.0]),
              _group("p5", a, [right(a)[:-3]], [0.1])]                   # not right (shaped credit)
-    hints = choose_hints(own, peers)
+    book = HintBook()
+    book.remember(peers)
+    hints = {str(p.id): h for p, rewards in own if (h := book.for_group(p, rewards)) is not None}
     assert set(hints) == {str(a.id)}
     h = hints[str(a.id)]
     assert h.peer == "p1" and right(a).startswith(h.text) and str(a.reference) not in h.text.split()
     # a prompt whose peers sent only wrong answers gets none
-    assert choose_hints([(a, [0.0] * 4)], [_group("p1", a, [wrong], [0.0])]) == {}
+    wrong_only = HintBook()
+    wrong_only.remember([_group("p1", a, [wrong], [0.0])])
+    assert wrong_only.for_group(a, [0.0] * 4) is None

@@ -1,10 +1,10 @@
 """Hints (issue 66, a pilot; off by default): a peer's verified right answer, cut to its first
-half, as the start of this node's own turn on a prompt where its own group carried no signal.
-The node then finishes the turn itself and would train on its own continuation with its own
-log-probs, in the hinted context; an eval never sees a hint. Text and outcomes cross tokenizers
+half, as the start of this node's own turn on a prompt where none of its own answers was right.
+The node then finishes the turn itself and trains on its own continuation with its own log-probs,
+in the hinted context (``Round.hinted``); an eval never sees a hint. Text and outcomes cross tokenizers
 where token log-probs do not (H6, H7: a Gemma node's held-out accuracy followed its own tokens).
 
-This module is the pure part: which prompts get a hint, from which answer, and what the hint
+This module is the pure part: which own groups get a hint, from which answer, and what the hint
 says. Nothing here generates, trains or keeps time.
 
 **The prefix rule, written down before any measurement (2026-12-07):**
@@ -20,13 +20,13 @@ says. Nothing here generates, trains or keeps time.
    leaves only the restated question, which is refused by 4.
 4. Fewer than ``MIN_HINT_WORDS`` words beyond the question's own: no hint (it would tell
    nothing the question does not).
-5. Among a prompt's right answers, the shortest whose hint passes; ties by sender, then text.
+5. Among a prompt's right answers, the shortest whose hint passes; ties by sender, then hint.
 
 **A hint is a peer's text, judged as one** (``hint_refusal``) before it reaches a prompt: no
-control or bidi characters, no link or domain, no turn markup (end-of-turn tokens, ``User:``,
-``<answer>``), no markup of the prompt format. What the node then writes is its own text with
-its own log-probs, but text a peer steered; the round is to judge those samples as peer text
-(the plausibility filter), not as own ones.
+control or bidi characters, no link or domain (the reward rule's ``LINK``), no turn markup
+(end-of-turn tokens, ``User:``, ``<answer>``). What the node then writes is its own text with
+its own log-probs, trained as own samples: text a peer steered, which the plausibility filter
+(it judges peer samples) does not see.
 """
 from __future__ import annotations
 
@@ -37,13 +37,13 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from ..common.turns import END_MARKERS
+from ..tasks.rewards import LINK
 
 HINT_FRACTION = 0.5      # of the reasoning's characters: BREAD's partial traces, the answer left out
 MAX_HINT_CHARS = 400     # a hint is a start, not a solution to copy
 MIN_HINT_WORDS = 2       # words beyond the question's own: fewer tells nothing new
 RIGHT = 1.0              # reward of a well-formed right answer (rewards.reward_value; partial credit is not right)
 
-_LINK = re.compile(r"://|www\.|[A-Za-z0-9-]\.[A-Za-z]{2,}")
 _TURN = re.compile(r"(?im)^\s*(user|assistant|system)\s*:|<\|?/?(answer|im_start|im_end|start_of_turn)")
 _WORDS = re.compile(r"[^\W_]+", re.UNICODE)
 
@@ -59,7 +59,7 @@ def hint_refusal(text: str) -> str | None:
     """Why a hint may not reach a prompt (None when it may): it is a peer's text."""
     if any(unicodedata.category(ch)[0] == "C" and ch not in "\n\t" for ch in text):
         return "control characters"
-    if _LINK.search(text):
+    if LINK.search(text):
         return "a link"
     if any(m in text for m in END_MARKERS) or _TURN.search(text):
         return "turn markup"
@@ -117,29 +117,12 @@ def open_turn(rendered: str, hint: str) -> str:
     return rendered + (" " if rendered.endswith(":") else "") + hint
 
 
-def choose_hints(own: Iterable[tuple[object, Sequence[float]]], peers: Iterable) -> dict[str, Hint]:
-    """Hints for this round's prompts: ``own`` gives (prompt, rewards) of each own group (a prompt
-    has ``id``, ``question``, ``reference``); ``peers`` are ``PeerGroup``s graded here. A prompt
-    with a right own answer gets none; one without gets the hint of the shortest right answer a
-    peer sent on it (rule 5), if any passes."""
-    book = HintBook()
-    book.remember(peers)
-    out = {}
-    for prompt, rewards in own:
-        if not any(r >= RIGHT for r in rewards):      # all wrong: no signal, and nothing to find alone
-            hint = book.hint_for(prompt)
-            if hint is not None:
-                out[str(prompt.id)] = hint
-    return out
-
-
 MAX_PROMPTS = 1024       # prompts a HintBook remembers a hint for (least recently added forgotten first)
 
 
 class HintBook:
     """Run-long, bounded: the best hint (rule 5) seen for each prompt, from the peer groups intake
-    accepted (graded here). ``remember`` once per arrival, ``hint_for`` when an own group on that
-    prompt had no right answer. A hint is kept only once it passed ``hint_prefix`` and
+    accepted (graded here). ``remember`` once per arrival, ``for_group`` for each own group (rule 1). A hint is kept only once it passed ``hint_prefix`` and
     ``hint_refusal``; quarantined peers' groups never reach it (intake drops them first)."""
 
     def __init__(self, max_prompts: int = MAX_PROMPTS):
@@ -156,9 +139,10 @@ class HintBook:
                 hint = hint_prefix(c.text, str(prompt.reference), prompt.question)
                 if hint is None:
                     continue
-                key = (len(c.text), str(g.rollout.node_id), c.text)
+                peer = str(g.rollout.node_id)
+                key = (len(c.text), peer, hint)
                 if pid not in self._best or key < self._best[pid][0]:
-                    self._best[pid] = (key, Hint(pid, hint, str(g.rollout.node_id)))
+                    self._best[pid] = (key, Hint(pid, hint, peer))
                     self._best.move_to_end(pid)
         while len(self._best) > self.max_prompts:
             self._best.popitem(last=False)
@@ -167,22 +151,27 @@ class HintBook:
         found = self._best.get(str(prompt.id))
         return None if found is None else found[1]
 
+    def for_group(self, prompt, rewards: Sequence[float]) -> Hint | None:
+        """The hint for an own group on ``prompt`` with these rewards: none when one of its
+        answers was right (rule 1: a right answer of its own needs no hint)."""
+        return None if any(r >= RIGHT for r in rewards) else self.hint_for(prompt)
+
     def __len__(self) -> int:
         return len(self._best)
 
     # --- checkpoint -------------------------------------------------------------------------
     def state(self) -> dict:
-        return {"hints": [[h.prompt_id, h.text, h.peer, list(key[:2])] for key, h in self._best.values()]}
+        return {"hints": [[h.prompt_id, h.text, h.peer, key[0]] for key, h in self._best.values()]}
 
     def load_state(self, state: dict | None) -> None:
         """Restore what ``state`` wrote; each hint is judged again (a checkpoint is disk, not trust)."""
         if not state:
             return
         try:
-            rows = [(str(pid), str(text), str(peer), int(key[0]), str(key[1])) for pid, text, peer, key in state["hints"]]
+            rows = [(str(pid), str(text), str(peer), int(length)) for pid, text, peer, length in state["hints"]]
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"hint book in the checkpoint does not read: {e!r}") from None
         self._best = OrderedDict()
-        for pid, text, peer, length, sender in rows[-self.max_prompts:]:
+        for pid, text, peer, length in rows[-self.max_prompts:]:
             if hint_refusal(text) is None:
-                self._best[pid] = ((length, sender, text), Hint(pid, text, peer))
+                self._best[pid] = ((length, peer, text), Hint(pid, text, peer))

@@ -42,7 +42,7 @@ from .guard import ALONE
 from ..peers.intake import PeerGroup
 from ..learn.learner import LearnerOOM
 from ..peers.outcomes import OutcomeBook
-from ..peers.hints import RIGHT, HintBook, open_turn
+from ..peers.hints import HintBook, open_turn
 from ..peers.kin import MAX_MEASURED, KinBook
 from ..peers.plausibility import FOREIGN_SAMPLE_WEIGHT, PlausibilityConfig
 from ..rollout.samples import OWN, carries_signal
@@ -378,11 +378,10 @@ class Round:
         hinted context. Rewards, books and records keep the unhinted group (what the node does
         alone); seconds and tokens count both. Returns (groups to train, record, seconds, tokens)."""
         p, cfg = self.parts, self.cfg
-        out, tried, used, hint_rewards, tokens, t0 = [], 0, 0, [], 0, time.time()
+        tries, tokens, t0 = [], 0, time.time()          # (index in own, hint, prompt ids, completions)
         for i, g in enumerate(own):
-            hint = None if any(r >= RIGHT for r in g.rewards) else p.hints.hint_for(g.prompt)
+            hint = p.hints.for_group(g.prompt, g.rewards)
             if hint is None:
-                out.append(g)
                 continue
             rendered = p.bundle.render_prompt(p.task.messages(g.prompt.question))
             prompt_ids = p.bundle.encode(open_turn(rendered, hint.text))
@@ -392,20 +391,24 @@ class Round:
             with self.cpu.measure("gen"):
                 comps = p.generator.generate(prompt_ids, cfg.task.num_generations, sampler)
             tokens += sum(len(c.token_ids) for c in comps)
-            with self.cpu.measure("grade"):
-                graded = p.task.reward_many([hint.text + c.text for c in comps], [g.prompt.reference] * len(comps))
-            rewards = [float(v) for v, _ in graded]
-            tried += 1
+            tries.append((i, hint, prompt_ids, comps))
+        # grade every hinted completion in one call, as generate() grades the own ones
+        texts = [hint.text + c.text for _, hint, _, comps in tries for c in comps]
+        refs = [own[i].prompt.reference for i, _, _, comps in tries for _ in comps]
+        with self.cpu.measure("grade"):
+            graded = p.task.reward_many(texts, refs) if texts else []
+        out, used, hint_rewards, k = list(own), 0, [], 0
+        for i, _, prompt_ids, comps in tries:
+            part, k = graded[k:k + len(comps)], k + len(comps)
+            rewards = [float(v) for v, _ in part]
             hint_rewards += rewards
             if carries_signal(rewards):
                 used += 1
-                out.append(OwnGroup(prompt=g.prompt, prompt_ids=list(prompt_ids), completions=comps, rewards=rewards,
-                                    breakdowns=[b for _, b in graded], group_id=f"{g.group_id}:hint"))
-            else:
-                out.append(g)
-        record = {"hints/tried": tried, "hints/used": used, "hints/tokens": tokens, "hints/known": len(p.hints),
+                out[i] = OwnGroup(prompt=own[i].prompt, prompt_ids=list(prompt_ids), completions=comps, rewards=rewards,
+                                  breakdowns=[b for _, b in part], group_id=f"{own[i].group_id}:hint")
+        record = {"hints/tried": len(tries), "hints/used": used, "hints/tokens": tokens, "hints/known": len(p.hints),
                   "hints/reward": statistics.fmean(hint_rewards) if hint_rewards else None}
-        return out, record, (time.time() - t0) if tried else 0.0, tokens
+        return out, record, (time.time() - t0) if tries else 0.0, tokens
 
     def train(self, samples) -> dict:
         """One F-TIS step; out of memory halves the micro-batch and retries (counted)."""

@@ -132,13 +132,13 @@ def _exponents(answer: str):
 # answer, not a carrier for text (math-verify finds "40" in "40 Visit evil.example", so the
 # phrase would be rewarded as correct and reinforced).
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
-_LINK = re.compile(r"://|www\.|[A-Za-z0-9-]\.[A-Za-z]{2,}")
+LINK = re.compile(r"://|www\.|[A-Za-z0-9-]\.[A-Za-z]{2,}")
 
 
 def bare_answer_refusal(answer: str, reference: str) -> str | None:
     """Why a math answer is not a bare answer (None when it is): more words than its reference
     plus one (a unit: "18 dollars"), or a link or domain its reference does not have."""
-    if _LINK.search(answer) and not _LINK.search(reference):
+    if LINK.search(answer) and not LINK.search(reference):
         return "a link in the answer"
     if len(_WORD.findall(answer)) > len(_WORD.findall(reference)) + 1:
         return "words around the answer"
