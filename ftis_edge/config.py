@@ -132,7 +132,14 @@ class TrainSection:
                                 "steps (ftis_edge/learn/foreign_budget.py), and its IS weight capped at 1 (no judge "
                                 "checks it; issue 62 item 2). Over 60 steps a payload in such text still ends "
                                 "1.1-1.4 nats above a run without it (docs/relay.md): turn other_tokenizer on only "
-                                "among peers you trust")
+                                "among peers you trust, and name them in other_tokenizer_peers")
+    other_tokenizer_peers: list = _list_opt([], "with other_tokenizer on: train another tokenizer's text only from "
+                                            "these node ids (a friend's Gemma node; empty = from any peer). No "
+                                            "budget tells a drip from an honest peer of the same pull, so who may "
+                                            "reach this path is the bound that holds against a crowd of ids: on a "
+                                            "CURVE relay a node id is bound to its key; on an open relay ids are "
+                                            "claims (docs/relay.md, Identity). Others' such text is skipped as "
+                                            "with other_tokenizer off")
     mask_truncated_completions: bool = _opt(False, "completions cut at the length limit (own and peers') count "
                                             "in their group's advantages but are not trained on",
                                             trl="mask_truncated_completions")
@@ -385,6 +392,11 @@ def from_dict(data: dict) -> Config:
 
 
 def _cross_checks(cfg: Config) -> None:
+    if cfg.train.other_tokenizer_peers and not cfg.train.other_tokenizer:
+        raise ConfigError("train.other_tokenizer_peers names the peers whose other-tokenizer text trains, but "
+                          "train.other_tokenizer is off (nothing of it trains); turn it on or drop the list")
+    if any(not str(n).strip() for n in cfg.train.other_tokenizer_peers):
+        raise ConfigError("train.other_tokenizer_peers: node ids, none of them empty")
     if cfg.swarm.collaboration == "horizontal" and cfg.swarm.relay and cfg.task.num_generations % 2:
         raise ConfigError("task.num_generations: horizontal mode splits each group across nodes; use an even size")
     if cfg.swarm.prompt_choice == "outcomes" and cfg.mode == "horizontal":

@@ -143,3 +143,51 @@ def test_on_the_real_learner_a_drip_without_own_signal_leaves_the_weights_untouc
         after = learner.trainable_state()
         moved = any(not torch.equal(before[k], after[k]) for k in before)
         assert moved != budgeted and st["skipped"] == float(budgeted), (budgeted, st.get("skipped"))
+
+
+# --- train.other_tokenizer_peers: who may reach this path at all ----------------------------------
+
+def test_only_the_named_peers_other_tokenizer_text_trains(tmp_path):
+    """No budget tells a drip from an honest peer of the same pull (docs/relay.md), so the opt-in
+    path can be narrowed to named peers: a stranger's (or a crowd's) such text fills no slot and
+    is not trained, counted as skipped; the friend's trains, under the budget."""
+    from ftis_edge.run.rounds import sample_rules_of
+    kinds = (("friend", "other-tok", "gemma"), ("stranger", "other-tok", "gemma"))
+    cfg = make_cfg(RELAY, swarm={"own_groups": 0, "max_wait_s": 0.0},
+                   train={"other_tokenizer": True, "other_tokenizer_peers": ["friend"]})
+    parts = make_parts(tmp_path, cfg, swarm=Swarm(arrivals=[peer_groups(kinds)]))
+    parts.sample_rules = sample_rules_of(parts.bundle, cfg.train)          # as Node.build makes them
+    rec = Round(parts, 1).run()
+    sources = {s.source for s in parts.learner.batches[0]}
+    assert "friend" in sources and "stranger" not in sources
+    assert rec["peers/skipped_other_tokenizer"] == 1 and rec["peers/groups_used"] == 1
+    assert parts.budget is not None and set(parts.budget.spent()[0]) <= {"friend"}
+    # the same arrivals with no names: both train (the path as it was)
+    open_cfg = make_cfg(RELAY, swarm={"own_groups": 0, "max_wait_s": 0.0}, train={"other_tokenizer": True})
+    both = make_parts(tmp_path, open_cfg, swarm=Swarm(arrivals=[peer_groups(kinds)]))
+    Round(both, 1).run()
+    assert {"friend", "stranger"} <= {s.source for s in both.learner.batches[0]}
+
+
+def test_the_batch_skips_another_tokenizers_text_from_a_peer_not_named():
+    from ftis_edge.learn.batch import SampleRules
+    rules = SampleRules(other_tokenizer=True, other_tokenizer_peers=frozenset({"friend"}))
+    assert rules.trains_other("friend") and not rules.trains_other("friend-2") and not rules.trains_other("")
+    assert SampleRules(other_tokenizer=True).trains_other("anyone")
+    assert not SampleRules(other_tokenizer=False, other_tokenizer_peers=frozenset({"friend"})).trains_other("friend")
+
+
+def test_naming_peers_without_the_path_on_is_a_clear_error_and_an_open_relay_is_said():
+    from ftis_edge import config
+    from ftis_edge.run.swarm_parts import trust_note
+    with pytest.raises(config.ConfigError, match="other_tokenizer is off"):
+        config.from_dict({"train": {"other_tokenizer_peers": ["friend"]}})
+    with pytest.raises(config.ConfigError, match="none of them empty"):
+        config.from_dict({"train": {"other_tokenizer": True, "other_tokenizer_peers": [" "]}})
+    with pytest.raises(config.ConfigError, match="list"):
+        config.from_dict({"train": {"other_tokenizer": True, "other_tokenizer_peers": "friend"}})
+    relay = {"relay": "tcp://127.0.0.1:1"}
+    assert trust_note(config.from_dict({"swarm": relay})) is None                   # the default: off
+    assert "from any peer" in trust_note(config.from_dict({"swarm": relay, "train": {"other_tokenizer": True}}))
+    named = config.from_dict({"swarm": relay, "train": {"other_tokenizer": True, "other_tokenizer_peers": ["friend"]}})
+    assert "a claim anyone can make" in trust_note(named)

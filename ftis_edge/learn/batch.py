@@ -120,12 +120,17 @@ class SampleRules:
     foreign_success_floor: float = 1.0    # peer weight = clamp(success_peer / success_own, floor, 1); 1 = off
     mask_truncated_completions: bool = False   # any sample cut at its length limit: weight 0
     other_tokenizer: bool = True          # train another tokenizer's text (a node: train.other_tokenizer, off)
+    other_tokenizer_peers: frozenset = frozenset()   # ... only from these node ids (empty: any peer)
 
     def __post_init__(self):
         if self.foreign_length_rule not in LENGTH_RULES:
             raise ValueError(f"foreign_length_rule must be one of {LENGTH_RULES}, got {self.foreign_length_rule!r}")
         if not 0.0 <= self.foreign_success_floor <= 1.0:
             raise ValueError(f"foreign_success_floor must lie in [0, 1], got {self.foreign_success_floor!r}")
+
+    def trains_other(self, node_id: str) -> bool:
+        """Whether another tokenizer's text from peer ``node_id`` trains here."""
+        return self.other_tokenizer and (not self.other_tokenizer_peers or node_id in self.other_tokenizer_peers)
 
     def is_foreign(self, p) -> bool:
         """Another model generated peer group ``p``: another tokenizer, or another base-weights fingerprint."""
@@ -220,7 +225,7 @@ def peer_samples(p, adv: Sequence[float], local: LocalTokenizer, rules: SampleRu
         return []
     if same_tokenizer and not p.same_tokenizer and batch is not None:
         batch.false_tokenizer_claims += 1
-    if not same_tokenizer and not rules.other_tokenizer:
+    if not same_tokenizer and not rules.trains_other(node):
         # graded, counted and relayed, not trained: H6/H7 found another tokenizer's text worth
         # nothing measurable to a node, and it is the one route no judge checks (docs/config.md)
         if batch is not None:

@@ -85,7 +85,8 @@ SECTIONS: dict[str, list[Metric]] = {
         _m("peers/refused_untokenizable", "peer samples refused because our tokenizer failed on their text (a group whose "
            "tokenizer claim could not be checked is refused whole)", ROUND),
         _m("peers/skipped_other_tokenizer", "peer groups of another tokenizer graded and counted but not trained "
-           "(`train.other_tokenizer` off, the default): they took no slot", ROUND),
+           "(`train.other_tokenizer` off, the default, or a peer not named in `train.other_tokenizer_peers`): "
+           "they took no slot", ROUND),
         _m("peers/success_weight", "mean weight of another model's samples from their peer's success relative "
            "to ours (`train.foreign_success_floor`; 1 = full weight; null when none)", ROUND),
     ],

@@ -144,6 +144,9 @@ class Node:
             swarm_parts.watch_relay(p.swarm, self.progress, self._relay_watch)
             for name, book in swarm_parts.books(cfg, p.task).items():      # worth, kin, outcomes, budget, hints
                 setattr(p, name, book)
+            trust = swarm_parts.trust_note(cfg)
+            if trust:
+                log.warning("%s", trust)
             # not "joined": the client says (and keeps saying) when the relay is unreachable or refuses us
             log.info("connecting to swarm '%s' via %s (%s)", cfg.swarm.name, cfg.swarm.relay, cfg.mode)
         self.metrics = MetricsWriter(self.run_dir)

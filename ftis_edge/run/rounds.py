@@ -121,7 +121,8 @@ def sample_rules_of(bundle, train) -> SampleRules:
     return SampleRules(model_fp=bundle.fingerprint, foreign_length_rule=train.foreign_length_rule,
                        foreign_success_floor=train.foreign_success_floor,
                        mask_truncated_completions=train.mask_truncated_completions,
-                       other_tokenizer=train.other_tokenizer)
+                       other_tokenizer=train.other_tokenizer,
+                       other_tokenizer_peers=frozenset(train.other_tokenizer_peers))
 
 
 def fill_slots(cfg: Config, swarm, kin: KinBook | None = None) -> int | None:
@@ -532,8 +533,10 @@ class Round:
         if p.guard is not None:       # the guard's current level
             gates.append(("guard", lambda g: KEEP if p.guard.level == 0 or p.guard.admits(
                 g.rollout.tokenizer_fp, g.rollout.model_fp, g.rollout.node_id) else DROP))
-        if not p.sample_rules.other_tokenizer:       # train.other_tokenizer off: fills no slot, not trained
-            gates.append(("other_tokenizer", lambda g: KEEP if g.same_tokenizer else DROP))
+        rules = p.sample_rules
+        if not rules.other_tokenizer or rules.other_tokenizer_peers:     # off, or only from named peers:
+            gates.append(("other_tokenizer",            # the rest fills no slot and is not trained
+                          lambda g: KEEP if g.same_tokenizer or rules.trains_other(g.rollout.node_id) else DROP))
         if p.worth is not None:
             gates.append(("worth", self.worth_verdict()))
         if p.kin is not None and self.cfg.swarm.fill == "kin":

@@ -42,6 +42,22 @@ def books(cfg, task) -> dict:
             "hints": HintBook() if s.hints else None}
 
 
+def trust_note(cfg) -> str | None:
+    """What train.other_tokenizer asks the user to know, once at start: on an open relay the node
+    ids it names are claims, and with no names every peer's such text trains (docs/relay.md)."""
+    t = cfg.train
+    if not t.other_tokenizer:
+        return None
+    if not t.other_tokenizer_peers:
+        return ("train.other_tokenizer: another tokenizer's text trains from any peer, and no judge checks it "
+                "(bounded by train.foreign_budget, not closed: docs/relay.md); name the peers you trust in "
+                "train.other_tokenizer_peers")
+    if not cfg.swarm.server_key:
+        return (f"train.other_tokenizer_peers names {len(t.other_tokenizer_peers)} node id(s), but this relay "
+                "has no CURVE keys: there a node id is a claim anyone can make (docs/relay.md, Identity)")
+    return None
+
+
 def watch_relay(swarm, progress, stop: threading.Event, every_s: float = 1.0) -> None:
     """The relay's health into progress.json within a second of a change, from a thread (until
     ``stop`` is set): a round (and its record) can take minutes, the dashboard's relay cell must not."""
