@@ -122,8 +122,9 @@ MAX_PROMPTS = 1024       # prompts a HintBook remembers a hint for (least recent
 
 class HintBook:
     """Run-long, bounded: the best hint (rule 5) seen for each prompt, from the peer groups intake
-    accepted (graded here). ``remember`` once per arrival, ``for_group`` for each own group (rule 1). A hint is kept only once it passed ``hint_prefix`` and
-    ``hint_refusal``; quarantined peers' groups never reach it (intake drops them first)."""
+    accepted (graded here). ``remember`` once per arrival, ``for_group`` for each own group (rule
+    1). A hint is kept only once it passed ``hint_prefix`` and ``hint_refusal``; quarantined
+    peers' groups never reach it (intake drops them first)."""
 
     def __init__(self, max_prompts: int = MAX_PROMPTS):
         self.max_prompts = max_prompts
