@@ -81,6 +81,9 @@ def test_a_crowd_of_ids_shares_the_kind_budget_and_new_ids_buy_nothing():
         total += sum(s[p] * g[0] for p, g in grads.items())
     assert float(total @ drip) <= 1.0 * (1 + 60 / 100) + 1e-6
     assert len(b.sums) <= b.max_peers                  # memory: tracked ids are capped
+    small = ForeignDirection(max_bytes=3 * 4 * DIM)    # room for three sums of this size
+    run(small, {f"p{k}": (lambda t, k=k: unit(k) * 0.01) for k in range(6)}, 2)
+    assert len(small.sums) == 3 and small.tracked() == 3
 
 
 def test_no_rest_of_the_step_means_no_room_and_a_skipped_step_books_nothing():

@@ -21,8 +21,10 @@ Whatever the payload's direction u, its share <u, D_p> is at most |D_p|: a bound
 not on the weight. A sum already over its bound (after a restore) may shrink, never grow.
 
 Memory: one vector of the trainable parameters per tracked peer and one for the kind (a LoRA
-adapter: a few MB each). At most ``max_peers`` peers are tracked; a new one evicts the smallest
-sum (the kind's sum still holds it). Gradients are handed in by ``Learner.compute_gradients``
+adapter: ~4 MB each), and during a step one gradient per such peer in it (at most the slots the
+swarm fills). At most ``max_peers`` peers are tracked, and no more than ``max_bytes`` of sums (a
+fully fine-tuned 135M model: one peer); a new one evicts the smallest sum (the kind's sum still
+holds it). Gradients are handed in by ``Learner.compute_gradients``
 (``apart=``), which runs each such peer's samples in micro-batches of their own; ``decide``
 returns the scales and ``commit`` books them once the optimiser step is taken.
 """
@@ -40,6 +42,7 @@ DEFAULT_HORIZON = 100          # steps: the decay gamma = 1 - 1/horizon
 DEFAULT_PEER_BUDGET = 0.5      # |D_p| in units of the step's own gradient norm (set in docs/relay.md)
 DEFAULT_KIND_BUDGET = 1.0
 DEFAULT_MAX_PEERS = 8
+DEFAULT_MAX_BYTES = 256 * 2**20
 
 
 def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -69,6 +72,7 @@ class ForeignDirection:
     peer_budget: float = DEFAULT_PEER_BUDGET
     kind_budget: float = DEFAULT_KIND_BUDGET
     max_peers: int = DEFAULT_MAX_PEERS
+    max_bytes: int = DEFAULT_MAX_BYTES
     sums: dict = field(default_factory=dict)       # peer -> D_p (flat, fp32)
     kind: torch.Tensor | None = None               # K
     ref: float = 0.0                               # the decayed sum of the rest's gradient norms ...
@@ -132,8 +136,13 @@ class ForeignDirection:
             if pend["scale"][p] > 0 or p in self.sums:
                 self.sums[p] = self.sums.get(p, torch.zeros_like(v)) + pend["scale"][p] * v
         self.kind = pend["total"] if self.kind is None else self.kind * gam + pend["total"]
-        while len(self.sums) > self.max_peers:     # evict the smallest sum: the kind's still holds it
+        while len(self.sums) > self.tracked():     # evict the smallest sum: the kind's still holds it
             del self.sums[min(self.sums, key=lambda p: float(self.sums[p].norm()))]
+
+    def tracked(self) -> int:
+        """How many peers' sums are kept: ``max_peers``, fewer where they would pass ``max_bytes``."""
+        size = 4 * (self.kind.numel() if self.kind is not None else 0)
+        return max(1, min(self.max_peers, self.max_bytes // size if size else self.max_peers))
 
     def discard(self) -> None:
         """The step was skipped: nothing moved."""
