@@ -2,10 +2,11 @@
 the bounds on what such text moves (issue 62 item 2: ``train.other_tokenizer`` opted in).
 
 The honest text is real Gemma 3 270M text on the task the nodes train (arith), from H9 seed 0's
-committed evals (docs/runs/h9/h9/s0/*/eval-*.json.gz): peer A answers ID prompts (levels 1-2) as
-node 3's three arms (kin, any, alone) answered them, peer B OOD prompts (level 3) as node 4's did;
-a group is one prompt's three answers, rewarded by the eval's grading, and only groups with signal
-are sent (a group without one trains nothing). Each answer differs from its group-mates and every
+committed evals (docs/runs/h9/h9/s0/*/eval-id.json.gz): peer A answers prompts as node 3's three
+arms (kin, any, alone) answered them, from the first, peer B as node 4's did, from the 80th (5 of
+B's first 60 prompts are among A's, asked at other steps); a group is one prompt's three answers, rewarded by the
+eval's grading, and only groups with signal are sent (a group without one trains nothing): 164 and
+133 of them, so 60 steps ask 60 new questions of each. Each answer differs from its group-mates and every
 step asks a new question, as an honest peer's groups do. Each step the receiver trains on an own
 group of 4 (real SmolLM2 rollouts, as ``attacks.poison_foreign``) and one group from each peer,
 re-tokenized and claimed foreign, through the node's own path: ``ForeignBudget`` on the batch, the
@@ -39,12 +40,12 @@ from ftis_edge.learn.objective import group_advantages
 from ftis_edge.peers.plausibility import PlausibilityConfig
 
 RUNS = ROOT / "docs" / "runs" / "h9" / "h9" / "s0"
-PEERS = {"gemma-a": ("3", "id"), "gemma-b": ("4", "ood")}      # node and eval set each peer speaks for
+PEERS = {"gemma-a": ("3", 0), "gemma-b": ("4", 80)}      # the node each peer speaks for, its first group
 ARMS = ("kin", "any", "alone")
 STOP = "\n\nUser:"
 
 
-def honest_groups(node: str, which: str) -> list[dict]:
+def honest_groups(node: str, which: str = "id") -> list[dict]:
     """One prompt's answers by node NODE's three arms, in prompt order, only those with signal."""
     evals = [json.load(gzip.open(RUNS / f"{arm}-{node}" / f"eval-{which}.json.gz", "rt")) for arm in ARMS]
     by_id = [{it["id"]: it for it in e["items"]} for e in evals]
@@ -61,7 +62,7 @@ class Stream:
     def __init__(self, setup: Setup):
         from ftis_edge.tasks.registry import get_task
         self.setup, self.task = setup, get_task("arith")
-        self.groups = {p: honest_groups(*spec) for p, spec in PEERS.items()}
+        self.groups = {p: honest_groups(node)[first:] + honest_groups(node)[:first] for p, (node, first) in PEERS.items()}
 
     def peer_group(self, learner: Learner, peer: str, step: int) -> list[TrainSample]:
         g = self.groups[peer][step % len(self.groups[peer])]
