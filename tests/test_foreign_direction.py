@@ -92,6 +92,8 @@ def test_no_rest_of_the_step_means_no_room_and_a_skipped_step_books_nothing():
     assert s == {"p": 0.0}
     b.discard()
     assert b.sums == {} and b.kind is None and b.ref_weight == 0.0
+    run(b, {"p": lambda t: unit(t) * 0.01}, 3)              # with a history of room ...
+    assert b.decide([torch.zeros(DIM)], {"p": [unit(9)]}) == {"p": 0.0}     # ... still none without a rest
 
 
 def test_the_reference_is_the_own_gradient_so_a_peer_cannot_raise_its_own_budget():

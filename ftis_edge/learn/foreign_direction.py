@@ -104,7 +104,8 @@ class ForeignDirection:
         rest_v = flat(rest)
         if self.kind is not None and self.kind.numel() != rest_v.numel():    # another model: start over
             self.sums, self.kind = {}, None
-        R = self.reference(float(rest_v.norm()))
+        # no rest of the step (nothing this node checks): no room, whatever the history
+        R = self.reference(float(rest_v.norm())) if float(rest_v.norm()) > 0 else 0.0
         gam = self.gamma
         zeros = torch.zeros_like(rest_v)
         vec = {p: flat(g) for p, g in grads.items()}

@@ -367,7 +367,10 @@ class Learner:
         held = {i for idx in peers.values() for i in idx}
         rest = [i for i in range(N) if i not in held]
         chunks = self._plan(samples, judge, rest)
+        apart_chunks = {peer: self._plan(samples, False, idx) for peer, idx in peers.items()}
+        total = len(chunks) + sum(len(c) for c in apart_chunks.values())
         run = _GradientRun(N, plausible if judge else None, level_override, objective_kwargs)
+        run.total = total
         uses = Counter(prompt_key(samples[i].prompt_ids) for i in rest)
         live: dict[tuple[int, ...], PromptPass] = {}   # prompts whose samples are not all done yet
 
@@ -377,11 +380,11 @@ class Learner:
                 for idx in chunks:
                     self._micro_batch(samples, idx, run, live, uses, backward=not no_signal)
                     if self.on_micro_batch is not None:
-                        self.on_micro_batch(len(run.parts), len(chunks))
+                        self.on_micro_batch(len(run.parts), total)
                     for key in [k for k, p in live.items() if p.remaining == 0]:
                         live.pop(key).finish()   # the prompt's gradient: the sum over its samples
                 if peers:
-                    self._bounded_peers(samples, peers, run, apart)
+                    self._bounded_peers(samples, apart_chunks, run, apart)
         except Exception as err:  # noqa: BLE001 - re-raised typed when it is an OOM
             live.clear()
             self.optimizer.zero_grad(set_to_none=True)
@@ -390,7 +393,7 @@ class Learner:
                     torch.cuda.empty_cache()
                 raise LearnerOOM(self.micro_batch, err) from err
             raise
-        return self._step_stats(run, normalize, len(chunks), no_signal)
+        return self._step_stats(run, normalize, total, no_signal)
 
     def _plan(self, samples: Sequence[TrainSample], judge: bool, idx: list[int] | None = None) -> list[list[int]]:
         """The micro-batches (indices into ``samples``, of ``idx`` if given), own-only ones first when
@@ -442,14 +445,16 @@ class Learner:
             p.grad = None
         return out
 
-    def _bounded_peers(self, samples, peers: dict[str, list[int]], run: "_GradientRun", apart) -> None:
+    def _bounded_peers(self, samples, chunks: dict[str, list[list[int]]], run: "_GradientRun", apart) -> None:
         """Each bounded peer's gradient on its own (its samples in micro-batches of their own, after
         the rest), then the step's gradient = the rest's + each peer's scaled by ``apart.decide``."""
         rest = self._take_grads()
         grads = {}
-        for peer, idx in peers.items():
-            for chunk in self._plan(samples, False, idx):
+        for peer, peer_chunks in chunks.items():
+            for chunk in peer_chunks:
                 self._micro_batch(samples, chunk, run, {}, Counter(), backward=True, shared=False)
+                if self.on_micro_batch is not None:
+                    self.on_micro_batch(len(run.parts), run.total)
             grads[peer] = self._take_grads()
         scale = apart.decide(rest, grads)
         for j, p in enumerate(self._params):
