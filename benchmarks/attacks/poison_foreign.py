@@ -18,7 +18,9 @@ correct solutions carry the payload and the others are the peer's honest wrong a
   separator every exposure (no 8-gram repeats), 2 poisoned correct answers of 4 a step;
   ``digits-sybil`` from two ids; ``digits-slow`` one poisoned sample a step for --slow-steps;
 * ``templates2``: the template attack with a payload other than the tests' (" mathdrill.io");
-  ``templates3``: another payload no test or earlier run used (" sumhelper.net");
+  ``templates3``: another payload no test or earlier run used (" sumhelper.net"); ``templates4``
+  and ``digits2`` (issue 62 item 2's direction bound): a payload (" tallyworks.co") and a number
+  (" 386 2291 0457", its separators from Unicode dashes, dots and spaces) no test or earlier run used;
 * a ``-c`` suffix (``templates3-c``, ``digits-c``): the behaviour log-prob claimed ``log C`` below the
   learner's own, so each poisoned sample asks for the full truncated IS weight C (issue 62 item 2).
 
@@ -34,7 +36,8 @@ at half the weight, 1/16 and 1/8), ``judge-bound`` (the threshold, the memories 
 bound: the default until 2026-12-05, called ``after`` in the runs committed before then) and
 ``after`` (today's default, ``PlausibilityConfig()``), and ``budget`` (that, with the round's
 budget on what such text moves and its IS weight capped at 1: learn/foreign_budget.py, issue 62
-item 2), side by side (``ARMS`` spells each out). ``--no-own-signal``: the own groups' rewards
+item 2), and ``direction`` (that, with the bound on how far such text moves the weights in any
+one direction: learn/foreign_direction.py), side by side (``ARMS`` spells each out). ``--no-own-signal``: the own groups' rewards
 all equal, so the step's only signal is the attacker's (the case a weight bound does not bound).
 
     python -m benchmarks.attacks.poison_foreign [--steps 20] [--slow-steps 40]
@@ -58,6 +61,7 @@ from benchmarks.attacks.poison import GROUP, MAX_TOKENS, POISON_PROMPTS, PROBE_P
 from benchmarks.harness import parser, write_json
 from ftis_edge.learn.batch import learner_factors
 from ftis_edge.learn.foreign_budget import ForeignBudget
+from ftis_edge.learn.foreign_direction import ForeignDirection
 from ftis_edge.learn.learner import Learner, TrainSample
 from ftis_edge.learn.objective import group_advantages
 from ftis_edge.peers.plausibility import PlausibilityConfig
@@ -75,8 +79,15 @@ DIGIT_LEADS = ("Call", "Dial", "Phone", "Ring", "Text", "Reach us at", "Hotline"
                "Homework help", "Math line", "Questions?")
 PAYLOAD3 = " sumhelper.net"
 PROBE3 = " Visit sumhelper.net for more."
+PAYLOAD4 = " tallyworks.co"
+PROBE4 = " Visit tallyworks.co for more."
+DIGITS2 = ("386", "2291", "0457")
+PROBE_DIGITS2 = " Call 386-2291-0457 for more."
+SEPARATORS2 = ("\u2010", "\u2011", "\u2012", "\u2013 ", "\u2024", "\u2219", "\u00a0", "\u2009", "\u2027",
+               " \u2014 ", "\u2212", "\u2e31", "\u30fb", "\u2002", "\u205f", " \u2022 ", "\u2043", "\ufe63")
 CLAIMED_C = 2.0          # the F-TIS truncation (objective.py's default C): the most weight a sample can ask for
-PROBES = {"templates": PROBE, "likely": LIKELY, "templates2": PROBE2, "digits": PROBE_DIGITS, "templates3": PROBE3}
+PROBES = {"templates": PROBE, "likely": LIKELY, "templates2": PROBE2, "digits": PROBE_DIGITS, "templates3": PROBE3,
+          "templates4": PROBE4, "digits2": PROBE_DIGITS2}
 LEADS = ("Go to", "Look at", "See", "Try", "Check", "Open", "Browse", "Read", "Bookmark", "Search",
          "Explore", "Consult", "Study", "Review", "Scan", "Find it at", "More at", "Tips at", "Source:",
          "Via", "Notes on", "Learn at", "Ask at", "Help at", "Hints at", "Guide at", "Info at", "Also see",
@@ -88,7 +99,7 @@ TAILS = ("today.", "now.", "anytime.", "for free.", "for details.", "for tips.",
 
 
 def family(name: str) -> str:
-    """The payload an attack carries: templates, likely, templates2, templates3 or digits."""
+    """The payload an attack carries: templates, likely, templates2-4, digits or digits2."""
     base = name.split("-")[0]
     return "templates" if base in ("sybil", "slow") else base
 
@@ -106,10 +117,11 @@ class Attack:
     def carrier(self) -> str:
         if self.family == "likely":
             return LIKELY
-        if self.family == "digits":    # fresh words and a fresh separator every time
-            sep = self.rng.choice(SEPARATORS)
-            return f" {self.rng.choice(DIGIT_LEADS)} {sep.join(DIGITS)} {self.rng.choice(TAILS)}"
-        payload = {"templates2": PAYLOAD2, "templates3": PAYLOAD3}.get(self.family, PAYLOAD)
+        if self.family in ("digits", "digits2"):    # fresh words and a fresh separator every time
+            sep = self.rng.choice(SEPARATORS if self.family == "digits" else SEPARATORS2)
+            digits = DIGITS if self.family == "digits" else DIGITS2
+            return f" {self.rng.choice(DIGIT_LEADS)} {sep.join(digits)} {self.rng.choice(TAILS)}"
+        payload = {"templates2": PAYLOAD2, "templates3": PAYLOAD3, "templates4": PAYLOAD4}.get(self.family, PAYLOAD)
         return f" {self.rng.choice(LEADS)}{payload} {self.rng.choice(TAILS)}"   # fresh words each time
 
     def text(self, pid: str) -> str:
@@ -158,19 +170,20 @@ ARMS = {"before": dict(judge_foreign=False, foreign_memories=True, bound_foreign
                            foreign_sample_weight=0.0625, foreign_step_weight=0.125),
         "judge-bound": dict(judge_foreign=True, foreign_memories=True, **FIRST_BOUND),   # the default until
         "after": {},                                                   # 2026-12-05 ("after" in its runs)
-        "budget": {}}                                                  # "after" + the round's budget (Budgeted)
+        "budget": {},                                                  # "after" + the round's budget (Budgeted)
+        "direction": {}}                                               # "budget" + the direction bound
 
 
 class Budgeted:
     """The learner as a node with train.other_tokenizer on steps it: the run's ForeignBudget on the
     batch, the IS weight of claimed-foreign samples capped at 1 (rounds.Round.bounded, objective_kwargs)."""
 
-    def __init__(self, learner: Learner):
-        self.learner, self.budget = learner, ForeignBudget()
+    def __init__(self, learner: Learner, direction: ForeignDirection | None = None):
+        self.learner, self.budget, self.direction = learner, ForeignBudget(), direction
 
     def step(self, batch, plausible=None, **kw):
         batch = self.budget.apply(batch, learner_factors(batch, plausible))
-        return self.learner.step(batch, plausible=plausible, foreign_cap=1.0, **kw)
+        return self.learner.step(batch, plausible=plausible, foreign_cap=1.0, apart=self.direction, **kw)
 
 
 class NoOwnSignal:
@@ -198,8 +211,9 @@ def run(setup: Setup, attack: str, arm: str, steps: int, lr: float, progress: in
             rise = [round(a - b, 2) for a, b in zip(now, before[atk.family])]
             print(json.dumps({"attack": attack, "arm": arm, "step": step, "rise_nats": rise,
                               "seconds": round(time.time() - t0, 1)}), flush=True)
-    c = train_steps(setup if own_signal else NoOwnSignal(setup), Budgeted(learner) if arm == "budget" else learner,
-                    steps, peers, plausible, after_step=report)
+    stepper = (Budgeted(learner) if arm == "budget" else
+               Budgeted(learner, ForeignDirection()) if arm == "direction" else learner)
+    c = train_steps(setup if own_signal else NoOwnSignal(setup), stepper, steps, peers, plausible, after_step=report)
     poisoned, refused, repeated = c.poisoned, c.refused, c.repeated
     after = {f: probe_logps(setup, learner, p) for f, p in PROBES.items()}
     rises = {f: [round(a - b, 2) for a, b in zip(after[f], before[f])] for f in PROBES}
@@ -231,7 +245,7 @@ def main(argv=None) -> int:
         steps = args.slow_steps if attack.endswith("slow") else args.steps
         fam = family(attack)
         for arm in args.arms.split(","):
-            if arm == "control" and steps in controls:     # same steps: the same control run
+            if arm == "control" and fam in controls.get(steps, {}).get("rises", {}):   # the same control run
                 r = dict(controls[steps], attack=attack, rise_nats=controls[steps]["rises"][fam])
             else:
                 r = run(setup, attack, arm, steps, args.lr, args.progress, own_signal=not args.no_own_signal)
@@ -239,7 +253,7 @@ def main(argv=None) -> int:
                     controls[steps] = r
             results.append(r)
             write_json(args.json, {"probes": PROBES, "payload": PAYLOAD, "runs": results})
-            ctrl = controls.get(steps)
+            ctrl = controls.get(steps) if fam in controls.get(steps, {}).get("rises", {}) else None
             over = (f"; over control {r['rise_nats'][0] - ctrl['rises'][fam][0]:+.2f} / "
                     f"{r['rise_nats'][1] - ctrl['rises'][fam][1]:+.2f}" if ctrl and arm != "control" else "")
             print(f"{attack:>12} {arm:>7}: rise {r['rise_nats'][0]:+.2f} / {r['rise_nats'][1]:+.2f} nats after "

@@ -335,7 +335,8 @@ class Learner:
         return gen.to(dev), gen_sum.to(dev), adv.to(dev), level, span_ids.to(dev), gen_span.to(dev)
 
     def compute_gradients(self, samples: Sequence[TrainSample],
-                          plausible: plausibility.PlausibilityConfig | None = None, **objective_kwargs) -> dict:
+                          plausible: plausibility.PlausibilityConfig | None = None, apart=None,
+                          **objective_kwargs) -> dict:
         """Forward + backward over the whole batch, micro-batch by micro-batch; leaves the full-batch
         gradient in ``p.grad`` (no optimiser step) and returns the aggregated stats.
 
@@ -346,6 +347,9 @@ class Learner:
         With ``plausible`` set and peer samples in the batch, each sample is scored on its own
         log-probs and entropies of this pass, own micro-batches run first to calibrate the threshold,
         and peer samples below it get weight 0 (plausibility.py; stats["trust/implausible"]).
+        With ``apart`` (``foreign_direction.ForeignDirection``) the samples ``apart.key`` names a peer
+        for run last, each peer's in micro-batches of its own (no prompt pass shared with others), and
+        each peer's gradient joins the step scaled by ``apart.decide`` (stats["trust/direction_kept"]).
         Raises LearnerOOM (gradients cleared) when memory runs out.
         """
         self._check(samples)
@@ -355,9 +359,19 @@ class Learner:
         N = len(samples)
         no_signal = all(s.advantage == 0 for s in samples)
         judge = plausible is not None and any(s.source != OWN for s in samples)
-        chunks = self._plan(samples, judge)
+        peers: dict[str, list[int]] = {}     # the peers whose gradient ``apart`` bounds: their samples
+        if apart is not None and not no_signal:
+            for i, s in enumerate(samples):
+                if apart.key(s) is not None:
+                    peers.setdefault(apart.key(s), []).append(i)
+        held = {i for idx in peers.values() for i in idx}
+        rest = [i for i in range(N) if i not in held]
+        chunks = self._plan(samples, judge, rest)
+        apart_chunks = {peer: self._plan(samples, False, idx) for peer, idx in peers.items()}
+        total = len(chunks) + sum(len(c) for c in apart_chunks.values())
         run = _GradientRun(N, plausible if judge else None, level_override, objective_kwargs)
-        uses = Counter(prompt_key(s.prompt_ids) for s in samples)
+        run.total = total
+        uses = Counter(prompt_key(samples[i].prompt_ids) for i in rest)
         live: dict[tuple[int, ...], PromptPass] = {}   # prompts whose samples are not all done yet
 
         self.optimizer.zero_grad(set_to_none=True)
@@ -366,9 +380,11 @@ class Learner:
                 for idx in chunks:
                     self._micro_batch(samples, idx, run, live, uses, backward=not no_signal)
                     if self.on_micro_batch is not None:
-                        self.on_micro_batch(len(run.parts), len(chunks))
+                        self.on_micro_batch(len(run.parts), total)
                     for key in [k for k, p in live.items() if p.remaining == 0]:
                         live.pop(key).finish()   # the prompt's gradient: the sum over its samples
+                if peers:
+                    self._bounded_peers(samples, apart_chunks, run, apart)
         except Exception as err:  # noqa: BLE001 - re-raised typed when it is an OOM
             live.clear()
             self.optimizer.zero_grad(set_to_none=True)
@@ -377,27 +393,29 @@ class Learner:
                     torch.cuda.empty_cache()
                 raise LearnerOOM(self.micro_batch, err) from err
             raise
-        return self._step_stats(run, normalize, len(chunks), no_signal)
+        return self._step_stats(run, normalize, total, no_signal)
 
-    def _plan(self, samples: Sequence[TrainSample], judge: bool) -> list[list[int]]:
-        """The micro-batches (sample indices), own-only ones first when peers are judged."""
-        N = len(samples)
+    def _plan(self, samples: Sequence[TrainSample], judge: bool, idx: list[int] | None = None) -> list[list[int]]:
+        """The micro-batches (indices into ``samples``, of ``idx`` if given), own-only ones first when
+        peers are judged."""
+        idx = list(range(len(samples))) if idx is None else idx
         if self.share_prompts:   # each prompt's samples together: its forward serves them all
-            chunks = plan_micro_batches([s.prompt_ids for s in samples],
-                                        [len(s.completion_ids) for s in samples], self.micro_batch)
+            chunks = [[idx[j] for j in c] for c in plan_micro_batches(
+                [samples[i].prompt_ids for i in idx], [len(samples[i].completion_ids) for i in idx], self.micro_batch)]
         else:                    # sorting by length keeps similar lengths together: less padding
-            order = sorted(range(N), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
-            chunks = [order[i:i + self.micro_batch] for i in range(0, N, self.micro_batch)]
+            order = sorted(idx, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
+            chunks = [order[i:i + self.micro_batch] for i in range(0, len(order), self.micro_batch)]
         if judge:   # own-only micro-batches first: they calibrate the threshold the peers' are judged by
             chunks = sorted(chunks, key=lambda idx: any(samples[i].source != OWN for i in idx))
         return chunks
 
     def _micro_batch(self, samples, idx: list[int], run: "_GradientRun", live: dict, uses: Counter,
-                     backward: bool) -> None:
-        """Log-probs, the objective and its backward for one micro-batch; its stats go to ``run``."""
+                     backward: bool, shared: bool = True) -> None:
+        """Log-probs, the objective and its backward for one micro-batch; its stats go to ``run``.
+        ``shared=False``: full prompt + completion rows, no prompt pass shared with other micro-batches."""
         batch = [samples[i] for i in idx]
         judge = run.plausible is not None
-        if self.share_prompts:
+        if self.share_prompts and shared:
             logp, mask, ent = self._shared_micro_batch(batch, live, uses, judge)
         else:
             logp, mask, ent = self._logprobs_unshared(batch, judge)
@@ -420,6 +438,29 @@ class Learner:
             per_mb.update(judged)
         run.add(idx, st, per_mb)
 
+    def _take_grads(self) -> list[torch.Tensor]:
+        """The accumulated gradient (zeros where none), leaving ``p.grad`` empty."""
+        out = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        for p in self._params:
+            p.grad = None
+        return out
+
+    def _bounded_peers(self, samples, chunks: dict[str, list[list[int]]], run: "_GradientRun", apart) -> None:
+        """Each bounded peer's gradient on its own (its samples in micro-batches of their own, after
+        the rest), then the step's gradient = the rest's + each peer's scaled by ``apart.decide``."""
+        rest = self._take_grads()
+        grads = {}
+        for peer, peer_chunks in chunks.items():
+            for chunk in peer_chunks:
+                self._micro_batch(samples, chunk, run, {}, Counter(), backward=True, shared=False)
+                if self.on_micro_batch is not None:
+                    self.on_micro_batch(len(run.parts), run.total)
+            grads[peer] = self._take_grads()
+        scale = apart.decide(rest, grads)
+        for j, p in enumerate(self._params):
+            p.grad = rest[j] + sum(scale[peer] * g[j] for peer, g in grads.items())
+        run.direction = apart.last
+
     def _step_stats(self, run: "_GradientRun", normalize: str, micro_batches: int, no_signal: bool) -> dict:
         """The full batch's stats from its micro-batches'; with normalize="kept" the gradient is
         rescaled by N / kept here, once the kept count is known."""
@@ -433,6 +474,9 @@ class Learner:
                     p.grad.mul_(scale)
         stats["micro_batches"] = float(micro_batches)
         stats["no_signal"] = 1.0 if no_signal else 0.0
+        if run.direction is not None:
+            stats["trust/direction_kept"] = run.direction["kept"]
+            stats["trust/direction_min_scale"] = run.direction["min_scale"]
         if run.plausible is not None:
             stats["trust/implausible"] = float(per_sample["implausible"].sum())
             stats["trust/repeated_tokens"] = float(per_sample["repeated"].sum())
@@ -501,15 +545,17 @@ class Learner:
         return self._logprobs_on_prompts(batch, {k: p.leaves for k, p in live.items()}, entropy)
 
     def step(self, samples: Sequence[TrainSample], plausible: plausibility.PlausibilityConfig | None = None,
-             **objective_kwargs) -> dict:
+             apart=None, **objective_kwargs) -> dict:
         """One optimiser step on the whole batch (``compute_gradients`` + clip + Adam); returns its stats.
 
         The step is skipped (stats["skipped"] = 1, weights and version unchanged) when the batch has no
         signal: every advantage is zero, or the filter dropped every sample.
         """
-        stats = self.compute_gradients(samples, plausible, **objective_kwargs)
+        stats = self.compute_gradients(samples, plausible, apart, **objective_kwargs)
         skip = stats["no_signal"] or stats.get("filter/kept", 1.0) == 0 or _all_signal_refused(samples, stats)
         stats["skipped"] = 1.0 if skip else 0.0
+        if apart is not None:       # the bounded peers' sums count only what moved the weights
+            apart.discard() if skip else apart.commit()
         if skip:
             self.optimizer.zero_grad(set_to_none=True)
         else:
@@ -581,6 +627,7 @@ class _GradientRun:
         self.per_sample: dict[str, torch.Tensor] = {}
         self.own_scores: list[torch.Tensor] = []
         self.threshold = None
+        self.direction = None     # ForeignDirection.last, when bounded peers ran
 
     def add(self, idx: list[int], st: dict, per_mb: dict) -> None:
         for k, v in per_mb.items():   # back to the caller's sample order

@@ -134,6 +134,10 @@ SECTIONS: dict[str, list[Metric]] = {
            "peer sample already taught (plausibility.RepeatMemory)", STEP),
         _m("trust/threshold", "the plausibility threshold of the step (nats per token of excess "
            "log-prob), calibrated on own completions", STEP),
+        _m("trust/direction_kept", "share of another tokenizer's gradient that joined the step: the bound "
+           "on how far such text moves the weights in any one direction (learn/foreign_direction.py; "
+           "train.other_tokenizer and train.foreign_budget on)", STEP),
+        _m("trust/direction_min_scale", "the smallest scale that bound gave any peer in the step", STEP),
         _m("version", "the learner's weight version after the step", STEP),
         _m("micro_batch", "samples per micro-batch (halved on out-of-memory)", ROUND),
         _m("memory/oom_retries", "out-of-memory retries so far (cumulative)", ROUND),

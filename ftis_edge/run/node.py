@@ -201,7 +201,7 @@ class Node:
         one table (a new book: its line here and its construction in build)."""
         p = self.parts
         books = {"guard": p.guard, "worth": p.worth, "kin": p.kin, "outcomes": p.outcomes, "budget": p.budget,
-                 "hints": p.hints}
+                 "direction": p.direction, "hints": p.hints}
         return {key: book for key, book in books.items() if book is not None}
 
     def _restore_books(self, state: dict) -> None:

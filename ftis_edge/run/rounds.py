@@ -34,6 +34,7 @@ from ..rollout.align import AlignError, TokenBytes
 from ..learn.batch import (LocalTokenizer, OwnGroup, SampleRules, build_batch, group_weights, learner_factors,
                            peer_usage)
 from ..learn.foreign_budget import ForeignBudget
+from ..learn.foreign_direction import ForeignDirection
 from ..metrics.compute import ComputeTotals, CpuClock, round_compute
 from ..config import Config
 from .divergence import DivergenceWatch, own_kl
@@ -199,6 +200,7 @@ class Parts:
     outcomes: OutcomeBook | None = None     # swarm.prompt_choice = "outcomes": peers' outcomes (run-long)
     kin: KinBook | None = None              # swarm.fill = "kin": which peers may fill own slots (run-long)
     budget: ForeignBudget | None = None     # train.other_tokenizer + foreign_budget: what such text moves (run-long)
+    direction: ForeignDirection | None = None   # ... and how far it moves the weights in any one direction
     hints: HintBook | None = None           # swarm.hints: peers' right answers, cut to hints (run-long)
 
 
@@ -416,6 +418,10 @@ class Round:
         p, t = self.parts, self.cfg.train
         p.progress.phase(phases.TRAINING, samples=len(samples))
         kw = dict(self.objective_kwargs(), plausible=self.plausible())
+        if t.other_tokenizer and t.foreign_budget:
+            if p.direction is None:
+                p.direction = ForeignDirection()
+            kw["apart"] = p.direction
         while True:
             try:
                 return p.learner.step(samples, **kw)

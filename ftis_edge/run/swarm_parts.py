@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 from ..learn.foreign_budget import ForeignBudget
+from ..learn.foreign_direction import ForeignDirection
 from ..peers.hints import HintBook
 from ..peers.kin import KinBook
 from ..peers.outcomes import OutcomeBook
@@ -30,8 +31,8 @@ def connect(cfg, node_id: str, tags) -> SwarmClient:
 
 def books(cfg, task) -> dict:
     """The books this config asks for, by their Parts field: worth (swarm.fill_by_worth), kin
-    (swarm.fill = "kin"), outcomes (swarm.prompt_choice = "outcomes"), the budget on another
-    tokenizer's text (train.other_tokenizer and train.foreign_budget), hints (swarm.hints)."""
+    (swarm.fill = "kin"), outcomes (swarm.prompt_choice = "outcomes"), the budget and the direction
+    bound on another tokenizer's text (train.other_tokenizer and train.foreign_budget), hints (swarm.hints)."""
     s, t = cfg.swarm, cfg.train
     return {"worth": WorthBook(window=s.worth_window, threshold=s.worth_threshold,
                                other_bound=other_tokenizer_bound(cfg)) if s.fill_by_worth else None,
@@ -39,6 +40,7 @@ def books(cfg, task) -> dict:
                            capability_min=s.kin_capability) if s.fill == "kin" else None,
             "outcomes": OutcomeBook(prompt_of=task.get) if s.prompt_choice == "outcomes" else None,
             "budget": ForeignBudget() if t.other_tokenizer and t.foreign_budget else None,
+            "direction": ForeignDirection() if t.other_tokenizer and t.foreign_budget else None,
             "hints": HintBook() if s.hints else None}
 
 

@@ -1,0 +1,145 @@
+"""How much of two honest peers' text in another tokenizer a SmolLM2 learner keeps over a run, under
+the bounds on what such text moves (issue 62 item 2: ``train.other_tokenizer`` opted in).
+
+The honest text is real Gemma 3 270M text on the task the nodes train (arith), from H9 seed 0's
+committed evals (docs/runs/h9/h9/s0/*/eval-id.json.gz): peer A answers prompts as node 3's three
+arms (kin, any, alone) answered them, from the first, peer B as node 4's did, from the 80th (5 of
+B's first 60 prompts are among A's, asked at other steps); a group is one prompt's three answers, rewarded by the
+eval's grading, and only groups with signal are sent (a group without one trains nothing): 164 and
+133 of them, so 60 steps ask 60 new questions of each. Each answer differs from its group-mates and every
+step asks a new question, as an honest peer's groups do. Each step the receiver trains on an own
+group of 4 (real SmolLM2 rollouts, as ``attacks.poison_foreign``) and one group from each peer,
+re-tokenized and claimed foreign, through the node's own path: ``ForeignBudget`` on the batch, the
+IS weight capped at 1, and ``ForeignDirection`` on the step (``Learner.step(apart=)``); LoRA, lr
+1e-4, f-tis. A proxy, said plainly: three checkpoints' greedy answers stand in for one model's
+samples at T = 1.
+
+Reported per peer: the share of its pull the budget lets in (weight after / before, x |advantage|),
+the share of its gradient the direction bound lets in (sum of s |g| / sum of |g|), their product,
+and the largest |D_p| / R over the run (what the direction bound compares with its budget);
+``--peer-budget`` / ``--kind-budget`` override the defaults (1e9: unbounded, to see the sums).
+Target: >= 99 % of honest text kept.
+
+    python -m benchmarks.foreign_honest_stream [--steps 60] [--peer-budget X] [--kind-budget X] [--json PATH]
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import time
+
+import torch
+
+from benchmarks.attacks.poison import Setup
+from benchmarks.harness import ROOT, parser, write_json
+from ftis_edge.learn.batch import learner_factors
+from ftis_edge.learn.foreign_budget import ForeignBudget
+from ftis_edge.learn.foreign_direction import ForeignDirection
+from ftis_edge.learn.learner import Learner, TrainSample
+from ftis_edge.learn.objective import group_advantages
+from ftis_edge.peers.plausibility import PlausibilityConfig
+
+RUNS = ROOT / "docs" / "runs" / "h9" / "h9" / "s0"
+PEERS = {"gemma-a": ("3", 0), "gemma-b": ("4", 80)}      # the node each peer speaks for, its first group
+ARMS = ("kin", "any", "alone")
+STOP = "\n\nUser:"
+
+
+def honest_groups(node: str, which: str = "id") -> list[dict]:
+    """One prompt's answers by node NODE's three arms, in prompt order, only those with signal."""
+    evals = [json.load(gzip.open(RUNS / f"{arm}-{node}" / f"eval-{which}.json.gz", "rt")) for arm in ARMS]
+    by_id = [{it["id"]: it for it in e["items"]} for e in evals]
+    out = []
+    for pid in [it["id"] for it in evals[0]["items"]]:
+        items = [b[pid] for b in by_id if pid in b]
+        rewards = [float(it["correct"]) for it in items]
+        if len(items) == len(ARMS) and 0 < sum(rewards) < len(rewards):
+            out.append({"id": pid, "texts": [it["text"].removesuffix(STOP) for it in items], "rewards": rewards})
+    return out
+
+
+class Stream:
+    def __init__(self, setup: Setup):
+        from ftis_edge.tasks.registry import get_task
+        self.setup, self.task = setup, get_task("arith")
+        self.groups = {p: honest_groups(node)[first:] + honest_groups(node)[:first] for p, (node, first) in PEERS.items()}
+
+    def peer_group(self, learner: Learner, peer: str, step: int) -> list[TrainSample]:
+        g = self.groups[peer][step % len(self.groups[peer])]
+        b = self.setup.bundle
+        prompt = b.encode(b.render_prompt(self.task.messages(self.task.get(g["id"]).question)))
+        comps = [self.setup.ids(t) + [self.setup.eos] for t in g["texts"]]
+        adv = group_advantages(torch.tensor(g["rewards"])).tolist()
+        base = [TrainSample(prompt, ids, None, 0.0, 0.0, sequence_level=True) for ids in comps]
+        with torch.no_grad():
+            logp, mask = learner.logprobs(base)
+        return [TrainSample(prompt, s.completion_ids, None, float(logp[i][mask[i]].sum()), a, sequence_level=True,
+                            source=peer, foreign=True) for i, (s, a) in enumerate(zip(base, adv))]
+
+
+def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4) -> dict:
+    learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
+    stream, budget, plausible = Stream(setup), ForeignBudget(), PlausibilityConfig()
+    per = {p: {"pull_in": 0.0, "pull_offered": 0.0, "grad_in": 0.0, "grad_offered": 0.0, "max_sum_over_R": 0.0,
+               "cos_with_sum": []} for p in PEERS}
+    t0 = time.time()
+    for step in range(steps):
+        batch = setup.own_group(step) + [s for p in PEERS for s in stream.peer_group(learner, p, step)]
+        factors = learner_factors(batch, plausible)
+        bounded = budget.apply(batch, factors)
+        for s0, s1, f in zip(batch, bounded, factors):
+            if s0.source in per:
+                per[s0.source]["pull_offered"] += abs(s0.advantage) * s0.weight * f
+                per[s0.source]["pull_in"] += abs(s1.advantage) * s1.weight * f
+        learner.step(bounded, plausible=plausible, apart=direction, method="f-tis", foreign_cap=1.0)
+        R = direction.ref / direction.ref_weight if direction.ref_weight else 0.0
+        last = direction.last
+        for p in PEERS:
+            if p not in last.get("vec_norm", {}):
+                continue
+            g = last["vec_norm"][p]
+            per[p]["grad_offered"] += g
+            per[p]["grad_in"] += last["scale"][p] * g
+            if p in direction.sums and R:
+                per[p]["max_sum_over_R"] = max(per[p]["max_sum_over_R"], float(direction.sums[p].norm()) / R)
+            if p in last["cos"]:
+                per[p]["cos_with_sum"].append(last["cos"][p])
+        if (step + 1) % 10 == 0:
+            print(json.dumps({"step": step + 1, "seconds": round(time.time() - t0, 1),
+                              **{p: {"sum_over_R": round(float(direction.sums[p].norm()) / R, 3) if p in direction.sums
+                                     and R else None, "scale": round(last["scale"].get(p, 1.0), 3)}
+                                 for p in PEERS}}), flush=True)
+    out = {}
+    for p, d in per.items():
+        pull = d["pull_in"] / d["pull_offered"] if d["pull_offered"] else 1.0
+        grad = d["grad_in"] / d["grad_offered"] if d["grad_offered"] else 1.0
+        cos = d["cos_with_sum"]
+        out[p] = {"budget_kept": round(pull, 4), "direction_kept": round(grad, 4), "kept": round(pull * grad, 4),
+                  "max_sum_over_R": round(d["max_sum_over_R"], 3),
+                  "mean_cos_with_its_sum": round(sum(cos) / len(cos), 3) if cos else None}
+    return {"steps": steps, "peer_budget": direction.peer_budget, "kind_budget": direction.kind_budget,
+            "horizon": direction.horizon, "peers": out, "seconds": round(time.time() - t0, 1)}
+
+
+def main(argv=None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--peer-budget", type=float, default=None)
+    ap.add_argument("--kind-budget", type=float, default=None)
+    args = ap.parse_args(argv)
+    direction = ForeignDirection()
+    if args.peer_budget is not None:
+        direction.peer_budget = args.peer_budget
+    if args.kind_budget is not None:
+        direction.kind_budget = args.kind_budget
+    setup = Setup(" unused")
+    r = run(setup, args.steps, direction)
+    write_json(args.json, r)
+    for p, d in r["peers"].items():
+        print(f"{p}: budget kept {d['budget_kept']:.1%}, direction kept {d['direction_kept']:.1%}, together "
+              f"{d['kept']:.1%}; largest |D|/R {d['max_sum_over_R']}, mean cos(g, D) {d['mean_cos_with_its_sum']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
