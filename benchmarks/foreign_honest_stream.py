@@ -16,7 +16,8 @@ samples at T = 1.
 
 Reported per peer: the share of its pull the budget lets in (weight after / before, x |advantage|),
 the share of its gradient the direction bound lets in (sum of s |g| / sum of |g|), their product,
-and the largest |D_p| / R over the run (what the direction bound compares with its budget);
+and the largest |D_p| / R over the run (what the direction bound compares with its budget), the
+kind's largest |K| / R, and both every 10 steps (``trace``);
 ``--peer-budget`` / ``--kind-budget`` override the defaults (1e9: unbounded, to see the sums).
 Target: >= 99 % of honest text kept.
 
@@ -82,7 +83,7 @@ def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4)
     stream, budget, plausible = Stream(setup), ForeignBudget(), PlausibilityConfig()
     per = {p: {"pull_in": 0.0, "pull_offered": 0.0, "grad_in": 0.0, "grad_offered": 0.0, "max_sum_over_R": 0.0,
                "cos_with_sum": []} for p in PEERS}
-    t0 = time.time()
+    t0, trace, kind_max = time.time(), [], 0.0
     for step in range(steps):
         batch = setup.own_group(step) + [s for p in PEERS for s in stream.peer_group(learner, p, step)]
         factors = learner_factors(batch, plausible)
@@ -104,11 +105,16 @@ def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4)
                 per[p]["max_sum_over_R"] = max(per[p]["max_sum_over_R"], float(direction.sums[p].norm()) / R)
             if p in last["cos"]:
                 per[p]["cos_with_sum"].append(last["cos"][p])
+        if direction.kind is not None and R:
+            kind_max = max(kind_max, float(direction.kind.norm()) / R)
         if (step + 1) % 10 == 0:
-            print(json.dumps({"step": step + 1, "seconds": round(time.time() - t0, 1),
-                              **{p: {"sum_over_R": round(float(direction.sums[p].norm()) / R, 3) if p in direction.sums
-                                     and R else None, "scale": round(last["scale"].get(p, 1.0), 3)}
-                                 for p in PEERS}}), flush=True)
+            trace.append({"step": step + 1, "seconds": round(time.time() - t0, 1),
+                          "kind_over_R": round(float(direction.kind.norm()) / R, 3) if R else None,
+                          "max_kind_over_R": round(kind_max, 3),
+                          **{p: {"sum_over_R": round(float(direction.sums[p].norm()) / R, 3) if p in direction.sums
+                                 and R else None, "max_sum_over_R": round(per[p]["max_sum_over_R"], 3),
+                                 "scale": round(last["scale"].get(p, 1.0), 3)} for p in PEERS}})
+            print(json.dumps(trace[-1]), flush=True)
     out = {}
     for p, d in per.items():
         pull = d["pull_in"] / d["pull_offered"] if d["pull_offered"] else 1.0
@@ -118,7 +124,8 @@ def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4)
                   "max_sum_over_R": round(d["max_sum_over_R"], 3),
                   "mean_cos_with_its_sum": round(sum(cos) / len(cos), 3) if cos else None}
     return {"steps": steps, "peer_budget": direction.peer_budget, "kind_budget": direction.kind_budget,
-            "horizon": direction.horizon, "peers": out, "seconds": round(time.time() - t0, 1)}
+            "horizon": direction.horizon, "peers": out, "max_kind_over_R": round(kind_max, 3), "trace": trace,
+            "seconds": round(time.time() - t0, 1)}
 
 
 def main(argv=None) -> int:

@@ -101,6 +101,8 @@ ADDED_SINCE_THE_RECORDING = {"peers/groups_used", "relay/state", "relay/reason",
                              "cpu/sync_s", "cpu/round_s", "cpu/total_s", "reward/timed_out", "reward/refused",
                              # issue 25: the plausibility filter
                              "trust/implausible", "trust/threshold", "trust/repeated_tokens",
+                             # issue 62 item 2: the direction bound on another tokenizer's text (opt-in)
+                             "trust/direction_kept", "trust/direction_min_scale",
                              # the held-out eval and the swarm guard
                              *(k for k in mk.METRICS if k.startswith(("eval/", "swarm/guard"))), "time/eval_s",
                              # another model's samples (docs/ftis.md)

@@ -30,7 +30,8 @@ def _group(k: int) -> list[float]:
 
 def test_the_books_the_config_asks_for_and_nothing_else():
     books = swarm_parts.books(from_dict({"swarm": {"relay": "tcp://127.0.0.1:1"}}), get_task("arith"))
-    assert books == {"worth": None, "kin": None, "outcomes": None, "budget": None, "hints": None}   # defaults: none
+    assert books == {"worth": None, "kin": None, "outcomes": None, "budget": None, "direction": None,
+                     "hints": None}   # defaults: none
     full = swarm_parts.books(from_dict({"swarm": SWARM}), get_task("arith"))
     assert sorted(k for k, b in full.items() if b is not None) == ["kin", "outcomes", "worth"]
     hinted = swarm_parts.books(from_dict({"swarm": {**SWARM, "hints": True}}), get_task("arith"))

@@ -233,27 +233,27 @@ def main(argv=None) -> int:
     ap.add_argument("--progress", type=int, default=0, help="print the partial rise every N steps (0: never)")
     ap.add_argument("--no-own-signal", action="store_true", help="own groups' rewards all equal (advantage 0)")
     ap.add_argument("--controls", nargs="*", default=[], metavar="PATH",
-                    help="JSON of earlier runs whose control runs serve here (keyed by their steps)")
+                    help="JSON of earlier runs whose control runs serve here (keyed by their steps and own signal)")
     args = ap.parse_args(argv)
     setup = Setup(PROBE)
     results, controls = [], {}
     for path in args.controls:
         for r in json.loads(Path(path).read_text())["runs"]:
-            if r["arm"] == "control":
-                controls.setdefault(r["steps"], r)
+            if r["arm"] == "control":       # a control serves runs of its length and own signal
+                controls.setdefault((r["steps"], r.get("own_signal", True)), r)
     for attack in args.attacks.split(","):
         steps = args.slow_steps if attack.endswith("slow") else args.steps
-        fam = family(attack)
+        fam, key = family(attack), (steps, not args.no_own_signal)
         for arm in args.arms.split(","):
-            if arm == "control" and fam in controls.get(steps, {}).get("rises", {}):   # the same control run
-                r = dict(controls[steps], attack=attack, rise_nats=controls[steps]["rises"][fam])
+            if arm == "control" and fam in controls.get(key, {}).get("rises", {}):   # the same control run
+                r = dict(controls[key], attack=attack, rise_nats=controls[key]["rises"][fam])
             else:
                 r = run(setup, attack, arm, steps, args.lr, args.progress, own_signal=not args.no_own_signal)
                 if arm == "control":
-                    controls[steps] = r
+                    controls[key] = r
             results.append(r)
             write_json(args.json, {"probes": PROBES, "payload": PAYLOAD, "runs": results})
-            ctrl = controls.get(steps) if fam in controls.get(steps, {}).get("rises", {}) else None
+            ctrl = controls.get(key) if fam in controls.get(key, {}).get("rises", {}) else None
             over = (f"; over control {r['rise_nats'][0] - ctrl['rises'][fam][0]:+.2f} / "
                     f"{r['rise_nats'][1] - ctrl['rises'][fam][1]:+.2f}" if ctrl and arm != "control" else "")
             print(f"{attack:>12} {arm:>7}: rise {r['rise_nats'][0]:+.2f} / {r['rise_nats'][1]:+.2f} nats after "
