@@ -110,6 +110,9 @@ BENCHMARKS = [
           "false positives of the plausibility defence on honest real peer rollouts", 3.0),
     Bench("foreign_kept", (), (), "honest Gemma 3 text (a committed fixture) a SmolLM2 learner keeps: judge, memories, both",
           0.5),
+    Bench("foreign_honest_stream", ("--steps", "1"), ("--steps", "1"),
+          "two honest Gemma peers' text over a run: what the pull budget and the direction bound keep "
+          "(60 steps: --steps 60, ~10 min)", 0.3),
     Bench("attacks.poison", ("--steps", "5"), ("--steps", "1", "--arms", "undefended,defended"),
           "a phrase smuggled inside correct answers: how far it trains in, defended and not", 2.0),
     Bench("attacks.poison_foreign", ("--steps", "2", "--attacks", "templates"),

@@ -78,7 +78,7 @@ def test_another_tokenizers_budget_is_a_book_when_its_text_trains(tmp_path):
     own = [TrainSample([1], [2], [-1.0], None, 1.0), TrainSample([1], [3], [-1.0], None, -1.0)]
     a.parts.budget.apply(own + [TrainSample([1], [4], None, -1.0, 1.0, sequence_level=True, source="g")])
     state = {key: book.state() for key, book in a._books().items()}
-    assert list(state) == ["budget"] and state["budget"]["steps"]
+    assert list(state) == ["budget", "direction"] and state["budget"]["steps"]
     b = Node(on, console_log=False)
     for field_name, book in swarm_parts.books(on, get_task("arith")).items():
         setattr(b.parts, field_name, book)

@@ -239,8 +239,9 @@ def main(argv=None) -> int:
     results, controls = [], {}
     for path in args.controls:
         for r in json.loads(Path(path).read_text())["runs"]:
-            if r["arm"] == "control":       # a control serves runs of its length and own signal
-                controls.setdefault((r["steps"], r.get("own_signal", True)), r)
+            key = (r["steps"], r.get("own_signal", True))    # a control serves runs of its length and own signal
+            if r["arm"] == "control" and len(r.get("rises", {})) > len(controls.get(key, {}).get("rises", {})):
+                controls[key] = r                               # the one that probed the most payloads
     for attack in args.attacks.split(","):
         steps = args.slow_steps if attack.endswith("slow") else args.steps
         fam, key = family(attack), (steps, not args.no_own_signal)
