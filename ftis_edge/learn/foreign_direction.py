@@ -36,7 +36,8 @@ from typing import Sequence
 
 import torch
 
-from ..rollout.samples import OWN, TrainSample
+from ..rollout.samples import TrainSample
+from .foreign_budget import claimed_foreign
 
 DEFAULT_HORIZON = 100          # steps: the decay gamma = 1 - 1/horizon
 DEFAULT_PEER_BUDGET = 0.5      # |D_p| in units of the step's own gradient norm (set in docs/relay.md)
@@ -63,7 +64,7 @@ def largest_step(a: torch.Tensor, g: torch.Tensor, bound: float) -> float:
 
 def claimed_foreign_peer(s: TrainSample) -> str | None:
     """The peer whose gradient this bounds: text re-tokenized here (no judge checks it)."""
-    return s.source if s.source != OWN and s.level != "token" else None
+    return s.source if claimed_foreign(s) else None
 
 
 @dataclass
