@@ -78,7 +78,20 @@ class Stream:
                             source=peer, foreign=True) for i, (s, a) in enumerate(zip(base, adv))]
 
 
-def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4) -> dict:
+def summary(per: dict) -> dict:
+    out = {}
+    for p, d in per.items():
+        pull = d["pull_in"] / d["pull_offered"] if d["pull_offered"] else 1.0
+        grad = d["grad_in"] / d["grad_offered"] if d["grad_offered"] else 1.0
+        cos = d["cos_with_sum"]
+        out[p] = {"budget_kept": round(pull, 4), "direction_kept": round(grad, 4), "kept": round(pull * grad, 4),
+                  "max_sum_over_R": round(d["max_sum_over_R"], 3),
+                  "mean_cos_with_its_sum": round(sum(cos) / len(cos), 3) if cos else None}
+    return out
+
+
+def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4, partial=None) -> dict:
+    """``partial(result so far)`` every 10 steps: a run cut short keeps what it measured."""
     learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
     stream, budget, plausible = Stream(setup), ForeignBudget(), PlausibilityConfig()
     per = {p: {"pull_in": 0.0, "pull_offered": 0.0, "grad_in": 0.0, "grad_offered": 0.0, "max_sum_over_R": 0.0,
@@ -115,15 +128,10 @@ def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4)
                                  and R else None, "max_sum_over_R": round(per[p]["max_sum_over_R"], 3),
                                  "scale": round(last["scale"].get(p, 1.0), 3)} for p in PEERS}})
             print(json.dumps(trace[-1]), flush=True)
-    out = {}
-    for p, d in per.items():
-        pull = d["pull_in"] / d["pull_offered"] if d["pull_offered"] else 1.0
-        grad = d["grad_in"] / d["grad_offered"] if d["grad_offered"] else 1.0
-        cos = d["cos_with_sum"]
-        out[p] = {"budget_kept": round(pull, 4), "direction_kept": round(grad, 4), "kept": round(pull * grad, 4),
-                  "max_sum_over_R": round(d["max_sum_over_R"], 3),
-                  "mean_cos_with_its_sum": round(sum(cos) / len(cos), 3) if cos else None}
-    return {"steps": steps, "peer_budget": direction.peer_budget, "kind_budget": direction.kind_budget,
+            if partial is not None:
+                partial({"steps_done": step + 1, "steps": steps, "peers": summary(per), "trace": trace})
+    out = summary(per)
+    return {"steps_done": steps, "steps": steps, "peer_budget": direction.peer_budget, "kind_budget": direction.kind_budget,
             "horizon": direction.horizon, "peers": out, "max_kind_over_R": round(kind_max, 3), "trace": trace,
             "seconds": round(time.time() - t0, 1)}
 
@@ -140,7 +148,7 @@ def main(argv=None) -> int:
     if args.kind_budget is not None:
         direction.kind_budget = args.kind_budget
     setup = Setup(" unused")
-    r = run(setup, args.steps, direction)
+    r = run(setup, args.steps, direction, partial=lambda part: write_json(args.json, part))
     write_json(args.json, r)
     for p, d in r["peers"].items():
         print(f"{p}: budget kept {d['budget_kept']:.1%}, direction kept {d['direction_kept']:.1%}, together "
