@@ -63,7 +63,10 @@ class Stream:
     def __init__(self, setup: Setup):
         from ftis_edge.tasks.registry import get_task
         self.setup, self.task = setup, get_task("arith")
-        self.groups = {p: honest_groups(node)[first:] + honest_groups(node)[:first] for p, (node, first) in PEERS.items()}
+        self.groups = {}
+        for p, (node, first) in PEERS.items():
+            groups = honest_groups(node)
+            self.groups[p] = groups[first:] + groups[:first]
 
     def peer_group(self, learner: Learner, peer: str, step: int) -> list[TrainSample]:
         g = self.groups[peer][step % len(self.groups[peer])]

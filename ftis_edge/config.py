@@ -150,6 +150,12 @@ class TrainSection:
                                             trl="mask_truncated_completions")
 
     @property
+    def bounds_other_tokenizer(self) -> bool:
+        """Another tokenizer's text trains under the budget and the direction bound (foreign_budget.py,
+        foreign_direction.py), its IS weight capped at 1."""
+        return self.other_tokenizer and self.foreign_budget
+
+    @property
     def lr(self) -> float:
         """The learning rate in force: ``learning_rate``, or for "auto" the one that suits ``trainable``."""
         return AUTO_LEARNING_RATE[self.trainable] if self.learning_rate == "auto" else float(self.learning_rate)

@@ -105,8 +105,9 @@ class ForeignDirection:
         rest_v = flat(rest)
         if self.kind is not None and self.kind.numel() != rest_v.numel():    # another model: start over
             self.sums, self.kind = {}, None
+        rest_norm = float(rest_v.norm())
         # no rest of the step (nothing this node checks): no room, whatever the history
-        R = self.reference(float(rest_v.norm())) if float(rest_v.norm()) > 0 else 0.0
+        R = self.reference(rest_norm) if rest_norm > 0 else 0.0
         gam = self.gamma
         zeros = torch.zeros_like(rest_v)
         vec = {p: flat(g) for p, g in grads.items()}
@@ -115,10 +116,11 @@ class ForeignDirection:
         k = largest_step(gam * (self.kind if self.kind is not None else zeros), total, self.kind_budget * R)
         scale = {p: x * k for p, x in scale.items()}
         norm = {p: float(v.norm()) for p, v in vec.items()}
-        self.pending = {"rest_norm": float(rest_v.norm()), "vec": vec, "scale": scale, "total": total * k}
+        offered = sum(norm.values())
+        self.pending = {"rest_norm": rest_norm, "vec": vec, "scale": scale, "total": total * k}
         # what the learner reports, and what benchmarks/foreign_honest_stream.py reads (does a peer
         # keep pointing where it pointed before: cos(g_p, D_p))
-        self.last = {"kept": (sum(scale[p] * norm[p] for p in vec) / sum(norm.values())) if sum(norm.values()) else 1.0,
+        self.last = {"kept": sum(scale[p] * norm[p] for p in vec) / offered if offered else 1.0,
                      "min_scale": min(scale.values()) if scale else 1.0, "scale": scale, "vec_norm": norm,
                      "cos": {p: float(v @ self.sums[p]) / (norm[p] * float(self.sums[p].norm()))
                              for p, v in vec.items() if p in self.sums and norm[p] and float(self.sums[p].norm())}}

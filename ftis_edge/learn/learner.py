@@ -362,15 +362,15 @@ class Learner:
         peers: dict[str, list[int]] = {}     # the peers whose gradient ``apart`` bounds: their samples
         if apart is not None and not no_signal:
             for i, s in enumerate(samples):
-                if apart.key(s) is not None:
-                    peers.setdefault(apart.key(s), []).append(i)
+                peer = apart.key(s)
+                if peer is not None:
+                    peers.setdefault(peer, []).append(i)
         held = {i for idx in peers.values() for i in idx}
         rest = [i for i in range(N) if i not in held]
         chunks = self._plan(samples, judge, rest)
         apart_chunks = {peer: self._plan(samples, False, idx) for peer, idx in peers.items()}
         total = len(chunks) + sum(len(c) for c in apart_chunks.values())
-        run = _GradientRun(N, plausible if judge else None, level_override, objective_kwargs)
-        run.total = total
+        run = _GradientRun(N, plausible if judge else None, level_override, objective_kwargs, total)
         uses = Counter(prompt_key(samples[i].prompt_ids) for i in rest)
         live: dict[tuple[int, ...], PromptPass] = {}   # prompts whose samples are not all done yet
 
@@ -620,8 +620,9 @@ class _GradientRun:
     """One ``compute_gradients`` call's state across its micro-batches: their stats, per-sample
     values in the caller's order, and the plausibility calibration (own scores, the threshold)."""
 
-    def __init__(self, N: int, plausible, level_override, objective_kwargs: dict):
+    def __init__(self, N: int, plausible, level_override, objective_kwargs: dict, total: int = 0):
         self.N, self.plausible, self.level_override = N, plausible, level_override
+        self.total = total        # micro-batches the call runs (progress)
         self.objective_kwargs = objective_kwargs
         self.parts: list[tuple[int, dict]] = []
         self.per_sample: dict[str, torch.Tensor] = {}

@@ -418,7 +418,7 @@ class Round:
         p, t = self.parts, self.cfg.train
         p.progress.phase(phases.TRAINING, samples=len(samples))
         kw = dict(self.objective_kwargs(), plausible=self.plausible())
-        if t.other_tokenizer and t.foreign_budget:
+        if t.bounds_other_tokenizer:
             if p.direction is None:
                 p.direction = ForeignDirection()
             kw["apart"] = p.direction
@@ -435,7 +435,7 @@ class Round:
     def objective_kwargs(self) -> dict:
         t = self.cfg.train
         # another tokenizer's text trained under the budget: its IS weight capped at 1 (no judge checks it)
-        cap = t.foreign_is_cap or (1.0 if t.other_tokenizer and t.foreign_budget else None)
+        cap = t.foreign_is_cap or (1.0 if t.bounds_other_tokenizer else None)
         return dict(method=t.method, C=t.C, eps=t.epsilon, kl_threshold=t.kl_threshold, normalize=t.normalize,
                     foreign_cap=cap)
 
@@ -443,7 +443,7 @@ class Round:
         """The step's samples with claimed-foreign text held to the run's budget (foreign_budget.py;
         train.other_tokenizer and train.foreign_budget on; the budget lives on the parts, run-long)."""
         p, t = self.parts, self.cfg.train
-        if not (t.other_tokenizer and t.foreign_budget):
+        if not t.bounds_other_tokenizer:
             return samples
         if p.budget is None:
             p.budget = ForeignBudget()

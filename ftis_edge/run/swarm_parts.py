@@ -39,8 +39,8 @@ def books(cfg, task) -> dict:
             "kin": KinBook(window=s.worth_window, share_min=s.kin_share,
                            capability_min=s.kin_capability) if s.fill == "kin" else None,
             "outcomes": OutcomeBook(prompt_of=task.get) if s.prompt_choice == "outcomes" else None,
-            "budget": ForeignBudget() if t.other_tokenizer and t.foreign_budget else None,
-            "direction": ForeignDirection() if t.other_tokenizer and t.foreign_budget else None,
+            "budget": ForeignBudget() if t.bounds_other_tokenizer else None,
+            "direction": ForeignDirection() if t.bounds_other_tokenizer else None,
             "hints": HintBook() if s.hints else None}
 
 
