@@ -18,10 +18,12 @@ Reported per peer: the share of its pull the budget lets in (weight after / befo
 the share of its gradient the direction bound lets in (sum of s |g| / sum of |g|), their product,
 and the largest |D_p| / R over the run (what the direction bound compares with its budget), the
 kind's largest |K| / R, and both every 10 steps (``trace``);
-``--peer-budget`` / ``--kind-budget`` override the defaults (1e9: unbounded, to see the sums).
+``--peer-budget`` / ``--kind-budget`` override the defaults (1e9: unbounded, to see the sums);
+``--distinct-peers 2`` counts the two peers as told apart by key (named on a CURVE relay), else
+they share one peer's budget.
 Target: >= 99 % of honest text kept.
 
-    python -m benchmarks.foreign_honest_stream [--steps 60] [--peer-budget X] [--kind-budget X] [--json PATH]
+    python -m benchmarks.foreign_honest_stream [--steps 60] [--peer-budget X] [--kind-budget X] [--distinct-peers N] [--json PATH]
 """
 from __future__ import annotations
 
@@ -135,6 +137,7 @@ def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4,
                 partial({"steps_done": step + 1, "steps": steps, "peers": summary(per), "trace": trace})
     out = summary(per)
     return {"steps_done": steps, "steps": steps, "peer_budget": direction.peer_budget, "kind_budget": direction.kind_budget,
+            "distinct_peers": direction.distinct_peers, "kind_room": direction.kind_room,
             "horizon": direction.horizon, "peers": out, "max_kind_over_R": round(kind_max, 3), "trace": trace,
             "seconds": round(time.time() - t0, 1)}
 
@@ -144,8 +147,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--peer-budget", type=float, default=None)
     ap.add_argument("--kind-budget", type=float, default=None)
+    ap.add_argument("--distinct-peers", type=int, default=0,
+                    help="peers told apart by key (named on a CURVE relay); 0: ids are claims, the kind is one peer")
     args = ap.parse_args(argv)
-    direction = ForeignDirection()
+    direction = ForeignDirection(distinct_peers=args.distinct_peers)
     if args.peer_budget is not None:
         direction.peer_budget = args.peer_budget
     if args.kind_budget is not None:

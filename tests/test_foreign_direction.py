@@ -68,19 +68,35 @@ def test_text_pointing_a_new_way_each_step_is_kept_whole():
     assert float(b.sums["honest"].norm()) < 0.04 * math.sqrt(100) < 0.5
 
 
-def test_a_crowd_of_ids_shares_the_kind_budget_and_new_ids_buy_nothing():
-    """Ten ids push the same payload; each fresh every step (no per-peer history): the kind's sum
-    holds them all at the kind budget."""
-    b = ForeignDirection(horizon=100, peer_budget=0.5, kind_budget=1.0)
-    drip = unit(7)
-    total = torch.zeros(DIM)
-    for t in range(60):
-        grads = {f"sybil-{t}-{k}": [drip * 0.1] for k in range(10)}
+def crowd_push(b: ForeignDirection, ids_each_step, steps: int = 60) -> float:
+    """How far ids pushing one payload moved the weights along it."""
+    drip, total = unit(7), torch.zeros(DIM)
+    for t in range(steps):
+        grads = {p: [drip * 0.1] for p in ids_each_step(t)}
         s = b.decide([unit(10_000)], grads)
         b.commit()
         total += sum(s[p] * g[0] for p, g in grads.items())
-    assert float(total @ drip) <= 1.0 * (1 + 60 / 100) + 1e-6
-    assert len(b.sums) <= b.max_peers                  # memory: tracked ids are capped
+    return float(total @ drip)
+
+
+def test_a_crowd_of_ids_is_one_peer_unless_keys_tell_them_apart():
+    """Ten ids push the same payload, each fresh every step (no per-peer history): with ids that
+    are claims, the kind's sum holds them all to one peer's budget; two ids told apart by key get
+    two peers' budgets, and no number of keys passes the kind's cap."""
+    crowd = lambda t: [f"sybil-{t}-{k}" for k in range(10)]      # noqa: E731
+    two = lambda t: ["a", "b"]                                    # noqa: E731
+    lone = crowd_push(ForeignDirection(horizon=100, peer_budget=0.5), lambda t: ["a"])
+    assert 0.5 <= lone <= 0.5 * (1 + 60 / 100) + 1e-6
+    for ids in (crowd, two):
+        b = ForeignDirection(horizon=100, peer_budget=0.5, kind_budget=1.0)
+        assert b.kind_room == 0.5 and 0.5 <= crowd_push(b, ids) <= 0.5 * (1 + 60 / 100) + 1e-6
+        assert len(b.sums) <= b.max_peers              # memory: tracked ids are capped
+    keyed = ForeignDirection(horizon=100, peer_budget=0.5, kind_budget=1.0, distinct_peers=2)
+    assert keyed.kind_room == 1.0 and 1.0 <= crowd_push(keyed, two) <= 1.0 * (1 + 60 / 100) + 1e-6
+    many = ForeignDirection(horizon=100, peer_budget=0.5, kind_budget=1.0, distinct_peers=5)
+    assert many.kind_room == 1.0 and crowd_push(many, crowd) <= 1.0 * (1 + 60 / 100) + 1e-6
+    with pytest.raises(ValueError, match="distinct_peers"):
+        ForeignDirection(distinct_peers=-1)
     small = ForeignDirection(max_bytes=3 * 4 * DIM)    # room for three sums of this size
     run(small, {f"p{k}": (lambda t, k=k: unit(k) * 0.01) for k in range(6)}, 2)
     assert len(small.sums) == 3 and small.tracked() == 3
@@ -147,12 +163,28 @@ def test_a_round_with_another_tokenizer_on_hands_the_learner_its_direction_bound
     parts = spied(make_parts(tmp_path, cfg, swarm=Swarm(arrivals=[[peer_groups()[1]]])))
     Round(parts, 1).run()
     assert isinstance(seen["apart"], ForeignDirection) and seen["apart"] is parts.direction
+    assert parts.direction.distinct_peers == 0 and parts.direction.kind_room == parts.direction.peer_budget
     seen.clear()
     off = spied(make_parts(tmp_path, make_cfg(RELAY, swarm={"own_groups": 0, "max_wait_s": 0.0},
                                               train={"other_tokenizer": True, "foreign_budget": False}),
                            swarm=Swarm(arrivals=[[peer_groups()[1]]])))
     Round(off, 1).run()
     assert "apart" not in seen and off.direction is None
+
+
+def test_only_named_peers_on_a_keyed_relay_count_as_distinct(tmp_path):
+    """On an open relay a node id is a claim anyone can make: named or not, the crowd is one peer."""
+    from ftis_edge.run.rounds import direction_bound
+    from round_parts import RELAY, make_cfg
+    names = {"other_tokenizer": True, "other_tokenizer_peers": ["gemma-a", "gemma-b", "gemma-a"]}
+    assert direction_bound(make_cfg(RELAY, train=names)).distinct_peers == 0
+    key = tmp_path / "relay.key"
+    key.write_text("x")
+    cfg = make_cfg(RELAY, train=names)
+    cfg.swarm.server_key = str(key)
+    assert direction_bound(cfg).distinct_peers == 2 and direction_bound(cfg).kind_room == 1.0
+    cfg.train.other_tokenizer_peers = []
+    assert direction_bound(cfg).distinct_peers == 0
 
 
 # ------------------------------------------------------------------ in the real learner

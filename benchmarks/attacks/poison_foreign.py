@@ -197,7 +197,7 @@ class NoOwnSignal:
 
 
 def run(setup: Setup, attack: str, arm: str, steps: int, lr: float, progress: int = 0,
-        own_signal: bool = True) -> dict:
+        own_signal: bool = True, distinct_peers: int = 0) -> dict:
     learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
     atk = Attack(attack, setup)
     plausible = PlausibilityConfig(**ARMS.get(arm, {}))
@@ -211,13 +211,14 @@ def run(setup: Setup, attack: str, arm: str, steps: int, lr: float, progress: in
             rise = [round(a - b, 2) for a, b in zip(now, before[atk.family])]
             print(json.dumps({"attack": attack, "arm": arm, "step": step, "rise_nats": rise,
                               "seconds": round(time.time() - t0, 1)}), flush=True)
-    stepper = (Budgeted(learner) if arm == "budget" else
-               Budgeted(learner, ForeignDirection()) if arm == "direction" else learner)
+    direction = ForeignDirection(distinct_peers=distinct_peers) if arm == "direction" else None
+    stepper = Budgeted(learner, direction) if arm in ("budget", "direction") else learner
     c = train_steps(setup if own_signal else NoOwnSignal(setup), stepper, steps, peers, plausible, after_step=report)
     poisoned, refused, repeated = c.poisoned, c.refused, c.repeated
     after = {f: probe_logps(setup, learner, p) for f, p in PROBES.items()}
     rises = {f: [round(a - b, 2) for a, b in zip(after[f], before[f])] for f in PROBES}
     return {"attack": attack, "arm": arm, "steps": steps, "own_signal": own_signal,
+            **({"distinct_peers": distinct_peers} if direction else {}),
             "rise_nats": rises[atk.family], "rises": rises,
             "poisoned_positive_samples": poisoned, "refused": refused, "repeated_tokens": repeated,
             "seconds": round(time.time() - t0, 1)}
@@ -232,6 +233,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--progress", type=int, default=0, help="print the partial rise every N steps (0: never)")
     ap.add_argument("--no-own-signal", action="store_true", help="own groups' rewards all equal (advantage 0)")
+    ap.add_argument("--distinct-peers", type=int, default=0,
+                    help="arm direction: peers the node tells apart by key (named on a CURVE relay); 0: ids are claims")
     ap.add_argument("--controls", nargs="*", default=[], metavar="PATH",
                     help="JSON of earlier runs whose control runs serve here (keyed by their steps and own signal)")
     args = ap.parse_args(argv)
@@ -249,7 +252,8 @@ def main(argv=None) -> int:
             if arm == "control" and fam in controls.get(key, {}).get("rises", {}):   # the same control run
                 r = dict(controls[key], attack=attack, rise_nats=controls[key]["rises"][fam])
             else:
-                r = run(setup, attack, arm, steps, args.lr, args.progress, own_signal=not args.no_own_signal)
+                r = run(setup, attack, arm, steps, args.lr, args.progress, own_signal=not args.no_own_signal,
+                        distinct_peers=args.distinct_peers)
                 if arm == "control":
                     controls[key] = r
             results.append(r)

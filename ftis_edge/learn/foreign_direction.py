@@ -17,6 +17,10 @@ peer's gradient ``g_p`` is scaled by the largest ``s <= 1`` with
     |gamma K + k sum_p s_p g_p| <= kind_budget x R     (K = the kind's sum; a crowd of ids shares it)
 
 where R is the running mean norm of the rest of the step's gradient (text this node checks).
+The kind's budget is one peer's per peer the node can tell apart, at most ``kind_budget``: ids
+are free, so unless they are names bound to keys (``distinct_peers``: node ids named in
+train.other_tokenizer_peers on a relay with CURVE keys) a crowd of them is one peer. Two ids of one
+attacker then get what one gets (measured in docs/relay.md, item 2).
 Whatever the payload's direction u, its share <u, D_p> is at most |D_p|: a bound on the update,
 not on the weight. A sum already over its bound (after a restore) may shrink, never grow.
 
@@ -72,6 +76,7 @@ class ForeignDirection:
     horizon: int = DEFAULT_HORIZON
     peer_budget: float = DEFAULT_PEER_BUDGET
     kind_budget: float = DEFAULT_KIND_BUDGET
+    distinct_peers: int = 0                        # peers told apart by key (0: ids are claims)
     max_peers: int = DEFAULT_MAX_PEERS
     max_bytes: int = DEFAULT_MAX_BYTES
     sums: dict = field(default_factory=dict)       # peer -> D_p (flat, fp32)
@@ -88,12 +93,19 @@ class ForeignDirection:
             raise ValueError(f"foreign direction horizon must be a whole number of steps >= 1, got {self.horizon!r}")
         if self.peer_budget < 0 or self.kind_budget < 0:
             raise ValueError("foreign direction budgets must be >= 0")
+        if not isinstance(self.distinct_peers, int) or self.distinct_peers < 0:
+            raise ValueError(f"foreign direction distinct_peers must be a whole number >= 0, got {self.distinct_peers!r}")
         if self.max_peers < 1:
             raise ValueError("foreign direction max_peers must be >= 1")
 
     @property
     def gamma(self) -> float:
         return 1.0 - 1.0 / self.horizon
+
+    @property
+    def kind_room(self) -> float:
+        """The kind's budget: one peer's for each peer told apart by key, at most ``kind_budget``."""
+        return min(self.kind_budget, self.peer_budget * max(1, self.distinct_peers))
 
     def reference(self, rest_norm: float) -> float:
         """R: the running mean of the rest's gradient norm, this step's included (bias-corrected)."""
@@ -113,7 +125,7 @@ class ForeignDirection:
         vec = {p: flat(g) for p, g in grads.items()}
         scale = {p: largest_step(gam * self.sums.get(p, zeros), v, self.peer_budget * R) for p, v in vec.items()}
         total = sum((scale[p] * v for p, v in vec.items()), zeros)
-        k = largest_step(gam * (self.kind if self.kind is not None else zeros), total, self.kind_budget * R)
+        k = largest_step(gam * (self.kind if self.kind is not None else zeros), total, self.kind_room * R)
         scale = {p: x * k for p, x in scale.items()}
         norm = {p: float(v.norm()) for p, v in vec.items()}
         offered = sum(norm.values())

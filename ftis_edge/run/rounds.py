@@ -144,6 +144,14 @@ def other_tokenizer_bound(cfg: Config) -> float:
     return FOREIGN_SAMPLE_WEIGHT if cfg.train.peer_plausibility else 1.0
 
 
+def direction_bound(cfg: Config) -> ForeignDirection:
+    """The direction bound on another tokenizer's text, told how many peers it can tell apart:
+    the named ones, where a CURVE relay binds each id to a key; on an open relay ids are claims."""
+    t = cfg.train
+    keyed = len(set(t.other_tokenizer_peers)) if cfg.swarm.server_key else 0
+    return ForeignDirection(distinct_peers=keyed)
+
+
 @dataclass
 class WireCount:
     """Rollouts on the wire in one direction this round: their bytes and tokens."""
@@ -420,7 +428,7 @@ class Round:
         kw = dict(self.objective_kwargs(), plausible=self.plausible())
         if t.bounds_other_tokenizer:
             if p.direction is None:
-                p.direction = ForeignDirection()
+                p.direction = direction_bound(self.cfg)
             kw["apart"] = p.direction
         while True:
             try:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import threading
 
 from ..learn.foreign_budget import ForeignBudget
-from ..learn.foreign_direction import ForeignDirection
 from ..peers.hints import HintBook
 from ..peers.kin import KinBook
 from ..peers.outcomes import OutcomeBook
 from ..peers.swarm import ClientKeys, SwarmClient
 from ..peers.worth import WorthBook
-from .rounds import other_tokenizer_bound
+from .rounds import direction_bound, other_tokenizer_bound
 
 
 def connect(cfg, node_id: str, tags) -> SwarmClient:
@@ -40,7 +39,7 @@ def books(cfg, task) -> dict:
                            capability_min=s.kin_capability) if s.fill == "kin" else None,
             "outcomes": OutcomeBook(prompt_of=task.get) if s.prompt_choice == "outcomes" else None,
             "budget": ForeignBudget() if t.bounds_other_tokenizer else None,
-            "direction": ForeignDirection() if t.bounds_other_tokenizer else None,
+            "direction": direction_bound(cfg) if t.bounds_other_tokenizer else None,
             "hints": HintBook() if s.hints else None}
 
 
