@@ -37,7 +37,7 @@ from benchmarks.attacks.poison import Setup
 from benchmarks.harness import ROOT, parser, write_json
 from ftis_edge.learn.batch import learner_factors
 from ftis_edge.learn.foreign_budget import ForeignBudget
-from ftis_edge.learn.foreign_direction import ForeignDirection
+from ftis_edge.learn.foreign_direction import ForeignDirection, flat
 from ftis_edge.learn.learner import Learner, TrainSample
 from ftis_edge.learn.objective import group_advantages
 from ftis_edge.peers.plausibility import PlausibilityConfig
@@ -95,6 +95,32 @@ def summary(per: dict) -> dict:
     return out
 
 
+class WatchedDirection(ForeignDirection):
+    """The bound, also keeping the decayed sum of the rest of the step (the node's own gradient),
+    to see whether an honest peer's persistent push points where the node's own text pushes."""
+    own = None
+    seen = None
+
+    def decide(self, rest, grads):
+        self.seen = flat(rest)
+        return super().decide(rest, grads)
+
+    def commit(self):
+        if self.pending is not None:
+            self.own = self.seen if self.own is None else self.gamma * self.own + self.seen
+        super().commit()
+
+    def against_own(self, p: str, R: float) -> dict:
+        """cos(D_p, own sum) and |D_p off the own sum's line| / R."""
+        d, o = self.sums.get(p), self.own
+        if d is None or o is None or not R or not float(o.norm()) or not float(d.norm()):
+            return {}
+        u = o / o.norm()
+        along = float(d @ u)
+        return {"cos_with_own": round(along / float(d.norm()), 3),
+                "off_own_over_R": round(float((d - along * u).norm()) / R, 3)}
+
+
 def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4, partial=None) -> dict:
     """``partial(result so far)`` every 10 steps: a run cut short keeps what it measured."""
     learner = Learner(setup.bundle.hf_dir(), trainable="lora", lr=lr, seed=0, micro_batch=8)
@@ -131,7 +157,9 @@ def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4,
                           "max_kind_over_R": round(kind_max, 3),
                           **{p: {"sum_over_R": round(float(direction.sums[p].norm()) / R, 3) if p in direction.sums
                                  and R else None, "max_sum_over_R": round(per[p]["max_sum_over_R"], 3),
-                                 "scale": round(last["scale"].get(p, 1.0), 3)} for p in PEERS}})
+                                 "scale": round(last["scale"].get(p, 1.0), 3),
+                                 **(direction.against_own(p, R) if isinstance(direction, WatchedDirection) else {})}
+                             for p in PEERS}})
             print(json.dumps(trace[-1]), flush=True)
             if partial is not None:
                 partial({"steps_done": step + 1, "steps": steps, "peers": summary(per), "trace": trace})
@@ -150,7 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--distinct-peers", type=int, default=0,
                     help="peers told apart by key (named on a CURVE relay); 0: ids are claims, the kind is one peer")
     args = ap.parse_args(argv)
-    direction = ForeignDirection(distinct_peers=args.distinct_peers)
+    direction = WatchedDirection(distinct_peers=args.distinct_peers)
     if args.peer_budget is not None:
         direction.peer_budget = args.peer_budget
     if args.kind_budget is not None:
