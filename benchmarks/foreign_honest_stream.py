@@ -95,20 +95,47 @@ def summary(per: dict) -> dict:
     return out
 
 
+SHADOW_HORIZONS = (10, 20, 30, 50)
+
+
 class WatchedDirection(ForeignDirection):
-    """The bound, also keeping the decayed sum of the rest of the step (the node's own gradient),
-    to see whether an honest peer's persistent push points where the node's own text pushes."""
+    """The bound, also keeping (1) the decayed sum of the rest of the step (the node's own
+    gradient), to see whether an honest peer's persistent push points where the node's own text
+    pushes, and (2) each peer's and the kind's applied sums under other horizons, each against its
+    own R, to see the largest |D| / R a budget at that horizon would have to admit."""
     own = None
     seen = None
+    shadow = None
 
     def decide(self, rest, grads):
         self.seen = flat(rest)
         return super().decide(rest, grads)
 
     def commit(self):
-        if self.pending is not None:
+        pend = self.pending
+        if pend is not None:
             self.own = self.seen if self.own is None else self.gamma * self.own + self.seen
+            applied = {p: pend["scale"][p] * v for p, v in pend["vec"].items()}
+            self.shadow = self.shadow or {h: {"sums": {}, "kind": None, "ref": 0.0, "w": 0.0, "max": {}}
+                                          for h in SHADOW_HORIZONS}
+            for h, sh in self.shadow.items():
+                g = 1.0 - 1.0 / h
+                sh["ref"], sh["w"] = g * sh["ref"] + pend["rest_norm"], g * sh["w"] + 1.0
+                R = sh["ref"] / sh["w"]
+                for p in sh["sums"]:
+                    sh["sums"][p] = g * sh["sums"][p]
+                for p, v in applied.items():
+                    sh["sums"][p] = sh["sums"].get(p, torch.zeros_like(v)) + v
+                total = sum(applied.values())
+                sh["kind"] = total if sh["kind"] is None else g * sh["kind"] + total
+                if R:
+                    for p, d in [*sh["sums"].items(), ("kind", sh["kind"])]:
+                        sh["max"][p] = max(sh["max"].get(p, 0.0), float(d.norm()) / R)
         super().commit()
+
+    def shadow_maxima(self) -> dict:
+        """Per horizon: each peer's and the kind's largest |D| / R so far."""
+        return {h: {p: round(x, 3) for p, x in sh["max"].items()} for h, sh in (self.shadow or {}).items()}
 
     def against_own(self, p: str, R: float) -> dict:
         """cos(D_p, own sum) and |D_p off the own sum's line| / R."""
@@ -162,12 +189,17 @@ def run(setup: Setup, steps: int, direction: ForeignDirection, lr: float = 1e-4,
                              for p in PEERS}})
             print(json.dumps(trace[-1]), flush=True)
             if partial is not None:
-                partial({"steps_done": step + 1, "steps": steps, "peers": summary(per), "trace": trace})
+                partial({"steps_done": step + 1, "steps": steps, "peers": summary(per), "trace": trace,
+                         **shadow(direction)})
     out = summary(per)
     return {"steps_done": steps, "steps": steps, "peer_budget": direction.peer_budget, "kind_budget": direction.kind_budget,
             "distinct_peers": direction.distinct_peers, "kind_room": direction.kind_room,
             "horizon": direction.horizon, "peers": out, "max_kind_over_R": round(kind_max, 3), "trace": trace,
-            "seconds": round(time.time() - t0, 1)}
+            "seconds": round(time.time() - t0, 1), **shadow(direction)}
+
+
+def shadow(direction) -> dict:
+    return {"max_over_R_by_horizon": direction.shadow_maxima()} if isinstance(direction, WatchedDirection) else {}
 
 
 def main(argv=None) -> int:
