@@ -131,20 +131,20 @@ class TrainSection:
                                 "other signal, at most 1/2 of one step's per peer and 1 step's per kind over 20 "
                                 "steps (ftis_edge/learn/foreign_budget.py), its IS weight capped at 1 (no judge "
                                 "checks it; issue 62 item 2), and how far it moves the weights in any one direction: "
-                                "the decayed sum of a peer's gradient at most 0.5, of all such peers' 1.0, of the own "
-                                "gradient's norm (ftis_edge/learn/foreign_direction.py). Over 60 steps a payload from "
-                                "one peer still ends +0.6-0.7 nats above a run without it, from two ids +1.1-1.3 "
+                                "the decayed sum of a peer's gradient at most 0.5 of the own gradient's norm, of all "
+                                "such peers' 0.5 per peer told apart by key, at most 1.0 "
+                                "(ftis_edge/learn/foreign_direction.py). Over 60 steps a payload from one peer still "
+                                "ends +0.6-0.9 nats above a run without it, from two keyed peers +1.1-1.3 "
                                 "(docs/relay.md): turn other_tokenizer on only among peers you trust, name them in "
                                 "other_tokenizer_peers, on a relay with keys")
     other_tokenizer_peers: list = _list_opt([], "with other_tokenizer on: train another tokenizer's text only from "
-                                            "these node ids (a friend's Gemma node; empty = from any peer). The "
-                                            "kind's budget must admit two honest peers whose sums point the same "
-                                            "way, so it admits two ids of one attacker too (+1.1-1.3 nats over 60 "
-                                            "steps); who may reach this path is the bound that holds against a "
-                                            "crowd of ids: on a "
-                                            "CURVE relay a node id is bound to its key; on an open relay ids are "
-                                            "claims (docs/relay.md, Identity). Others' such text is skipped as "
-                                            "with other_tokenizer off")
+                                            "these node ids (a friend's Gemma node; empty = from any peer). Ids "
+                                            "are free, so the direction bound counts as distinct only peers named "
+                                            "here on a relay with CURVE keys (where an id is bound to its key): "
+                                            "each adds one peer's budget to the kind's, up to 1.0; with no names, "
+                                            "or on an open relay (ids are claims: docs/relay.md, Identity), every "
+                                            "sender of such text shares one peer's budget. Others' such text is "
+                                            "skipped as with other_tokenizer off")
     mask_truncated_completions: bool = _opt(False, "completions cut at the length limit (own and peers') count "
                                             "in their group's advantages but are not trained on",
                                             trl="mask_truncated_completions")

@@ -51,11 +51,12 @@ def trust_note(cfg) -> str | None:
         return None
     if not t.other_tokenizer_peers:
         return ("train.other_tokenizer: another tokenizer's text trains from any peer, and no judge checks it "
-                "(bounded by train.foreign_budget, not closed: docs/relay.md); name the peers you trust in "
-                "train.other_tokenizer_peers")
+                "(bounded by train.foreign_budget, not closed: docs/relay.md; all its senders share one peer's "
+                "budget); name the peers you trust in train.other_tokenizer_peers")
     if not cfg.swarm.server_key:
         return (f"train.other_tokenizer_peers names {len(t.other_tokenizer_peers)} node id(s), but this relay "
-                "has no CURVE keys: there a node id is a claim anyone can make (docs/relay.md, Identity)")
+                "has no CURVE keys: there a node id is a claim anyone can make (docs/relay.md, Identity), so "
+                "they share one peer's budget")
     return None
 
 
