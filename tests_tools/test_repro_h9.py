@@ -129,20 +129,22 @@ def test_h9_scores_400_unseen_id_prompts_and_200_ood(tmp_path):
 
 # ------------------------------------------------------------------ the decision
 
-def _run(run_dir: Path, id_right: int, *, tokens: float = 100, cpu: float = 10.0, ood_right: int = 5,
-         kin_peers: int | None = None, guard: dict | None = None, peers: dict | None = None) -> None:
-    """A receiver as a node and run.py leave it: R rounds with TOKENS own tokens and CPU seconds
-    each, the peer book PEERS on round R, a stop record, ID / OOD evals whose first ID_RIGHT /
-    OOD_RIGHT prompts are right."""
+def _run(run_dir: Path, id_right: int | None, *, tokens: float = 100, cpu: float = 10.0, ood_right: int = 5,
+         kin_peers: int | None = None, guard: dict | None = None, peers: dict | None = None,
+         boot: str = "boot-a") -> None:
+    """A receiver as a node and run.py leave it: a start record naming its machine's BOOT, R rounds
+    with TOKENS own tokens and CPU seconds each, the peer book PEERS on round R, a stop record,
+    ID / OOD evals whose first ID_RIGHT / OOD_RIGHT prompts are right (none: no evals)."""
     run_dir.mkdir(parents=True)
-    recs = [{"type": "start", "resumed_from": None}]
+    recs = [{"type": "start", "resumed_from": None,
+             "machine": {"cpu": "AMD EPYC", "cores": 2, "usable_cores": 2, "boot_id": boot}}]
     recs += [{"type": "round", "round": k, "gen/tokens": tokens, "cpu/round_s": cpu, "time": float(k),
               "groups/own": 2 if kin_peers else 4, "kin/peers": kin_peers,
               "swarm/guard_level": (guard or {}).get(k, 0), **({"peers": peers} if peers and k == R else {})}
              for k in range(1, R + 1)]
     recs.append({"type": "stop", "reason": "steps", "time": float(R)})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    for which, right in (("id", id_right), ("ood", ood_right)):
+    for which, right in (("id", id_right), ("ood", ood_right)) if id_right is not None else ():
         items = [{"id": f"{which}-{k}", "correct": k < right, "reward": float(k < right)} for k in range(N)]
         (run_dir / f"eval-{which}.json").write_text(json.dumps({"accuracy": right / N, "n": N, "items": items}))
 
@@ -177,20 +179,22 @@ def _book(learner: int, scale: int) -> dict:
 
 
 def _seed(root: Path, seed: int, gaps=(0, 0, 0), *, kin_tokens=None, kin_cpu=6.0, guard_on=None,
-          books: bool = False) -> None:
+          books: bool = False, twins_boot: str | None = None, evals: bool = True) -> None:
     """One seed: every twin alone 12 of 20 ID right with 100 tokens and 10 CPU-s a round; node i of
     arm kin GAPS[kind] prompts below it, with KIN_TOKENS[i] own tokens (LoRA and Gemma 50: 2x, the
     full-FT node 100: no saving) and KIN_CPU; arm any (seeds 0-2) one prompt below kin. BOOKS: each
-    swarm node's round-R peer book is ``_book``'s (arm any's twice arm kin's)."""
+    swarm node's round-R peer book is ``_book``'s (arm any's twice arm kin's). Every run on one boot
+    of the seed's own, the twins on TWINS_BOOT where given; EVALS false: records without evals."""
     tokens = {0: 50, 1: 50, 2: 100, 3: 50, 4: 50, **(kin_tokens or {})}
-    s = root / "h9" / f"s{seed}"
+    s, boot = root / "h9" / f"s{seed}", f"boot-{seed}"
     for i in range(5):
         gap = gaps[KIND_OF[i]]
-        _run(s / f"kin-{i}", 12 - gap, tokens=tokens[i], cpu=kin_cpu, ood_right=6, kin_peers=1,
-             guard={3: 2} if guard_on == i else None, peers=_book(i, 1) if books else None)
+        _run(s / f"kin-{i}", 12 - gap if evals else None, tokens=tokens[i], cpu=kin_cpu, ood_right=6, kin_peers=1,
+             guard={3: 2} if guard_on == i else None, peers=_book(i, 1) if books else None, boot=boot)
         if seed <= 2:
-            _run(s / f"any-{i}", 11 - gap, tokens=25, cpu=4.0, peers=_book(i, 2) if books else None)
-        _run(s / f"alone-{i}", 12)
+            _run(s / f"any-{i}", 11 - gap if evals else None, tokens=25, cpu=4.0,
+                 peers=_book(i, 2) if books else None, boot=boot)
+        _run(s / f"alone-{i}", 12 if evals else None, boot=twins_boot or boot)
 
 
 def _decide(root: Path):
@@ -209,7 +213,7 @@ def test_h9_holds_when_every_kind_keeps_its_level_and_lora_and_gemma_save(tmp_pa
     assert "| full fine-tuning (node 2) | 6 |" in full and "1.00" in full
     assert full.endswith("| reported: not shown | holds |"), full
     assert "| -0.000 ± 0.018 | -0.027 | met |" in gemma or "| +0.000 ± 0.018 | -0.027 | met |" in gemma, gemma
-    assert "| 1.67 | met | required: shown | holds |" in gemma, gemma
+    assert "| 1.67 (12 pairs) | met | required: shown | holds |" in gemma, gemma
     assert h9_decide.verdict_line(holds, n).endswith("HOLDS")
 
 
@@ -231,7 +235,7 @@ def test_one_pair_at_1_7x_own_tokens_fails_its_kind(tmp_path):
         _seed(tmp_path, seed, kin_tokens={1: 100 / 1.7} if seed == 4 else None)
     lines, holds, _ = _decide(tmp_path)
     lora = lines[2]
-    assert "1.70" in lora and "| not met | 1.67 | met | required: not shown | fails |" in lora, lora
+    assert "1.70" in lora and "| not met | 1.67 (12 pairs) | met | required: not shown | fails |" in lora, lora
     assert holds is False and lines[4].endswith("| holds |")
 
 
@@ -239,8 +243,51 @@ def test_too_little_cpu_saved_fails_a_kind_whose_tokens_are_saved(tmp_path):
     for seed in range(6):
         _seed(tmp_path, seed, kin_cpu=7.5)                              # 10 / 7.5 = 1.33x < 1.4x
     lines, holds, _ = _decide(tmp_path)
-    assert holds is False and "| 1.33 | not met | required: not shown | fails |" in lines[2], lines[2]
+    assert holds is False and "| 1.33 (12 pairs) | not met | required: not shown | fails |" in lines[2], lines[2]
     assert lines[3].endswith("| reported: not shown | holds |")          # full FT: not required
+
+
+def test_cpu_counts_only_pairs_on_one_boot_and_needs_three_seeds_of_them(tmp_path):
+    """Seeds 0-3 with their twins on another boot (CPU 10 / 6 there would pass): their CPU pairs are
+    reported split, not counted; seeds 4, 5 leave 2 seeds of one-boot pairs < 3, so the LoRA and
+    Gemma kinds (which need the saving) and H9 are undecided at 6 seeds, while the full-FT kind
+    (saving reported only) holds. A third one-boot seed decides it."""
+    for seed in range(6):
+        _seed(tmp_path, seed, twins_boot="another" if seed < 4 else None)
+    lines, holds, n = _decide(tmp_path)
+    assert (holds, n) == (None, 6), lines
+    lora, full, gemma = lines[2:5]
+    assert "| 1.67 (4 pairs; 8 split across boots, not counted) | undecided | required: undecided |" in lora, lora
+    assert lora.endswith("| undecided (so far the CPU part undecided) |") and gemma.endswith(
+        "| undecided (so far the CPU part undecided) |")
+    assert full.endswith("| reported: not shown | holds |"), full      # its tokens: 1.0x
+    assert h9_decide.verdict_line(holds, n).endswith("CPU pairs on one boot from < 3 seeds")
+    for k in range(5):                                                 # seed 3's twins again, on its boot
+        run_dir = tmp_path / "h9" / "s3" / f"alone-{k}"
+        for f in run_dir.iterdir():
+            f.unlink()
+        run_dir.rmdir()
+        _run(run_dir, 12, boot="boot-3")
+    lines, holds, n = _decide(tmp_path)
+    assert (holds, n) == (True, 6) and "1.67 (6 pairs; 6 split" in lines[2], lines[2]
+
+
+def test_first_runs_count_for_the_saving_only(tmp_path):
+    """Seeds 1 and 2's first runs (records, no evals) add token and one-boot CPU pairs, not seeds:
+    one first-run pair at 1.7x own tokens fails the LoRA kind; at 2x with 6 seeds scored they only
+    add pairs to the means."""
+    for seed in range(6):
+        _seed(tmp_path / "main", seed)
+    for seed in (1, 2):
+        _seed(tmp_path / "first", seed, evals=False, kin_cpu=5.0,
+              kin_tokens={0: 100 / 1.7} if seed == 2 else None)
+    recv, first = (analyze.load_all(tmp_path / d)["h9"] for d in ("main", "first"))
+    lines, holds, n = h9_decide.decide(recv, first)
+    lora = lines[2]
+    assert (holds, n) == (False, 6) and "| 6 |" in lora and "1.70" in lora, lora
+    assert "| not met | 1.75 (16 pairs) | met | required: not shown | fails |" in lora, lora
+    lines, holds, n = h9_decide.decide(recv)                          # without them: as before
+    assert (holds, n) == (True, 6) and "1.67 (12 pairs) | met |" in lines[2], lines[2]
 
 
 def test_five_seeds_are_undecided_but_the_table_is_printed(tmp_path):

@@ -14,6 +14,13 @@ the unit: a kind with two nodes counts the mean of its nodes within a seed.
 * **H9 holds** iff every kind is not worse off and the LoRA and Gemma kinds show the real saving
   (the full-FT kind's saving is reported, not required); undecided below 6 seeds.
 
+How the pairs are counted (registered 2026-12-07 18:05 UTC, before seed 3's twins: results.md, "H9:
+seeds 1 and 2 lost their weights, and machines differ"): accuracy only from seeds whose arms have
+both evals; tokens from every pair with records, ``--first-runs`` included (seeds 1 and 2's first
+runs, whose weights were lost before their evals); CPU-seconds only from pairs whose two runs ran
+on one boot (``boot_id`` of every start record), the first runs included, and only when such pairs
+come from at least 3 seeds (else the CPU part, and a kind that needs it, is undecided).
+
 Reported beside it: kin − any (today's default fill) on the control seeds and any − alone, ID and
 OOD, with the pooled per-prompt McNemar counts; kin − alone on OOD; each kind's kin peers, their
 share, own groups and saved groups over rounds, per arm; the KL by learner ← sender kind of the
@@ -39,6 +46,7 @@ LEVEL = 0.90                 # one-sided lower confidence bound of the mean diff
 MARGIN = -0.05               # ... must reach this (a fixed margin, in accuracy)
 TOKENS_FOLD = 1.8            # own tokens alone ÷ kin, every pair
 CPU_FOLD = 1.4               # own CPU-seconds alone ÷ kin, mean over the kind's pairs
+CPU_MIN_SEEDS = 3            # ... pairs on one boot, from at least this many seeds
 CPU = "cpu/round_s"
 # (kind, nodes, its real saving is part of the claim)
 KINDS = (("SmolLM2 LoRA", (0, 1), True), ("full fine-tuning", (2,), False), ("Gemma 3 LoRA", H9_GEMMA, True))
@@ -60,48 +68,68 @@ def cost_ratio(twin: dict, node: dict, key: str) -> float:
     return total([twin], key) / own if own else float("nan")
 
 
-def kind_verdict(recv: dict, nodes, saving_required: bool) -> dict:
-    """One kind's figures and its part of the rule."""
+def one_boot(a: dict, b: dict) -> bool:
+    """Both runs, and every resume of each, on one boot: only then do their CPU-seconds compare
+    (another VM of the same kind differed 1.3x, another kind of CPU 2x on the update)."""
+    boots = {m.get("boot_id") for run in (a, b) for m in run.get("machines", [])}
+    return len(boots) == 1 and None not in boots
+
+
+def kind_verdict(recv: dict, nodes, saving_required: bool, first: dict | None = None) -> dict:
+    """One kind's figures and its part of the rule; FIRST: runs that count for the saving only."""
     d = per_seed(recv, "kin", "alone", nodes)
     lb = lower_bound(list(d.values()))
-    ps = sorted(pairs(recv, "kin", "alone", nodes), key=lambda p: (p[1], p[0]))
+    ps = sorted(pairs(recv, "kin", "alone", nodes) + pairs(first or {}, "kin", "alone", nodes),
+                key=lambda p: (p[1], p[0]))
     folds = [token_ratio(b, a) for _, _, a, b in ps]
-    cpu = [cost_ratio(b, a, CPU) for _, _, a, b in ps]
+    booted = [(seed, cost_ratio(b, a, CPU)) for _, seed, a, b in ps if one_boot(a, b)]
+    cpu = [r for _, r in booted]
+    split = len(ps) - len(booted)
     cpu_mean = statistics.fmean(cpu) if cpu else float("nan")
     not_worse = lb == lb and lb >= MARGIN
-    tokens_ok, cpu_ok = bool(folds) and all(f >= TOKENS_FOLD for f in folds), cpu_mean >= CPU_FOLD
-    return {"diffs": d, "lb": lb, "folds": folds, "cpu": cpu, "cpu_mean": cpu_mean, "not_worse": not_worse,
-            "tokens_ok": tokens_ok, "cpu_ok": cpu_ok, "saving": tokens_ok and cpu_ok,
-            "ok": not_worse and (tokens_ok and cpu_ok or not saving_required)}
+    tokens_ok = bool(folds) and all(f >= TOKENS_FOLD for f in folds)
+    cpu_ok = None if len({s for s, _ in booted}) < CPU_MIN_SEEDS else cpu_mean >= CPU_FOLD
+    saving = cpu_ok if tokens_ok else False                        # None: tokens met, CPU undecided
+    ok = not_worse if not saving_required or not not_worse else saving
+    return {"diffs": d, "lb": lb, "folds": folds, "cpu": cpu, "cpu_split": split, "cpu_mean": cpu_mean,
+            "not_worse": not_worse, "tokens_ok": tokens_ok, "cpu_ok": cpu_ok, "saving": saving, "ok": ok}
 
 
-def _met(ok: bool) -> str:
-    return "met" if ok else "not met"
+def _met(ok: bool | None) -> str:
+    return "undecided" if ok is None else "met" if ok else "not met"
 
 
-def decide(recv: dict) -> tuple[list[str], bool | None, int]:
-    """The table per kind, the verdict (None: undecided) and the seeds the thinnest kind has."""
+def _so_far(ok: bool | None) -> str:
+    return "the CPU part undecided" if ok is None else "holds" if ok else "fails"
+
+
+def decide(recv: dict, first: dict | None = None) -> tuple[list[str], bool | None, int]:
+    """The table per kind, the verdict (None: undecided) and the seeds the thinnest kind has.
+    FIRST: runs that count for the saving only (``kind_verdict``)."""
     lines = [f"| kind | seeds | Δ ID kin − alone, per seed | mean ± SE | {LEVEL:.0%} lower bound | ≥ {MARGIN:g} | "
              f"own tokens alone ÷ kin (per pair) | all ≥ {TOKENS_FOLD:g}× | "
-             f"own CPU-s alone ÷ kin, mean over pairs | ≥ {CPU_FOLD:g}× | saving | kind |",
+             f"own CPU-s alone ÷ kin, mean over pairs on one boot | ≥ {CPU_FOLD:g}× | saving | kind |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts, seeds = [], []
     for kind, nodes, required in KINDS:
-        v = kind_verdict(recv, nodes, required)
+        v = kind_verdict(recv, nodes, required, first)
         seeds.append(len(v["diffs"]))
         verdicts.append(v["ok"])
         lb = "–" if v["lb"] != v["lb"] else f"{v['lb']:+.3f}"
         cpu = "–" if v["cpu_mean"] != v["cpu_mean"] else f"{v['cpu_mean']:.2f}"
-        saving = ("required" if required else "reported") + (": shown" if v["saving"] else ": not shown")
-        said = ("holds" if v["ok"] else "fails") if len(v["diffs"]) >= MIN_SEEDS else \
-            f"undecided (so far {'holds' if v['ok'] else 'fails'})"
+        cpu += f" ({len(v['cpu'])} pairs" + (f"; {v['cpu_split']} split across boots, not counted)" if v["cpu_split"]
+                                             else ")")
+        saving = ("required" if required else "reported") + {True: ": shown", False: ": not shown",
+                                                             None: ": undecided"}[v["saving"]]
+        said = _so_far(v["ok"]) if len(v["diffs"]) >= MIN_SEEDS and v["ok"] is not None else \
+            f"undecided (so far {_so_far(v['ok'])})"
         lines.append(
             f"| {kind} (node{'s' * (len(nodes) > 1)} {', '.join(map(str, nodes))}) | {len(v['diffs'])} | "
             f"{', '.join(f's{s} {x:+.3f}' for s, x in v['diffs'].items()) or '–'} | {_cell(v['diffs'])} | "
             f"{lb} | {_met(v['not_worse'])} | {', '.join(f'{f:.2f}' for f in v['folds']) or '–'} | "
             f"{_met(v['tokens_ok'])} | {cpu} | {_met(v['cpu_ok'])} | {saving} | {said} |")
     n = min(seeds)
-    if n < MIN_SEEDS:
+    if n < MIN_SEEDS or None in verdicts:
         return lines, None, n
     return lines, all(verdicts), n
 
@@ -110,7 +138,8 @@ def verdict_line(holds: bool | None, n: int) -> str:
     rule = (f"H9 (every kind: {LEVEL:.0%} lower bound of ID kin − alone ≥ {MARGIN:g}; LoRA and Gemma: own tokens "
             f"≥ {TOKENS_FOLD:g}× fewer in every pair and own CPU-seconds ≥ {CPU_FOLD:g}× fewer over the kind)")
     if holds is None:
-        return f"{rule}: undecided: n seeds = {n} < {MIN_SEEDS}"
+        return f"{rule}: undecided: " + (f"n seeds = {n} < {MIN_SEEDS}" if n < MIN_SEEDS else
+                                         f"CPU pairs on one boot from < {CPU_MIN_SEEDS} seeds")
     return f"{rule}: " + ("HOLDS" if holds else "DOES NOT HOLD")
 
 
@@ -177,12 +206,15 @@ def main() -> int:
     ap.add_argument("--runs", type=Path, required=True, help="run.py's --out, or docs/runs/h9")
     ap.add_argument("--batch", default="h9")
     ap.add_argument("--seed", type=int, help="print only this seed's runs, as results.md tabulates them")
+    ap.add_argument("--first-runs", type=Path, help="runs that count for the saving only (docs/runs/h9-first: "
+                    "seeds 1 and 2's first runs, whose weights were lost before their evals)")
     args = ap.parse_args()
     recv = load_all(args.runs).get(args.batch, {})
+    first = load_all(args.first_runs).get(args.batch, {}) if args.first_runs else None
     if args.seed is not None:
         print("\n".join(seed_table(recv, args.seed)))
         return 0
-    lines, holds, n = decide(recv)
+    lines, holds, n = decide(recv, first)
     print("\n".join(lines))
     print(verdict_line(holds, n))
     for title, part in (("Beside the claim: each arm per kind (seed = unit, SE over seeds)", comparisons(recv)),
