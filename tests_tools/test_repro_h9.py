@@ -272,6 +272,16 @@ def test_cpu_counts_only_pairs_on_one_boot_and_needs_three_seeds_of_them(tmp_pat
     assert (holds, n) == (True, 6) and "1.67 (6 pairs; 6 split" in lines[2], lines[2]
 
 
+def test_a_kind_that_fails_decides_h9_while_another_kinds_cpu_is_undecided(tmp_path):
+    """Gemma 1-3 prompts below alone on every seed fails its kind; every twin on another boot leaves
+    the CPU part undecided: H9 does not hold (one failing kind is enough)."""
+    for seed, g in enumerate((2, 3, 1, 2, 3, 1)):
+        _seed(tmp_path, seed, (0, 0, g), twins_boot="another")
+    lines, holds, n = _decide(tmp_path)
+    assert (holds, n) == (False, 6), lines
+    assert lines[2].endswith("| undecided (so far the CPU part undecided) |") and lines[4].endswith("| fails |")
+
+
 def test_first_runs_count_for_the_saving_only(tmp_path):
     """Seeds 1 and 2's first runs (records, no evals) add token and one-boot CPU pairs, not seeds:
     one first-run pair at 1.7x own tokens fails the LoRA kind; at 2x with 6 seeds scored they only

@@ -90,7 +90,7 @@ def kind_verdict(recv: dict, nodes, saving_required: bool, first: dict | None = 
     tokens_ok = bool(folds) and all(f >= TOKENS_FOLD for f in folds)
     cpu_ok = None if len({s for s, _ in booted}) < CPU_MIN_SEEDS else cpu_mean >= CPU_FOLD
     saving = cpu_ok if tokens_ok else False                        # None: tokens met, CPU undecided
-    ok = not_worse if not saving_required or not not_worse else saving
+    ok = saving if saving_required and not_worse else not_worse
     return {"diffs": d, "lb": lb, "folds": folds, "cpu": cpu, "cpu_split": split, "cpu_mean": cpu_mean,
             "not_worse": not_worse, "tokens_ok": tokens_ok, "cpu_ok": cpu_ok, "saving": saving, "ok": ok}
 
@@ -129,9 +129,9 @@ def decide(recv: dict, first: dict | None = None) -> tuple[list[str], bool | Non
             f"{lb} | {_met(v['not_worse'])} | {', '.join(f'{f:.2f}' for f in v['folds']) or '–'} | "
             f"{_met(v['tokens_ok'])} | {cpu} | {_met(v['cpu_ok'])} | {saving} | {said} |")
     n = min(seeds)
-    if n < MIN_SEEDS or None in verdicts:
+    if n < MIN_SEEDS:
         return lines, None, n
-    return lines, all(verdicts), n
+    return lines, False if False in verdicts else None if None in verdicts else True, n    # one failing kind decides
 
 
 def verdict_line(holds: bool | None, n: int) -> str:
