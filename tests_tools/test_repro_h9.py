@@ -5,6 +5,7 @@ publish.py write them. No model is loaded."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -264,9 +265,7 @@ def test_cpu_counts_only_pairs_on_one_boot_and_needs_three_seeds_of_them(tmp_pat
     assert h9_decide.verdict_line(holds, n).endswith("CPU pairs on one boot from < 3 seeds")
     for k in range(5):                                                 # seed 3's twins again, on its boot
         run_dir = tmp_path / "h9" / "s3" / f"alone-{k}"
-        for f in run_dir.iterdir():
-            f.unlink()
-        run_dir.rmdir()
+        shutil.rmtree(run_dir)
         _run(run_dir, 12, boot="boot-3")
     lines, holds, n = _decide(tmp_path)
     assert (holds, n) == (True, 6) and "1.67 (6 pairs; 6 split" in lines[2], lines[2]
