@@ -79,6 +79,7 @@ def test_module_is_runnable_and_errors_cleanly():
 
 # --- the real thing ----------------------------------------------------------------------------
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 @pytest.mark.skipif(shared_data_dir() is None, reason="no shared data folder (GSM8K)")
 def test_eval_runs_end_to_end_on_five_gsm8k_questions(tmp_path):
@@ -128,6 +129,7 @@ def test_pool_plan_counts_the_shared_prefix_once():
     assert evaluate._pool_plan(parse("--task", "arith", "--batch", "64", "--samples", "64"), bundle, ids) == (1, 0)
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 def test_batched_eval_gives_the_answers_of_one_prompt_at_a_time():
     """--batch decodes several prompts together on llama.cpp (the few-shot prefix once): the same

@@ -378,6 +378,7 @@ def test_adapter_hot_swap_and_reload(llama_f16, bundle, prompt, group_q, tmp_pat
     assert _mean_abs(base, llama_f16.score(prompt, seqs)) < 1e-5
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 def test_gemma3_both_backends_agree():
     """A second architecture and tokenizer (262k vocab, <bos>, plain prompt format, sliding window)."""
@@ -473,6 +474,7 @@ def test_llamacpp_decodes_many_prompts_together_with_the_same_greedy_answers(bun
         g.close()
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 def test_hf_decodes_many_prompts_together_with_the_same_greedy_answers(bundle, hf):
     """The HF backend's padded batches (the few-shot prefix decoded once, tails left-padded and
@@ -533,6 +535,7 @@ def test_llamacpp_refills_finished_slots_with_the_next_prompt(bundle):
         g.close()
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 def test_llamacpp_pool_stores_the_shared_prefix_once_and_uses_only_the_slots_it_holds(bundle):
     """n_shared: the cache holds the prompts' common prefix once + each slot's tail and completion
@@ -618,6 +621,7 @@ def test_llamacpp_context_follows_the_task_and_grows_when_needed(bundle, prompt,
 
 # ---------------------------------------------------------------------------- stop texts (plain format)
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 def test_gemma3_stops_at_its_next_plain_format_turn():
     """Gemma 3 270M has no chat template: prompted as ``User: … Assistant:`` it answers and then

@@ -30,6 +30,7 @@ def test_the_slow_payload_is_graded_not_refused_unread():
     assert not str(info.get("reason", "")).startswith("refused"), info
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.timeout(300)
 def test_forty_ids_just_under_the_time_limit_cannot_keep_an_honest_group_ungraded(smol, task):
     prompt = next(task.prompts(seed=3))

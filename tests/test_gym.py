@@ -165,6 +165,7 @@ def test_math_text_guard():
         assert not math_text_ok(bad), bad
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 def test_a_hostile_answer_is_bounded_by_the_grader_timeout(mix):
     countdown = next(p for p in mix.eval_prompts(4) if p.meta["dataset"] == "countdown")
     warm_up()

@@ -271,6 +271,7 @@ def test_a_group_larger_than_our_own_group_size_is_refused(smol, task):
     assert reasons(default) == {"group_too_large": 1}
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 def test_a_flood_of_slow_answers_cannot_starve_an_honest_peer_of_grading(smol, task):
     """Issue 25, hole 3: the re-grading budget was first come, first served. A flooder sends
     10 groups a round whose answers take the real grader past its timeout, ahead of an honest

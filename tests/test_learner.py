@@ -179,7 +179,9 @@ def test_micro_batch_1_and_4_give_the_same_gradient(lora, encoded):
     lora.optimizer.zero_grad(set_to_none=True)
     lora.micro_batch = 4
     rel = float((grads[1] - grads[4]).norm() / grads[4].norm())
-    assert grads[4].norm() > 0 and rel < 1e-4, rel
+    # float32 sums in another order: ~1e-4 apart, and how far depends on the CPU's kernels (1.04e-4 on an AMD EPYC,
+    # < 1e-4 on a Xeon); a wrong per-micro-batch normaliser is off by 0.25 or more.
+    assert grads[4].norm() > 0 and rel < 1e-3, rel
     assert grads["loss1"] == pytest.approx(grads["loss4"], abs=1e-5)
 
 
@@ -375,6 +377,7 @@ def _groups(encoded):
             + [TrainSample(encoded[2][0], comps[2], None, 0.0, 0.0, sequence_level=True)])
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 @pytest.mark.parametrize("trainable", ["lora", "full"])
 def test_shared_prompt_matches_the_unshared_path_on_smollm2(hf_dir, encoded, trainable):

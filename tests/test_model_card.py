@@ -13,7 +13,7 @@ from ftis_edge.store.rundir import load_config
 from ftis_edge.tasks import task_from_config
 from procs import ROOT
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.model, pytest.mark.timeout(1800), pytest.mark.slow]  # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 
 
 def test_the_card_snippet_runs_with_the_training_prompt(tmp_path, lora_run):

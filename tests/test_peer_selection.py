@@ -14,7 +14,7 @@ from ftis_edge.peers.swarm import Received
 from ftis_edge.tasks import get_task
 from ftis_edge.rollout.wire import Rollout, WireCompletion, decode, encode
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.model, pytest.mark.timeout(900), pytest.mark.slow]  # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 G = 4
 
 

@@ -85,6 +85,7 @@ def test_an_injected_phrase_from_a_claimed_foreign_peer_is_refused(judge):
     assert not bool(off["per_sample"]["implausible"][-1])
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 def test_honest_text_sent_as_another_tokenizers_keeps_its_weight(judge):
     learner, ids, fx = judge

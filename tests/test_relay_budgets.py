@@ -64,6 +64,7 @@ def test_budget_k_per_window_fair_across_publishers_and_filtered(relay):
             c.close()
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 def test_overload_turns_into_busy_not_skips(relay):
     """A 50-rollout replay buffer, two publishers flat out, one subscriber that keeps up and one
     that never reads. Old relay: ACK everything, evict, the reading subscriber skips. Now: every

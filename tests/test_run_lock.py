@@ -151,6 +151,7 @@ def test_the_dashboard_hands_the_run_directory_to_the_node_it_starts(tmp_path):
     assert wait_for(lambda: runlock.holder(run) is None, 30), "the lock outlived its node"
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 @pytest.mark.timeout(600)
 def test_two_real_nodes_one_run_directory(tmp_path):

@@ -232,6 +232,7 @@ def test_weight_sync_is_a_no_op_for_the_hf_backend(smol, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["latest.gguf"]
 
 
+@pytest.mark.slow       # ≥ 15 s on 2 cores: CI's slow tier keeps the README command under 20 min
 @pytest.mark.model
 def test_merged_export_after_a_full_fine_tuning_step_agrees(smol, tmp_path):
     full = Learner(smol.bundle.hf_dir(), trainable="full", lr=2e-5, seed=0)

@@ -11,6 +11,12 @@ SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 50, 1.0), (1.0, 0, 0.9), (0.8, 4
             (1.0, 0, 0.01)]
 
 
+# float32 log-softmax over a 49k vocabulary: the normaliser's rounding error grows like sqrt(V)·eps ≈ 1.3e-5, and
+# the order of that sum follows the CPU's vector width (1.6e-5 seen on an AMD EPYC, < 1e-5 on a Xeon). A wrong
+# temperature, cut or normaliser is off by 1e-2 or more, so 1e-4 still catches every real mistake.
+LOGPROB_TOL = 1e-4
+
+
 def _logits(n=4, vocab=49152, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, vocab, generator=g) * 4.0
@@ -23,7 +29,7 @@ def test_processed_logprobs_equal_the_numpy_samplers(temperature, top_k, top_p):
     ref = processed_logprobs(logits.numpy(), temperature, top_k, top_p)
     kept = np.isfinite(ref)
     assert np.array_equal(torch.isfinite(got).numpy(), kept)       # the same tokens truncated
-    assert np.abs(got.numpy()[kept] - ref[kept]).max() <= 1e-5
+    assert np.abs(got.numpy()[kept] - ref[kept]).max() <= LOGPROB_TOL
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
@@ -35,7 +41,7 @@ def test_sampled_log_probs_equal_the_recomputed_ones(temperature, top_k, top_p):
     ref = np.array([token_logprobs(logits[i:i + 1].numpy(), [int(tokens[i])], temperature, top_k, top_p)[0]
                     for i in range(len(tokens))])
     assert np.isfinite(ref).all()                # never a truncated token
-    assert np.abs(lp.numpy() - ref).max() <= 1e-5
+    assert np.abs(lp.numpy() - ref).max() <= LOGPROB_TOL
 
 
 def test_greedy_is_the_argmax_with_log_prob_zero():
@@ -76,4 +82,4 @@ def test_bf16_logits_are_sampled_in_float32():
     ref = processed_logprobs(logits.float().numpy(), 1.0, 0, 0.9)
     assert lp.dtype == torch.float32
     kept = np.isfinite(ref)
-    assert np.abs(lp.numpy()[kept] - ref[kept]).max() <= 1e-5
+    assert np.abs(lp.numpy()[kept] - ref[kept]).max() <= LOGPROB_TOL
