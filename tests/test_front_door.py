@@ -26,8 +26,9 @@ def test_ci_runs_exactly_the_readmes_test_command_then_the_slow_tier_on_two_work
     set_e_off = next(i for i, line in enumerate(ci) if line.startswith("set +e"))
     assert set_e_off < ci.index(steps[-1]), "a failing command must not skip the slow tier"
     assert ci[-1] == '[ "$fast_rc" -eq 0 ] && [ "$slow_rc" -eq 0 ]', "CI fails when either tier fails"
-    assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()   # the workers come with --dev
-    assert "slow:" in (ROOT / "pyproject.toml").read_text()          # a registered marker, not a typo
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert "pytest-xdist" in pyproject                               # the workers come with --dev
+    assert "slow:" in pyproject                                      # a registered marker, not a typo
 
 
 LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)]*))?\)")       # [text](path#anchor): path, anchor
